@@ -1,0 +1,144 @@
+/*
+ * tdist/group.h - process groups: initialisation, subgroups, meshes, abort.
+ *
+ * A group is a set of ranks that run collectives together. The world group
+ * comes from tdist_init_process_group(); subgroups from tdist_new_group() or
+ * tdist_mesh_create(). Every group belongs to one backend ("cpu" for host
+ * memory over TCP, "nccl" for CUDA device memory).
+ *
+ * Collective-call rule (as in MPI and torch.distributed): calls that create or
+ * destroy groups are collective over the parent group and must be made by
+ * every rank of it in the same order. Operations on one group are ordered by
+ * the order of the calls on each rank; issuing them from several threads at
+ * once gives an order the ranks may not agree on.
+ *
+ * Thread safety: group functions may be called from any thread except from a
+ * work completion callback. tdist_group_rank/size/name are safe at any time.
+ */
+#ifndef TDIST_GROUP_H
+#define TDIST_GROUP_H
+
+#include "tdist/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  TDIST_INIT_FIELD_BACKEND = 1u << 0,
+  TDIST_INIT_FIELD_INIT_METHOD = 1u << 1,
+  TDIST_INIT_FIELD_RANK = 1u << 2,
+  TDIST_INIT_FIELD_WORLD_SIZE = 1u << 3,
+  TDIST_INIT_FIELD_STORE = 1u << 4,
+  TDIST_INIT_FIELD_TIMEOUT = 1u << 5,
+  TDIST_INIT_FIELD_DEVICE = 1u << 6,
+  TDIST_INIT_FIELD_NAME = 1u << 7,
+  TDIST_INIT_FIELD_HOST_STORE = 1u << 8,
+};
+
+typedef struct tdist_init_opts {
+  uint64_t mask;           /* TDIST_INIT_FIELD_* bits of the fields set */
+  const char *backend;     /* "cpu" or "nccl"; default $TDIST_BACKEND, else "cpu" */
+  const char *init_method; /* "env://" (default), "tcp://host:port",
+                              "file:///path" */
+  int rank;                /* this process's rank; default from the environment
+                              (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK) */
+  int world_size;          /* default from WORLD_SIZE, SLURM_NTASKS,
+                              OMPI_COMM_WORLD_SIZE */
+  tdist_store_t *store;    /* an existing store to rendezvous on (the group
+                              takes its own reference); overrides init_method */
+  int64_t timeout_ms;      /* rendezvous timeout and the groups' default op
+                              timeout; default $TDIST_TIMEOUT_MS, else 600000 */
+  int device;              /* NCCL: CUDA device; default LOCAL_RANK, else 0 */
+  const char *name;        /* group name in logs and errors; default "world" */
+  int host_store;          /* tcp:// and env://: 1 = rank 0 starts the store
+                              server, 0 = one is already running (launcher).
+                              Default: 0 if $TDIST_STORE_HOSTED=1 (set by
+                              tdistrun), else 1 */
+} tdist_init_opts_t;
+
+/*
+ * tdist_init_process_group - rendezvous with the other ranks and create the
+ * world group. Blocks until every rank arrived or the timeout passed.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT when a setting is missing or
+ *         contradictory (tdist_last_error() names the variable);
+ *         TDIST_ERR_TIMEOUT if the others did not arrive; TDIST_ERR_NOT_SUPPORTED
+ *         for a backend this build lacks; backend errors.
+ */
+int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **world);
+
+enum {
+  TDIST_GROUP_FIELD_TIMEOUT = 1u << 0,
+  TDIST_GROUP_FIELD_NAME = 1u << 1,
+};
+typedef struct tdist_group_opts {
+  uint64_t mask;
+  int64_t timeout_ms; /* default: the parent's */
+  const char *name;   /* default: "<parent>/<index>" */
+} tdist_group_opts_t;
+
+/*
+ * tdist_new_group - create a subgroup of `parent` from `n` distinct parent
+ * ranks; collective over the parent (every parent rank calls it, with the same
+ * list, in the same order of calls). Members get a group whose rank i is
+ * ranks[i]; non-members get *group = NULL and 0. The CPU backend reuses the
+ * parent's connections; the NCCL backend calls ncclCommSplit (non-members pass
+ * NCCL_SPLIT_NOCOLOR).
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT for an empty list, a rank out of range
+ *         or a duplicate; TDIST_ERR_ABORTED if the parent was aborted.
+ */
+int tdist_new_group(tdist_group_t *parent, const int *ranks, int n,
+                    const tdist_group_opts_t *opts, tdist_group_t **group);
+
+/*
+ * tdist_mesh_create - an N-dimensional device mesh over `parent`, e.g.
+ * dims = {TP, DP, CP}, the last dimension varying fastest over parent ranks
+ * (row-major, like torch's init_device_mesh). For each dimension d, this rank
+ * gets in groups[d] the group of ranks that differ from it only in
+ * coordinate d. Collective over the parent.
+ * @param coords  optional out: this rank's coordinate in each dimension.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT if a dimension is < 1 or the product
+ *         of dims differs from the parent's size (the message says both).
+ *         On failure no group is returned.
+ */
+int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
+                      const tdist_group_opts_t *opts, tdist_group_t **groups, int *coords);
+
+/* Rank of the caller in the group, and the group's size. -1 for NULL. */
+int tdist_group_rank(const tdist_group_t *group);
+int tdist_group_size(const tdist_group_t *group);
+/* The rank in the world group of group rank `rank`; -1 if out of range. */
+int tdist_group_global_rank(const tdist_group_t *group, int rank);
+/* The group's name, and its backend's ("cpu", "nccl"). */
+const char *tdist_group_name(const tdist_group_t *group);
+const char *tdist_group_backend(const tdist_group_t *group);
+/* The group's default op timeout in milliseconds; settable at any time. */
+int64_t tdist_group_timeout(const tdist_group_t *group);
+int tdist_group_set_timeout(tdist_group_t *group, int64_t timeout_ms);
+
+/*
+ * tdist_group_abort - abort the group on demand: its backend stops
+ * communicating (NCCL: ncclCommAbort), every pending op fails with
+ * TDIST_ERR_ABORTED naming `reason`, later ops fail at once, and the other
+ * ranks are told through the store so they abort their copy too.
+ * Idempotent. Returns 0.
+ */
+int tdist_group_abort(tdist_group_t *group, const char *reason);
+
+/* 1 if the group was aborted (on demand, by a timeout or by a peer). */
+int tdist_group_is_aborted(const tdist_group_t *group);
+
+/*
+ * tdist_group_destroy - wait up to the group's timeout for its pending work,
+ * abort what is left, release the backend (NCCL: finalize then destroy), free
+ * the group. Destroying the last group stops the progress thread. Not
+ * collective for the CPU backend; NCCL's finalize expects every rank to call
+ * it. NULL is ignored.
+ * @return 0, or TDIST_ERR_TIMEOUT if work had to be aborted.
+ */
+int tdist_group_destroy(tdist_group_t *group);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TDIST_GROUP_H */
