@@ -1,0 +1,407 @@
+/*
+ * kv.c - hash table and request semantics shared by the TCP server and the
+ * file store. See kv.h. Runs on whichever single thread owns the table.
+ */
+#include "store/kv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/alloc.h"
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+int tdist__buf_reserve(tdist__buf_t *b, size_t extra) {
+  if (b->cap - b->len >= extra) return 0;
+  size_t cap = b->cap ? b->cap : 256;
+  while (cap - b->len < extra)
+    cap *= 2;
+  uint8_t *p = tdist__realloc(b->p, cap);
+  if (!p) return TDIST_ERR_NO_MEMORY;
+  b->p = p;
+  b->cap = cap;
+  return 0;
+}
+
+void tdist__buf_free(tdist__buf_t *b) {
+  tdist__free(b->p);
+  b->p = NULL;
+  b->len = b->cap = 0;
+}
+
+const char *tdist__store_op_name(int op) {
+  static const char *names[] = {"?",           "hello",     "set",   "get",    "add",
+                                "compare_set", "wait",      "check", "delete", "num_keys",
+                                "multi_get",   "multi_set", "append"};
+  return (op > 0 && op < TDIST__OP_MAX_) ? names[op] : "unknown";
+}
+
+/* ---- hash table --------------------------------------------------------------- */
+
+static uint64_t hash_key(const void *key, uint32_t n) {
+  /* FNV-1a, 8 bytes at a time where possible: keys are short ASCII paths. */
+  const uint8_t *p = key;
+  uint64_t h = 0xcbf29ce484222325ull;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+    p += 8;
+    n -= 8;
+  }
+  while (n--)
+    h = (h ^ *p++) * 0x100000001b3ull;
+  return h ^ (h >> 32);
+}
+
+int tdist__kv_init(tdist__kv_t *kv) {
+  memset(kv, 0, sizeof(*kv));
+  kv->buckets = tdist__calloc(1024, sizeof(*kv->buckets));
+  if (!kv->buckets) return TDIST_ERR_NO_MEMORY;
+  kv->mask = 1023;
+  return 0;
+}
+
+void tdist__kv_destroy(tdist__kv_t *kv) {
+  if (!kv->buckets) return;
+  for (size_t i = 0; i <= kv->mask; i++) {
+    tdist__kv_entry_t *e = kv->buckets[i];
+    while (e) {
+      tdist__kv_entry_t *next = e->next;
+      tdist__free(e->val);
+      tdist__free(e);
+      e = next;
+    }
+  }
+  tdist__free(kv->buckets);
+  kv->buckets = NULL;
+}
+
+static tdist__kv_entry_t *find_h(tdist__kv_t *kv, const void *key, uint32_t klen, uint64_t h) {
+  for (tdist__kv_entry_t *e = kv->buckets[h & kv->mask]; e; e = e->next)
+    if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0) return e;
+  return NULL;
+}
+
+tdist__kv_entry_t *tdist__kv_find(tdist__kv_t *kv, const void *key, uint32_t klen) {
+  return find_h(kv, key, klen, hash_key(key, klen));
+}
+
+static void grow(tdist__kv_t *kv) {
+  size_t nb = (kv->mask + 1) * 2;
+  tdist__kv_entry_t **b = tdist__calloc(nb, sizeof(*b));
+  if (!b) return; /* keep the old table: longer chains, still correct */
+  for (size_t i = 0; i <= kv->mask; i++) {
+    tdist__kv_entry_t *e = kv->buckets[i];
+    while (e) {
+      tdist__kv_entry_t *next = e->next;
+      e->next = b[e->hash & (nb - 1)];
+      b[e->hash & (nb - 1)] = e;
+      e = next;
+    }
+  }
+  tdist__free(kv->buckets);
+  kv->buckets = b;
+  kv->mask = nb - 1;
+}
+
+/* The entry for key, created as a placeholder if missing; NULL: no memory. */
+static tdist__kv_entry_t *get_or_make(tdist__kv_t *kv, const void *key, uint32_t klen) {
+  uint64_t h = hash_key(key, klen);
+  tdist__kv_entry_t *e = find_h(kv, key, klen, h);
+  if (e) return e;
+  e = tdist__calloc(1, sizeof(*e) + klen + 1);
+  if (!e) return NULL;
+  e->hash = h;
+  e->klen = klen;
+  memcpy(e->key, key, klen);
+  if (kv->nentries >= kv->mask + 1) grow(kv);
+  e->next = kv->buckets[h & kv->mask];
+  kv->buckets[h & kv->mask] = e;
+  kv->nentries++;
+  return e;
+}
+
+static void unlink_entry(tdist__kv_t *kv, tdist__kv_entry_t *e) {
+  tdist__kv_entry_t **pp = &kv->buckets[e->hash & kv->mask];
+  while (*pp != e)
+    pp = &(*pp)->next;
+  *pp = e->next;
+  kv->nentries--;
+  tdist__free(e->val);
+  tdist__free(e);
+}
+
+void tdist__kv_drop_if_unused(tdist__kv_t *kv, tdist__kv_entry_t *e) {
+  if (!e->present && !e->waiters) unlink_entry(kv, e);
+}
+
+/* Write v into e (replace or append), mark it present and tell the server. */
+static int write_entry(tdist__kv_t *kv, tdist__kv_entry_t *e, const void *v, uint32_t n,
+                       int append) {
+  uint32_t base = (append && e->present) ? e->vlen : 0;
+  if ((uint64_t)base + n > TDIST_STORE_MAX_VALUE) return -2;
+  uint32_t need = base + n;
+  if (need > e->vcap || (need < e->vcap / 4 && e->vcap > 4096)) {
+    uint32_t cap = need < 16 ? 16 : need;
+    if (append && cap < e->vcap * 2 && e->vcap * 2 <= TDIST_STORE_MAX_VALUE) cap = e->vcap * 2;
+    uint8_t *p = tdist__realloc(e->val, cap);
+    if (!p) return -1;
+    e->val = p;
+    e->vcap = cap;
+  }
+  if (n) memcpy(e->val + base, v, n);
+  e->vlen = need;
+  if (!e->present) kv->npresent++;
+  e->present = 1;
+  kv->version++;
+  if (kv->on_write) kv->on_write(kv->ctx, e);
+  return 0;
+}
+
+int tdist__kv_load(tdist__kv_t *kv, const void *key, uint32_t klen, const void *v, uint32_t vlen) {
+  tdist__kv_entry_t *e = get_or_make(kv, key, klen);
+  return (e && write_entry(kv, e, v, vlen, 0) == 0) ? 0 : -1;
+}
+
+/* ---- requests ----------------------------------------------------------------- */
+
+#define BAD(msg)            \
+  do {                      \
+    x->why = (msg);         \
+    return TDIST__EXEC_BAD; \
+  } while (0)
+#define RESERVE(n)                                              \
+  do {                                                          \
+    if (tdist__buf_reserve(out, (n))) return TDIST__EXEC_NOMEM; \
+  } while (0)
+
+static int reply_simple(tdist__buf_t *out, uint8_t status) {
+  RESERVE(5);
+  tdist__frame_end(out, tdist__frame_begin(out, status));
+  return TDIST__EXEC_DONE;
+}
+
+static int reply_invalid(tdist__buf_t *out, const char *msg) {
+  uint32_t n = (uint32_t)strlen(msg);
+  RESERVE(9 + n);
+  size_t f = tdist__frame_begin(out, TDIST__ST_INVALID);
+  tdist__put_bytes(out, msg, n);
+  tdist__frame_end(out, f);
+  return TDIST__EXEC_DONE;
+}
+
+/* Parse a decimal int64 value of exactly n bytes. */
+static int parse_i64(const uint8_t *p, uint32_t n, int64_t *v) {
+  char tmp[32];
+  if (n == 0 || n >= sizeof(tmp)) return -1;
+  memcpy(tmp, p, n);
+  tmp[n] = 0;
+  char *end;
+  errno = 0;
+  long long r = strtoll(tmp, &end, 10);
+  if (errno || *end) return -1;
+  *v = r;
+  return 0;
+}
+
+/* get, wait, multi_get: u64 timeout, then one key (get) or u32 n + n keys. */
+static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *out,
+                        tdist__exec_t *x) {
+  uint64_t timeout;
+  uint32_t n = 1;
+  if (tdist__get_u64(r, &timeout)) BAD("truncated timeout");
+  if (op != TDIST__OP_GET && tdist__get_u32(r, &n)) BAD("truncated key count");
+  if (n == 0 || n > TDIST__STORE_MAX_KEYS) BAD("bad key count");
+  size_t keys_off = r->off;
+  int64_t missing = -1;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k = NULL;
+    uint32_t kl = 0;
+    if (tdist__get_key(r, &k, &kl)) BAD("bad key");
+    tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+    if (!e || !e->present) {
+      if (missing < 0) missing = i;
+    } else {
+      total += e->vlen + 4u;
+    }
+  }
+  if (r->off != r->n) BAD("trailing bytes");
+  if (missing >= 0 && !x->final && timeout > 0 && x->on_missing) {
+    /* Second pass: a waiter on every missing key. */
+    tdist__rd_t r2 = {r->p, r->n, keys_off};
+    for (uint32_t i = 0; i < n; i++) {
+      const uint8_t *k = NULL;
+      uint32_t kl = 0;
+      tdist__get_key(&r2, &k, &kl);
+      tdist__kv_entry_t *e = get_or_make(kv, k, kl);
+      if (!e) return TDIST__EXEC_NOMEM;
+      if (!e->present && x->on_missing(x->ctx, e)) return TDIST__EXEC_NOMEM;
+    }
+    x->timeout_ms = timeout;
+    return TDIST__EXEC_BLOCKED;
+  }
+  if (missing >= 0 && !x->final && timeout > 0) {
+    x->timeout_ms = timeout; /* the file store polls */
+    return TDIST__EXEC_BLOCKED;
+  }
+  if (missing >= 0) {
+    RESERVE(9);
+    size_t f = tdist__frame_begin(out, TDIST__ST_TIMEOUT);
+    tdist__put_u32(out, (uint32_t)missing);
+    tdist__frame_end(out, f);
+    return TDIST__EXEC_DONE;
+  }
+  if (op == TDIST__OP_WAIT) return reply_simple(out, TDIST__ST_OK);
+  if (total > TDIST__STORE_MAX_FRAME) return reply_invalid(out, "reply too large");
+  RESERVE(5 + total);
+  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+  tdist__rd_t r3 = {r->p, r->n, keys_off};
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k = NULL;
+    uint32_t kl = 0;
+    tdist__get_key(&r3, &k, &kl);
+    tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+    tdist__put_bytes(out, e->val, e->vlen);
+  }
+  tdist__frame_end(out, f);
+  return TDIST__EXEC_DONE;
+}
+
+int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t *out,
+                   tdist__exec_t *x) {
+  tdist__rd_t r = {body, n, 0};
+  uint8_t op;
+  const uint8_t *k = NULL, *v = NULL, *v2 = NULL;
+  uint32_t kl = 0, vl = 0, vl2 = 0;
+  tdist__kv_entry_t *e;
+  x->why = NULL;
+  if (tdist__get_u8(&r, &op)) BAD("empty message");
+  switch (op) {
+  case TDIST__OP_GET:
+  case TDIST__OP_WAIT:
+  case TDIST__OP_MULTI_GET: return exec_waiting(kv, op, &r, out, x);
+
+  case TDIST__OP_SET:
+  case TDIST__OP_APPEND:
+    if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
+      BAD("bad key or value");
+    if (r.off != r.n) BAD("trailing bytes");
+    if (!(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+    switch (write_entry(kv, e, v, vl, op == TDIST__OP_APPEND)) {
+    case -1: return TDIST__EXEC_NOMEM;
+    case -2: return reply_invalid(out, "appended value would exceed TDIST_STORE_MAX_VALUE");
+    }
+    return reply_simple(out, TDIST__ST_OK);
+
+  case TDIST__OP_ADD: {
+    uint64_t d;
+    int64_t cur = 0;
+    if (tdist__get_key(&r, &k, &kl) || tdist__get_u64(&r, &d)) BAD("bad key or delta");
+    if (r.off != r.n) BAD("trailing bytes");
+    e = tdist__kv_find(kv, k, kl);
+    if (e && e->present && parse_i64(e->val, e->vlen, &cur))
+      return reply_invalid(out, "the key holds a value that is not an int64 counter");
+    cur = (int64_t)((uint64_t)cur + d); /* wraps like torch's TCPStore */
+    char num[32];
+    int len = snprintf(num, sizeof(num), "%" PRId64, cur);
+    if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+    if (write_entry(kv, e, num, (uint32_t)len, 0)) return TDIST__EXEC_NOMEM;
+    RESERVE(13);
+    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+    tdist__put_u64(out, (uint64_t)cur);
+    tdist__frame_end(out, f);
+    return TDIST__EXEC_DONE;
+  }
+
+  case TDIST__OP_CAS:
+    if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE) ||
+        tdist__get_bytes(&r, &v2, &vl2, TDIST_STORE_MAX_VALUE))
+      BAD("bad key or values");
+    if (r.off != r.n) BAD("trailing bytes");
+    e = tdist__kv_find(kv, k, kl);
+    if ((e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0) {
+      if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+      if (write_entry(kv, e, v2, vl2, 0)) return TDIST__EXEC_NOMEM;
+    }
+    {
+      uint32_t cl = (e && e->present) ? e->vlen : 0;
+      RESERVE(9 + cl);
+      size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+      tdist__put_bytes(out, cl ? e->val : NULL, cl);
+      tdist__frame_end(out, f);
+    }
+    return TDIST__EXEC_DONE;
+
+  case TDIST__OP_CHECK: {
+    uint32_t cnt;
+    uint8_t all = 1;
+    if (tdist__get_u32(&r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
+    for (uint32_t i = 0; i < cnt; i++) {
+      if (tdist__get_key(&r, &k, &kl)) BAD("bad key");
+      e = tdist__kv_find(kv, k, kl);
+      if (!e || !e->present) all = 0;
+    }
+    if (r.off != r.n) BAD("trailing bytes");
+    RESERVE(6);
+    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+    tdist__put_u8(out, all);
+    tdist__frame_end(out, f);
+    return TDIST__EXEC_DONE;
+  }
+
+  case TDIST__OP_DELETE: {
+    uint8_t existed = 0;
+    if (tdist__get_key(&r, &k, &kl)) BAD("bad key");
+    if (r.off != r.n) BAD("trailing bytes");
+    e = tdist__kv_find(kv, k, kl);
+    if (e && e->present) {
+      existed = 1;
+      e->present = 0;
+      e->vlen = 0;
+      kv->npresent--;
+      kv->version++;
+      if (!e->waiters) unlink_entry(kv, e);
+    }
+    RESERVE(6);
+    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+    tdist__put_u8(out, existed);
+    tdist__frame_end(out, f);
+    return TDIST__EXEC_DONE;
+  }
+
+  case TDIST__OP_NUM_KEYS: {
+    if (r.off != r.n) BAD("trailing bytes");
+    RESERVE(13);
+    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+    tdist__put_u64(out, (uint64_t)kv->npresent);
+    tdist__frame_end(out, f);
+    return TDIST__EXEC_DONE;
+  }
+
+  case TDIST__OP_MULTI_SET: {
+    uint32_t cnt;
+    if (tdist__get_u32(&r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
+    size_t start = r.off;
+    /* Validate everything first so the set is all-or-nothing. */
+    for (uint32_t i = 0; i < cnt; i++)
+      if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
+        BAD("bad key or value");
+    if (r.off != r.n) BAD("trailing bytes");
+    r.off = start;
+    for (uint32_t i = 0; i < cnt; i++) {
+      tdist__get_key(&r, &k, &kl);
+      tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE);
+      if (!(e = get_or_make(kv, k, kl)) || write_entry(kv, e, v, vl, 0)) return TDIST__EXEC_NOMEM;
+    }
+    return reply_simple(out, TDIST__ST_OK);
+  }
+
+  case TDIST__OP_HELLO: BAD("repeated handshake");
+  default: BAD("unknown operation");
+  }
+}

@@ -1,0 +1,76 @@
+/*
+ * kv.h - the store's data and the meaning of every request (internal).
+ *
+ * tdist__kv_t is a chained hash table of keys. tdist__kv_exec() runs one
+ * request body (docs/store-protocol.md) against it and appends the reply
+ * frame. The TCP server (server.c) and the file store (file.c) both use it,
+ * so the two stores cannot drift apart in semantics.
+ *
+ * Waiting: a get/wait/multi_get whose keys are missing returns
+ * TDIST__EXEC_BLOCKED. If the caller gave an on_missing hook, a placeholder
+ * entry (present = 0) is made for each missing key and handed to the hook,
+ * which links a waiter to it; kv->on_write later reports each write so the
+ * server can wake exactly those waiters. The caller re-runs the request when
+ * woken, and once more with `final` set at its deadline, which answers
+ * TDIST__ST_TIMEOUT instead of blocking.
+ *
+ * Thread safety: none; one thread owns a table (the server's loop thread, or
+ * a file-store call holding the file lock).
+ */
+#ifndef TDIST_STORE_KV_H
+#define TDIST_STORE_KV_H
+
+#include "store/proto.h"
+
+typedef struct tdist__kv_entry {
+  struct tdist__kv_entry *next; /* hash chain */
+  uint64_t hash;
+  uint8_t *val; /* owned; NULL while empty */
+  uint32_t vlen, vcap;
+  int present;   /* 0: placeholder kept alive by waiters */
+  void *waiters; /* server: head of this key's waiter list */
+  uint32_t klen;
+  char key[]; /* klen bytes + NUL */
+} tdist__kv_entry_t;
+
+typedef struct tdist__kv {
+  tdist__kv_entry_t **buckets;
+  size_t mask;      /* number of buckets - 1 */
+  size_t nentries;  /* including placeholders */
+  int64_t npresent; /* keys that exist */
+  uint64_t version; /* bumped by every write (the file store's dirty check) */
+  void (*on_write)(void *ctx, tdist__kv_entry_t *e);
+  void *ctx;
+} tdist__kv_t;
+
+enum {
+  TDIST__EXEC_DONE = 0,
+  TDIST__EXEC_BLOCKED = 1,
+  TDIST__EXEC_BAD = -1,
+  TDIST__EXEC_NOMEM = -2
+};
+
+typedef struct tdist__exec {
+  /* in */
+  int final; /* the deadline passed: reply TIMEOUT rather than block */
+  int (*on_missing)(void *ctx, tdist__kv_entry_t *e); /* 0 or -1 (no memory) */
+  void *ctx;
+  /* out */
+  uint64_t timeout_ms; /* of a blocked request */
+  const char *why;     /* what was malformed (TDIST__EXEC_BAD) */
+} tdist__exec_t;
+
+int tdist__kv_init(tdist__kv_t *kv);
+void tdist__kv_destroy(tdist__kv_t *kv);
+tdist__kv_entry_t *tdist__kv_find(tdist__kv_t *kv, const void *key, uint32_t klen);
+/* Store a present key with a value (file-store loading). 0 or -1. */
+int tdist__kv_load(tdist__kv_t *kv, const void *key, uint32_t klen, const void *v, uint32_t vlen);
+/* Free a placeholder that nobody waits on any more. */
+void tdist__kv_drop_if_unused(tdist__kv_t *kv, tdist__kv_entry_t *e);
+
+/* Run one request body (op byte + payload, not HELLO); append the reply frame
+ * to `out` unless BLOCKED or BAD. */
+int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t *out,
+                   tdist__exec_t *x);
+
+#endif

@@ -1,0 +1,51 @@
+/*
+ * store_impl.h - the store object behind tdist_store_t (internal).
+ *
+ * Every store is a struct tdist_store. A root store (TCP connection, file)
+ * has a vtable that carries one request frame to its data and brings the
+ * reply back; the operations themselves are encoded once, in client.c, with
+ * the wire format of proto.h, and executed by kv.c on the server or, for the
+ * file store, in the calling process. A prefix view has no vtable: it points
+ * to its root (holding a reference) and a prefix that client.c writes in
+ * front of every key, so views of views flatten to one root + one prefix.
+ *
+ * Ownership: refs counts tdist_store_release calls still owed; the last one
+ * calls vt->close (root) or releases the root (view). address and prefix are
+ * immutable after creation, so they are read without locks.
+ */
+#ifndef TDIST_STORE_IMPL_H
+#define TDIST_STORE_IMPL_H
+
+#include <stdatomic.h>
+
+#include "store/proto.h"
+
+typedef struct tdist__store_vt {
+  /* Any thread. Send the request frame in `req`, put the reply body (status
+   * byte first) in `rep` (rep->len reset by the callee). `wait_ms` is how long
+   * the server may legitimately hold the request (0 if it never waits); `what`
+   * and `key` name the call in error messages. Returns 0, or TDIST_ERR_CLOSED,
+   * TDIST_ERR_IO, TDIST_ERR_TIMEOUT with the error recorded. */
+  int (*call)(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep, int64_t wait_ms,
+              const char *what, const char *key);
+  /* Last reference gone: close and free. */
+  void (*close)(tdist_store_t *s);
+} tdist__store_vt_t;
+
+struct tdist_store {
+  const tdist__store_vt_t *vt; /* NULL for a prefix view */
+  _Atomic int refs;
+  tdist_store_t *root; /* the root store; itself for a root */
+  char *prefix;        /* view: full prefix (root's keys = prefix + key) */
+  size_t plen;
+  int64_t timeout_ms; /* default for calls given <= 0 */
+  char address[280];  /* "host:port" or "file:path" */
+};
+
+/* Initialise the common part of a new root store (refs = 1). */
+void tdist__store_init_root(tdist_store_t *s, const tdist__store_vt_t *vt, int64_t timeout_ms);
+
+/* The default timeout: opts->timeout_ms if set and > 0, else 600000. */
+int64_t tdist__store_opts_timeout(const tdist_store_opts_t *opts);
+
+#endif
