@@ -326,6 +326,8 @@ static void conn_process(conn_t *c) {
     c->rpos += 4 + (size_t)len;
   }
   if (c->rpos == c->rlen) c->rpos = c->rlen = 0;
+  /* before the replies leave, so a client that saw its write also sees it counted */
+  atomic_store_explicit(&srv->num_keys, srv->kv.npresent, memory_order_relaxed);
   conn_flush(c);
 }
 
