@@ -85,8 +85,7 @@ static int ops_child(int rank, int n, void *arg) {
   void *gv[2];
   size_t gl[2];
   MP_CHECK_RC(tdist_store_multi_get(s, mk, 2, gv, gl, 20000));
-  MP_CHECK(gl[0] == 2 && memcmp(gv[0], "xx", 2) == 0 && gl[1] == 3 &&
-           memcmp(gv[1], "yyy", 3) == 0);
+  MP_CHECK(gl[0] == 2 && memcmp(gv[0], "xx", 2) == 0 && gl[1] == 3 && memcmp(gv[1], "yyy", 3) == 0);
   tdist_store_free(gv[0]);
   tdist_store_free(gv[1]);
 
@@ -324,7 +323,8 @@ static void test_bad_arguments(void **state) {
   /* a large value round-trips */
   size_t n = 8 << 20;
   char *v = malloc(n);
-  for (size_t i = 0; i < n; i++) v[i] = (char)(i * 7);
+  for (size_t i = 0; i < n; i++)
+    v[i] = (char)(i * 7);
   assert_int_equal(tdist_store_set(s, "big", v, n), 0);
   void *g;
   size_t gl;
@@ -345,9 +345,12 @@ static void test_bad_arguments(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ops_multiprocess),    cmocka_unit_test(test_wait_woken_by_other_process),
-      cmocka_unit_test(test_prefix_isolation),    cmocka_unit_test(test_connect_timeout_and_close),
-      cmocka_unit_test(test_token),               cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_ops_multiprocess),
+      cmocka_unit_test(test_wait_woken_by_other_process),
+      cmocka_unit_test(test_prefix_isolation),
+      cmocka_unit_test(test_connect_timeout_and_close),
+      cmocka_unit_test(test_token),
+      cmocka_unit_test(test_bad_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

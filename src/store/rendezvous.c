@@ -1,0 +1,281 @@
+/*
+ * rendezvous.c - tdist_init_process_group: find rank, world size, timeout and
+ * a store from opts and the environment (env://, tcp://, file://, or a given
+ * store), host the store server on rank 0 when asked, check that no two
+ * processes claim one rank, wait until every rank arrived, then create the
+ * world group with tdist__group_create.
+ *
+ * Keys (under "tdist/rdzv/"): "rank/<r>" holds the claiming process's id
+ * (compare_set, so a second claimant sees someone else's id: duplicate RANK);
+ * "arrived" counts arrivals, the one that completes a round of world_size sets
+ * "go/<round>", which the others wait on (woken by that write). "left" counts
+ * ranks that ran tdist__rendezvous_cleanup.
+ *
+ * The hosted server and the rendezvous store handle live in a process-global
+ * record until tdist__rendezvous_cleanup() (called by the core when the world
+ * group is destroyed): every rank adds to "left"; rank 0 then waits, bounded
+ * by the timeout, until all ranks have left before stopping the server.
+ *
+ * Threads: the caller's; the record is guarded by a mutex.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/group.h"
+#include "core/param.h"
+#include "store/rendezvous.h"
+#include "store/store_impl.h"
+#include "tdist/group.h"
+
+#define RDZV_PREFIX "tdist/rdzv/"
+
+TDIST_PARAM(TimeoutMs, "TDIST_TIMEOUT_MS", 600000)
+TDIST_PARAM(StoreHosted, "TDIST_STORE_HOSTED", 0)
+
+static pthread_mutex_t rdzv_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  tdist_store_server_t *server; /* hosted by this process (rank 0), or NULL */
+  tdist_store_t *store;         /* view RDZV_PREFIX, for the exit count */
+  int rank, size;
+  int64_t timeout_ms;
+} rdzv;
+
+/* Parse env `name` as an int >= min; 1 found, 0 unset, negative error. */
+static int env_int(const char *name, int min, int *out) {
+  const char *s = tdist__env_raw(name);
+  if (!s) return 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*end || v < min || v > 1 << 30)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s='%s' is not an integer >= %d", name, s,
+                        min);
+  *out = (int)v;
+  return 1;
+}
+
+/* The first of several variables that is set; `which` names it. */
+static int env_first(const char *const *names, int min, int *out, const char **which) {
+  for (; *names; names++) {
+    int rc = env_int(*names, min, out);
+    if (rc) {
+      *which = *names;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static int resolve_rank_size(const tdist_init_opts_t *o, int *rank, int *size) {
+  static const char *const rank_vars[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", NULL};
+  static const char *const size_vars[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+                                          NULL};
+  const char *rname = "rank", *sname = "world_size";
+  int rc;
+  if (o && (o->mask & TDIST_INIT_FIELD_RANK)) {
+    *rank = o->rank;
+  } else if ((rc = env_first(rank_vars, 0, rank, &rname)) <= 0) {
+    return rc < 0
+               ? rc
+               : tdist__error(TDIST_ERR_INVALID_ARGUMENT, "RANK is not set (nor SLURM_PROCID, "
+                                                          "OMPI_COMM_WORLD_RANK, nor opts.rank)");
+  }
+  if (o && (o->mask & TDIST_INIT_FIELD_WORLD_SIZE)) {
+    *size = o->world_size;
+  } else if ((rc = env_first(size_vars, 1, size, &sname)) <= 0) {
+    return rc < 0 ? rc
+                  : tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                                 "WORLD_SIZE is not set (nor "
+                                 "SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, nor opts.world_size)");
+  }
+  if (*size < 1)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s=%d must be at least 1", sname, *size);
+  if (*rank < 0 || *rank >= *size)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s=%d is not below %s=%d",
+                        strcmp(rname, "rank") ? rname : "RANK", *rank,
+                        strcmp(sname, "world_size") ? sname : "WORLD_SIZE", *size);
+  /* LOCAL_RANK / LOCAL_WORLD_SIZE: only checked for consistency here. */
+  int lr = -1, lws = -1;
+  if ((rc = env_int("LOCAL_RANK", 0, &lr)) < 0) return rc;
+  if ((rc = env_int("LOCAL_WORLD_SIZE", 1, &lws)) < 0) return rc;
+  if (lr >= 0 && lws > 0 && lr >= lws)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "LOCAL_RANK=%d is not below "
+                        "LOCAL_WORLD_SIZE=%d",
+                        lr, lws);
+  if (lws > *size)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "LOCAL_WORLD_SIZE=%d exceeds WORLD_SIZE=%d",
+                        lws, *size);
+  return 0;
+}
+
+/* host:port from "tcp://host:port" or from MASTER_ADDR/MASTER_PORT. */
+static int resolve_addr(const char *method, char *host, size_t hl, int *port) {
+  if (strncmp(method, "tcp://", 6) == 0) {
+    const char *hp = method + 6, *colon = strrchr(hp, ':');
+    if (!colon || colon == hp || (size_t)(colon - hp) >= hl)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "init_method '%s' is not tcp://host:port",
+                          method);
+    memcpy(host, hp, (size_t)(colon - hp));
+    host[colon - hp] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [v6] */
+      memmove(host, host + 1, strlen(host));
+      host[strlen(host) - 1] = 0;
+    }
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end || p < 1 || p > 65535)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "init_method '%s': bad port", method);
+    *port = (int)p;
+    return 0;
+  }
+  const char *a = tdist__env_raw("MASTER_ADDR");
+  if (!a) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_ADDR is not set (env://)");
+  if (strlen(a) >= hl) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_ADDR is too long");
+  snprintf(host, hl, "%s", a);
+  int rc = env_int("MASTER_PORT", 1, port);
+  if (rc == 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_PORT is not set (env://)");
+  if (rc < 0) return rc;
+  if (*port > 65535)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_PORT=%d is out of range", *port);
+  return 0;
+}
+
+/* Claim our rank, count in, wait for the round to complete. */
+static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms) {
+  char key[64], me[128], host[64] = "?";
+  gethostname(host, sizeof(host) - 1);
+  snprintf(me, sizeof(me), "%s:%d", host, (int)getpid());
+  snprintf(key, sizeof(key), "rank/%d", rank);
+  void *cur = NULL;
+  size_t cl = 0;
+  TDIST_CHECK(tdist_store_compare_set(v, key, NULL, 0, me, strlen(me), &cur, &cl));
+  int dup = cl != strlen(me) || memcmp(cur, me, cl) != 0;
+  if (dup) {
+    int rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                          "RANK=%d is claimed by two processes: "
+                          "%.*s and %s (this one)",
+                          rank, (int)cl, (char *)cur, me);
+    tdist_store_free(cur);
+    return rc;
+  }
+  tdist_store_free(cur);
+  int64_t arrived;
+  TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
+  int64_t round = (arrived - 1) / size;
+  snprintf(key, sizeof(key), "go/%" PRId64, round);
+  if (arrived == (round + 1) * size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
+  const char *k = key;
+  int rc = tdist_store_wait(v, &k, 1, timeout_ms);
+  if (rc == TDIST_ERR_TIMEOUT) {
+    int64_t now = 0;
+    tdist_store_add(v, "arrived", 0, &now);
+    return tdist__error(rc,
+                        "rendezvous on %s timed out after %" PRId64 " ms: %" PRId64 " of "
+                        "WORLD_SIZE=%d ranks arrived",
+                        tdist_store_address(v), timeout_ms, now - round * size, size);
+  }
+  return rc;
+}
+
+int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **world) {
+  tdist__error_clear();
+  const tdist_init_opts_t *o = opts;
+  uint64_t m = o ? o->mask : 0;
+  int rank = 0, size = 0, port = 0, rc;
+  char host[256];
+  tdist_store_server_t *srv = NULL;
+  tdist_store_t *root = NULL, *view = NULL;
+  if (!world) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_init_process_group: NULL");
+  *world = NULL;
+  const char *backend = (m & TDIST_INIT_FIELD_BACKEND) && o->backend
+                            ? o->backend
+                            : tdist__param_str("TDIST_BACKEND", "cpu");
+  const tdist__backend_ops_t *ops = tdist__backend_find(backend);
+  if (!ops)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend '%s' is not built into this library",
+                        backend);
+  int64_t timeout = (m & TDIST_INIT_FIELD_TIMEOUT) && o->timeout_ms > 0 ? o->timeout_ms
+                                                                        : tdist__param_TimeoutMs();
+  if (timeout <= 0)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "TDIST_TIMEOUT_MS=%" PRId64 " must be > 0",
+                        timeout);
+  TDIST_CHECK(resolve_rank_size(o, &rank, &size));
+  const char *method =
+      (m & TDIST_INIT_FIELD_INIT_METHOD) && o->init_method ? o->init_method : "env://";
+  const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
+  int host_store =
+      (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store : tdist__param_StoreHosted() != 1;
+  tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = timeout};
+
+  pthread_mutex_lock(&rdzv_mu);
+  if (rdzv.store) {
+    pthread_mutex_unlock(&rdzv_mu);
+    return tdist__error(TDIST_ERR_INVALID_STATE, "tdist_init_process_group: this process "
+                                                 "already has a world group (destroy it first)");
+  }
+  if ((m & TDIST_INIT_FIELD_STORE) && o->store) {
+    root = o->store;
+    atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
+  } else if (strncmp(method, "file://", 7) == 0) {
+    TDIST_CHECKGOTO(tdist_store_open_file(method + 7, &so, &root), rc, fail);
+  } else if (strncmp(method, "tcp://", 6) == 0 || strncmp(method, "env://", 6) == 0) {
+    TDIST_CHECKGOTO(resolve_addr(method, host, sizeof(host), &port), rc, fail);
+    if (rank == 0 && host_store) {
+      tdist_store_server_opts_t sv = {.mask = TDIST_STORE_SERVER_FIELD_PORT, .port = port};
+      TDIST_CHECKGOTO(tdist_store_server_start(&sv, &srv), rc, fail);
+    }
+    TDIST_CHECKGOTO(tdist_store_connect(host, port, &so, &root), rc, fail);
+  } else {
+    rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                      "init_method '%s' is not env://, tcp://host:port "
+                      "or file:///path",
+                      method);
+    goto fail;
+  }
+  TDIST_CHECKGOTO(tdist_store_prefix(root, RDZV_PREFIX, &view), rc, fail);
+  TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout), rc, fail);
+  TDIST_INFO(INIT, "rank %d of %d joined on %s", rank, size, tdist_store_address(root));
+  TDIST_CHECKGOTO(tdist__group_create(ops, rank, size, name, root, timeout, o, world), rc, fail);
+  rdzv.server = srv;
+  rdzv.store = view;
+  rdzv.rank = rank;
+  rdzv.size = size;
+  rdzv.timeout_ms = timeout;
+  pthread_mutex_unlock(&rdzv_mu);
+  tdist_store_release(root); /* the group and the view hold their own */
+  return 0;
+fail:
+  pthread_mutex_unlock(&rdzv_mu);
+  tdist_store_release(view);
+  tdist_store_release(root);
+  tdist_store_server_stop(srv);
+  return rc;
+}
+
+int tdist__rendezvous_cleanup(void) {
+  pthread_mutex_lock(&rdzv_mu);
+  tdist_store_server_t *srv = rdzv.server;
+  tdist_store_t *v = rdzv.store;
+  int size = rdzv.size;
+  int64_t timeout = rdzv.timeout_ms;
+  memset(&rdzv, 0, sizeof(rdzv));
+  pthread_mutex_unlock(&rdzv_mu);
+  if (!v) return 0;
+  int64_t left = 0;
+  int rc = tdist_store_add(v, "left", 1, &left);
+  if (rc == 0 && left % size == 0) rc = tdist_store_set(v, "all_left", "", 0);
+  if (srv && rc == 0) {
+    /* Keep serving until every rank is done with the store. */
+    const char *k = "all_left";
+    rc = tdist_store_wait(v, &k, 1, timeout);
+    if (rc)
+      TDIST_WARN(INIT, "stopping the hosted store before every rank left: %s", tdist_last_error());
+  }
+  tdist_store_release(v);
+  tdist_store_server_stop(srv);
+  return rc;
+}
