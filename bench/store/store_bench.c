@@ -1,0 +1,241 @@
+/*
+ * store_bench - store throughput and rendezvous wall time.
+ *
+ *   store_bench [--host H] [--port P] [--clients 1,16,64] [--seconds S]
+ *               [--value-size B] [--rendezvous N]
+ *
+ * With --port 0 (default) it starts a server in-process; the script
+ * run_store_bench.sh starts the standalone tdist-store instead, so the server
+ * runs in its own process as redis-server does. For each op (set, get, add)
+ * and each client count, that many threads each open a connection and run the
+ * op in a closed loop (one request in flight per client, like redis-benchmark
+ * without -P) for S seconds. Keys are "key:<client>:<i % 1000>" (get reads
+ * keys set beforehand). Output: one line per (op, clients): "set 16 123456
+ * ops/s". Then N connections (from 16 threads) perform a rendezvous: each
+ * sets its address, multi-gets everyone's, adds to a counter; the last sets
+ * "go" and all wait for it. Prints the wall time.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "tdist/errors.h"
+#include "tdist/store.h"
+
+static const char *g_host = "127.0.0.1";
+static int g_port;
+static double g_seconds = 2.0;
+static int g_vsize = 3; /* redis-benchmark's default -d */
+static atomic_int g_stop;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static tdist_store_t *connect_or_die(void) {
+  tdist_store_t *s;
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 60000};
+  if (tdist_store_connect(g_host, g_port, &o, &s)) {
+    fprintf(stderr, "store_bench: %s\n", tdist_last_error());
+    exit(1);
+  }
+  return s;
+}
+
+typedef struct {
+  int id, op;
+  tdist_store_t *s;
+  uint64_t ops;
+  pthread_barrier_t *start;
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  char key[64], val[4096];
+  memset(val, 'x', sizeof(val));
+  pthread_barrier_wait(w->start);
+  uint64_t n = 0;
+  while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
+    snprintf(key, sizeof(key), "key:%d:%d", w->id, (int)(n % 1000));
+    int rc;
+    if (w->op == 0) {
+      rc = tdist_store_set(w->s, key, val, (size_t)g_vsize);
+    } else if (w->op == 1) {
+      void *v;
+      size_t l;
+      rc = tdist_store_get(w->s, key, &v, &l, 10000);
+      if (rc == 0) tdist_store_free(v);
+    } else {
+      rc = tdist_store_add(w->s, key + 4 /* distinct counters */, 1, NULL);
+    }
+    if (rc) {
+      fprintf(stderr, "store_bench: %s\n", tdist_last_error());
+      exit(1);
+    }
+    n++;
+  }
+  w->ops = n;
+  return NULL;
+}
+
+static void run_ops(int clients) {
+  static const char *names[] = {"set", "get", "add"};
+  worker_t *ws = calloc((size_t)clients, sizeof(*ws));
+  pthread_t *th = calloc((size_t)clients, sizeof(*th));
+  for (int i = 0; i < clients; i++)
+    ws[i].s = connect_or_die();
+  for (int op = 0; op < 3; op++) {
+    pthread_barrier_t b;
+    pthread_barrier_init(&b, NULL, (unsigned)clients + 1);
+    atomic_store(&g_stop, 0);
+    for (int i = 0; i < clients; i++) {
+      ws[i].id = i;
+      ws[i].op = op;
+      ws[i].start = &b;
+      pthread_create(&th[i], NULL, worker, &ws[i]);
+    }
+    pthread_barrier_wait(&b);
+    double t0 = now_s();
+    struct timespec ts = {(time_t)g_seconds, (long)((g_seconds - (time_t)g_seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+    atomic_store(&g_stop, 1);
+    uint64_t total = 0;
+    for (int i = 0; i < clients; i++) {
+      pthread_join(th[i], NULL);
+      total += ws[i].ops;
+    }
+    double dt = now_s() - t0;
+    printf("%s %d %.0f ops/s\n", names[op], clients, (double)total / dt);
+    fflush(stdout);
+    pthread_barrier_destroy(&b);
+  }
+  for (int i = 0; i < clients; i++)
+    tdist_store_release(ws[i].s);
+  free(ws);
+  free(th);
+}
+
+/* ---- rendezvous ---------------------------------------------------------------------- */
+
+typedef struct {
+  int first, count, n;
+  tdist_store_t **conns;
+  char run[32];
+} rdzv_arg_t;
+
+static void *rdzv_thread(void *p) {
+  rdzv_arg_t *a = p;
+  char key[96], val[64];
+  for (int i = a->first; i < a->first + a->count; i++) {
+    snprintf(key, sizeof(key), "%s/addr/%d", a->run, i);
+    snprintf(val, sizeof(val), "10.0.%d.%d:%d", i / 256, i % 256, 20000 + i);
+    if (tdist_store_set(a->conns[i], key, val, strlen(val))) goto fail;
+  }
+  char **keys = malloc(sizeof(char *) * (size_t)a->n);
+  void **vals = malloc(sizeof(void *) * (size_t)a->n);
+  size_t *lens = malloc(sizeof(size_t) * (size_t)a->n);
+  for (int j = 0; j < a->n; j++) {
+    keys[j] = malloc(96);
+    snprintf(keys[j], 96, "%s/addr/%d", a->run, j);
+  }
+  for (int i = a->first; i < a->first + a->count; i++) {
+    if (tdist_store_multi_get(a->conns[i], (const char *const *)keys, (size_t)a->n, vals, lens,
+                              60000))
+      goto fail;
+    for (int j = 0; j < a->n; j++)
+      tdist_store_free(vals[j]);
+  }
+  snprintf(key, sizeof(key), "%s/go", a->run);
+  for (int i = a->first; i < a->first + a->count; i++) {
+    int64_t v;
+    char ck[96];
+    snprintf(ck, sizeof(ck), "%s/arrived", a->run);
+    if (tdist_store_add(a->conns[i], ck, 1, &v)) goto fail;
+    if (v == a->n && tdist_store_set(a->conns[i], key, "", 0)) goto fail;
+  }
+  const char *k = key;
+  for (int i = a->first; i < a->first + a->count; i++)
+    if (tdist_store_wait(a->conns[i], &k, 1, 60000)) goto fail;
+  for (int j = 0; j < a->n; j++)
+    free(keys[j]);
+  free(keys);
+  free(vals);
+  free(lens);
+  return NULL;
+fail:
+  fprintf(stderr, "store_bench rendezvous: %s\n", tdist_last_error());
+  exit(1);
+}
+
+static void run_rendezvous(int n) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  enum { NT = 16 };
+  tdist_store_t **conns = calloc((size_t)n, sizeof(*conns));
+  double t0 = now_s();
+  for (int i = 0; i < n; i++)
+    conns[i] = connect_or_die();
+  double t1 = now_s();
+  pthread_t th[NT];
+  rdzv_arg_t args[NT];
+  snprintf(args[0].run, sizeof(args[0].run), "rdzv%d", (int)(t0 * 1000) % 100000);
+  for (int t = 0; t < NT; t++) {
+    args[t] = args[0];
+    args[t].n = n;
+    args[t].conns = conns;
+    args[t].first = t * n / NT;
+    args[t].count = (t + 1) * n / NT - args[t].first;
+    pthread_create(&th[t], NULL, rdzv_thread, &args[t]);
+  }
+  for (int t = 0; t < NT; t++)
+    pthread_join(th[t], NULL);
+  double t2 = now_s();
+  printf("rendezvous %d clients: connect %.3f s, exchange+barrier %.3f s, total %.3f s\n", n,
+         t1 - t0, t2 - t1, t2 - t0);
+  for (int i = 0; i < n; i++)
+    tdist_store_release(conns[i]);
+  free(conns);
+}
+
+int main(int argc, char **argv) {
+  char clients[128] = "1,16,64";
+  int rdzv_n = 1024;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--host"))
+      g_host = argv[i + 1];
+    else if (!strcmp(argv[i], "--port"))
+      g_port = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--clients"))
+      snprintf(clients, sizeof(clients), "%s", argv[i + 1]);
+    else if (!strcmp(argv[i], "--seconds"))
+      g_seconds = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--value-size"))
+      g_vsize = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--rendezvous"))
+      rdzv_n = atoi(argv[i + 1]);
+  }
+  if (g_vsize < 0 || g_vsize > 4096) g_vsize = 3;
+  tdist_store_server_t *srv = NULL;
+  if (g_port == 0) {
+    tdist_store_server_opts_t o = {.mask = TDIST_STORE_SERVER_FIELD_HOST, .host = "127.0.0.1"};
+    if (tdist_store_server_start(&o, &srv)) {
+      fprintf(stderr, "store_bench: %s\n", tdist_last_error());
+      return 1;
+    }
+    g_port = tdist_store_server_port(srv);
+  }
+  for (char *tok = strtok(clients, ","); tok; tok = strtok(NULL, ","))
+    if (atoi(tok) > 0) run_ops(atoi(tok));
+  if (rdzv_n > 0) run_rendezvous(rdzv_n);
+  tdist_store_server_stop(srv);
+  return 0;
+}
