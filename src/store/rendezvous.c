@@ -181,23 +181,12 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms) 
   return rc;
 }
 
-int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **world) {
-  tdist__error_clear();
-  const tdist_init_opts_t *o = opts;
+int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   uint64_t m = o ? o->mask : 0;
   int rank = 0, size = 0, port = 0, rc;
   char host[256];
   tdist_store_server_t *srv = NULL;
   tdist_store_t *root = NULL, *view = NULL;
-  if (!world) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_init_process_group: NULL");
-  *world = NULL;
-  const char *backend = (m & TDIST_INIT_FIELD_BACKEND) && o->backend
-                            ? o->backend
-                            : tdist__param_str("TDIST_BACKEND", "cpu");
-  const tdist__backend_ops_t *ops = tdist__backend_find(backend);
-  if (!ops)
-    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend '%s' is not built into this library",
-                        backend);
   int64_t timeout = (m & TDIST_INIT_FIELD_TIMEOUT) && o->timeout_ms > 0 ? o->timeout_ms
                                                                         : tdist__param_TimeoutMs();
   if (timeout <= 0)
@@ -206,7 +195,6 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
   TDIST_CHECK(resolve_rank_size(o, &rank, &size));
   const char *method =
       (m & TDIST_INIT_FIELD_INIT_METHOD) && o->init_method ? o->init_method : "env://";
-  const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
   int host_store =
       (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store : tdist__param_StoreHosted() != 1;
   tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = timeout};
@@ -239,20 +227,45 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
   TDIST_CHECKGOTO(tdist_store_prefix(root, RDZV_PREFIX, &view), rc, fail);
   TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout), rc, fail);
   TDIST_INFO(INIT, "rank %d of %d joined on %s", rank, size, tdist_store_address(root));
-  TDIST_CHECKGOTO(tdist__group_create(ops, rank, size, name, root, timeout, o, world), rc, fail);
   rdzv.server = srv;
   rdzv.store = view;
   rdzv.rank = rank;
   rdzv.size = size;
   rdzv.timeout_ms = timeout;
   pthread_mutex_unlock(&rdzv_mu);
-  tdist_store_release(root); /* the group and the view hold their own */
+  out->store = root;
+  out->rank = rank;
+  out->size = size;
+  out->timeout_ms = timeout;
   return 0;
 fail:
   pthread_mutex_unlock(&rdzv_mu);
   tdist_store_release(view);
   tdist_store_release(root);
   tdist_store_server_stop(srv);
+  return rc;
+}
+
+int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **world) {
+  tdist__error_clear();
+  const tdist_init_opts_t *o = opts;
+  uint64_t m = o ? o->mask : 0;
+  if (!world) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_init_process_group: NULL");
+  *world = NULL;
+  const char *backend = (m & TDIST_INIT_FIELD_BACKEND) && o->backend
+                            ? o->backend
+                            : tdist__param_str("TDIST_BACKEND", "cpu");
+  const tdist__backend_ops_t *ops = tdist__backend_find(backend);
+  if (!ops)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend '%s' is not built into this library",
+                        backend);
+  const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
+  tdist__rdzv_t r;
+  TDIST_CHECK(tdist__rendezvous_join(o, &r));
+  /* One timeout for the store and the group's ops. */
+  int rc = tdist__group_create(ops, r.rank, r.size, name, r.store, r.timeout_ms, o, world);
+  tdist_store_release(r.store); /* the group holds its own reference */
+  if (rc) tdist__rendezvous_cleanup();
   return rc;
 }
 

@@ -5,6 +5,25 @@
 #ifndef TDIST_STORE_RENDEZVOUS_H
 #define TDIST_STORE_RENDEZVOUS_H
 
+#include <stdint.h>
+
+#include "tdist/group.h"
+
+typedef struct tdist__rdzv {
+  tdist_store_t *store; /* the root store (a reference owned by the caller) */
+  int rank, size;
+  int64_t timeout_ms; /* the one timeout for the store and the world group */
+} tdist__rdzv_t;
+
+/*
+ * tdist__rendezvous_join - everything tdist_init_process_group does before
+ * creating the group (caller thread): resolve rank, size, timeout and store
+ * from opts and the environment, start the server on rank 0 when hosting,
+ * claim the rank (a duplicate fails naming RANK), wait until all ranks
+ * arrived. Records the hosted server for tdist__rendezvous_cleanup.
+ */
+int tdist__rendezvous_join(const tdist_init_opts_t *opts, tdist__rdzv_t *out);
+
 /*
  * tdist__rendezvous_cleanup - call once the world group made by
  * tdist_init_process_group is destroyed (caller thread, after the backend

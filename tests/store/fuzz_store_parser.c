@@ -28,11 +28,13 @@ static int on_missing(void *ctx, tdist__kv_entry_t *e) {
 }
 
 static void unwait(tdist__kv_t *kv, waits_t *w) {
-  for (int i = 0; i < w->n; i++) w->e[i]->waiters = NULL;
+  for (int i = 0; i < w->n; i++)
+    w->e[i]->waiters = NULL;
   for (int i = 0; i < w->n; i++) {
     /* an entry may appear twice (duplicate keys): drop each once */
     int seen = 0;
-    for (int j = 0; j < i; j++) seen |= w->e[j] == w->e[i];
+    for (int j = 0; j < i; j++)
+      seen |= w->e[j] == w->e[i];
     if (!seen) tdist__kv_drop_if_unused(kv, w->e[i]);
   }
   w->n = 0;
@@ -47,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t len;
     memcpy(&len, data + off, 4);
     if (len == 0 || len > TDIST__STORE_MAX_FRAME) break; /* the server closes here */
-    if (size - off - 4 < len) break;                      /* half message: wait for more */
+    if (size - off - 4 < len) break;                     /* half message: wait for more */
     const uint8_t *body = data + off + 4;
     waits_t w = {.n = 0};
     tdist__exec_t x = {.on_missing = on_missing, .ctx = &w};

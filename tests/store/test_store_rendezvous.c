@@ -1,0 +1,184 @@
+/*
+ * test_store_rendezvous.c - init methods over real processes: env:// with
+ * rank 0 hosting the server (ranks started before it), tcp:// against an
+ * already running server, file://; errors naming the variable for missing or
+ * contradictory settings; two processes claiming one RANK. Uses
+ * tdist__rendezvous_join, the part of tdist_init_process_group before the
+ * backend, so it runs without one.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "store/rendezvous.h"
+#include "store_test_util.h"
+
+static int g_port;
+static char g_method[300];
+
+static void set_env(int rank, int n) {
+  char b[32];
+  snprintf(b, sizeof(b), "%d", rank);
+  setenv("RANK", b, 1);
+  snprintf(b, sizeof(b), "%d", n);
+  setenv("WORLD_SIZE", b, 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(b, sizeof(b), "%d", g_port);
+  setenv("MASTER_PORT", b, 1);
+}
+
+static int join_child(int rank, int n, void *arg) {
+  set_env(rank, n);
+  if (rank != 0) st_sleep_ms(10 * rank);
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 20000};
+  if (g_method[0]) {
+    o.mask |= TDIST_INIT_FIELD_INIT_METHOD;
+    o.init_method = g_method;
+  }
+  if (arg) { /* a server is already running: nobody hosts */
+    o.mask |= TDIST_INIT_FIELD_HOST_STORE;
+    o.host_store = 0;
+  }
+  tdist__rdzv_t r;
+  MP_CHECK_RC(tdist__rendezvous_join(&o, &r));
+  MP_CHECK(r.rank == rank && r.size == n && r.timeout_ms == 20000);
+  /* after the barrier every rank's claim is visible */
+  int all = 0;
+  char k[64];
+  snprintf(k, sizeof(k), "tdist/rdzv/rank/%d", n - 1);
+  const char *kk = k;
+  MP_CHECK_RC(tdist_store_check(r.store, &kk, 1, &all));
+  MP_CHECK(all == 1);
+  tdist_store_release(r.store);
+  MP_CHECK_RC(tdist__rendezvous_cleanup());
+  return 0;
+}
+
+static void test_env_rank0_hosts(void **state) {
+  g_port = tdist_mp_free_port();
+  g_method[0] = 0;
+  assert_int_equal(tdist_mp_run(4, join_child, NULL, 40), 0);
+}
+
+static void test_tcp_external_server(void **state) {
+  g_port = tdist_mp_free_port();
+  snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tdist_store_server_t *srv;
+    if (st_start_server(g_port, NULL, &srv)) _exit(1);
+    st_sleep_ms(30000);
+    _exit(0);
+  }
+  int rc = tdist_mp_run(3, join_child, (void *)1, 40);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  assert_int_equal(rc, 0);
+}
+
+static void test_file_method(void **state) {
+  char path[128];
+  snprintf(path, sizeof(path), "/tmp/tdist-rdzv-test-%d", (int)getpid());
+  unlink(path);
+  snprintf(g_method, sizeof(g_method), "file://%s", path);
+  assert_int_equal(tdist_mp_run(3, join_child, NULL, 40), 0);
+  unlink(path);
+}
+
+/* Each case: environment, expected code, a word the message must contain. */
+static int error_child(int rank, int n, void *arg) {
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 2000};
+  tdist__rdzv_t r;
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+  unsetenv("SLURM_PROCID");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("SLURM_NTASKS");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "RANK"));
+  setenv("RANK", "5", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "WORLD_SIZE"));
+  setenv("WORLD_SIZE", "4", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "RANK=5 is not below WORLD_SIZE=4"));
+  setenv("RANK", "x", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "RANK='x'"));
+  setenv("RANK", "1", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "MASTER_ADDR"));
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "MASTER_PORT"));
+  setenv("LOCAL_RANK", "3", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "LOCAL_RANK=3"));
+  unsetenv("LOCAL_RANK");
+  unsetenv("LOCAL_WORLD_SIZE");
+  /* SLURM fallbacks */
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  setenv("SLURM_PROCID", "7", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "SLURM_PROCID=7"));
+  setenv("SLURM_PROCID", "1", 1);
+  o.mask |= TDIST_INIT_FIELD_INIT_METHOD;
+  o.init_method = "udp://x";
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_INVALID_ARGUMENT);
+  MP_CHECK(strstr(tdist_last_error(), "udp://x"));
+  /* no server and not hosting (rank 1): times out, naming host:port */
+  o.init_method = "tcp://127.0.0.1:1";
+  o.timeout_ms = 300;
+  MP_CHECK(tdist__rendezvous_join(&o, &r) == TDIST_ERR_TIMEOUT);
+  MP_CHECK(strstr(tdist_last_error(), "127.0.0.1:1"));
+  return 0;
+}
+
+static void test_errors_name_the_variable(void **state) {
+  assert_int_equal(tdist_mp_run(1, error_child, NULL, 30), 0);
+}
+
+/* Two processes claim RANK=1 of 2: one of them fails naming RANK. */
+static int dup_child(int rank, int n, void *arg) {
+  int r = rank == 0 ? 0 : 1;
+  set_env(r, 2);
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 3000};
+  if (rank == 2) st_sleep_ms(300);
+  tdist__rdzv_t out;
+  int rc = tdist__rendezvous_join(&o, &out);
+  if (rank == 2) {
+    MP_CHECK(rc == TDIST_ERR_INVALID_ARGUMENT);
+    MP_CHECK(strstr(tdist_last_error(), "RANK=1"));
+    return 0;
+  }
+  MP_CHECK_RC(rc);
+  tdist_store_release(out.store);
+  if (rank == 0) st_sleep_ms(800); /* keep serving until the duplicate was told */
+  tdist__rendezvous_cleanup();
+  return 0;
+}
+
+static void test_duplicate_rank(void **state) {
+  g_port = tdist_mp_free_port();
+  assert_int_equal(tdist_mp_run(3, dup_child, NULL, 30), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_env_rank0_hosts), cmocka_unit_test(test_tcp_external_server),
+      cmocka_unit_test(test_file_method),     cmocka_unit_test(test_errors_name_the_variable),
+      cmocka_unit_test(test_duplicate_rank),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
