@@ -46,9 +46,11 @@ if(NOT TDIST_WITH_NCCL STREQUAL "OFF")
   find_library(TDIST_NCCL_LIB nccl HINTS ${_cuda_hints} $ENV{NCCL_HOME} PATH_SUFFIXES lib64 lib)
   if(TDIST_CUDA_INCLUDE AND TDIST_NCCL_INCLUDE AND TDIST_CUDART_LIB AND TDIST_NCCL_LIB)
     set(TDIST_HAVE_NCCL ON)
-    add_library(tdist_cuda INTERFACE)
-    target_include_directories(tdist_cuda INTERFACE ${TDIST_CUDA_INCLUDE} ${TDIST_NCCL_INCLUDE})
-    target_link_libraries(tdist_cuda INTERFACE ${TDIST_NCCL_LIB} ${TDIST_CUDART_LIB})
+    # Imported, so the installed package can recreate it (tdistConfig.cmake).
+    add_library(tdist_cuda INTERFACE IMPORTED GLOBAL)
+    set_target_properties(tdist_cuda PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${TDIST_CUDA_INCLUDE};${TDIST_NCCL_INCLUDE}"
+      INTERFACE_LINK_LIBRARIES "${TDIST_NCCL_LIB};${TDIST_CUDART_LIB}")
     list(APPEND TDIST_PRIVATE_LIBS tdist_cuda)
     list(APPEND TDIST_PRIVATE_DEFS TDIST_HAVE_NCCL)
     message(STATUS "NCCL backend: nccl.h in ${TDIST_NCCL_INCLUDE}, ${TDIST_NCCL_LIB}")

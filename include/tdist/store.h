@@ -131,7 +131,7 @@ int tdist_store_add(tdist_store_t *s, const char *key, int64_t delta, int64_t *r
 /*
  * compare_set: if the key's value equals `expected` (or the key is missing and
  * expected_len == 0), set it to `desired`. Either way return the value now
- * stored in *current/*current_len (may be NULL to skip).
+ * stored in *current and *current_len (may be NULL to skip).
  */
 int tdist_store_compare_set(tdist_store_t *s, const char *key, const void *expected,
                             size_t expected_len, const void *desired, size_t desired_len,

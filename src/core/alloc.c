@@ -51,8 +51,8 @@ void *tdist__malloc(size_t size) {
 
 void *tdist__calloc(size_t n, size_t size) {
   atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
-#ifdef TDIST_HAVE_JEMALLOC
   if (size && n > SIZE_MAX / size) return NULL;
+#ifdef TDIST_HAVE_JEMALLOC
   size_t total = n * size;
   return mallocx(total ? total : 1, flags() | MALLOCX_ZERO);
 #else

@@ -79,6 +79,10 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
 void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Progress thread: `w` passed its deadline. Finishes it with TIMEOUT, then
+ * aborts the group so every other pending op fails with ABORTED naming w. */
+void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w);
+
 /* Progress thread: in-flight list maintenance (used by work.c). */
 void tdist__group_inflight_add(tdist_group_t *g, tdist_work_t *w);
 void tdist__group_inflight_remove(tdist_group_t *g, tdist_work_t *w);

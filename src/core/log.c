@@ -3,7 +3,6 @@
  * lines are formatted into a stack buffer and written with one write(2) so
  * lines of different threads and processes do not interleave.
  */
-#define _GNU_SOURCE
 #include "core/log.h"
 
 #include <pthread.h>

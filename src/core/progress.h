@@ -48,6 +48,9 @@ int tdist__progress_is_current(const tdist_progress_t *p);
 /* Progress thread: note activity so the poller keeps spinning. */
 void tdist__progress_kick(tdist_progress_t *p);
 
+/* Queue-node run function of a submitted work (ops.c sets it). */
+void tdist__progress_start_work(tdist__qnode_t *node);
+
 /* Progress thread: group registry (called through tdist__progress_call). */
 void tdist__progress_add_group(tdist_progress_t *p, tdist_group_t *g);
 void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g);

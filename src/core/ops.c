@@ -1,0 +1,327 @@
+/*
+ * ops.c - the public collective and point-to-point calls.
+ *
+ * Caller thread: validate, fill a work from the pool, give the backend its
+ * caller-thread hook (NCCL launches there), push the work to the progress
+ * thread. Nothing here allocates in steady state (batches of more than
+ * TDIST__P2P_INLINE point-to-point ops copy their array to the heap).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/group.h"
+#include "core/progress.h"
+
+static int check_group(tdist_group_t *g, const char *fn) {
+  if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", fn);
+  if (atomic_load(&g->aborted))
+    return tdist__error(g->abort_status == TDIST_ERR_REMOTE_FAILED ? TDIST_ERR_REMOTE_FAILED
+                                                                    : TDIST_ERR_ABORTED,
+                        "%s: group '%s' was aborted: %s", fn, g->name, g->abort_reason);
+  return 0;
+}
+
+static int check_dtype(tdist_dtype_t dt, size_t count, size_t blocks, const char *fn) {
+  if ((unsigned)dt >= TDIST_DTYPE_COUNT)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dt);
+  size_t es = tdist_dtype_size(dt);
+  if (count > SIZE_MAX / es / (blocks ? blocks : 1))
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: count %zu overflows the address space",
+                        fn, count);
+  return 0;
+}
+
+static int check_redop(tdist_redop_t op, const char *fn) {
+  if ((unsigned)op >= TDIST_REDOP_COUNT)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown reduction %d", fn, (int)op);
+  return 0;
+}
+
+static int check_rank(const tdist_group_t *g, int r, const char *what, const char *fn) {
+  if (r < 0 || r >= g->size)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s %d is not in [0, %d) of group '%s'",
+                        fn, what, r, g->size, g->name);
+  return 0;
+}
+
+static int check_buf(const void *buf, size_t count, const char *what, const char *fn) {
+  if (!buf && count)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn, what,
+                        count);
+  return 0;
+}
+
+/* Hand a filled-in work to the backend and the progress thread. */
+static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+                  tdist_work_t **out) {
+  tdist_work_t *w = tdist__work_alloc(g);
+  if (!w) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a work handle");
+  w->args = *a;
+  if (a->np2p > 0) {
+    size_t bytes = sizeof(tdist_p2p_op_t) * (size_t)a->np2p;
+    w->args.p2p = a->np2p <= TDIST__P2P_INLINE ? w->p2p_inline : tdist__malloc(bytes);
+    if (!w->args.p2p) {
+      w->args.np2p = 0;
+      tdist__work_unref(w);
+      tdist__work_unref(w);
+      return tdist__error(TDIST_ERR_NO_MEMORY, "cannot copy %d point-to-point ops", a->np2p);
+    }
+    memcpy(w->args.p2p, a->p2p, bytes);
+  }
+  w->timeout_ms = (opts && (opts->mask & TDIST_OP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
+                      ? opts->timeout_ms
+                      : atomic_load_explicit(&g->timeout_ms, memory_order_relaxed);
+  w->seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  w->t_enqueue_ns = tdist__now_ns();
+  w->deadline_ns = w->t_enqueue_ns + w->timeout_ms * 1000000;
+  w->qnode.run = tdist__progress_start_work;
+  atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
+  if (g->ops->submit) {
+    int rc = g->ops->submit(g, w);
+    if (rc < 0) {
+      atomic_fetch_sub(&g->pending, 1);
+      tdist__work_unref(w);
+      tdist__work_unref(w);
+      return rc;
+    }
+  }
+  tdist__progress_push(g->progress, &w->qnode);
+  if (out) {
+    *out = w;
+    return 0;
+  }
+  /* Synchronous form: wait (bounded by the op's own deadline). */
+  int rc = tdist_work_wait(w, 0);
+  if (rc != 0) tdist__error(rc, "%s", w->msg[0] ? w->msg : tdist_strerror(rc));
+  tdist__work_unref(w);
+  return rc;
+}
+
+static void args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
+  memset(a, 0, sizeof(*a));
+  a->type = type;
+  a->scalar = (opts && (opts->mask & TDIST_OP_FIELD_SCALAR)) ? opts->premul_scalar : 1.0;
+  a->stream = (opts && (opts->mask & TDIST_OP_FIELD_STREAM)) ? opts->stream : NULL;
+  a->tag = (opts && (opts->mask & TDIST_OP_FIELD_TAG)) ? opts->tag : 0;
+}
+
+#define CHECK_OUT(call) TDIST_CHECK(call)
+
+int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, tdist_redop_t op, const tdist_op_opts_t *opts,
+                     tdist_work_t **work) {
+  static const char fn[] = "tdist_all_reduce";
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  CHECK_OUT(check_dtype(dtype, count, 1, fn));
+  CHECK_OUT(check_redop(op, fn));
+  CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
+  CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+  tdist__op_args_t a;
+  args_init(&a, TDIST_OP_ALL_REDUCE, opts);
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  a.dtype = dtype;
+  a.redop = op;
+  return submit(g, &a, opts, work);
+}
+
+int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dtype, int root,
+                    const tdist_op_opts_t *opts, tdist_work_t **work) {
+  static const char fn[] = "tdist_broadcast";
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  CHECK_OUT(check_dtype(dtype, count, 1, fn));
+  CHECK_OUT(check_rank(g, root, "root", fn));
+  CHECK_OUT(check_buf(buf, count, "buf", fn));
+  tdist__op_args_t a;
+  args_init(&a, TDIST_OP_BROADCAST, opts);
+  a.sendbuf = buf;
+  a.recvbuf = buf;
+  a.count = count;
+  a.dtype = dtype;
+  a.root = root;
+  return submit(g, &a, opts, work);
+}
+
+int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                 tdist_dtype_t dtype, tdist_redop_t op, int root, const tdist_op_opts_t *opts,
+                 tdist_work_t **work) {
+  static const char fn[] = "tdist_reduce";
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  CHECK_OUT(check_dtype(dtype, count, 1, fn));
+  CHECK_OUT(check_redop(op, fn));
+  CHECK_OUT(check_rank(g, root, "root", fn));
+  CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
+  if (g->rank == root) CHECK_OUT(check_buf(recvbuf, count, "recvbuf (on root)", fn));
+  tdist__op_args_t a;
+  args_init(&a, TDIST_OP_REDUCE, opts);
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  a.dtype = dtype;
+  a.redop = op;
+  a.root = root;
+  return submit(g, &a, opts, work);
+}
+
+/* all_gather, gather, scatter, reduce_scatter, all_to_all share a shape: one
+ * block of `count` on one side, size blocks on the other. */
+static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn,
+                      const void *sendbuf, void *recvbuf, size_t count, tdist_dtype_t dtype,
+                      tdist_redop_t op, int root, const tdist_op_opts_t *opts,
+                      tdist_work_t **work) {
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  CHECK_OUT(check_dtype(dtype, count, (size_t)g->size, fn));
+  size_t whole = count * (size_t)g->size;
+  int is_root = 1;
+  if (type == TDIST_OP_GATHER || type == TDIST_OP_SCATTER) {
+    CHECK_OUT(check_rank(g, root, "root", fn));
+    is_root = g->rank == root;
+  }
+  switch (type) {
+  case TDIST_OP_ALL_GATHER:
+  case TDIST_OP_GATHER:
+    CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
+    if (is_root) CHECK_OUT(check_buf(recvbuf, whole, "recvbuf", fn));
+    break;
+  case TDIST_OP_SCATTER:
+    if (is_root) CHECK_OUT(check_buf(sendbuf, whole, "sendbuf (on root)", fn));
+    CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+    break;
+  case TDIST_OP_REDUCE_SCATTER:
+    CHECK_OUT(check_redop(op, fn));
+    CHECK_OUT(check_buf(sendbuf, whole, "sendbuf", fn));
+    CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+    break;
+  default: /* all_to_all */
+    CHECK_OUT(check_buf(sendbuf, whole, "sendbuf", fn));
+    CHECK_OUT(check_buf(recvbuf, whole, "recvbuf", fn));
+    if (count && sendbuf == recvbuf)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
+  }
+  tdist__op_args_t a;
+  args_init(&a, type, opts);
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  a.dtype = dtype;
+  a.redop = op;
+  a.root = root;
+  return submit(g, &a, opts, work);
+}
+
+int tdist_all_gather(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_ALL_GATHER, "tdist_all_gather", sendbuf, recvbuf, count, dtype,
+                    TDIST_SUM, 0, opts, work);
+}
+
+int tdist_gather(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                 tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
+                 tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_GATHER, "tdist_gather", sendbuf, recvbuf, count, dtype,
+                    TDIST_SUM, root, opts, work);
+}
+
+int tdist_scatter(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
+                  tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_SCATTER, "tdist_scatter", sendbuf, recvbuf, count, dtype,
+                    TDIST_SUM, root, opts, work);
+}
+
+int tdist_reduce_scatter(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                         tdist_dtype_t dtype, tdist_redop_t op, const tdist_op_opts_t *opts,
+                         tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_REDUCE_SCATTER, "tdist_reduce_scatter", sendbuf, recvbuf, count,
+                    dtype, op, 0, opts, work);
+}
+
+int tdist_all_to_all(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_ALL_TO_ALL, "tdist_all_to_all", sendbuf, recvbuf, count, dtype,
+                    TDIST_SUM, 0, opts, work);
+}
+
+int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, "tdist_barrier"));
+  tdist__op_args_t a;
+  args_init(&a, TDIST_OP_BARRIER, opts);
+  a.dtype = TDIST_UINT8;
+  return submit(g, &a, opts, work);
+}
+
+static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf, size_t count,
+               tdist_dtype_t dtype, int peer, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  CHECK_OUT(check_dtype(dtype, count, 1, fn));
+  CHECK_OUT(check_rank(g, peer, "peer", fn));
+  CHECK_OUT(check_buf(buf, count, "buf", fn));
+  tdist__op_args_t a;
+  args_init(&a, type, opts);
+  if (a.tag < 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a.tag);
+  a.sendbuf = buf;
+  a.recvbuf = buf;
+  a.count = count;
+  a.dtype = dtype;
+  a.root = peer;
+  return submit(g, &a, opts, work);
+}
+
+int tdist_isend(tdist_group_t *g, const void *buf, size_t count, tdist_dtype_t dtype, int peer,
+                const tdist_op_opts_t *opts, tdist_work_t **work) {
+  if (!work) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_isend: NULL work out-param");
+  return p2p(g, TDIST_OP_SEND, "tdist_isend", (void *)buf, count, dtype, peer, opts, work);
+}
+
+int tdist_irecv(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dtype, int peer,
+                const tdist_op_opts_t *opts, tdist_work_t **work) {
+  if (!work) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_irecv: NULL work out-param");
+  return p2p(g, TDIST_OP_RECV, "tdist_irecv", buf, count, dtype, peer, opts, work);
+}
+
+int tdist_send(tdist_group_t *g, const void *buf, size_t count, tdist_dtype_t dtype, int peer,
+               const tdist_op_opts_t *opts) {
+  return p2p(g, TDIST_OP_SEND, "tdist_send", (void *)buf, count, dtype, peer, opts, NULL);
+}
+
+int tdist_recv(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dtype, int peer,
+               const tdist_op_opts_t *opts) {
+  return p2p(g, TDIST_OP_RECV, "tdist_recv", buf, count, dtype, peer, opts, NULL);
+}
+
+int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
+                            const tdist_op_opts_t *opts, tdist_work_t **work) {
+  static const char fn[] = "tdist_batch_isend_irecv";
+  tdist__error_clear();
+  CHECK_OUT(check_group(g, fn));
+  if (n < 1 || !ops)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
+  for (int i = 0; i < n; i++) {
+    char what[48];
+    snprintf(what, sizeof(what), "ops[%d].peer", i);
+    if (ops[i].kind != TDIST_P2P_SEND && ops[i].kind != TDIST_P2P_RECV)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].kind %d is neither SEND nor RECV",
+                          fn, i, (int)ops[i].kind);
+    CHECK_OUT(check_dtype(ops[i].dtype, ops[i].count, 1, fn));
+    CHECK_OUT(check_rank(g, ops[i].peer, what, fn));
+    CHECK_OUT(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));
+    if (ops[i].tag < 0)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].tag %d < 0", fn, i, ops[i].tag);
+  }
+  tdist__op_args_t a;
+  args_init(&a, TDIST_OP_BATCH_P2P, opts);
+  a.p2p = (tdist_p2p_op_t *)ops;
+  a.np2p = n;
+  a.dtype = ops[0].dtype;
+  return submit(g, &a, opts, work);
+}

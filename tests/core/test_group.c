@@ -1,0 +1,135 @@
+/*
+ * test_group.c - new_group and mesh logic (membership, renumbering,
+ * validation) with the test backend. Each case plays several ranks by
+ * creating the parent as that rank.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/group.h"
+#include "test_backend.h"
+#include "tdist/tdist.h"
+
+static void new_group_membership_and_order(void **state) {
+  (void)state;
+  for (int me = 0; me < 4; me++) {
+    tdist_group_t *world, *sub = NULL;
+    assert_int_equal(tb_group_create(me, 4, 5000, &world), 0);
+    int ranks[] = {3, 1};
+    assert_int_equal(tdist_new_group(world, ranks, 2, NULL, &sub), 0);
+    if (me == 3 || me == 1) {
+      assert_non_null(sub);
+      assert_int_equal(tdist_group_size(sub), 2);
+      assert_int_equal(tdist_group_rank(sub), me == 3 ? 0 : 1);
+      assert_int_equal(tdist_group_global_rank(sub, 0), 3);
+      assert_int_equal(tdist_group_global_rank(sub, 1), 1);
+      assert_int_equal(tdist_group_global_rank(sub, 2), -1);
+      assert_string_equal(tdist_group_name(sub), "world/0");
+      assert_string_equal(tdist_group_backend(sub), "test");
+      assert_int_equal(tdist_group_timeout(sub), 5000);
+      assert_int_equal(tdist_barrier(sub, NULL, NULL), 0);
+      tdist_group_destroy(sub);
+    } else {
+      assert_null(sub);
+    }
+    /* a second split gets the next index, and the same uid on every rank */
+    tdist_group_opts_t o = {.mask = TDIST_GROUP_FIELD_TIMEOUT | TDIST_GROUP_FIELD_NAME,
+                            .timeout_ms = 77, .name = "tp"};
+    int all[] = {0, 1, 2, 3};
+    assert_int_equal(tdist_new_group(world, all, 4, &o, &sub), 0);
+    assert_string_equal(tdist_group_name(sub), "tp");
+    assert_int_equal(tdist_group_timeout(sub), 77);
+    static uint64_t uid_seen;
+    if (me == 0) uid_seen = sub->uid;
+    assert_true(sub->uid == uid_seen);
+    tdist_group_destroy(sub);
+    tdist_group_destroy(world);
+  }
+}
+
+static void new_group_validation(void **state) {
+  (void)state;
+  tdist_group_t *world, *sub = (tdist_group_t *)1;
+  assert_int_equal(tb_group_create(0, 4, 5000, &world), 0);
+  int dup[] = {0, 2, 0};
+  assert_int_equal(tdist_new_group(world, dup, 3, NULL, &sub), TDIST_ERR_INVALID_ARGUMENT);
+  assert_null(sub);
+  assert_non_null(strstr(tdist_last_error(), "rank 0 is listed twice"));
+  int out[] = {1, 4};
+  assert_int_equal(tdist_new_group(world, out, 2, NULL, &sub), TDIST_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(tdist_last_error(), "ranks[1] = 4 is not in [0, 4)"));
+  assert_int_equal(tdist_new_group(world, out, 0, NULL, &sub), TDIST_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tdist_new_group(NULL, out, 1, NULL, &sub), TDIST_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tdist_group_set_timeout(world, 0), TDIST_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tdist_group_set_timeout(world, 1234), 0);
+  assert_int_equal(tdist_group_timeout(world), 1234);
+  tdist_group_destroy(world);
+}
+
+/* Ranks of a 2 x 3 x 2 mesh: rank = tp*6 + dp*2 + cp. */
+static void mesh_lines(void **state) {
+  (void)state;
+  int dims[] = {2, 3, 2};
+  for (int me = 0; me < 12; me++) {
+    tdist_group_t *world, *g[3];
+    int coords[3];
+    assert_int_equal(tb_group_create(me, 12, 5000, &world), 0);
+    assert_int_equal(tdist_mesh_create(world, dims, 3, NULL, g, coords), 0);
+    assert_int_equal(coords[0], me / 6);
+    assert_int_equal(coords[1], (me / 2) % 3);
+    assert_int_equal(coords[2], me % 2);
+    for (int d = 0; d < 3; d++) {
+      assert_non_null(g[d]);
+      assert_int_equal(tdist_group_size(g[d]), dims[d]);
+      assert_int_equal(tdist_group_rank(g[d]), coords[d]);
+    }
+    int stride[] = {6, 2, 1};
+    for (int d = 0; d < 3; d++)
+      for (int i = 0; i < dims[d]; i++)
+        assert_int_equal(tdist_group_global_rank(g[d], i), me + (i - coords[d]) * stride[d]);
+    for (int d = 0; d < 3; d++) tdist_group_destroy(g[d]);
+    tdist_group_destroy(world);
+  }
+}
+
+static void mesh_validation(void **state) {
+  (void)state;
+  tdist_group_t *world, *g[3] = {NULL, NULL, NULL};
+  assert_int_equal(tb_group_create(0, 6, 5000, &world), 0);
+  int bad[] = {2, 2};
+  assert_int_equal(tdist_mesh_create(world, bad, 2, NULL, g, NULL), TDIST_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(tdist_last_error(), "mesh 2x2 has 4 ranks but group 'world' has 6"));
+  assert_null(g[0]);
+  int zero[] = {6, 0};
+  assert_int_equal(tdist_mesh_create(world, zero, 2, NULL, g, NULL), TDIST_ERR_INVALID_ARGUMENT);
+  int ok[] = {6};
+  assert_int_equal(tdist_mesh_create(world, ok, 1, NULL, g, NULL), 0);
+  assert_int_equal(tdist_group_size(g[0]), 6);
+  tdist_group_destroy(g[0]);
+  tdist_group_destroy(world);
+}
+
+static void aborted_parent_cannot_split(void **state) {
+  (void)state;
+  tdist_group_t *world, *sub;
+  assert_int_equal(tb_group_create(0, 2, 5000, &world), 0);
+  tdist_group_abort(world, "test");
+  int r[] = {0};
+  assert_int_equal(tdist_new_group(world, r, 1, NULL, &sub), TDIST_ERR_ABORTED);
+  tdist_group_destroy(world);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(new_group_membership_and_order),
+      cmocka_unit_test(new_group_validation),
+      cmocka_unit_test(mesh_lines),
+      cmocka_unit_test(mesh_validation),
+      cmocka_unit_test(aborted_parent_cannot_split),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,33 @@
+/*
+ * test_backend.h - a backend for tests and the overhead benchmark that moves
+ * no data and completes, fails, stalls or holds work on command.
+ *
+ * The mode is read when an op is submitted (caller thread) and kept in the
+ * work, so changing it affects only later ops.
+ */
+#ifndef TDIST_TEST_BACKEND_H
+#define TDIST_TEST_BACKEND_H
+
+#include "core/backend.h"
+
+typedef enum tb_mode {
+  TB_COMPLETE = 0, /* finish successfully inside post */
+  TB_POLL,         /* finish successfully on the progress thread's next poll */
+  TB_FAIL,         /* finish inside post with tb_set_fail_code()'s code */
+  TB_STALL,        /* never finish (until timeout or abort) */
+  TB_HELD,         /* finish when tb_release_held() is called */
+} tb_mode_t;
+
+extern const tdist__backend_ops_t tb_backend;
+
+void tb_set_mode(tb_mode_t mode);
+void tb_set_fail_code(int code);
+/* Finish every held work of group g successfully (runs on the progress thread). */
+void tb_release_held(tdist_group_t *g);
+/* Counters since process start. */
+int tb_abort_count(void);
+int tb_post_count(void);
+/* Create a world group of `size` ranks (this process is `rank`) with no store. */
+int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g);
+
+#endif
