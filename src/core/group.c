@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/monitor.h"
 #include "core/progress.h"
 #include "store/rendezvous.h"
 
@@ -48,14 +49,16 @@ void tdist__group_work_done(tdist_group_t *g) {
 
 /* ---- failure, timeout, abort (progress thread) --------------------------------- */
 
-/* Mark g aborted and stop its backend; 0 if it already was. */
-static int mark_aborted(tdist_group_t *g, int status, const char *reason) {
+/* Mark g aborted, stop its backend and (for a local abort) tell the other
+ * ranks through the monitor; 0 if it already was aborted. */
+static int mark_aborted(tdist_group_t *g, int status, const char *reason, int publish) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&g->aborted, &expected, 1)) return 0;
   g->abort_status = status;
   snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
   TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
   if (g->ops->abort) g->ops->abort(g, status, reason);
+  if (publish && g->store) tdist__monitor_publish(g->uid, reason);
   return 1;
 }
 
@@ -63,14 +66,26 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   while (g->inflight_head) tdist__work_finish(g->inflight_head, status, "%s", reason);
 }
 
-void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...) {
+static void group_fail_v(tdist_group_t *g, int status, int publish, const char *fmt,
+                         va_list ap) {
   char reason[256];
+  vsnprintf(reason, sizeof(reason), fmt, ap);
+  if (!mark_aborted(g, status, reason, publish)) return;
+  fail_inflight(g, status, reason);
+}
+
+void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(reason, sizeof(reason), fmt, ap);
+  group_fail_v(g, status, 1, fmt, ap);
   va_end(ap);
-  if (!mark_aborted(g, status, reason)) return;
-  fail_inflight(g, status, reason);
+}
+
+void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  group_fail_v(g, status, 0, fmt, ap);
+  va_end(ap);
 }
 
 void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w) {
@@ -78,7 +93,7 @@ void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w) {
   int64_t waited_ms = (tdist__now_ns() - w->t_enqueue_ns) / 1000000;
   snprintf(reason, sizeof(reason), "%s seq %llu timed out after %lld ms",
            tdist_op_name(w->args.type), (unsigned long long)w->seq, (long long)waited_ms);
-  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason)) return;
+  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, 1)) return;
   tdist__work_finish(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)",
                      (long long)waited_ms, (long long)w->timeout_ms);
   char why[300];
@@ -129,6 +144,7 @@ static void unregister_task(void *arg) {
 
 static void group_free(tdist_group_t *g) {
   if (!g) return;
+  if (g->has_monitor) tdist__monitor_release();
   if (g->progress) {
     if (g->registered) tdist__progress_call(g->progress, unregister_task, g);
     tdist__progress_release(g->progress);
@@ -204,6 +220,10 @@ int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, con
   /* Registered only now: the backend's fields (needs_poll...) are final, and
    * the hand-over through the progress thread's queue publishes them. */
   tdist__progress_call(g->progress, register_task, g);
+  if (g->store) {
+    TDIST_CHECKGOTO(tdist__monitor_acquire(store, rank, g->progress), rc, fail);
+    g->has_monitor = 1;
+  }
   TDIST_INFO(INIT, "group '%s' created: rank %d/%d, backend %s, timeout %lld ms", g->name, rank,
              size, ops->name, (long long)timeout_ms);
   *out = g;

@@ -44,6 +44,7 @@ struct tdist_group {
   tdist_work_t *inflight_head, *inflight_tail;
   struct tdist_group *pnext, *pprev;
   int registered;
+  int has_monitor; /* this world group holds a monitor reference */
 
   /* pending reaching 0 is signalled here, for destroy */
   pthread_mutex_t mu;
@@ -77,6 +78,11 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
  * has an effect. Backends call this when a peer fails.
  */
 void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The same for an abort that another rank published (monitor.c): it is not
+ * published again. */
+void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Progress thread: `w` passed its deadline. Finishes it with TIMEOUT, then

@@ -261,6 +261,8 @@ void tdist__progress_add_group(tdist_progress_t *p, tdist_group_t *g) {
   g->registered = 1;
 }
 
+tdist_group_t *tdist__progress_groups(tdist_progress_t *p) { return p->groups; }
+
 void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g) {
   if (!g->registered) return;
   if (g->pprev) g->pprev->pnext = g->pnext;

@@ -54,5 +54,7 @@ void tdist__progress_start_work(tdist__qnode_t *node);
 /* Progress thread: group registry (called through tdist__progress_call). */
 void tdist__progress_add_group(tdist_progress_t *p, tdist_group_t *g);
 void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g);
+/* Progress thread: the first registered group (follow g->pnext). */
+tdist_group_t *tdist__progress_groups(tdist_progress_t *p);
 
 #endif

@@ -1,0 +1,37 @@
+/*
+ * monitor.h - cross-rank abort records (internal).
+ *
+ * When a group aborts on one rank (an op timed out, tdist_group_abort, a
+ * backend failure), the other ranks should not sit in their copy of the
+ * collective until their own timeout. The monitor is a per-process thread
+ * with its own store connection that
+ *   - publishes this process's aborts as records "tdist/aborts/<n>" =
+ *     "<group uid hex> <world rank> <reason>" (n from an atomic counter), and
+ *   - blocks on the next record key, so a record written by any rank wakes
+ *     it at once; for a record naming a group this process is in, it aborts
+ *     the local copy (status ABORTED, the message naming the rank and reason).
+ * It is started by the first world group that has a store and stopped with
+ * the last one. Publishing waits for the monitor's current store wait to end
+ * (at most TDIST_MONITOR_INTERVAL_MS, default 200 ms).
+ *
+ * Threads: publish from any thread (it never blocks; the progress thread
+ * calls it); acquire/release from the caller's thread.
+ */
+#ifndef TDIST_CORE_MONITOR_H
+#define TDIST_CORE_MONITOR_H
+
+#include <stdint.h>
+
+#include "tdist/tdist.h"
+
+struct tdist_progress;
+
+/* Start (or share) the monitor for a world group whose store is `store`;
+ * `world_rank` is this process's rank. A store-less process has no monitor. */
+int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_progress *p);
+void tdist__monitor_release(void);
+
+/* Queue an abort record for group `uid` (no-op without a monitor). */
+void tdist__monitor_publish(uint64_t uid, const char *reason);
+
+#endif
