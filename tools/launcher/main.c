@@ -1,0 +1,351 @@
+/*
+ * tdistrun - start the ranks of a tdist job on this node (docs/launcher.md).
+ *
+ *   tdistrun -n N [--nnodes M --node-rank R] [--master-addr A] [--master-port P]
+ *            [--backend cpu|nccl] [--grace S] [--external-store] [--no-prefix]
+ *            [--] prog args...
+ *
+ * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
+ * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
+ * TDIST_STORE_HOSTED=1 (rank 0 must not host another store) and, with
+ * --backend, TDIST_BACKEND.
+ *
+ * The store: node 0's launcher hosts it, unless --master-addr names an
+ * address that is not on this machine or --external-store says a server
+ * (tdist-store) already runs there. A single-node job binds 127.0.0.1 on a
+ * free port unless told otherwise; a multi-node job binds 0.0.0.0 on
+ * --master-port (required, the other nodes must know it).
+ *
+ * Multi-node: every launcher also connects to the store. The first one whose
+ * rank fails writes "tdistrun/failed"; the others see it within ~250 ms and
+ * stop their ranks. Each launcher counts itself into "tdistrun/done" when its
+ * ranks are gone; node 0 keeps the store up until all nodes are done.
+ *
+ * Threads: main thread only, plus the store server's thread when hosting.
+ */
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tdist/errors.h"
+#include "tdist/store.h"
+#include "tdistrun.h"
+
+extern char **environ;
+
+typedef struct opts {
+  int nproc, nnodes, node_rank, master_port, external_store, prefix;
+  const char *master_addr, *backend;
+  double grace_s;
+  char **argv; /* the rank program and its arguments */
+} opts_t;
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: tdistrun -n N [options] [--] prog [args...]\n"
+             "  -n, --nproc-per-node N  ranks to start on this node\n"
+             "  --nnodes M              nodes in the job (default 1)\n"
+             "  --node-rank R           this node's index, 0..M-1 (default 0)\n"
+             "  --master-addr A         store address given to ranks (default 127.0.0.1)\n"
+             "  --master-port P         store port (default: a free one; required if M > 1)\n"
+             "  --backend B             exported as TDIST_BACKEND (cpu or nccl)\n"
+             "  --grace S               seconds between SIGTERM and SIGKILL (default 3)\n"
+             "  --external-store        a store server already runs at A:P; do not host one\n"
+             "  --no-prefix             do not prefix output lines with \"[rank r] \"\n"
+             "See docs/launcher.md.\n");
+}
+
+static int parse_int(const char *flag, const char *s, int min, int max, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < min || v > max) {
+    fprintf(stderr, "tdistrun: %s '%s': expected an integer in [%d, %d]\n", flag, s, min, max);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, opts_t *o) {
+  *o = (opts_t){.nproc = 0, .nnodes = 1, .grace_s = 3, .prefix = 1};
+  int i;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--")) {
+      i++;
+      break;
+    }
+    if (a[0] != '-') break;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--external-store")) {
+      o->external_store = 1;
+      continue;
+    } else if (!strcmp(a, "--no-prefix")) {
+      o->prefix = 0;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr, "tdistrun: %s needs a value\n", a);
+      return -1;
+    }
+    i++;
+    int rc = 0;
+    if (!strcmp(a, "-n") || !strcmp(a, "--nproc-per-node")) {
+      rc = parse_int(a, v, 1, 4096, &o->nproc);
+    } else if (!strcmp(a, "--nnodes")) {
+      rc = parse_int(a, v, 1, 1 << 20, &o->nnodes);
+    } else if (!strcmp(a, "--node-rank")) {
+      rc = parse_int(a, v, 0, 1 << 20, &o->node_rank);
+    } else if (!strcmp(a, "--master-addr")) {
+      o->master_addr = v;
+    } else if (!strcmp(a, "--master-port")) {
+      rc = parse_int(a, v, 1, 65535, &o->master_port);
+    } else if (!strcmp(a, "--backend")) {
+      o->backend = v;
+    } else if (!strcmp(a, "--grace")) {
+      char *end;
+      o->grace_s = strtod(v, &end);
+      if (*end || o->grace_s < 0 || o->grace_s > 3600) {
+        fprintf(stderr, "tdistrun: --grace '%s': expected seconds in [0, 3600]\n", v);
+        rc = -1;
+      }
+    } else {
+      fprintf(stderr, "tdistrun: unknown option %s\n", a);
+      usage(stderr);
+      rc = -1;
+    }
+    if (rc) return rc;
+  }
+  if (i >= argc) {
+    fprintf(stderr, "tdistrun: no program given\n");
+    usage(stderr);
+    return -1;
+  }
+  o->argv = argv + i;
+  if (o->nproc < 1) {
+    fprintf(stderr, "tdistrun: -n N is required\n");
+    return -1;
+  }
+  if (o->node_rank >= o->nnodes) {
+    fprintf(stderr, "tdistrun: --node-rank %d is not below --nnodes %d\n", o->node_rank, o->nnodes);
+    return -1;
+  }
+  if ((long)o->nproc * o->nnodes > (1 << 30)) {
+    fprintf(stderr, "tdistrun: too many ranks\n");
+    return -1;
+  }
+  if (o->nnodes > 1 && (!o->master_addr || !o->master_port)) {
+    fprintf(stderr,
+            "tdistrun: a multi-node job (--nnodes %d) needs --master-addr and "
+            "--master-port, the same on every node\n",
+            o->nnodes);
+    return -1;
+  }
+  if (o->external_store && !o->master_port) {
+    fprintf(stderr, "tdistrun: --external-store needs --master-port\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* 1 if `addr` resolves to an address of one of this machine's interfaces
+ * (loopback included), so the launcher should host the store there. */
+static int is_local_addr(const char *addr) {
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+  if (getaddrinfo(addr, NULL, &hints, &res) != 0) return 0;
+  struct ifaddrs *ifs = NULL;
+  int local = 0;
+  if (getifaddrs(&ifs) != 0) ifs = NULL;
+  for (struct addrinfo *ai = res; ai && !local; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      struct in_addr a = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+      if ((ntohl(a.s_addr) >> 24) == 127) local = 1;
+      for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == a.s_addr)
+          local = 1;
+    } else if (ai->ai_family == AF_INET6) {
+      struct in6_addr a = ((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+      if (IN6_IS_ADDR_LOOPBACK(&a)) local = 1;
+      for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+            !memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, &a, sizeof(a)))
+          local = 1;
+    }
+  }
+  if (ifs) freeifaddrs(ifs);
+  freeaddrinfo(res);
+  return local;
+}
+
+/* The variables tdistrun sets; inherited copies are dropped. */
+static const char *const own_vars[] = {
+    "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED", "TDIST_BACKEND",    NULL};
+
+static int is_own_var(const char *kv) {
+  for (const char *const *v = own_vars; *v; v++) {
+    size_t l = strlen(*v);
+    if (!strncmp(kv, *v, l) && kv[l] == '=') return 1;
+  }
+  return 0;
+}
+
+/* Environment of one rank: ours, then the inherited ones we do not set. */
+static char **rank_env(const opts_t *o, int local, const char *addr, int port) {
+  size_t n = 0;
+  while (environ[n])
+    n++;
+  char **env = calloc(n + 16, sizeof(char *));
+  if (!env) return NULL;
+  size_t k = 0;
+  char tmp[512];
+#define PUT(...)                             \
+  do {                                       \
+    snprintf(tmp, sizeof(tmp), __VA_ARGS__); \
+    env[k++] = strdup(tmp);                  \
+  } while (0)
+  PUT("RANK=%d", o->node_rank * o->nproc + local);
+  PUT("WORLD_SIZE=%d", o->nnodes * o->nproc);
+  PUT("LOCAL_RANK=%d", local);
+  PUT("LOCAL_WORLD_SIZE=%d", o->nproc);
+  PUT("GROUP_RANK=%d", o->node_rank);
+  PUT("MASTER_ADDR=%s", addr);
+  PUT("MASTER_PORT=%d", port);
+  PUT("TDIST_STORE_HOSTED=1");
+  if (o->backend) PUT("TDIST_BACKEND=%s", o->backend);
+#undef PUT
+  for (size_t i = 0; i < n; i++)
+    if (!is_own_var(environ[i])) env[k++] = strdup(environ[i]);
+  for (size_t i = 0; i < k; i++)
+    if (!env[i]) return NULL; /* out of memory: the process exits anyway */
+  return env;
+}
+
+/* ---- coordination between the launchers of a multi-node job ---------------- */
+
+typedef struct coord {
+  tdist_store_t *store;
+  int node_rank;
+} coord_t;
+
+/* Tick: has another node reported a failure? */
+static int coord_tick(void *arg, char *msg, size_t len) {
+  coord_t *c = arg;
+  const char *key = "tdistrun/failed";
+  int exists = 0;
+  if (tdist_store_check(c->store, &key, 1, &exists) != 0 || !exists) return 0;
+  void *v = NULL;
+  size_t vl = 0;
+  if (tdist_store_get(c->store, key, &v, &vl, 1000) != 0) return 0;
+  snprintf(msg, len, "%.*s", (int)vl, (char *)v);
+  tdist_store_free(v);
+  return 1;
+}
+
+/* After this node's ranks are gone: report a local failure (first one wins),
+ * count this node done, and on the hosting node wait (bounded, interruptible
+ * by the handled signals) until every node is done before the store stops. */
+static void coord_finish(coord_t *c, const trun_job_t *job, int hosting, int nnodes) {
+  if (job->fail_rank >= 0) {
+    char msg[200], why[96];
+    trun_describe_status(job->fail_status, why, sizeof(why));
+    snprintf(msg, sizeof(msg), "node %d: rank %d %s", c->node_rank, job->fail_rank, why);
+    tdist_store_compare_set(c->store, "tdistrun/failed", NULL, 0, msg, strlen(msg), NULL, NULL);
+  }
+  int64_t done = 0;
+  if (tdist_store_add(c->store, "tdistrun/done", 1, &done) != 0) return;
+  if (done == nnodes) tdist_store_set(c->store, "tdistrun/all_done", "", 0);
+  if (!hosting) return;
+  const char *key = "tdistrun/all_done";
+  const char *t = getenv("TDIST_TIMEOUT_MS");
+  int64_t budget_ms = t && atoll(t) > 0 ? atoll(t) : 600000;
+  for (int64_t waited = 0; waited < budget_ms; waited += 500) {
+    if (tdist_store_wait(c->store, &key, 1, 500) == 0) return;
+    struct pollfd p = {.fd = job->sigfd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0) break;
+  }
+  fprintf(stderr, "tdistrun: stopping the store before every node finished\n");
+}
+
+int main(int argc, char **argv) {
+  opts_t o;
+  if (parse_args(argc, argv, &o)) return 2;
+  int rc = 1, nenv = 0;
+  tdist_store_server_t *srv = NULL;
+  coord_t coord = {.node_rank = o.node_rank};
+  trun_job_t job = {.nlocal = o.nproc, .grace_s = o.grace_s, .prefix = o.prefix, .sigfd = -1};
+  char ***envs = NULL;
+  const char *addr = o.master_addr ? o.master_addr : "127.0.0.1";
+  int port = o.master_port;
+  int hosting = o.node_rank == 0 && !o.external_store && is_local_addr(addr);
+
+  /* Before the server thread starts, so it inherits the blocked mask. */
+  if ((job.sigfd = trun_signals_block()) < 0) {
+    perror("tdistrun: signalfd");
+    goto done;
+  }
+  if (hosting) {
+    int loopback = o.nnodes == 1 &&
+                   (!o.master_addr || !strcmp(addr, "127.0.0.1") || !strcmp(addr, "localhost"));
+    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
+                                            TDIST_STORE_SERVER_FIELD_PORT,
+                                    .host = loopback ? "127.0.0.1" : "0.0.0.0",
+                                    .port = port};
+    if (tdist_store_server_start(&so, &srv) != 0) {
+      fprintf(stderr, "tdistrun: cannot host the store: %s\n", tdist_last_error());
+      goto done;
+    }
+    port = tdist_store_server_port(srv);
+  } else if (!port) {
+    fprintf(stderr,
+            "tdistrun: this launcher does not host the store (%s is not a local "
+            "address): give --master-port\n",
+            addr);
+    goto done;
+  }
+  if (o.nnodes > 1) {
+    tdist_store_opts_t co = {0};
+    if (tdist_store_connect(addr, port, &co, &coord.store) != 0) {
+      fprintf(stderr, "tdistrun: cannot reach the store at %s:%d: %s\n", addr, port,
+              tdist_last_error());
+      goto done;
+    }
+    job.tick = coord_tick;
+    job.tick_arg = &coord;
+  }
+  job.ranks = calloc((size_t)o.nproc, sizeof(trun_rank_t));
+  envs = calloc((size_t)o.nproc, sizeof(char **));
+  if (!job.ranks || !envs) goto nomem;
+  for (; nenv < o.nproc; nenv++) {
+    job.ranks[nenv].global_rank = o.node_rank * o.nproc + nenv;
+    job.ranks[nenv].out.fd = job.ranks[nenv].err.fd = -1;
+    if (!(envs[nenv] = rank_env(&o, nenv, addr, port))) goto nomem;
+  }
+  if (trun_spawn(&job, o.argv, envs) != 0) goto done;
+  rc = trun_supervise(&job);
+  if (coord.store) coord_finish(&coord, &job, hosting, o.nnodes);
+  goto done;
+nomem:
+  fprintf(stderr, "tdistrun: out of memory\n");
+done:
+  for (int i = 0; i < nenv; i++) {
+    for (char **e = envs[i]; e && *e; e++)
+      free(*e);
+    free(envs[i]);
+  }
+  free(envs);
+  free(job.ranks);
+  tdist_store_release(coord.store);
+  tdist_store_server_stop(srv);
+  if (job.sigfd >= 0) close(job.sigfd);
+  return rc;
+}

@@ -1,0 +1,90 @@
+/*
+ * tdistrun.h - internal interface of the tdistrun launcher (tools/launcher).
+ *
+ * The launcher is one single-threaded process (plus the store server thread
+ * when it hosts the store). Its files:
+ *   main.c   command line, the environment given to ranks, hosting the store,
+ *            coordination between the launchers of a multi-node job;
+ *   ranks.c  starting the ranks (fork/exec), relaying their output with a
+ *            "[rank r] " prefix, forwarding signals, fail-fast supervision.
+ *
+ * Threads: everything here runs on the launcher's main thread. The signals
+ * the launcher handles are blocked in every thread and read from a signalfd
+ * by the supervision loop, so no code runs in a signal handler.
+ */
+#ifndef TDIST_TOOLS_TDISTRUN_H
+#define TDIST_TOOLS_TDISTRUN_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* One output stream of a rank (its stdout or stderr): the read end of the
+ * pipe the rank writes to and the partial line not yet printed. */
+typedef struct trun_stream {
+  int fd;     /* read end, non-blocking; -1 once closed */
+  int out_fd; /* where prefixed lines go: 1 or 2 */
+  char *buf;  /* partial line, TRUN_LINE_MAX bytes */
+  size_t len;
+} trun_stream_t;
+
+#define TRUN_LINE_MAX 65536 /* longer lines are split (a newline is inserted) */
+
+typedef struct trun_rank {
+  int global_rank;
+  pid_t pid;   /* also its process group id; 0 once reaped */
+  int status;  /* waitpid status once reaped */
+  int stopped; /* 1 if the launcher sent it a stop signal */
+  trun_stream_t out, err;
+} trun_rank_t;
+
+/* Called by the supervision loop about every 250 ms while ranks run (NULL for
+ * none). Returns 1 and fills msg when the job must stop because of something
+ * outside this node (another node's rank failed), else 0. */
+typedef int (*trun_tick_fn)(void *arg, char *msg, size_t msglen);
+
+typedef struct trun_job {
+  /* set by the caller */
+  int nlocal; /* ranks started by this launcher */
+  trun_rank_t *ranks;
+  double grace_s; /* time between SIGTERM and SIGKILL when stopping */
+  int prefix;     /* 1: prefix every output line with "[rank r] " */
+  trun_tick_fn tick;
+  void *tick_arg;
+  int sigfd; /* signalfd of the handled signals (trun_signals_block) */
+  /* set by trun_supervise: what ended the job */
+  int fail_rank;        /* first rank that failed, -1 if none */
+  int fail_status;      /* its waitpid status */
+  int interrupt_sig;    /* signal the launcher received, 0 if none */
+  char remote_msg[256]; /* tick's message, "" if none */
+} trun_job_t;
+
+/* Block the handled signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+ * SIGUSR2, SIGCHLD) in the calling thread, and hence in threads it starts
+ * later, ignore SIGPIPE, and return a signalfd reading them (-1 on error).
+ * Call before starting the store server. */
+int trun_signals_block(void);
+
+/* Start every rank of the job: argv[0] is looked up in PATH, envs[i] is the
+ * environment of local rank i (NULL-terminated). Each rank runs in its own
+ * process group with stdin from /dev/null, its stdout and stderr on pipes,
+ * default signal handling, and dies with the launcher (PR_SET_PDEATHSIG).
+ * On failure stops what was started and returns -1 with a message printed. */
+int trun_spawn(trun_job_t *job, char *const *argv, char **const *envs);
+
+/* Relay output and wait for every rank. The first rank to exit non-zero or by
+ * a signal, a signal received by the launcher, or a tick that reports a
+ * remote failure stops the others: the signal (SIGTERM for a failure) goes
+ * to every running rank, and after grace_s seconds SIGKILL. Returns the
+ * launcher's exit code: 0 if every rank exited 0, the failed rank's code (or
+ * 128 + signal), 128 + the signal the launcher got, or 1 (remote failure).
+ * Prints the final "tdistrun: rank r ..." message on stderr. */
+int trun_supervise(trun_job_t *job);
+
+/* "SIGKILL" for 9; "signal 77" for unknown numbers (static or buf). */
+const char *trun_signame(int sig, char *buf, size_t len);
+
+/* Describe a waitpid status: "exited with code 3" / "was killed by signal 9
+ * (SIGKILL)". */
+void trun_describe_status(int status, char *buf, size_t len);
+
+#endif /* TDIST_TOOLS_TDISTRUN_H */
