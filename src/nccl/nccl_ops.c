@@ -1,0 +1,193 @@
+/*
+ * nccl_ops.c - launching ops on the NCCL backend (caller thread).
+ *
+ * submit runs on the thread that called the op, after ops.c validated it,
+ * with the group's mutex held for every CUDA/NCCL call:
+ *
+ *   caller stream:   ... user work ... [start_ev]
+ *   internal stream:  wait(start_ev) -> NCCL kernel(s) -> [end event]
+ *
+ * so data produced on the caller's stream before the call is honoured, and
+ * the end event marks completion. The end event comes from the group's pool
+ * and is kept in w->bk_inline until the progress thread sees it complete.
+ *
+ * Non-blocking communicators may answer an enqueue with ncclInProgress; the
+ * op is then being enqueued in the background and no other NCCL call may be
+ * made on the communicator until ncclCommGetAsyncError says ncclSuccess. The
+ * end event is recorded only after that, so it follows the kernels.
+ */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "nccl/nccl_backend.h"
+
+int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out) {
+  switch (dt) {
+  case TDIST_INT8: *out = ncclInt8; return 0;
+  case TDIST_UINT8: *out = ncclUint8; return 0;
+  case TDIST_INT32: *out = ncclInt32; return 0;
+  case TDIST_INT64: *out = ncclInt64; return 0;
+  case TDIST_FLOAT16: *out = ncclFloat16; return 0;
+  case TDIST_BFLOAT16: *out = ncclBfloat16; return 0;
+  case TDIST_FLOAT32: *out = ncclFloat32; return 0;
+  case TDIST_FLOAT64: *out = ncclFloat64; return 0;
+  default: return -1;
+  }
+}
+
+int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out) {
+  switch (op) {
+  case TDIST_SUM: *out = ncclSum; return 0;
+  case TDIST_PROD: *out = ncclProd; return 0;
+  case TDIST_MIN: *out = ncclMin; return 0;
+  case TDIST_MAX: *out = ncclMax; return 0;
+  case TDIST_AVG: *out = ncclAvg; return 0;
+  default: return -1; /* PREMUL_SUM is created per op */
+  }
+}
+
+/* IEEE half and bfloat16 bits of a double, rounded to nearest even. */
+static uint16_t to_half(double d) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t man = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    man |= 0x800000u;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+
+static uint16_t to_bf16(double d) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN */
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+/* The PREMUL_SUM factor in the op's own type (NCCL reads it as datatype). */
+static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
+  switch (dt) {
+  case TDIST_INT8: *(int8_t *)out = (int8_t)s; break;
+  case TDIST_UINT8: *(uint8_t *)out = (uint8_t)s; break;
+  case TDIST_INT32: *(int32_t *)out = (int32_t)s; break;
+  case TDIST_INT64: *(int64_t *)out = (int64_t)s; break;
+  case TDIST_FLOAT16: *(uint16_t *)out = to_half(s); break;
+  case TDIST_BFLOAT16: *(uint16_t *)out = to_bf16(s); break;
+  case TDIST_FLOAT32: *(float *)out = (float)s; break;
+  default: *(double *)out = s; break;
+  }
+}
+
+/* The NCCL call(s) of one op on nc->stream; mu held. */
+static ncclResult_t launch(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDataType_t dt,
+                           ncclRedOp_t op) {
+  ncclComm_t c = nc->comm;
+  cudaStream_t s = nc->stream;
+  switch (a->type) {
+  case TDIST_OP_ALL_REDUCE: return ncclAllReduce(a->sendbuf, a->recvbuf, a->count, dt, op, c, s);
+  case TDIST_OP_BROADCAST:
+    return ncclBroadcast(a->sendbuf, a->recvbuf, a->count, dt, a->root, c, s);
+  case TDIST_OP_REDUCE: return ncclReduce(a->sendbuf, a->recvbuf, a->count, dt, op, a->root, c, s);
+  case TDIST_OP_ALL_GATHER: return ncclAllGather(a->sendbuf, a->recvbuf, a->count, dt, c, s);
+  case TDIST_OP_GATHER: return ncclGather(a->sendbuf, a->recvbuf, a->count, dt, a->root, c, s);
+  case TDIST_OP_SCATTER: return ncclScatter(a->sendbuf, a->recvbuf, a->count, dt, a->root, c, s);
+  case TDIST_OP_REDUCE_SCATTER:
+    return ncclReduceScatter(a->sendbuf, a->recvbuf, a->count, dt, op, c, s);
+  case TDIST_OP_ALL_TO_ALL: return ncclAlltoAll(a->sendbuf, a->recvbuf, a->count, dt, c, s);
+  case TDIST_OP_BARRIER:
+    /* A one-element all_reduce: completes only once every rank entered. */
+    return ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, c, s);
+  case TDIST_OP_SEND: return ncclSend(a->sendbuf, a->count, dt, a->root, c, s);
+  case TDIST_OP_RECV: return ncclRecv(a->recvbuf, a->count, dt, a->root, c, s);
+  case TDIST_OP_BATCH_P2P: {
+    /* One group: sends and receives of the batch progress together. */
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int i = 0; i < a->np2p && r == ncclSuccess; i++) {
+      const tdist_p2p_op_t *p = &a->p2p[i];
+      ncclDataType_t pdt = ncclFloat32;
+      tdist__nccl_dtype(p->dtype, &pdt);
+      r = p->kind == TDIST_P2P_SEND ? ncclSend(p->buf, p->count, pdt, p->peer, c, s)
+                                    : ncclRecv(p->buf, p->count, pdt, p->peer, c, s);
+    }
+    ncclResult_t e = ncclGroupEnd(); /* always closes the group, even after an error */
+    return r != ncclSuccess ? r : e;
+  }
+  default: return ncclInvalidArgument;
+  }
+}
+
+static int op_uses_redop(tdist_optype_t t) {
+  return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER;
+}
+
+int tdist__nccl_submit(tdist_group_t *g, tdist_work_t *w) {
+  int rc = 0;
+  tdist__nccl_t *nc = g->bstate;
+  const tdist__op_args_t *a = &w->args;
+  ncclDataType_t dt = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  int premul = 0;
+  cudaEvent_t end = NULL;
+  if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
+      tdist__nccl_dtype(a->dtype, &dt) != 0)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: dtype %s", tdist_dtype_name(a->dtype));
+  if (op_uses_redop(a->type) && a->redop != TDIST_PREMUL_SUM &&
+      tdist__nccl_redop(a->redop, &op) != 0)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
+
+  pthread_mutex_lock(&nc->mu);
+  if (nc->dead || !nc->comm) {
+    rc = tdist__error(TDIST_ERR_ABORTED, "nccl: the communicator of group '%s' was aborted",
+                      g->name);
+    goto out;
+  }
+  CUDACHECKGOTO(cudaSetDevice(nc->device), rc, out);
+  TDIST_CHECKGOTO(tdist__nccl_event_get(nc, &end), rc, out);
+  CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
+  CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
+  if (op_uses_redop(a->type) && a->redop == TDIST_PREMUL_SUM) {
+    /* Host-immediate scalar: read before the call returns. The handle may be
+     * destroyed once the last call using it has returned (and, for a
+     * non-blocking comm, once the enqueue finished). */
+    _Alignas(8) unsigned char scalar[8];
+    premul_scalar(a->dtype, a->scalar, scalar);
+    NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&op, scalar, dt, ncclScalarHostImmediate, nc->comm),
+                  nc->comm, rc, fail);
+    premul = 1;
+  }
+  ncclResult_t r = launch(nc, a, dt, op);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    rc = tdist__nccl_err(nc->comm, r, tdist_op_name(a->type));
+    goto fail;
+  }
+  if (r == ncclInProgress)
+    TDIST_CHECKGOTO(tdist__nccl_wait_ready(nc->comm, g, tdist_op_name(a->type), w->timeout_ms), rc,
+                    fail);
+  CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, fail);
+  tdist__nccl_op(w)->end = end;
+  end = NULL;
+fail:
+  if (premul) {
+    ncclResult_t d = ncclRedOpDestroy(op, nc->comm);
+    if (d != ncclSuccess && rc == 0) rc = tdist__nccl_err(nc->comm, d, "ncclRedOpDestroy");
+  }
+  if (end) tdist__nccl_event_put(nc, end);
+out:
+  pthread_mutex_unlock(&nc->mu);
+  return rc;
+}
