@@ -16,6 +16,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -177,12 +178,16 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *w) {
 uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->seq : 0; }
 
 /* Wait until done or until the absolute CLOCK_MONOTONIC deadline (ns).
- * Spins briefly first: most small ops finish within microseconds and a
- * futex sleep/wake costs more than that. */
+ * Most small ops finish within microseconds, and a futex sleep/wake costs
+ * more than that, so first spin: 2 us busy, then yielding the CPU until
+ * TDIST_WAIT_SPIN_NS (yielding matters when threads outnumber cores: the
+ * progress thread may need this core to finish the op). */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
-  int64_t spin_end = tdist__now_ns() + tdist__param_WaitSpinNs();
-  while (!tdist__work_done(w)) {
-    if (tdist__now_ns() >= spin_end) break;
+  int64_t start = tdist__now_ns(), now = start;
+  int64_t spin_end = start + tdist__param_WaitSpinNs();
+  while (!tdist__work_done(w) && now < spin_end) {
+    if (now - start > 2000) sched_yield();
+    now = tdist__now_ns();
   }
   if (tdist__work_done(w)) return w->status;
   pthread_mutex_lock(&w->mu);

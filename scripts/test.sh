@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# test.sh - the README's test command (and what CI runs): installs missing
+# packages, then builds and runs the whole suite three ways:
+#   1. gcc, -Werror, every test;
+#   2. clang with AddressSanitizer + UndefinedBehaviorSanitizer, every test;
+#   3. clang with ThreadSanitizer, the tests labelled "threads";
+# plus a short libFuzzer run over the store's message parser.
+# Build trees: build/test, build/asan, build/tsan, build/fuzz. Exit non-zero
+# if anything fails. Set TDIST_TEST_QUICK=1 to run only the first pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh test || exit 1
+jobs=$(nproc)
+status=0
+summary=""
+
+pass() { # name, cmake args..., -- ctest args...
+  local name=$1; shift
+  local cargs=() targs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do cargs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  targs=("$@")
+  echo "==== tdist tests: $name"
+  local t0=$SECONDS
+  if ! cmake -S . -B "build/$name" -G Ninja -DTDIST_WERROR=ON "${cargs[@]}" >"build/$name.configure.log" 2>&1; then
+    cat "build/$name.configure.log"; status=1; summary+="$name: configure FAILED"$'\n'; return
+  fi
+  if ! cmake --build "build/$name" -j "$jobs" >"build/$name.build.log" 2>&1; then
+    tail -50 "build/$name.build.log"; status=1; summary+="$name: build FAILED"$'\n'; return
+  fi
+  if (cd "build/$name" && ctest --output-on-failure "${targs[@]}"); then
+    summary+="$name: passed ($((SECONDS - t0)) s)"$'\n'
+  else
+    status=1; summary+="$name: tests FAILED ($((SECONDS - t0)) s)"$'\n'
+  fi
+}
+
+mkdir -p build
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+pass test -DCMAKE_BUILD_TYPE=RelWithDebInfo -- -LE fuzz
+if [ "${TDIST_TEST_QUICK:-0}" != 1 ]; then
+  pass asan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTDIST_ENABLE_ASAN=ON \
+       -DTDIST_BUILD_BENCH=OFF -- -LE fuzz
+  pass tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTDIST_ENABLE_TSAN=ON \
+       -DTDIST_BUILD_BENCH=OFF -DTDIST_BUILD_EXAMPLES=OFF -- -L threads
+  pass fuzz -DCMAKE_C_COMPILER=clang -DTDIST_BUILD_FUZZ=ON -DTDIST_BUILD_BENCH=OFF \
+       -DTDIST_BUILD_EXAMPLES=OFF -- -L fuzz
+fi
+echo "==== tdist tests: summary"
+printf "%s" "$summary"
+exit $status
