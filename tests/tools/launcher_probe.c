@@ -1,0 +1,184 @@
+/*
+ * launcher_probe - the rank program test_launcher runs under tdistrun. It
+ * reports what a rank sees and misbehaves on command:
+ *
+ *   env                 print "ENV rank=.. world=.. local=.. lws=.. group=..
+ *                       addr=.. port=.. hosted=.. backend=.."
+ *   store               connect to MASTER_ADDR:MASTER_PORT, set probe/<rank>,
+ *                       wait for every rank's key, print "STORE OK <sum>"
+ *   rdzv                tdist__rendezvous_join from the environment (the
+ *                       launcher's store, TDIST_STORE_HOSTED honoured), print
+ *                       "RDZV rank r size n", then clean up
+ *   lines K             K lines on stdout and stderr, each written in pieces,
+ *                       plus one 100000-byte line on stdout
+ *   fail R CODE         rank R exits CODE after 0.2 s; others wait for SIGTERM
+ *   kill9 R             rank R kills itself with SIGKILL; others wait
+ *   ignore-term R       rank R exits 1; the others ignore SIGTERM
+ *   wait-signal         print "ready", then report SIGUSR1 and exit 0 on
+ *                       SIGTERM/SIGINT ("got SIGxxx")
+ *
+ * "Others wait" means: print "waiting", sleep up to 60 s, and on SIGTERM print
+ * "TERM" and exit 0.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/rendezvous.h"
+#include "tdist/tdist.h"
+
+static volatile sig_atomic_t got_sig;
+static void on_sig(int s) { got_sig = s; }
+
+static int env_int(const char *n) {
+  const char *v = getenv(n);
+  return v ? atoi(v) : -1;
+}
+
+static const char *env_str(const char *n) {
+  const char *v = getenv(n);
+  return v ? v : "-";
+}
+
+/* Write s in three pieces with pauses, so the launcher sees partial lines. */
+static void write_pieces(int fd, const char *s) {
+  size_t n = strlen(s), a = n / 3, b = 2 * n / 3;
+  if (write(fd, s, a) < 0 || (usleep(200), write(fd, s + a, b - a)) < 0 ||
+      write(fd, s + b, n - b) < 0)
+    _exit(10);
+}
+
+static int wait_for_term(void) {
+  signal(SIGTERM, on_sig);
+  printf("waiting\n");
+  fflush(stdout);
+  for (int i = 0; i < 6000 && !got_sig; i++)
+    usleep(10000);
+  printf(got_sig ? "TERM\n" : "not stopped\n");
+  return got_sig ? 0 : 9;
+}
+
+static int do_store(int rank, int size) {
+  tdist_store_t *s = NULL;
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+  if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) goto fail;
+  char key[64], val[32];
+  snprintf(key, sizeof(key), "probe/%d", rank);
+  snprintf(val, sizeof(val), "%d", rank + 1);
+  if (tdist_store_set(s, key, val, strlen(val))) goto fail;
+  long sum = 0;
+  for (int r = 0; r < size; r++) {
+    void *v;
+    size_t len;
+    snprintf(key, sizeof(key), "probe/%d", r);
+    if (tdist_store_get(s, key, &v, &len, 20000)) goto fail;
+    sum += strtol(v, NULL, 10);
+    tdist_store_free(v);
+  }
+  /* Nobody leaves before all have read, so the keys stay meaningful. */
+  int64_t out = 0;
+  if (tdist_store_add(s, "probe/read", 1, &out)) goto fail;
+  const char *k = "probe/all_read";
+  if (out == size && tdist_store_set(s, k, "", 0)) goto fail;
+  if (tdist_store_wait(s, &k, 1, 20000)) goto fail;
+  printf("STORE OK %ld\n", sum);
+  tdist_store_release(s);
+  return 0;
+fail:
+  fprintf(stderr, "store: %s\n", tdist_last_error());
+  tdist_store_release(s);
+  return 1;
+}
+
+static int do_lines(int rank, int k) {
+  char line[256];
+  for (int i = 0; i < k; i++) {
+    snprintf(line, sizeof(line), "L %d %d %0100d\n", rank, i, rank);
+    write_pieces(1, line);
+    snprintf(line, sizeof(line), "E %d %d %080d\n", rank, i, rank);
+    write_pieces(2, line);
+  }
+  char *big = malloc(100002);
+  memset(big, 'a' + rank, 100000);
+  big[100000] = '\n';
+  big[100001] = 0;
+  write_pieces(1, big);
+  free(big);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int rank = env_int("RANK"), size = env_int("WORLD_SIZE");
+  const char *mode = argc > 1 ? argv[1] : "";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (!strcmp(mode, "env")) {
+    printf("ENV rank=%d world=%d local=%d lws=%d group=%d addr=%s port=%s hosted=%s "
+           "backend=%s\n",
+           rank, size, env_int("LOCAL_RANK"), env_int("LOCAL_WORLD_SIZE"), env_int("GROUP_RANK"),
+           env_str("MASTER_ADDR"), env_str("MASTER_PORT"), env_str("TDIST_STORE_HOSTED"),
+           env_str("TDIST_BACKEND"));
+    return 0;
+  }
+  if (!strcmp(mode, "store")) return do_store(rank, size);
+  if (!strcmp(mode, "rdzv")) {
+    tdist__rdzv_t r;
+    if (tdist__rendezvous_join(NULL, &r)) {
+      fprintf(stderr, "rdzv: %s\n", tdist_last_error());
+      return 1;
+    }
+    printf("RDZV rank %d size %d\n", r.rank, r.size);
+    tdist_store_release(r.store);
+    return tdist__rendezvous_cleanup() ? 1 : 0;
+  }
+  if (!strcmp(mode, "lines") && argc > 2) return do_lines(rank, atoi(argv[2]));
+  if (!strcmp(mode, "fail") && argc > 3) {
+    if (rank != atoi(argv[2])) return wait_for_term();
+    usleep(200000);
+    return atoi(argv[3]);
+  }
+  if (!strcmp(mode, "kill9") && argc > 2) {
+    if (rank != atoi(argv[2])) return wait_for_term();
+    usleep(200000);
+    raise(SIGKILL);
+  }
+  if (!strcmp(mode, "ignore-term") && argc > 2) {
+    /* The failing rank exits once every other rank ignores SIGTERM (told
+     * through the launcher's store), so the launcher must use SIGKILL. */
+    tdist_store_t *s = NULL;
+    tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+    if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) return 8;
+    int64_t n = 0;
+    if (rank == atoi(argv[2])) {
+      while (n < size - 1 && tdist_store_add(s, "ignoring", 0, &n) == 0)
+        usleep(10000);
+      tdist_store_release(s);
+      return 1;
+    }
+    signal(SIGTERM, SIG_IGN);
+    printf("ignoring\n");
+    tdist_store_add(s, "ignoring", 1, &n);
+    sleep(60);
+    return 9;
+  }
+  if (!strcmp(mode, "wait-signal")) {
+    signal(SIGUSR1, on_sig);
+    signal(SIGTERM, on_sig);
+    signal(SIGINT, on_sig);
+    printf("ready\n");
+    for (int i = 0; i < 6000; i++) {
+      usleep(10000);
+      if (got_sig == SIGUSR1) {
+        printf("got SIGUSR1\n");
+        got_sig = 0;
+      } else if (got_sig) {
+        printf("got %s\n", got_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        return 0;
+      }
+    }
+    return 9;
+  }
+  fprintf(stderr, "launcher_probe: bad arguments\n");
+  return 2;
+}
