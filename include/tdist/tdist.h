@@ -17,5 +17,6 @@
 #include "tdist/store.h"
 #include "tdist/group.h"
 #include "tdist/ops.h"
+#include "tdist/debug.h"
 
 #endif /* TDIST_TDIST_H */

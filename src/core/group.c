@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/monitor.h"
 #include "core/progress.h"
+#include "core/trace.h"
 #include "store/rendezvous.h"
 
 /* ---- in-flight list (progress thread) ---------------------------------------- */
@@ -62,8 +63,10 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int pu
   return 1;
 }
 
+/* Finish everything in flight, then write the flight recorder. */
 static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   while (g->inflight_head) tdist__work_finish(g->inflight_head, status, "%s", reason);
+  tdist__trace_dump_on_failure(g);
 }
 
 static void group_fail_v(tdist_group_t *g, int status, int publish, const char *fmt,
@@ -154,6 +157,7 @@ static void group_free(tdist_group_t *g) {
   pthread_cond_destroy(&g->cv);
   tdist__free(g->global_ranks);
   tdist__free(g->parent_ranks);
+  tdist__free(g->trace);
   tdist__free(g);
 }
 
@@ -174,6 +178,7 @@ static int group_new(const tdist__backend_ops_t *ops, int rank, int size, const 
   g->device = -1;
   snprintf(g->name, sizeof(g->name), "%s", name);
   atomic_store(&g->timeout_ms, timeout_ms);
+  g->trace = tdist__trace_new();
   g->global_ranks = tdist__calloc((size_t)size, sizeof(int));
   if (!g->global_ranks) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group of %d ranks", size);

@@ -51,6 +51,7 @@ struct tdist_group {
   pthread_cond_t cv;
 
   struct tdist_progress *progress;
+  struct tdist__trace *trace; /* flight recorder (progress thread), or NULL */
 };
 
 /*

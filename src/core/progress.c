@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "core/group.h"
 #include "core/param.h"
+#include "core/trace.h"
 
 TDIST_PARAM(SpinUs, "TDIST_SPIN_US", 100)
 TDIST_PARAM(PollSpinUs, "TDIST_POLL_SPIN_US", 2000)
@@ -204,6 +205,7 @@ void tdist__progress_start_work(tdist__qnode_t *node) {
   w->t_start_ns = tdist__now_ns();
   atomic_store_explicit(&w->state, TDIST_WORK_RUNNING, memory_order_release);
   tdist__group_inflight_add(g, w);
+  tdist__trace_start(g, w);
   if (!uv_is_active((uv_handle_t *)&p->watchdog)) {
     uint64_t ms = (uint64_t)tdist__param_WatchdogMs();
     uv_timer_start(&p->watchdog, on_watchdog, ms, ms);
@@ -342,6 +344,15 @@ int tdist__progress_acquire(tdist_progress_t **out) {
 done:
   pthread_mutex_unlock(&global_mu);
   return rc;
+}
+
+int tdist__progress_acquire_existing(tdist_progress_t **out) {
+  pthread_mutex_lock(&global_mu);
+  tdist_progress_t *p = global;
+  if (p) p->refs++;
+  pthread_mutex_unlock(&global_mu);
+  *out = p;
+  return p ? 0 : TDIST_ERR_INVALID_STATE;
 }
 
 void tdist__progress_release(tdist_progress_t *p) {

@@ -26,6 +26,9 @@ typedef struct tdist_progress tdist_progress_t;
 /* Caller thread: take a reference on the process's progress thread,
  * starting it if needed. */
 int tdist__progress_acquire(tdist_progress_t **out);
+/* Caller thread: a reference on the running progress thread, if any;
+ * TDIST_ERR_INVALID_STATE when none runs (nothing is started). */
+int tdist__progress_acquire_existing(tdist_progress_t **out);
 /* Caller thread (never the progress thread): drop it; the last reference
  * stops the loop and joins the thread. */
 void tdist__progress_release(tdist_progress_t *p);

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/group.h"
 #include "core/param.h"
+#include "core/trace.h"
 
 #define SLAB_WORKS 64
 
@@ -134,10 +135,11 @@ void tdist__work_finish(tdist_work_t *w, int status, const char *fmt, ...) {
     TDIST_INFO(CORE, "work failed: %s (%s)", w->msg, tdist_err_name(status));
   }
   w->t_end_ns = tdist__now_ns();
+  w->status = status; /* read by others only after the state's release store */
+  tdist__trace_end(g, w, state_for(status));
   if (w->prev || w->next || g->inflight_head == w) tdist__group_inflight_remove(g, w);
 
   pthread_mutex_lock(&w->mu);
-  w->status = status;
   atomic_store_explicit(&w->state, state_for(status), memory_order_release);
   tdist_work_cb_t cb = NULL;
   if (w->cb_state == 1) {
