@@ -1,0 +1,78 @@
+/*
+ * fake_nccl.h - a scripted stand-in for NCCL and the CUDA runtime, linked in
+ * place of the real calls with the linker's --wrap (see CMakeLists.txt).
+ *
+ * The backend under test calls ncclAllReduce, cudaEventRecord...; the linker
+ * sends those calls to __wrap_ncclAllReduce, __wrap_cudaEventRecord... in
+ * fake_nccl.c, which never touch a GPU. They:
+ *   - record every call in a log (name, comm, stream, event, two integers),
+ *     so a test can check what was called, with what, and in which order;
+ *   - follow a script (fake_script_t) that says how long a communicator stays
+ *     ncclInProgress after init, split, finalize or an enqueue, when an
+ *     asynchronous error appears, and whether end events ever complete;
+ *   - check the backend's rules: no NCCL call on a communicator after it was
+ *     aborted or destroyed, and never two threads inside calls on the same
+ *     communicator at once (fake_violations() counts breaches).
+ *
+ * All objects (communicators, streams, events) live in static arrays, so the
+ * fake itself allocates nothing. Any thread may call anything here; one mutex
+ * guards the state. Per process: forked children each have their own copy.
+ */
+#ifndef TDIST_TEST_FAKE_NCCL_H
+#define TDIST_TEST_FAKE_NCCL_H
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+typedef enum { FAKE_EV_AUTO = 0, FAKE_EV_MANUAL } fake_ev_mode_t;
+
+typedef struct fake_script {
+  /* ncclCommGetAsyncError answers ncclInProgress this many times after each
+   * of these (-1 = forever). */
+  int init_busy, split_busy, finalize_busy, enqueue_busy;
+  /* Enqueue calls (collectives, send/recv, ncclGroupEnd) return
+   * ncclInProgress instead of ncclSuccess. */
+  int enqueue_returns_inprogress;
+  /* AUTO: an event completes as soon as it was recorded. MANUAL: only
+   * fake_complete_events() completes events. */
+  fake_ev_mode_t ev_mode;
+  /* Sleep inside every comm call (µs), to widen race windows (threads). */
+  int slow_us;
+} fake_script_t;
+
+/* Reset log, counters, objects and script (all zero: no InProgress, events
+ * complete at once). */
+void fake_reset(void);
+void fake_set_script(const fake_script_t *s);
+
+/* From now on ncclCommGetAsyncError reports `err` on every live communicator,
+ * and ncclGetLastError returns `text`. */
+void fake_set_async_error(ncclResult_t err, const char *text);
+
+/* Complete the `n` oldest pending events recorded on a stream the backend
+ * created (its end events; n < 0: all of them). Events recorded on callers'
+ * streams (start events) are never queried and are left alone. */
+void fake_complete_events(int n);
+
+/* One logged call. */
+typedef struct fake_call {
+  char name[40];
+  void *comm, *stream, *event;
+  long a, b; /* call-specific: count/color/datatype/op ... see fake_nccl.c */
+  double scalar;
+} fake_call_t;
+
+int fake_log_size(void);
+/* Copy of entry i (0 = first call). */
+fake_call_t fake_log_get(int i);
+/* Number of calls named `name`. */
+int fake_count(const char *name);
+/* Index of the first call named `name` at or after `from`, or -1. */
+int fake_find(const char *name, int from);
+/* Breaches of the rules above (calls on dead comms, concurrent calls). */
+int fake_violations(void);
+/* The unique id the fake communicator of this process was initialised with
+ * matched the one ncclGetUniqueId produced on rank 0 (1), or not (0). */
+int fake_last_init_id_ok(void);
+
+#endif
