@@ -74,7 +74,8 @@ static int do_store(int rank, int size) {
     size_t len;
     snprintf(key, sizeof(key), "probe/%d", r);
     if (tdist_store_get(s, key, &v, &len, 20000)) goto fail;
-    sum += strtol(v, NULL, 10);
+    snprintf(val, sizeof(val), "%.*s", (int)len, (char *)v); /* values are not NUL-terminated */
+    sum += strtol(val, NULL, 10);
     tdist_store_free(v);
   }
   /* Nobody leaves before all have read, so the keys stay meaningful. */
