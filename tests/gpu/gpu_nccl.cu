@@ -21,6 +21,14 @@
 
 #include "tdist/tdist.h"
 
+// Linked against the static library, whose backend registry refers to the
+// NCCL backend weakly: this strong reference pulls it into the program.
+extern "C" {
+struct tdist__backend_ops;
+extern const struct tdist__backend_ops tdist__nccl_backend;
+}
+__attribute__((used)) static const void *const nccl_backend_ref = &tdist__nccl_backend;
+
 static int failures;
 
 #define CHECK(cond, name, ...)                                                                   \
