@@ -38,21 +38,21 @@ extern const struct tdist__backend_ops tdist__nccl_backend;
 }
 __attribute__((used)) static const void *const nccl_backend_ref = &tdist__nccl_backend;
 
-#define CUDA(call)                                                                               \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));      \
-      exit(1);                                                                                   \
-    }                                                                                            \
+#define CUDA(call)                                                                          \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
-#define NCCL(call)                                                                               \
-  do {                                                                                           \
-    ncclResult_t r_ = (call);                                                                    \
-    if (r_ != ncclSuccess) {                                                                     \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_));      \
-      exit(1);                                                                                   \
-    }                                                                                            \
+#define NCCL(call)                                                                          \
+  do {                                                                                      \
+    ncclResult_t r_ = (call);                                                               \
+    if (r_ != ncclSuccess) {                                                                \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
 
 static double now_us() {
@@ -69,7 +69,8 @@ static double cpu_ms() {
 static void report(const char *what, std::vector<double> &v) {
   std::sort(v.begin(), v.end());
   double sum = 0;
-  for (double x : v) sum += x;
+  for (double x : v)
+    sum += x;
   printf("%-34s mean %8.2f us  p50 %8.2f  p99 %8.2f  (n=%zu)\n", what, sum / v.size(),
          v[v.size() / 2], v[(size_t)(v.size() * 0.99)], v.size());
 }
@@ -94,8 +95,10 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> evs(batch);
-  for (auto &e : evs) CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  for (int i = 0; i < 1000; i++) NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
+  for (auto &e : evs)
+    CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (int i = 0; i < 1000; i++)
+    NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s));
   CUDA(cudaStreamSynchronize(s));
   std::vector<double> raw_submit, raw_lat, td_submit, td_lat, td_wait;
   for (int done = 0; done < iters; done += batch) {
@@ -143,7 +146,8 @@ int main(int argc, char **argv) {
       td_submit.push_back(now_us() - t0);
     }
     tdist_wait_all(ws.data(), batch, 0);
-    for (auto w : ws) tdist_work_release(w);
+    for (auto w : ws)
+      tdist_work_release(w);
   }
   for (int i = 0; i < iters / 4; i++) {
     tdist_work_t *w;
@@ -172,10 +176,14 @@ int main(int argc, char **argv) {
   report("tdist completion seen (is_completed)", td_lat);
   report("tdist tdist_work_wait", td_wait);
   double rs = 0, ts = 0, rl = 0, tl = 0;
-  for (double x : raw_submit) rs += x;
-  for (double x : td_submit) ts += x;
-  for (double x : raw_lat) rl += x;
-  for (double x : td_lat) tl += x;
+  for (double x : raw_submit)
+    rs += x;
+  for (double x : td_submit)
+    ts += x;
+  for (double x : raw_lat)
+    rl += x;
+  for (double x : td_lat)
+    tl += x;
   printf("added per op (mean submit): %.2f us  [goal < 1 us]\n",
          ts / td_submit.size() - rs / raw_submit.size());
   printf("added completion latency (mean): %.2f us  [goal < 20 us]\n",
@@ -183,7 +191,8 @@ int main(int argc, char **argv) {
   printf("idle: %.1f ms CPU over %.0f ms wall (%.2f%% of a core)\n", idle_cpu, idle_wall,
          100.0 * idle_cpu / idle_wall);
   tdist_group_destroy(g);
-  for (auto &e : evs) cudaEventDestroy(e);
+  for (auto &e : evs)
+    cudaEventDestroy(e);
   cudaStreamDestroy(s);
   ncclCommDestroy(comm);
   cudaFree(buf);

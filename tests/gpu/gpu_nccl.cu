@@ -31,26 +31,26 @@ __attribute__((used)) static const void *const nccl_backend_ref = &tdist__nccl_b
 
 static int failures;
 
-#define CHECK(cond, name, ...)                                                                   \
-  do {                                                                                           \
-    if (cond) {                                                                                  \
-      printf("PASS %s\n", name);                                                                 \
-    } else {                                                                                     \
-      failures++;                                                                                \
-      printf("FAIL %s: ", name);                                                                 \
-      printf(__VA_ARGS__);                                                                       \
-      printf(" (last error: %s)\n", tdist_last_error());                                         \
-    }                                                                                            \
-    fflush(stdout);                                                                              \
+#define CHECK(cond, name, ...)                           \
+  do {                                                   \
+    if (cond) {                                          \
+      printf("PASS %s\n", name);                         \
+    } else {                                             \
+      failures++;                                        \
+      printf("FAIL %s: ", name);                         \
+      printf(__VA_ARGS__);                               \
+      printf(" (last error: %s)\n", tdist_last_error()); \
+    }                                                    \
+    fflush(stdout);                                      \
   } while (0)
 
-#define CUDA(call)                                                                               \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));          \
-      exit(100);                                                                                 \
-    }                                                                                            \
+#define CUDA(call)                                                                      \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(100);                                                                        \
+    }                                                                                   \
   } while (0)
 
 static float *dev(size_t n) {
@@ -77,7 +77,8 @@ static bool same(const std::vector<float> &a, const std::vector<float> &b) {
 }
 static std::vector<float> ramp(size_t n, float base) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = base + (float)i;
+  for (size_t i = 0; i < n; i++)
+    v[i] = base + (float)i;
   return v;
 }
 
@@ -135,7 +136,8 @@ static void every_op(tdist_group_t *g) {
     rc = rc ? rc : tdist_work_wait(w, 10000);
     std::vector<float> want = ramp(n, 1);
     if (op == TDIST_PREMUL_SUM)
-      for (float &x : want) x *= 0.5f;
+      for (float &x : want)
+        x *= 0.5f;
     char name[64];
     snprintf(name, sizeof(name), "all_reduce %s", tdist_redop_name(op));
     CHECK(rc == 0 && tdist_work_is_completed(w) && same(get(b, n), want), name, "rc %s",
@@ -145,8 +147,7 @@ static void every_op(tdist_group_t *g) {
   // In place.
   put(a, ramp(n, 3));
   rc = tdist_all_reduce(g, a, a, n, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
-  CHECK(rc == 0 && same(get(a, n), ramp(n, 3)), "all_reduce in place", "rc %s",
-        tdist_err_name(rc));
+  CHECK(rc == 0 && same(get(a, n), ramp(n, 3)), "all_reduce in place", "rc %s", tdist_err_name(rc));
   put(a, ramp(n, 5));
   rc = tdist_broadcast(g, a, n, TDIST_FLOAT32, 0, NULL, NULL);
   CHECK(rc == 0 && same(get(a, n), ramp(n, 5)), "broadcast", "rc %s", tdist_err_name(rc));
@@ -222,7 +223,8 @@ static void stream_wait(tdist_group_t *g) {
   twice<<<(n + 255) / 256, 256, 0, s2>>>(a, y, n);
   CUDA(cudaStreamSynchronize(s2));
   std::vector<float> want = ramp(n, 1);
-  for (float &x : want) x *= 2;
+  for (float &x : want)
+    x *= 2;
   CHECK(rc == 0 && same(get(y, n), want), "wait_stream then kernel", "rc %s", tdist_err_name(rc));
   tdist_work_wait(w, 10000);
   tdist_work_release(w);
@@ -319,7 +321,8 @@ static int run_two(int rank, int port) {
   put(a, ramp(n, (float)rank));
   rc = tdist_all_reduce(g, a, a, n, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
   std::vector<float> want(n);
-  for (size_t i = 0; i < n; i++) want[i] = 1.0f + 2.0f * (float)i;
+  for (size_t i = 0; i < n; i++)
+    want[i] = 1.0f + 2.0f * (float)i;
   CHECK(rc == 0 && same(get(a, n), want), "2-rank all_reduce", "rc %s", tdist_err_name(rc));
   put(a, ramp(n, 100.0f * (float)rank));
   rc = tdist_all_gather(g, a, b, n, TDIST_FLOAT32, NULL, NULL);
