@@ -1,0 +1,322 @@
+/*
+ * test_trace_tool.c - tdist-trace on real dumps.
+ *
+ * Each scenario forks four processes (tests/support/mp.h) that each create a
+ * test-backend "world" group of size 4 as their own rank, run ops (the test
+ * backend completes, fails or stalls them as told), and write their flight
+ * recorder with tdist_dump_trace() - or, in the timeout scenario, let the
+ * runtime write it on failure. The parent then runs the tdist-trace
+ * executable on the dumps and checks its exit status, the seq and ranks its
+ * report names, and the Chrome file (valid JSON, event counts, via python3).
+ * Finally damaged files: truncated, garbage, a bad middle line, a cut header.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "mp.h"
+#include "run_util.h"
+#include "tdist/debug.h"
+#include "tdist/tdist.h"
+#include "test_backend.h"
+
+static char dir[64]; /* this run's scratch directory */
+
+enum { OK, STALL, DIVERGE, TIMEOUT, DROPPED };
+
+static float buf[1024 * 4];
+
+/* One op by index: all_reduce, broadcast root 0, all_gather, barrier,
+ * reduce root 1 max, then all_reduce again. */
+static int op(tdist_group_t *g, int i, tdist_work_t **w) {
+  switch (i % 5) {
+  case 0: return tdist_all_reduce(g, buf, buf, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, w);
+  case 1: return tdist_broadcast(g, buf, 256, TDIST_INT32, 0, NULL, w);
+  case 2: return tdist_all_gather(g, buf, buf, 16, TDIST_FLOAT32, NULL, w);
+  case 3: return tdist_barrier(g, NULL, w);
+  default: return tdist_reduce(g, buf, buf, 8, TDIST_FLOAT64, TDIST_MAX, 1, NULL, w);
+  }
+}
+
+static int child(int rank, int n, void *arg) {
+  int sc = *(int *)arg;
+  char path[160], prefix[128];
+  snprintf(prefix, sizeof(prefix), "%s/auto_", dir);
+  setenv("TDIST_TRACE_PREFIX", prefix, 1);
+  setenv("TDIST_TRACE_ON_FAILURE", sc == TIMEOUT ? "1" : "0", 1);
+  if (sc == DROPPED) setenv("TDIST_TRACE_BUFFER_SIZE", rank == 0 ? "4" : "16", 1);
+  tdist_group_t *g;
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tb_group_create(rank, n, sc == TIMEOUT ? 300 : 60000, &g));
+  tb_set_mode(TB_COMPLETE);
+  int nops = sc == DROPPED ? 8 : sc == TIMEOUT ? 3 : 5;
+  for (int i = 0; i < nops; i++) {
+    if (sc == DIVERGE && i == 3 && rank == 2) /* others run all_reduce at seq 3 */
+      MP_CHECK_RC(tdist_broadcast(g, buf, 1024, TDIST_FLOAT32, 0, NULL, NULL));
+    else if (sc == DIVERGE && i == 3)
+      MP_CHECK_RC(tdist_all_reduce(g, buf, buf, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+    else if (sc == DROPPED && i == 2 && rank == 1)
+      MP_CHECK_RC(tdist_broadcast(g, buf, 16, TDIST_FLOAT32, 3, NULL, NULL));
+    else
+      MP_CHECK_RC(op(g, i, NULL));
+  }
+  if (sc == STALL && rank != 2) { /* seq 5: rank 2 never calls it */
+    tb_set_mode(TB_STALL);
+    MP_CHECK_RC(op(g, 0, &w));
+  }
+  if (sc == TIMEOUT) { /* seq 3 times out everywhere; the runtime dumps by itself */
+    tb_set_mode(TB_STALL);
+    MP_CHECK(op(g, 0, NULL) == TDIST_ERR_TIMEOUT);
+  } else {
+    snprintf(path, sizeof(path), "%s/world.rank%d.json", dir, rank);
+    MP_CHECK_RC(tdist_dump_trace(g, path));
+  }
+  if (w) {
+    tdist_group_abort(g, "test over");
+    MP_CHECK(tdist_work_wait(w, 5000) == TDIST_ERR_ABORTED);
+    tdist_work_release(w);
+  }
+  tdist_group_destroy(g);
+  return 0;
+}
+
+/* Run the tool with args (NULL-terminated, after the program name). */
+static int tool(ru_proc_t *p, const char *a0, const char *a1, const char *a2, const char *a3) {
+  char *argv[] = {TDIST_TRACE_BIN, (char *)a0, (char *)a1, (char *)a2, (char *)a3, NULL};
+  int rc = ru_run(p, argv, NULL, 20);
+  printf("---- tdist-trace %s %s %s %s -> %d\n%s%s", a0 ? a0 : "", a1 ? a1 : "", a2 ? a2 : "",
+         a3 ? a3 : "", rc, p->out, p->err);
+  return rc;
+}
+
+static void scenario(int sc) {
+  char cmd[256];
+  snprintf(cmd, sizeof(cmd), "rm -f %s/*.json", dir);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(tdist_mp_run(4, child, &sc, 30), 0);
+}
+
+/* Count events of each phase in a Chrome file; -1 when not valid JSON. */
+static void chrome_counts(const char *path, int *x, int *m, int *inst) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd),
+           "python3 -c 'import json,sys; ev=json.load(open(sys.argv[1]))[\"traceEvents\"]; "
+           "print(*[sum(e[\"ph\"]==p for e in ev) for p in \"XMi\"])' %s",
+           path);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  *x = *m = *inst = -1;
+  int got = fscanf(f, "%d %d %d", x, m, inst);
+  pclose(f);
+  if (got != 3) *x = *m = *inst = -1;
+}
+
+static void ok(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char out[128];
+  int x, m, i;
+  scenario(OK);
+  snprintf(out, sizeof(out), "%s/chrome.json", dir);
+  assert_int_equal(tool(&p, "-o", out, "--prefix", dir), 0);
+  assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
+  assert_non_null(strstr(p.out, "rank 3 (group rank 3, "));
+  assert_non_null(strstr(p.out, "last completed seq 4, next seq 5"));
+  ru_free(&p);
+  chrome_counts(out, &x, &m, &i);
+  assert_int_equal(x, 20);    /* 4 ranks x 5 ops */
+  assert_int_equal(m, 4 * 3); /* process_name, process_sort_index, thread_name */
+  assert_int_equal(i, 0);
+  /* Explicit files, and a group filter that matches nothing. */
+  char f0[96], f1[96];
+  snprintf(f0, sizeof(f0), "%s/world.rank0.json", dir);
+  snprintf(f1, sizeof(f1), "%s/world.rank1.json", dir);
+  assert_int_equal(tool(&p, "--group", "nosuch", f0, f1), 2);
+  assert_non_null(strstr(p.err, "no dump of group 'nosuch'"));
+  ru_free(&p);
+  assert_int_equal(tool(&p, "--group", "world", f0, f1), 1);
+  assert_non_null(strstr(p.out, "missing: no dump from ranks [2,3]"));
+  assert_non_null(strstr(p.out, "first problem: group 'world': no dump from ranks [2,3]"));
+  ru_free(&p);
+}
+
+static void stall(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char out[128];
+  int x, m, i;
+  scenario(STALL);
+  snprintf(out, sizeof(out), "%s/chrome.json", dir);
+  assert_int_equal(tool(&p, "-o", out, dir, NULL), 1);
+  assert_non_null(strstr(p.out, "stall: seq 5 all_reduce: ranks 0,1,3 running (waiting;"));
+  assert_non_null(strstr(p.out, "rank 2 never started it: last op seq 4 completed"));
+  assert_non_null(strstr(p.out, "first problem: group 'world' seq 5 (all_reduce): "
+                                "ranks [2] behind (last seq 4)"));
+  ru_free(&p);
+  chrome_counts(out, &x, &m, &i);
+  assert_int_equal(x, 20 + 3);
+  assert_int_equal(m, 12);
+}
+
+static void divergence(void **state) {
+  (void)state;
+  ru_proc_t p;
+  scenario(DIVERGE);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 1);
+  assert_non_null(strstr(p.out, "divergence: seq 3: ranks 0,1,3 ran all_reduce float32 x1024, "
+                                "rank 2 ran broadcast float32 x1024 root 0"));
+  assert_non_null(strstr(p.out, "first problem: group 'world' seq 3 (all_reduce): ranks [2] "
+                                "diverge"));
+  ru_free(&p);
+}
+
+static void timeout(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char out[128], prefix[96];
+  int x, m, i;
+  scenario(TIMEOUT);
+  snprintf(out, sizeof(out), "%s/chrome.json", dir);
+  snprintf(prefix, sizeof(prefix), "%s/auto_", dir); /* written by the runtime */
+  assert_int_equal(tool(&p, "-o", out, "--prefix", prefix), 1);
+  assert_non_null(
+      strstr(p.out, "failure: seq 3 all_reduce: ranks 0-3 timed_out (TDIST_ERR_TIMEOUT"));
+  assert_non_null(strstr(p.out, "aborted: all_reduce seq 3 timed out after"));
+  assert_non_null(strstr(p.out, "first problem: group 'world' seq 3 (all_reduce): timed_out on "
+                                "ranks [0-3] (TDIST_ERR_TIMEOUT)"));
+  ru_free(&p);
+  chrome_counts(out, &x, &m, &i);
+  assert_int_equal(x, 16);
+  assert_int_equal(i, 4); /* one instant event per failed op */
+}
+
+static void dropped(void **state) {
+  (void)state;
+  ru_proc_t p;
+  scenario(DROPPED);
+  assert_int_equal(tool(&p, dir, NULL, NULL, NULL), 1);
+  assert_non_null(strstr(p.out, "(4 older dropped)"));
+  assert_non_null(strstr(p.out, "divergence: seq 2: ranks 2,3 ran all_gather float32 x16, "
+                                "rank 1 ran broadcast float32 x16 root 3"));
+  assert_non_null(strstr(p.out, "note: rank 0 no longer has seq 2 (its ring starts at seq 4)"));
+  ru_free(&p);
+}
+
+/* Write the first `len` bytes of `src` (or the text `text`) to dir/name. */
+static void write_file(const char *name, const char *src, long len, const char *text, size_t tl) {
+  char path[128], *data = NULL;
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  if (src) {
+    FILE *in = fopen(src, "rb");
+    assert_non_null(in);
+    data = malloc((size_t)len);
+    assert_int_equal(fread(data, 1, (size_t)len, in), (size_t)len);
+    fclose(in);
+    text = data;
+    tl = (size_t)len;
+  }
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, tl, f), tl);
+  fclose(f);
+  free(data);
+}
+
+/* Offset of the n-th newline of the file + 1 (the start of line n+1). */
+static long line_start(const char *path, int n) {
+  FILE *f = fopen(path, "rb");
+  long off = 0;
+  int c;
+  while (n > 0 && (c = fgetc(f)) != EOF) {
+    off++;
+    if (c == '\n') n--;
+  }
+  fclose(f);
+  return off;
+}
+
+static void damaged(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char good[96], path[128];
+  scenario(OK);
+  snprintf(good, sizeof(good), "%s/world.rank3.json", dir);
+  /* Cut inside entry line 8 (seq 2): a warning, the earlier entries kept. */
+  write_file("cut.rank3.json", good, line_start(good, 7) + 40, NULL, 0);
+  snprintf(path, sizeof(path), "%s/cut.rank3.json", dir);
+  assert_int_equal(unlink(good), 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "cut.rank3.json:8: truncated last entry skipped"));
+  assert_non_null(strstr(p.out, "seqs 0..1 in its ring"));
+  assert_non_null(strstr(p.out, "file truncated"));
+  ru_free(&p);
+  /* Cut in the header: rejected, the other files still reported. */
+  write_file("cut.rank3.json", path, line_start(path, 2), NULL, 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "cut.rank3.json:2:"));
+  assert_non_null(strstr(p.err, "truncated"));
+  assert_non_null(strstr(p.out, "missing: no dump from rank [3]"));
+  ru_free(&p);
+  /* A bad value in a middle line: an error naming file and line. */
+  char *text = NULL;
+  size_t tl = 0;
+  FILE *ms = open_memstream(&text, &tl);
+  snprintf(path, sizeof(path), "%s/world.rank2.json", dir);
+  FILE *in = fopen(path, "r");
+  assert_non_null(in);
+  char line[1024];
+  for (int ln = 1; fgets(line, sizeof(line), in); ln++) {
+    char *c = strstr(line, "\"count\": ");
+    if (ln == 7 && c) c[9] = 'x';
+    fputs(line, ms);
+  }
+  fclose(in);
+  fclose(ms);
+  write_file("bad.rank2.json", NULL, 0, text, tl);
+  free(text);
+  snprintf(path, sizeof(path), "%s/bad.rank2.json", dir);
+  assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "bad.rank2.json:7: \"count\": expected a number"));
+  ru_free(&p);
+  /* Garbage: text, binary with NUL bytes, empty. */
+  static const char bin[] = "\x7f"
+                            "ELF\0\0\x01{\"version\": 1,\n\0\xff\xfe]}\n";
+  write_file("g1.rank0.json", NULL, 0, "hello world\n", 12);
+  write_file("g2.rank0.json", NULL, 0, bin, sizeof(bin));
+  write_file("g3.rank0.json", NULL, 0, "", 0);
+  static const char cut[] = "{\"version\": 1, \"group\": {\"ranks\": [1,";
+  write_file("g4.rank0.json", NULL, 0, cut, strlen(cut));
+  char g[4][96];
+  for (int k = 0; k < 4; k++)
+    snprintf(g[k], sizeof(g[k]), "%s/g%d.rank0.json", dir, k + 1);
+  assert_int_equal(tool(&p, g[0], g[1], g[2], g[3]), 2);
+  assert_non_null(strstr(p.err, "g1.rank0.json:1: not a flight-recorder dump"));
+  assert_non_null(strstr(p.err, "g2.rank0.json:1:"));
+  assert_non_null(strstr(p.err, "g3.rank0.json: empty file"));
+  assert_non_null(strstr(p.err, "g4.rank0.json:1: \"ranks\": expected a number (the file ends "
+                                "inside the header: truncated?)"));
+  assert_non_null(strstr(p.err, "no readable dump"));
+  ru_free(&p);
+  assert_int_equal(tool(&p, "--bogus", NULL, NULL, NULL), 2);
+  ru_free(&p);
+}
+
+int main(void) {
+  snprintf(dir, sizeof(dir), "/tmp/tdist_trace_tool_XXXXXX");
+  if (!mkdtemp(dir)) return 1;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(ok),      cmocka_unit_test(stall),   cmocka_unit_test(divergence),
+      cmocka_unit_test(timeout), cmocka_unit_test(dropped), cmocka_unit_test(damaged),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  if (system(cmd) != 0) rc = rc ? rc : 1;
+  return rc;
+}
