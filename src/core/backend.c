@@ -1,8 +1,9 @@
 /*
  * backend.c - the registry of built-in backends and the version string.
  *
- * The backends are referenced weakly: a library built without one of them
- * (no NCCL on the machine) simply reports it as not supported.
+ * A library built without NCCL (none on the machine) reports "nccl" as not
+ * supported. (References must be strong: a weak one would not pull the
+ * backend's object out of the static archive.)
  */
 #include <stdio.h>
 #include <string.h>
@@ -13,10 +14,7 @@
 #include <nccl.h>
 #endif
 
-extern const tdist__backend_ops_t tdist__cpu_backend __attribute__((weak));
-#ifdef TDIST_HAVE_NCCL
-extern const tdist__backend_ops_t tdist__nccl_backend __attribute__((weak));
-#endif
+extern const tdist__backend_ops_t tdist__cpu_backend;
 
 const tdist__backend_ops_t *tdist__backend_find(const char *name) {
   if (!name) return NULL;

@@ -91,14 +91,16 @@ void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...
   va_end(ap);
 }
 
-void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w) {
+void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
   char reason[256];
   int64_t waited_ms = (tdist__now_ns() - w->t_enqueue_ns) / 1000000;
-  snprintf(reason, sizeof(reason), "%s seq %llu timed out after %lld ms",
-           tdist_op_name(w->args.type), (unsigned long long)w->seq, (long long)waited_ms);
+  snprintf(reason, sizeof(reason), "%s seq %llu timed out after %lld ms%s%s",
+           tdist_op_name(w->args.type), (unsigned long long)w->seq, (long long)waited_ms,
+           diag ? "; " : "", diag ? diag : "");
   if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, 1)) return;
-  tdist__work_finish(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)",
-                     (long long)waited_ms, (long long)w->timeout_ms);
+  tdist__work_finish(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
+                     (long long)waited_ms, (long long)w->timeout_ms, diag ? "; " : "",
+                     diag ? diag : "");
   char why[300];
   snprintf(why, sizeof(why), "group aborted because %s", reason);
   fail_inflight(g, TDIST_ERR_ABORTED, why);

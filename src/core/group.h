@@ -45,6 +45,7 @@ struct tdist_group {
   struct tdist_group *pnext, *pprev;
   int registered;
   int has_monitor; /* this world group holds a monitor reference */
+  int diag_pending; /* (progress) a timeout is being diagnosed by the monitor */
 
   /* pending reaching 0 is signalled here, for destroy */
   pthread_mutex_t mu;
@@ -87,8 +88,9 @@ void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...
     __attribute__((format(printf, 3, 4)));
 
 /* Progress thread: `w` passed its deadline. Finishes it with TIMEOUT, then
- * aborts the group so every other pending op fails with ABORTED naming w. */
-void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w);
+ * aborts the group so every other pending op fails with ABORTED naming w.
+ * `diag` (may be NULL) says which ranks had not reached the op. */
+void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag);
 
 /* Progress thread: in-flight list maintenance (used by work.c). */
 void tdist__group_inflight_add(tdist_group_t *g, tdist_work_t *w);

@@ -14,12 +14,14 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/group.h"
 #include "core/param.h"
 #include "core/progress.h"
 
 TDIST_PARAM(MonitorIntervalMs, "TDIST_MONITOR_INTERVAL_MS", 200)
+TDIST_PARAM(HeartbeatIntervalMs, "TDIST_HEARTBEAT_INTERVAL_MS", 1000)
 
 #define QUEUE_MAX 32
 #define COUNT_KEY "tdist/aborts/count"
@@ -35,6 +37,11 @@ static struct monitor {
   int64_t next; /* next record number to wait for (monitor thread) */
   int nq;
   char queue[QUEUE_MAX][320];
+  int ndiag; /* timeout diagnoses asked for by the progress thread */
+  struct diag_req {
+    uint64_t uid, seq;
+  } diag[QUEUE_MAX];
+  int64_t last_hb_ms; /* monitor thread */
 } *mon;
 
 void tdist__monitor_publish(uint64_t uid, const char *reason) {
@@ -44,6 +51,19 @@ void tdist__monitor_publish(uint64_t uid, const char *reason) {
              mon->world_rank, reason);
   }
   pthread_mutex_unlock(&mon_mu);
+}
+
+int tdist__monitor_diagnose(uint64_t uid, uint64_t seq) {
+  int queued = 0;
+  pthread_mutex_lock(&mon_mu);
+  if (mon && mon->ndiag < QUEUE_MAX) {
+    mon->diag[mon->ndiag].uid = uid;
+    mon->diag[mon->ndiag].seq = seq;
+    mon->ndiag++;
+    queued = 1;
+  }
+  pthread_mutex_unlock(&mon_mu);
+  return queued;
 }
 
 /* A second connection to the store `s` talks to. */
@@ -60,29 +80,48 @@ static int reconnect(tdist_store_t *s, tdist_store_t **out) {
 
 struct remote_abort {
   struct tdist_progress *progress;
-  uint64_t uid;
-  int rank;
+  int dead;     /* a death record: every group containing `rank` fails */
+  uint64_t uid; /* an abort record: the group with this uid aborts */
+  int rank;     /* world rank */
   const char *reason;
 };
 
-/* Progress thread: abort the local copy of the group named by a record. */
+static int group_rank_of(const tdist_group_t *g, int world_rank) {
+  for (int i = 0; i < g->size; i++)
+    if (g->global_ranks[i] == world_rank) return i;
+  return -1;
+}
+
+/* Progress thread: abort the local copies of the groups a record names. */
 static void apply_task(void *arg) {
   struct remote_abort *r = arg;
-  for (tdist_group_t *g = tdist__progress_groups(r->progress); g; g = g->pnext)
-    if (g->uid == r->uid && !atomic_load(&g->aborted))
-      tdist__group_fail_remote(g, TDIST_ERR_ABORTED, "rank %d aborted the group: %s", r->rank,
-                               r->reason);
+  for (tdist_group_t *g = tdist__progress_groups(r->progress); g; g = g->pnext) {
+    if (atomic_load(&g->aborted)) continue;
+    if (r->dead) {
+      int gr = group_rank_of(g, r->rank);
+      if (gr >= 0 && gr != g->rank)
+        tdist__group_fail_remote(g, TDIST_ERR_REMOTE_FAILED,
+                                 "rank %d (world rank %d) failed: the store declared it dead: %s",
+                                 gr, r->rank, r->reason);
+    } else if (g->uid == r->uid) {
+      int gr = group_rank_of(g, r->rank);
+      tdist__group_fail_remote(g, TDIST_ERR_ABORTED, "rank %d aborted the group: %s",
+                               gr >= 0 ? gr : r->rank, r->reason);
+    }
+  }
 }
 
 static void apply_record(struct monitor *m, const char *rec, size_t len) {
   char buf[400];
   snprintf(buf, sizeof(buf), "%.*s", (int)len, rec);
   char *end = NULL;
-  uint64_t uid = strtoull(buf, &end, 16);
+  int dead = strncmp(buf, "dead ", 5) == 0;
+  uint64_t uid = dead ? 0 : strtoull(buf, &end, 16);
+  if (dead) end = buf + 4;
   if (!end || *end != ' ') return;
   int rank = (int)strtol(end + 1, &end, 10);
-  if (!end || *end != ' ' || rank == m->world_rank) return; /* our own record */
-  struct remote_abort r = {m->progress, uid, rank, end + 1};
+  if (!end || *end != ' ' || rank == m->world_rank) return; /* about ourselves */
+  struct remote_abort r = {m->progress, dead, uid, rank, end + 1};
   TDIST_INFO(CORE, "abort record from rank %d for group %016" PRIx64 ": %s", rank, uid, end + 1);
   tdist__progress_call(m->progress, apply_task, &r);
 }
@@ -106,6 +145,138 @@ static void publish_queued(struct monitor *m) {
   }
 }
 
+/* ---- heartbeats and timeout diagnosis (monitor thread) ---------------------- */
+
+struct snap {
+  struct tdist_progress *p;
+  char buf[4096];
+  size_t len;
+};
+
+/* Progress thread: "uid:next_seq ..." of every group, the heartbeat's value. */
+static void snap_task(void *arg) {
+  struct snap *s = arg;
+  s->len = 0;
+  for (tdist_group_t *g = tdist__progress_groups(s->p); g; g = g->pnext) {
+    int n = snprintf(s->buf + s->len, sizeof(s->buf) - s->len, "%016" PRIx64 ":%" PRIu64 " ",
+                     g->uid, (uint64_t)atomic_load(&g->next_seq));
+    if (n < 0 || (size_t)n >= sizeof(s->buf) - s->len) break;
+    s->len += (size_t)n;
+  }
+  if (s->len == 0) s->len = (size_t)snprintf(s->buf, sizeof(s->buf), "-");
+}
+
+static void heartbeat(struct monitor *m, int bye) {
+  char key[48];
+  snprintf(key, sizeof(key), "tdist/hb/%d", m->world_rank);
+  struct snap s = {.p = m->progress};
+  if (bye) s.len = (size_t)snprintf(s.buf, sizeof(s.buf), "bye");
+  else tdist__progress_call(m->progress, snap_task, &s);
+  if (tdist_store_set(m->conn, key, s.buf, s.len) != 0)
+    TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
+}
+
+/* next_seq of group `uid` in a heartbeat value; -1 if absent. */
+static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
+  char want[24];
+  snprintf(want, sizeof(want), "%016" PRIx64 ":", uid);
+  for (size_t i = 0; i + 17 < len; i++)
+    if ((i == 0 || val[i - 1] == ' ') && memcmp(val + i, want, 17) == 0)
+      return strtoll(val + i + 17, NULL, 10);
+  return -1;
+}
+
+struct members {
+  struct tdist_progress *p;
+  uint64_t uid;
+  int size, rank, found;
+  int ranks[4096];
+  char name[96];
+};
+
+static void members_task(void *arg) {
+  struct members *r = arg;
+  for (tdist_group_t *g = tdist__progress_groups(r->p); g; g = g->pnext)
+    if (g->uid == r->uid) {
+      r->found = 1;
+      r->rank = g->rank;
+      r->size = g->size < 4096 ? g->size : 4096;
+      memcpy(r->ranks, g->global_ranks, sizeof(int) * (size_t)r->size);
+      snprintf(r->name, sizeof(r->name), "%s", g->name);
+      return;
+    }
+}
+
+struct verdict {
+  struct tdist_progress *p;
+  uint64_t uid, seq;
+  const char *text;
+};
+
+static void verdict_task(void *arg) {
+  struct verdict *v = arg;
+  for (tdist_group_t *g = tdist__progress_groups(v->p); g; g = g->pnext) {
+    if (g->uid != v->uid) continue;
+    g->diag_pending = 0;
+    for (tdist_work_t *w = g->inflight_head; w; w = w->next)
+      if (w->seq == v->seq) {
+        tdist__group_timeout(g, w, v->text);
+        return;
+      }
+  }
+}
+
+/* Which members of the group never submitted op `seq`? Learnt from their
+ * heartbeats (at most one heartbeat interval old). */
+static void diagnose(struct monitor *m, uint64_t uid, uint64_t seq) {
+  struct members *mb = tdist__calloc(1, sizeof(*mb));
+  if (!mb) return;
+  mb->p = m->progress;
+  mb->uid = uid;
+  tdist__progress_call(m->progress, members_task, mb);
+  char text[256] = "";
+  size_t tl = 0;
+  int behind = 0;
+  for (int i = 0; mb->found && i < mb->size; i++) {
+    if (i == mb->rank) continue;
+    char key[48];
+    snprintf(key, sizeof(key), "tdist/hb/%d", mb->ranks[i]);
+    void *val = NULL;
+    size_t len = 0;
+    int64_t next = -1;
+    if (tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
+      next = seq_in(val, len, uid);
+      tdist_store_free(val);
+    }
+    if (next > (int64_t)seq) continue; /* it submitted this op */
+    int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
+    if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
+    behind++;
+  }
+  char verdict_text[320];
+  if (!mb->found) verdict_text[0] = '\0';
+  else if (behind)
+    snprintf(verdict_text, sizeof(verdict_text), "rank%s %s of group '%s' had not reached seq %" PRIu64,
+             behind > 1 ? "s" : "", text, mb->name, seq);
+  else
+    snprintf(verdict_text, sizeof(verdict_text),
+             "every rank of group '%s' had reached seq %" PRIu64 " (stuck in the backend)", mb->name,
+             seq);
+  struct verdict v = {m->progress, uid, seq, verdict_text[0] ? verdict_text : NULL};
+  tdist__progress_call(m->progress, verdict_task, &v);
+  tdist__free(mb);
+}
+
+static void run_diagnoses(struct monitor *m) {
+  struct diag_req reqs[QUEUE_MAX];
+  pthread_mutex_lock(&mon_mu);
+  int n = m->ndiag;
+  memcpy(reqs, m->diag, sizeof(reqs[0]) * (size_t)n);
+  m->ndiag = 0;
+  pthread_mutex_unlock(&mon_mu);
+  for (int i = 0; i < n; i++) diagnose(m, reqs[i].uid, reqs[i].seq);
+}
+
 static void *monitor_main(void *arg) {
   struct monitor *m = arg;
   int64_t interval = tdist__param_MonitorIntervalMs();
@@ -115,7 +286,16 @@ static void *monitor_main(void *arg) {
     int stop = m->stop;
     pthread_mutex_unlock(&mon_mu);
     publish_queued(m); /* also on the way out: a final abort must get out */
-    if (stop) break;
+    run_diagnoses(m);
+    if (stop) {
+      heartbeat(m, 1); /* leaving cleanly: not a death */
+      break;
+    }
+    int64_t now = tdist__now_ms();
+    if (now - m->last_hb_ms >= tdist__param_HeartbeatIntervalMs()) {
+      heartbeat(m, 0);
+      m->last_hb_ms = now;
+    }
     char key[64];
     snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, m->next);
     const char *keys[1] = {key};

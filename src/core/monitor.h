@@ -14,6 +14,13 @@
  * the last one. Publishing waits for the monitor's current store wait to end
  * (at most TDIST_MONITOR_INTERVAL_MS, default 200 ms).
  *
+ * Liveness: it also writes a heartbeat "tdist/hb/<world rank>" every
+ * TDIST_HEARTBEAT_INTERVAL_MS (default 1000) whose value lists each group's
+ * next sequence number, and "bye" when the process leaves cleanly. The store
+ * server declares a silent rank dead (store/liveness.h) with a record
+ * "dead <rank> <reason>"; every group containing that rank then fails with
+ * TDIST_ERR_REMOTE_FAILED naming it.
+ *
  * Threads: publish from any thread (it never blocks; the progress thread
  * calls it); acquire/release from the caller's thread.
  */
@@ -30,6 +37,15 @@ struct tdist_progress;
  * `world_rank` is this process's rank. A store-less process has no monitor. */
 int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_progress *p);
 void tdist__monitor_release(void);
+
+/*
+ * Ask the monitor to find which ranks of group `uid` never submitted op `seq`
+ * (from their heartbeats: "tdist/hb/<rank>" = "<uid>:<next_seq> ..."), then
+ * time the op out on the progress thread with that finding
+ * (tdist__group_timeout). Returns 1 if queued, 0 without a monitor. Never
+ * blocks; any thread.
+ */
+int tdist__monitor_diagnose(uint64_t uid, uint64_t seq);
 
 /* Queue an abort record for group `uid` (no-op without a monitor). */
 void tdist__monitor_publish(uint64_t uid, const char *reason);

@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/group.h"
+#include "core/monitor.h"
 #include "core/param.h"
 #include "core/trace.h"
 
@@ -36,6 +37,7 @@ TDIST_PARAM(SpinUs, "TDIST_SPIN_US", 100)
 TDIST_PARAM(PollSpinUs, "TDIST_POLL_SPIN_US", 2000)
 TDIST_PARAM(PollMaxMs, "TDIST_POLL_MAX_MS", 4)
 TDIST_PARAM(WatchdogMs, "TDIST_WATCHDOG_MS", 50)
+TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
 
 struct tdist_progress {
   /* shared */
@@ -181,10 +183,17 @@ static void on_watchdog(uv_timer_t *t) {
   int any = 0;
   for (tdist_group_t *g = p->groups; g; g = g->pnext) {
     for (tdist_work_t *w = g->inflight_head; w; w = w->next) {
-      if (w->deadline_ns && now >= w->deadline_ns) {
-        tdist__group_timeout(g, w);
-        break; /* the group's list was emptied by the abort */
+      if (!w->deadline_ns || now < w->deadline_ns) continue;
+      /* Before failing, let the monitor learn from the store which ranks
+       * never reached this op (bounded: past the grace, fail without it). */
+      int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
+      if (g->size > 1 && g->store && in_grace &&
+          (g->diag_pending || tdist__monitor_diagnose(g->uid, w->seq))) {
+        g->diag_pending = 1;
+        break;
       }
+      tdist__group_timeout(g, w, NULL);
+      break; /* the group's list was emptied by the abort */
     }
     if (g->inflight_head) any = 1;
   }

@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "core/param.h"
 #include "store/kv.h"
+#include "store/liveness.h"
 
 #define READ_CHUNK (64 * 1024)
 /* Most bytes buffered for one connection: one maximal frame plus slack. */
@@ -78,6 +79,9 @@ struct tdist_store_server {
   conn_t *ready_head, *ready_tail;
   char *token;
   int port;
+  tdist__live_t *live;   /* dead-rank detector, or NULL */
+  conn_t *current;       /* connection whose request is executing */
+  int stopping;
   _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
 };
 
@@ -129,8 +133,10 @@ static void make_ready(struct tdist_store_server *srv, conn_t *c) {
 }
 
 static void on_write(void *ctx, tdist__kv_entry_t *e) {
+  struct tdist_store_server *srv = ctx;
   for (waiter_t *w = e->waiters; w; w = w->next)
-    make_ready(ctx, w->c);
+    make_ready(srv, w->c);
+  tdist__live_on_write(srv->live, e, srv->current);
 }
 
 /* Run every woken connection; they may wake others, which join the list. */
@@ -166,6 +172,10 @@ static void conn_close(conn_t *c, const char *why) {
   c->closing = 1;
   conn_unwait(c);
   struct tdist_store_server *srv = c->srv;
+  if (!srv->stopping) {
+    tdist__live_on_close(srv->live, c);
+    drain_ready(srv); /* a death record wakes the monitors waiting for it */
+  }
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -302,7 +312,9 @@ static void conn_process(conn_t *c) {
       if (h > 0) c->close_after_flush = 1;
     } else {
       tdist__exec_t x = {.final = c->final, .on_missing = on_missing, .ctx = c};
+      srv->current = c;
       int rc = tdist__kv_exec(&srv->kv, body, len, &c->out, &x);
+      srv->current = NULL;
       if (rc == TDIST__EXEC_BLOCKED) {
         c->blocked = 1;
         if (!c->timer_armed) {
@@ -414,6 +426,9 @@ static void on_connection(uv_stream_t *l, int status) {
 
 static void on_stop(uv_async_t *a) {
   struct tdist_store_server *srv = a->data;
+  srv->stopping = 1;
+  tdist__live_stop(srv->live);
+  srv->live = NULL;
   while (srv->conns)
     conn_close(srv->conns, NULL);
   uv_close((uv_handle_t *)&srv->listener, NULL);
@@ -466,6 +481,10 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
     goto fail;
   }
   loop_ok = 1;
+  if (tdist__live_start(&srv->loop, &srv->kv, &srv->live) != 0) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "store server: out of memory");
+    goto fail;
+  }
   struct sockaddr_storage addr;
   if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
       uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
@@ -499,6 +518,7 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
   return 0;
 fail:
   if (loop_ok) {
+    tdist__live_stop(srv->live);
     uv_run(&srv->loop, UV_RUN_DEFAULT); /* run the close callbacks */
     uv_loop_close(&srv->loop);
   }

@@ -1,0 +1,155 @@
+/*
+ * liveness.c - see liveness.h. A table indexed by world rank; a timer that
+ * scans it every quarter of the timeout (at most every 250 ms).
+ */
+#include "store/liveness.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/param.h"
+
+TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
+
+#define HB_PREFIX "tdist/hb/"
+#define MAX_RANKS (1 << 20)
+
+enum { R_NONE = 0, R_ALIVE, R_LEFT, R_DEAD };
+
+typedef struct rank_state {
+  uint64_t last_ms;
+  const void *conn;
+  int state;
+} rank_state_t;
+
+struct tdist__live {
+  uv_timer_t timer;
+  uv_loop_t *loop;
+  tdist__kv_t *kv;
+  int64_t timeout_ms;
+  rank_state_t *ranks;
+  int cap;
+  int in_publish; /* our own writes come back through on_write */
+};
+
+/* Run one request body through the engine; returns the reply frame in out. */
+static int exec(tdist__live_t *l, tdist__buf_t *req, tdist__buf_t *out) {
+  tdist__exec_t x = {.final = 1};
+  out->len = 0;
+  l->in_publish = 1;
+  int rc = tdist__kv_exec(l->kv, req->p, req->len, out, &x);
+  l->in_publish = 0;
+  return rc;
+}
+
+static void declare_dead(tdist__live_t *l, int rank, const char *why) {
+  rank_state_t *r = &l->ranks[rank];
+  r->state = R_DEAD;
+  TDIST_WARN(STORE, "store server: rank %d declared dead: %s", rank, why);
+  tdist__buf_t req = {0}, out = {0};
+  const char *count_key = "tdist/aborts/count";
+  if (tdist__buf_reserve(&req, 512)) goto done;
+  tdist__put_u8(&req, TDIST__OP_ADD);
+  tdist__put_bytes(&req, count_key, (uint32_t)strlen(count_key));
+  int64_t one = 1;
+  tdist__put(&req, &one, 8);
+  if (exec(l, &req, &out) != TDIST__EXEC_DONE || out.len < 4 + 1 + 8 || out.p[4] != 0) goto done;
+  int64_t n;
+  memcpy(&n, out.p + 5, 8);
+  char key[64], val[300];
+  snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, n);
+  int vl = snprintf(val, sizeof(val), "dead %d %s", rank, why);
+  req.len = 0;
+  tdist__put_u8(&req, TDIST__OP_SET);
+  tdist__put_bytes(&req, key, (uint32_t)strlen(key));
+  tdist__put_bytes(&req, val, (uint32_t)vl);
+  exec(l, &req, &out);
+done:
+  tdist__buf_free(&req);
+  tdist__buf_free(&out);
+}
+
+static void on_timer(uv_timer_t *t) {
+  tdist__live_t *l = t->data;
+  uint64_t now = uv_now(l->loop);
+  for (int i = 0; i < l->cap; i++) {
+    rank_state_t *r = &l->ranks[i];
+    if (r->state == R_ALIVE && now - r->last_ms > (uint64_t)l->timeout_ms) {
+      char why[128];
+      snprintf(why, sizeof(why), "no heartbeat for %" PRIu64 " ms (timeout %" PRId64 " ms)",
+               now - r->last_ms, l->timeout_ms);
+      declare_dead(l, i, why);
+    }
+  }
+}
+
+int tdist__live_start(uv_loop_t *loop, tdist__kv_t *kv, tdist__live_t **out) {
+  *out = NULL;
+  int64_t timeout = tdist__param_HeartbeatTimeoutMs();
+  if (timeout <= 0) return 0;
+  tdist__live_t *l = tdist__calloc(1, sizeof(*l));
+  if (!l) return -1;
+  l->loop = loop;
+  l->kv = kv;
+  l->timeout_ms = timeout;
+  uv_timer_init(loop, &l->timer);
+  l->timer.data = l;
+  uint64_t every = (uint64_t)(timeout / 4 < 250 ? timeout / 4 : 250);
+  if (every < 10) every = 10;
+  uv_timer_start(&l->timer, on_timer, every, every);
+  uv_unref((uv_handle_t *)&l->timer); /* never keeps the server loop alive */
+  *out = l;
+  return 0;
+}
+
+static int grow(tdist__live_t *l, int rank) {
+  if (rank < l->cap) return 0;
+  int cap = l->cap ? l->cap : 64;
+  while (cap <= rank) cap *= 2;
+  rank_state_t *n = tdist__realloc(l->ranks, sizeof(*n) * (size_t)cap);
+  if (!n) return -1;
+  memset(n + l->cap, 0, sizeof(*n) * (size_t)(cap - l->cap));
+  l->ranks = n;
+  l->cap = cap;
+  return 0;
+}
+
+void tdist__live_on_write(tdist__live_t *l, const tdist__kv_entry_t *e, const void *conn) {
+  if (!l || l->in_publish || e->klen <= sizeof(HB_PREFIX) - 1 ||
+      memcmp(e->key, HB_PREFIX, sizeof(HB_PREFIX) - 1) != 0)
+    return;
+  char *end = NULL;
+  long rank = strtol(e->key + sizeof(HB_PREFIX) - 1, &end, 10);
+  if (!end || *end || rank < 0 || rank >= MAX_RANKS || grow(l, (int)rank)) return;
+  rank_state_t *r = &l->ranks[rank];
+  if (r->state == R_DEAD) return; /* declared once; a late heartbeat does not revive */
+  if (e->vlen == 3 && memcmp(e->val, "bye", 3) == 0) {
+    r->state = R_LEFT;
+    r->conn = NULL;
+    return;
+  }
+  r->state = R_ALIVE;
+  r->last_ms = uv_now(l->loop);
+  r->conn = conn;
+}
+
+void tdist__live_on_close(tdist__live_t *l, const void *conn) {
+  if (!l || !conn) return;
+  for (int i = 0; i < l->cap; i++)
+    if (l->ranks[i].state == R_ALIVE && l->ranks[i].conn == conn)
+      declare_dead(l, i, "its store connection closed without a goodbye (process gone?)");
+}
+
+static void on_closed(uv_handle_t *h) {
+  tdist__live_t *l = h->data;
+  tdist__free(l->ranks);
+  tdist__free(l);
+}
+
+void tdist__live_stop(tdist__live_t *l) {
+  if (l) uv_close((uv_handle_t *)&l->timer, on_closed);
+}

@@ -1,0 +1,203 @@
+/*
+ * test_liveness.c - failures found through the store (issue 7), with real
+ * processes, a real TCP store hosted by rank 0, and the test backend:
+ *   - a rank stopped with SIGSTOP stops heartbeating and is declared dead:
+ *     the others' pending ops fail with REMOTE_FAILED naming it within the
+ *     heartbeat timeout (1.5 s here) plus one second;
+ *   - a rank killed with SIGKILL is declared dead as soon as its store
+ *     connection closes;
+ *   - a rank that skips a collective: the op times out on a rank that ran
+ *     it, and the error on every rank names the rank that never reached it.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/clock.h"
+#include "core/group.h"
+#include "mp.h"
+#include "test_backend.h"
+#include "tdist/tdist.h"
+
+#define N 3
+static int port;
+
+static int join(int rank, int64_t timeout_ms, tdist_store_server_t **srv, tdist_store_t **st,
+                tdist_group_t **g) {
+  *srv = NULL;
+  if (rank == 0) {
+    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
+                                            TDIST_STORE_SERVER_FIELD_PORT,
+                                    .host = "127.0.0.1", .port = port};
+    MP_CHECK_RC(tdist_store_server_start(&so, srv));
+  }
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+  MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, st));
+  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, N, "world", *st, timeout_ms, NULL, g));
+  char key[32], pid[32];
+  snprintf(key, sizeof(key), "pid/%d", rank);
+  snprintf(pid, sizeof(pid), "%d", (int)getpid());
+  MP_CHECK_RC(tdist_store_set(*st, key, pid, strlen(pid)));
+  MP_CHECK_RC(tdist_store_add(*st, "joined", 1, NULL));
+  const char *k = "joined";
+  int64_t n = 0;
+  for (int i = 0; i < 2000 && n < N; i++) { /* all joined before anyone fails */
+    tdist_store_add(*st, k, 0, &n);
+    usleep(2000);
+  }
+  return 0;
+}
+
+/* Everyone has its op in flight before rank 2 fails. */
+static int all_submitted(tdist_store_t *st) {
+  MP_CHECK_RC(tdist_store_add(st, "submitted", 1, NULL));
+  int64_t n = 0;
+  for (int i = 0; i < 2000 && n < N; i++) {
+    tdist_store_add(st, "submitted", 0, &n);
+    usleep(2000);
+  }
+  MP_CHECK(n == N);
+  return 0;
+}
+
+/* Survivors: the pending op fails with REMOTE_FAILED naming rank 2 in time. */
+static int expect_rank2_dead(tdist_work_t *w, int64_t t0, int64_t bound_ms, const char *why) {
+  int rc = tdist_work_wait(w, 20000);
+  int64_t took = tdist__now_ms() - t0;
+  const char *msg = tdist_work_error_message(w);
+  if (rc != TDIST_ERR_REMOTE_FAILED || took > bound_ms)
+    fprintf(stderr, "got %s after %lld ms: %s\n", tdist_err_name(rc), (long long)took, msg);
+  MP_CHECK(rc == TDIST_ERR_REMOTE_FAILED);
+  MP_CHECK(strstr(msg, "rank 2 (world rank 2) failed") != NULL);
+  MP_CHECK(strstr(msg, why) != NULL);
+  MP_CHECK(took <= bound_ms);
+  return 0;
+}
+
+static void finish(int rank, tdist_store_server_t *srv, tdist_store_t *st, tdist_group_t *g) {
+  tdist_store_add(st, "done", 1, NULL);
+  if (rank == 0) { /* keep the store up until rank 1 is done */
+    int64_t n = 0;
+    for (int i = 0; i < 2000 && n < 2; i++) {
+      tdist_store_add(st, "done", 0, &n);
+      usleep(5000);
+    }
+  }
+  tdist_group_destroy(g);
+  tdist_store_release(st);
+  tdist_store_server_stop(srv);
+}
+
+static int stopped_child(int rank, int n, void *arg) {
+  tdist_store_server_t *srv;
+  tdist_store_t *st;
+  tdist_group_t *g;
+  MP_CHECK(join(rank, 60000, &srv, &st, &g) == 0);
+  tb_set_mode(TB_HELD);
+  tdist_work_t *w;
+  MP_CHECK_RC(tdist_all_reduce(g, NULL, NULL, 0, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+  MP_CHECK(all_submitted(st) == 0);
+  int64_t t0 = tdist__now_ms();
+  if (rank == 2) raise(SIGSTOP); /* rank 0 kills us once done */
+  MP_CHECK(expect_rank2_dead(w, t0, 1500 + 1000 + 500, "no heartbeat") == 0);
+  tdist_work_release(w);
+  if (rank == 0) {
+    void *pid;
+    size_t len;
+    MP_CHECK_RC(tdist_store_get(st, "pid/2", &pid, &len, 1000));
+    kill(atoi(pid), SIGKILL);
+    tdist_store_free(pid);
+  }
+  tb_set_mode(TB_COMPLETE);
+  finish(rank, srv, st, g);
+  return 0;
+}
+
+static int killed_child(int rank, int n, void *arg) {
+  tdist_store_server_t *srv;
+  tdist_store_t *st;
+  tdist_group_t *g;
+  MP_CHECK(join(rank, 60000, &srv, &st, &g) == 0);
+  tb_set_mode(TB_HELD);
+  tdist_work_t *w;
+  MP_CHECK_RC(tdist_barrier(g, NULL, &w));
+  MP_CHECK(all_submitted(st) == 0);
+  int64_t t0 = tdist__now_ms();
+  if (rank == 2) raise(SIGKILL);
+  MP_CHECK(expect_rank2_dead(w, t0, 1000, "connection closed") == 0);
+  tdist_work_release(w);
+  tb_set_mode(TB_COMPLETE);
+  finish(rank, srv, st, g);
+  return 0;
+}
+
+static int desync_child(int rank, int n, void *arg) {
+  tdist_store_server_t *srv;
+  tdist_store_t *st;
+  tdist_group_t *g;
+  MP_CHECK(join(rank, rank == 1 ? 1000 : 60000, &srv, &st, &g) == 0);
+  tb_set_mode(TB_COMPLETE);
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL)); /* seq 0 everywhere */
+  if (rank == 2) { /* skips seq 1; its copy is aborted by the others' record */
+    for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++) usleep(10000);
+    MP_CHECK(tdist_group_is_aborted(g));
+  } else {
+    tb_set_mode(TB_STALL);
+    tdist_work_t *w;
+    MP_CHECK_RC(tdist_all_reduce(g, NULL, NULL, 0, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+    int rc = tdist_work_wait(w, 20000);
+    const char *msg = tdist_work_error_message(w);
+    if (!strstr(msg, "rank 2 of group 'world' had not reached seq 1")) fprintf(stderr, "%s\n", msg);
+    MP_CHECK(rc == (rank == 1 ? TDIST_ERR_TIMEOUT : TDIST_ERR_ABORTED));
+    MP_CHECK(strstr(msg, "rank 2 of group 'world' had not reached seq 1") != NULL);
+    tdist_work_release(w);
+  }
+  tb_set_mode(TB_COMPLETE);
+  finish(rank, srv, st, g);
+  return 0;
+}
+
+static void stopped_rank_is_declared_dead(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  int codes[N];
+  tdist_mp_run_codes(N, stopped_child, NULL, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
+static void killed_rank_is_declared_dead_at_once(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  int codes[N];
+  tdist_mp_run_codes(N, killed_child, NULL, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
+static void skipped_collective_names_the_rank(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  assert_int_equal(tdist_mp_run(N, desync_child, NULL, 60), 0);
+}
+
+int main(void) {
+  setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "1500", 1);
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "100", 1);
+  setenv("TDIST_TRACE_ON_FAILURE", "0", 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(stopped_rank_is_declared_dead),
+      cmocka_unit_test(killed_rank_is_declared_dead_at_once),
+      cmocka_unit_test(skipped_collective_names_the_rank),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
