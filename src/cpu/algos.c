@@ -1,0 +1,389 @@
+/*
+ * algos.c - the collective algorithms, each a function of the round number
+ * (see cpu.h): round k lists the op's sends and receives; the engine starts
+ * round k+1 once every transfer of round k is done, and folds reducing
+ * receives into their destination between rounds (so a buffer being sent in
+ * round k is never modified during round k).
+ *
+ * Choice by size (thresholds are TDIST_CPU_* settings, docs/cpu-backend.md):
+ *   all_reduce      recursive doubling with the non-power-of-two fold (small);
+ *                   ring reduce-scatter + all-gather in segments (large)
+ *   broadcast       binomial tree (small, or 2 ranks); pipelined chain (large)
+ *   reduce          binomial tree
+ *   all_gather      direct (small); ring in segments (large)
+ *   gather, scatter, all_to_all   direct, one round
+ *   reduce_scatter  ring in segments over a working copy
+ *   barrier         dissemination
+ * Progress thread (setup runs in post).
+ */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "cpu/cpu.h"
+
+enum { ALG_NONE, ALG_RD, ALG_RING, ALG_TREE, ALG_CHAIN, ALG_DIRECT };
+
+int cpu_op_reserve(cpu_op_t *op, int n) {
+  if (n <= op->cap) return 0;
+  cpu_xfer_t *s = tdist__realloc(op->sends, sizeof(cpu_xfer_t) * (size_t)n);
+  if (!s) return TDIST_ERR_NO_MEMORY;
+  op->sends = s;
+  cpu_xfer_t *r = tdist__realloc(op->recvs, sizeof(cpu_xfer_t) * (size_t)n);
+  if (!r) return TDIST_ERR_NO_MEMORY;
+  op->recvs = r;
+  op->cap = n;
+  return 0;
+}
+
+int cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len) {
+  cpu_xfer_t *x = &op->sends[op->nsend++];
+  *x = (cpu_xfer_t){.op = op, .peer = peer, .ptr = (uint8_t *)ptr, .len = len};
+  return 0;
+}
+
+int cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce) {
+  cpu_xfer_t *x = &op->recvs[op->nrecv++];
+  *x = (cpu_xfer_t){.op = op, .peer = peer, .ptr = ptr, .len = len, .reduce = reduce};
+  return 0;
+}
+
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Element range of chunk c of n over count elements (balanced). */
+static inline size_t chunk_off(size_t count, int n, int c) {
+  return (size_t)((unsigned __int128)count * (unsigned)c / (unsigned)n);
+}
+
+/* Segment j of chunk c: byte pointer and length (0 when past the chunk). */
+static size_t seg_of(const cpu_op_t *op, size_t count, int c, int j, uint8_t *base, uint8_t **ptr) {
+  size_t lo = chunk_off(count, op->size, c), hi = chunk_off(count, op->size, c + 1);
+  size_t segel = op->seg / op->es;
+  size_t s = lo + (size_t)j * segel, e = s + segel < hi ? s + segel : hi;
+  *ptr = base + s * op->es;
+  return s < hi ? (e - s) * op->es : 0;
+}
+
+static int nseg_for(const cpu_op_t *op, size_t count) {
+  size_t segel = op->seg / op->es;
+  size_t maxc = chunk_off(count, op->size, 1); /* chunk 0 is the smallest... */
+  for (int c = 1; c < op->size; c++) {
+    size_t len = chunk_off(count, op->size, c + 1) - chunk_off(count, op->size, c);
+    if (len > maxc) maxc = len;
+  }
+  size_t n = (maxc + segel - 1) / segel;
+  return n ? (int)n : 1;
+}
+
+/* ---- all_reduce ------------------------------------------------------------------ */
+
+/* Recursive doubling; round 0 folds the `extra` ranks above the largest power
+ * of two into their neighbours, the last round sends them the result. */
+static int rd_round(cpu_op_t *op, int k) {
+  int r = op->rank, extra = op->extra, logp = 0;
+  size_t len = op->count * op->es;
+  while ((1 << logp) < op->pof2)
+    logp++;
+  if (k == 0) {
+    if (r < 2 * extra) {
+      if (r % 2 == 0)
+        cpu_op_send(op, r + 1, op->buf, len);
+      else
+        cpu_op_recv(op, r - 1, op->buf, len, 1);
+    }
+    return 0;
+  }
+  if (k <= logp) {
+    int nr = r < 2 * extra ? (r % 2 ? r / 2 : -1) : r - extra;
+    if (nr < 0) return 0;
+    int pn = nr ^ (1 << (k - 1));
+    int p = pn < extra ? pn * 2 + 1 : pn + extra;
+    cpu_op_send(op, p, op->buf, len);
+    cpu_op_recv(op, p, op->buf, len, 1);
+    return 0;
+  }
+  if (k == logp + 1) {
+    if (r < 2 * extra) {
+      if (r % 2)
+        cpu_op_send(op, r - 1, op->buf, len);
+      else
+        cpu_op_recv(op, r + 1, op->buf, len, 0);
+    }
+    return 0;
+  }
+  return 1;
+}
+
+/* Ring: (n-1) reduce-scatter steps then (n-1) all-gather steps, each in
+ * nseg segment rounds; empty segments are skipped by both sides. */
+static int ring_round(cpu_op_t *op, int k) {
+  int n = op->size, r = op->rank, steps = n - 1;
+  int per = op->nseg, phase = k / (steps * per), step = (k / per) % steps, j = k % per;
+  if (phase >= 2) return 1;
+  uint8_t *sp, *rp;
+  int sc = phase == 0 ? mod(r - step - 1, n) : mod(r - step, n);
+  int rc = phase == 0 ? mod(r - step - 2, n) : mod(r - step - 1, n);
+  size_t sl = seg_of(op, op->count, sc, j, op->buf, &sp);
+  size_t rl = seg_of(op, op->count, rc, j, op->buf, &rp);
+  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, phase == 0);
+  return 0;
+}
+
+static void avg_finish(cpu_op_t *op) {
+  if (op->redop == TDIST_AVG) cpu_divide(op->buf, op->count, op->dtype, op->size);
+}
+
+/* ---- reduce_scatter ---------------------------------------------------------------- */
+
+/* Ring reduce-scatter over blocks of tmp (block c = chunk c); rank r ends
+ * with block r reduced. */
+static int rs_round(cpu_op_t *op, int k) {
+  int n = op->size, r = op->rank, per = op->nseg;
+  int step = k / per, j = k % per;
+  if (step >= n - 1) return 1;
+  size_t total = op->count * (size_t)n;
+  uint8_t *sp, *rp;
+  size_t sl = seg_of(op, total, mod(r - step - 1, n), j, op->tmp, &sp);
+  size_t rl = seg_of(op, total, mod(r - step - 2, n), j, op->tmp, &rp);
+  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, 1);
+  return 0;
+}
+
+static void rs_finish(cpu_op_t *op) {
+  size_t bytes = op->count * op->es;
+  if (bytes) memcpy(op->buf, op->tmp + (size_t)op->rank * bytes, bytes);
+  avg_finish(op);
+}
+
+/* ---- broadcast and reduce --------------------------------------------------------- */
+
+static int log2_ceil(int n) {
+  int l = 0;
+  while ((1 << l) < n)
+    l++;
+  return l;
+}
+
+static int bcast_tree_round(cpu_op_t *op, int k) {
+  int n = op->size, vr = mod(op->rank - op->root, n), mask = 1 << k;
+  if (k >= log2_ceil(n)) return 1;
+  size_t len = op->count * op->es;
+  if (vr < mask) {
+    if (vr + mask < n) cpu_op_send(op, (vr + mask + op->root) % n, op->buf, len);
+  } else if (vr < 2 * mask) {
+    cpu_op_recv(op, (vr - mask + op->root) % n, op->buf, len, 0);
+  }
+  return 0;
+}
+
+/* Chain root -> root+1 -> ...: position i receives segment k-i+1 and sends
+ * segment k-i in round k. */
+static int bcast_chain_round(cpu_op_t *op, int k) {
+  int n = op->size, i = mod(op->rank - op->root, n);
+  if (k >= op->nseg + n - 2) return 1;
+  size_t len = op->count * op->es;
+  int rs = k - i + 1, ss = k - i;
+  if (i > 0 && rs >= 0 && rs < op->nseg) {
+    size_t off = (size_t)rs * op->seg, l = len - off < op->seg ? len - off : op->seg;
+    cpu_op_recv(op, (op->rank - 1 + n) % n, op->buf + off, l, 0);
+  }
+  if (i < n - 1 && ss >= 0 && ss < op->nseg) {
+    size_t off = (size_t)ss * op->seg, l = len - off < op->seg ? len - off : op->seg;
+    cpu_op_send(op, (op->rank + 1) % n, op->buf + off, l);
+  }
+  return 0;
+}
+
+static int reduce_tree_round(cpu_op_t *op, int k) {
+  int n = op->size, vr = mod(op->rank - op->root, n), mask = 1 << k;
+  if (k >= log2_ceil(n)) return 1;
+  size_t len = op->count * op->es;
+  if (vr % (2 * mask) == 0) {
+    if (vr + mask < n) cpu_op_recv(op, (vr + mask + op->root) % n, op->buf, len, 1);
+  } else if (vr % (2 * mask) == mask) {
+    cpu_op_send(op, (vr - mask + op->root) % n, op->buf, len);
+  }
+  return 0;
+}
+
+static void reduce_finish(cpu_op_t *op) {
+  if (op->rank == op->root) avg_finish(op);
+}
+
+/* ---- gathers, scatter, all_to_all, barrier ----------------------------------------- */
+
+static int allgather_direct_round(cpu_op_t *op, int k) {
+  if (k > 0) return 1;
+  size_t len = op->count * op->es;
+  for (int j = 0; j < op->size; j++) {
+    if (j == op->rank) continue;
+    cpu_op_send(op, j, op->buf + (size_t)op->rank * len, len);
+    cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+  }
+  return 0;
+}
+
+/* Ring all-gather: block (r - step) goes to the next rank, block
+ * (r - step - 1) comes from the previous one, in segments. */
+static int allgather_ring_round(cpu_op_t *op, int k) {
+  int n = op->size, r = op->rank, per = op->nseg;
+  int step = k / per, j = k % per;
+  if (step >= n - 1) return 1;
+  size_t total = op->count * (size_t)n;
+  uint8_t *sp, *rp;
+  size_t sl = seg_of(op, total, mod(r - step, n), j, op->buf, &sp);
+  size_t rl = seg_of(op, total, mod(r - step - 1, n), j, op->buf, &rp);
+  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, 0);
+  return 0;
+}
+
+static int gather_round(cpu_op_t *op, int k) {
+  if (k > 0) return 1;
+  size_t len = op->count * op->es;
+  const tdist__op_args_t *a = &op->w->args;
+  if (op->rank != op->root) {
+    cpu_op_send(op, op->root, a->sendbuf, len);
+    return 0;
+  }
+  for (int j = 0; j < op->size; j++)
+    if (j != op->rank) cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+  return 0;
+}
+
+static int scatter_round(cpu_op_t *op, int k) {
+  if (k > 0) return 1;
+  size_t len = op->count * op->es;
+  const tdist__op_args_t *a = &op->w->args;
+  if (op->rank != op->root) {
+    cpu_op_recv(op, op->root, op->buf, len, 0);
+    return 0;
+  }
+  for (int j = 0; j < op->size; j++)
+    if (j != op->rank) cpu_op_send(op, j, (const uint8_t *)a->sendbuf + (size_t)j * len, len);
+  return 0;
+}
+
+static int alltoall_round(cpu_op_t *op, int k) {
+  if (k > 0) return 1;
+  size_t len = op->count * op->es;
+  const uint8_t *sb = op->w->args.sendbuf;
+  for (int j = 0; j < op->size; j++) {
+    if (j == op->rank) continue;
+    cpu_op_send(op, j, sb + (size_t)j * len, len);
+    cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+  }
+  return 0;
+}
+
+static int barrier_round(cpu_op_t *op, int k) {
+  int n = op->size, mask = 1 << k;
+  if (mask >= n) return 1;
+  cpu_op_send(op, (op->rank + mask) % n, NULL, 0);
+  cpu_op_recv(op, mod(op->rank - mask, n), NULL, 0, 0);
+  return 0;
+}
+
+static int no_round(cpu_op_t *op, int k) { return 1; }
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static int use_tmp(cpu_op_t *op, size_t bytes) {
+  op->tmp = cpu_buf_get(op->cg->ctx, bytes);
+  if (!op->tmp) return TDIST_ERR_NO_MEMORY;
+  op->tmp_cap = bytes;
+  return 0;
+}
+
+static void copy_in(void *dst, const void *src, size_t bytes) {
+  if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+
+int cpu_algo_setup(cpu_op_t *op) {
+  const tdist__op_args_t *a = &op->w->args;
+  int n = op->size;
+  size_t bytes = op->count * op->es;
+  op->seg = (size_t)tdist__param_CpuSegBytes();
+  if (op->seg < 4096) op->seg = 4096;
+  op->seg -= op->seg % op->es;
+  op->buf = a->recvbuf;
+  op->round_fn = no_round;
+  op->finish_fn = NULL;
+  TDIST_CHECK(cpu_op_reserve(op, n + 1));
+  switch (op->type) {
+  case TDIST_OP_ALL_REDUCE:
+    copy_in(op->buf, a->sendbuf, bytes);
+    if (op->redop == TDIST_PREMUL_SUM) cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    op->finish_fn = avg_finish;
+    if (n == 1) break;
+    if (bytes < (size_t)tdist__param_CpuRingBytes() || op->count < (size_t)n) {
+      op->pof2 = 1 << (log2_ceil(n + 1) - 1);
+      op->extra = n - op->pof2;
+      op->round_fn = rd_round;
+    } else {
+      op->nseg = nseg_for(op, op->count);
+      op->round_fn = ring_round;
+    }
+    break;
+  case TDIST_OP_REDUCE_SCATTER:
+    TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
+    copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
+    if (op->redop == TDIST_PREMUL_SUM)
+      cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
+    op->finish_fn = rs_finish;
+    if (n == 1) break;
+    op->nseg = nseg_for(op, op->count * (size_t)n);
+    op->round_fn = rs_round;
+    break;
+  case TDIST_OP_BROADCAST:
+    if (n == 1) break;
+    if (n == 2 || bytes < (size_t)tdist__param_CpuBcastChainBytes()) {
+      op->round_fn = bcast_tree_round;
+    } else {
+      op->nseg = (int)((bytes + op->seg - 1) / op->seg);
+      op->round_fn = bcast_chain_round;
+    }
+    break;
+  case TDIST_OP_REDUCE:
+    if (op->rank != op->root) {
+      TDIST_CHECK(use_tmp(op, bytes));
+      op->buf = op->tmp;
+    }
+    copy_in(op->buf, a->sendbuf, bytes);
+    if (op->redop == TDIST_PREMUL_SUM) cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    op->finish_fn = reduce_finish;
+    if (n > 1) op->round_fn = reduce_tree_round;
+    break;
+  case TDIST_OP_ALL_GATHER:
+    copy_in(op->buf + (size_t)op->rank * bytes, a->sendbuf, bytes);
+    if (n == 1) break;
+    if (bytes * (size_t)n < (size_t)tdist__param_CpuAllgatherRingBytes()) {
+      op->round_fn = allgather_direct_round;
+    } else {
+      op->nseg = nseg_for(op, op->count * (size_t)n);
+      op->round_fn = allgather_ring_round;
+    }
+    break;
+  case TDIST_OP_GATHER:
+    if (op->rank == op->root) copy_in(op->buf + (size_t)op->rank * bytes, a->sendbuf, bytes);
+    if (n > 1) op->round_fn = gather_round;
+    break;
+  case TDIST_OP_SCATTER:
+    if (op->rank == op->root)
+      copy_in(op->buf, (const uint8_t *)a->sendbuf + (size_t)op->rank * bytes, bytes);
+    if (n > 1) op->round_fn = scatter_round;
+    break;
+  case TDIST_OP_ALL_TO_ALL:
+    copy_in(op->buf + (size_t)op->rank * bytes,
+            (const uint8_t *)a->sendbuf + (size_t)op->rank * bytes, bytes);
+    if (n > 1) op->round_fn = alltoall_round;
+    break;
+  case TDIST_OP_BARRIER: op->round_fn = barrier_round; break;
+  default:
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "cpu: op %s is not supported",
+                        tdist_op_name(op->type));
+  }
+  return 0;
+}

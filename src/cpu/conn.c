@@ -1,0 +1,330 @@
+/*
+ * conn.c - setting up and tearing down the full mesh of connections.
+ *
+ * Caller thread (inside ops->init of the world group, bounded by the group's
+ * timeout): every rank listens on an ephemeral port, publishes "host:port"
+ * under its group's store prefix as "cpu/addr/<rank>", reads everyone's
+ * address, then connects to every higher rank (retrying until the peer
+ * listens) and accepts one connection from every lower rank. A 24-byte
+ * handshake (magic, rank, world size, world uid) identifies the connecting
+ * rank. Connecting first cannot deadlock: the kernel completes a connection
+ * in the listen backlog before accept() is called.
+ *
+ * The sockets then become non-blocking, get TCP_NODELAY and large buffers,
+ * and are handed to the progress thread (cpu_conn_start via
+ * tdist__progress_call), which owns them from then on.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "cpu/cpu.h"
+
+typedef struct {
+  uint32_t magic;
+  int32_t rank, size, pad;
+  uint64_t uid;
+} hello_t;
+
+static void tune_socket(int fd) {
+  int one = 1, buf = (int)tdist__param_CpuSockBuf();
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (buf > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  }
+}
+
+/* The address other ranks should use: TDIST_CPU_HOST, else loopback when the
+ * store is on loopback (single host), else this host's first IPv4 address. */
+static void advertised_host(tdist_group_t *g, char *host, size_t hl) {
+  const char *h = tdist__param_str("TDIST_CPU_HOST", NULL);
+  if (h) {
+    snprintf(host, hl, "%s", h);
+    return;
+  }
+  const char *sa = g->store ? tdist_store_address(g->store) : "127.0.0.1:0";
+  if (strncmp(sa, "127.", 4) == 0 || strncmp(sa, "localhost", 9) == 0 ||
+      strncmp(sa, "file:", 5) == 0) {
+    snprintf(host, hl, "127.0.0.1");
+    if (strncmp(sa, "file:", 5) != 0) return;
+  }
+  char name[256];
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  if (gethostname(name, sizeof(name)) == 0 && getaddrinfo(name, NULL, &hints, &res) == 0 && res) {
+    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, host, (socklen_t)hl);
+    freeaddrinfo(res);
+    return;
+  }
+  snprintf(host, hl, "127.0.0.1");
+}
+
+static int listen_on(const char *host, int backlog, int *fd_out, int *port_out) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return tdist__error(TDIST_ERR_IO, "cpu: socket: %s", strerror(errno));
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  const char *bind_host = tdist__param_str("TDIST_CPU_BIND", NULL);
+  if (!bind_host) bind_host = strncmp(host, "127.", 4) == 0 ? host : "0.0.0.0";
+  socklen_t len = sizeof(a);
+  if (inet_pton(AF_INET, bind_host, &a.sin_addr) != 1 ||
+      bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, backlog) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    int e = errno;
+    close(fd);
+    return tdist__error(TDIST_ERR_IO, "cpu: cannot listen on %s: %s", bind_host, strerror(e));
+  }
+  *fd_out = fd;
+  *port_out = ntohs(a.sin_port);
+  return 0;
+}
+
+/* Blocking I/O with a deadline (setup only). */
+static int io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns) {
+  uint8_t *p = buf;
+  while (len) {
+    struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+    int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
+    if (left_ms <= 0) return TDIST_ERR_TIMEOUT;
+    if (poll(&pfd, 1, (int)(left_ms > 1000 ? 1000 : left_ms)) <= 0) continue;
+    ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+    if (n == 0) return TDIST_ERR_CLOSED;
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return TDIST_ERR_IO;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
+  char host[64];
+  const char *colon = strrchr(addr, ':');
+  if (!colon || (size_t)(colon - addr) >= sizeof(host))
+    return tdist__error(TDIST_ERR_PROTOCOL, "cpu: bad peer address '%s'", addr);
+  memcpy(host, addr, (size_t)(colon - addr));
+  host[colon - addr] = 0;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+    return tdist__error(TDIST_ERR_PROTOCOL, "cpu: bad peer address '%s'", addr);
+  int delay_us = 1000;
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return tdist__error(TDIST_ERR_IO, "cpu: socket: %s", strerror(errno));
+    tune_socket(fd); /* before connect, so the window scale covers the buffers */
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+      *fd_out = fd;
+      return 0;
+    }
+    int e = errno;
+    close(fd);
+    if (tdist__now_ns() + (int64_t)delay_us * 1000 > deadline_ns)
+      return tdist__error(TDIST_ERR_TIMEOUT, "cpu: cannot connect to %s: %s", addr, strerror(e));
+    usleep((useconds_t)delay_us);
+    if (delay_us < 100000) delay_us *= 2;
+  }
+}
+
+static int get_addrs(tdist_group_t *g, char **addrs) {
+  int rc = 0, n = g->size;
+  char(*keys)[32] = tdist__calloc((size_t)n, 32);
+  const char **kp = tdist__calloc((size_t)n, sizeof(char *));
+  void **vals = tdist__calloc((size_t)n, sizeof(void *));
+  size_t *lens = tdist__calloc((size_t)n, sizeof(size_t));
+  if (!keys || !kp || !vals || !lens) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) {
+    snprintf(keys[i], 32, "cpu/addr/%d", i);
+    kp[i] = keys[i];
+  }
+  TDIST_CHECKGOTO(
+      tdist_store_multi_get(g->store, kp, (size_t)n, vals, lens, atomic_load(&g->timeout_ms)), rc,
+      done);
+  for (int i = 0; i < n; i++) {
+    addrs[i] = tdist__calloc(1, lens[i] + 1);
+    if (addrs[i]) memcpy(addrs[i], vals[i], lens[i]);
+    tdist_store_free(vals[i]);
+    if (!addrs[i]) rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  }
+done:
+  tdist__free(keys);
+  tdist__free(kp);
+  tdist__free(vals);
+  tdist__free(lens);
+  return rc;
+}
+
+static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
+  cpu_conn_t *c = tdist__calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->rx = tdist__malloc(64 << 10);
+  if (!c->rx) {
+    tdist__free(c);
+    return NULL;
+  }
+  c->ctx = ctx;
+  c->peer = peer;
+  c->fd = fd;
+  snprintf(c->addr, sizeof(c->addr), "%s", addr);
+  return c;
+}
+
+static void start_all(void *arg) {
+  cpu_ctx_t *ctx = arg;
+  for (int i = 0; i < ctx->size; i++)
+    if (ctx->conns[i]) cpu_conn_start(ctx->conns[i]);
+}
+
+int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
+  int rc = 0, lfd = -1, port = 0, n = g->size;
+  char host[64], me[96];
+  char **addrs = NULL;
+  int *fds = NULL;
+  int64_t deadline = tdist__now_ns() + atomic_load(&g->timeout_ms) * 1000000;
+  cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
+  if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  ctx->rank = g->rank;
+  ctx->size = n;
+  ctx->refs = 1;
+  ctx->progress = g->progress;
+  ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));
+  addrs = tdist__calloc((size_t)n, sizeof(char *));
+  fds = tdist__malloc(sizeof(int) * (size_t)n);
+  if (!ctx->conns || !addrs || !fds) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < n; i++)
+    fds[i] = -1;
+  if (n == 1) goto done;
+  if (!g->store) {
+    rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu: a store is needed to connect ranks");
+    goto fail;
+  }
+  advertised_host(g, host, sizeof(host));
+  TDIST_CHECKGOTO(listen_on(host, n, &lfd, &port), rc, fail);
+  snprintf(me, sizeof(me), "%s:%d", host, port);
+  char key[32];
+  snprintf(key, sizeof(key), "cpu/addr/%d", g->rank);
+  TDIST_CHECKGOTO(tdist_store_set(g->store, key, me, strlen(me)), rc, fail);
+  TDIST_CHECKGOTO(get_addrs(g, addrs), rc, fail);
+
+  hello_t hi = {.magic = CPU_MAGIC, .rank = g->rank, .size = n, .uid = g->uid};
+  for (int j = g->rank + 1; j < n; j++) {
+    TDIST_CHECKGOTO(connect_to(addrs[j], deadline, &fds[j]), rc, fail);
+    if (io_full(fds[j], &hi, sizeof(hi), 1, deadline) != 0) {
+      rc = tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, addrs[j]);
+      goto fail;
+    }
+  }
+  for (int k = 0; k < g->rank; k++) {
+    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+    int64_t left_ms = (deadline - tdist__now_ns()) / 1000000;
+    if (left_ms <= 0 || poll(&pfd, 1, (int)left_ms) <= 0) {
+      rc = tdist__error(TDIST_ERR_TIMEOUT, "cpu: rank %d: %d of %d lower ranks connected to %s",
+                        g->rank, k, g->rank, me);
+      goto fail;
+    }
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    hello_t h;
+    if (io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC || h.size != n ||
+        h.uid != g->uid || h.rank < 0 || h.rank >= g->rank || fds[h.rank] >= 0) {
+      close(fd);
+      k--; /* not one of ours (or a stale process): keep waiting */
+      continue;
+    }
+    tune_socket(fd);
+    fds[h.rank] = fd;
+  }
+  for (int j = 0; j < n; j++) {
+    if (j == g->rank) continue;
+    fcntl(fds[j], F_SETFL, fcntl(fds[j], F_GETFL) | O_NONBLOCK);
+    ctx->conns[j] = conn_new(ctx, j, fds[j], addrs[j]);
+    if (!ctx->conns[j]) {
+      rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+      goto fail;
+    }
+    fds[j] = -1;
+  }
+  tdist__progress_call(g->progress, start_all, ctx);
+  TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", g->rank, n, me, n - 1);
+done:
+  if (lfd >= 0) close(lfd);
+  for (int i = 0; addrs && i < n; i++)
+    tdist__free(addrs[i]);
+  tdist__free(addrs);
+  tdist__free(fds);
+  *out = ctx;
+  return 0;
+fail:
+  if (lfd >= 0) close(lfd);
+  for (int i = 0; i < n; i++) {
+    if (fds && fds[i] >= 0) close(fds[i]);
+    if (ctx->conns && ctx->conns[i]) {
+      close(ctx->conns[i]->fd);
+      tdist__free(ctx->conns[i]->rx);
+      tdist__free(ctx->conns[i]);
+    }
+    if (addrs) tdist__free(addrs[i]);
+  }
+  tdist__free(addrs);
+  tdist__free(fds);
+  tdist__free(ctx->conns);
+  tdist__free(ctx);
+  return rc;
+}
+
+/* ---- teardown (progress thread) -------------------------------------------- */
+
+static void ctx_maybe_free(cpu_ctx_t *ctx) {
+  if (ctx->refs > 0 || ctx->open_handles > 0) return;
+  while (ctx->orphans) {
+    cpu_ux_t *u = ctx->orphans;
+    ctx->orphans = u->next;
+    cpu_ux_free(ctx, u);
+  }
+  cpu_buf_drain(ctx);
+  tdist__free(ctx->conns);
+  tdist__free(ctx);
+}
+
+static void on_closed(uv_handle_t *h) {
+  cpu_conn_t *c = h->data;
+  cpu_ctx_t *ctx = c->ctx;
+  tdist__free(c->rx);
+  tdist__free(c);
+  ctx->open_handles--;
+  ctx_maybe_free(ctx);
+}
+
+static void release_task(void *arg) {
+  cpu_ctx_t *ctx = arg;
+  if (--ctx->refs > 0) return;
+  for (int i = 0; i < ctx->size; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    if (!c) continue;
+    ctx->conns[i] = NULL;
+    cpu_conn_close(c); /* says bye, closes the fd, drops queued messages */
+    ctx->open_handles++;
+    uv_close((uv_handle_t *)&c->poll, on_closed);
+  }
+  ctx_maybe_free(ctx);
+}
+
+void cpu_ctx_release(cpu_ctx_t *ctx) { tdist__progress_call(ctx->progress, release_task, ctx); }

@@ -1,0 +1,248 @@
+/*
+ * cpu.h - the CPU backend's internals (shared by the files of src/cpu only).
+ *
+ * Layout:
+ *   ctx     one per world group: the full mesh of TCP connections (one per
+ *           pair of processes), the registry of groups that use it, the
+ *           orphan list (messages for a group not created here yet) and a
+ *           cache of staging buffers. Shared by the world and every subgroup
+ *           (refcounted); split creates only rank mappings.
+ *   conn    one connection: a raw non-blocking fd watched by a uv_poll_t on
+ *           the progress loop; a send queue of messages written with writev
+ *           straight from the caller's buffers; a receive state machine that
+ *           reads headers through a small staging buffer and large payloads
+ *           directly into their destination.
+ *   group   per-group state (g->bstate): rank -> conn, active ops, unexpected
+ *           messages, posted point-to-point receives.
+ *   op      one collective or p2p op (w->bk). Collectives are written as a
+ *           sequence of rounds: round k posts sends and receives (at most one
+ *           each way per peer); when all of them are done the next round
+ *           starts. Messages are keyed by (group uid, seq, round, source).
+ *
+ * Threads: setup (conn.c: listen/connect/handshake) runs on the caller thread
+ * inside init. Everything else runs on the progress thread; nothing here
+ * blocks. The ctx's teardown goes through tdist__progress_call.
+ */
+#ifndef TDIST_CPU_CPU_H
+#define TDIST_CPU_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/backend.h"
+#include "core/group.h"
+#include "core/param.h"
+#include "core/progress.h"
+
+#define CPU_MAGIC 0x31434454u /* "TDC1" */
+
+/* Message kinds on the wire. */
+enum { CPU_MSG_COLL = 1, CPU_MSG_P2P = 2, CPU_MSG_ERR = 3, CPU_MSG_BYE = 4 };
+
+/* Fixed 48-byte header, host byte order (all ranks run on one architecture;
+ * the handshake checks the magic, which also catches an endianness mix). */
+typedef struct cpu_hdr {
+  uint32_t magic;
+  uint8_t kind;   /* CPU_MSG_* */
+  uint8_t optype; /* tdist_optype_t */
+  uint8_t dtype;  /* tdist_dtype_t */
+  uint8_t redop;  /* tdist_redop_t; ERR: unused */
+  uint64_t uid;   /* group uid */
+  uint64_t seq;   /* collective number in the group (COLL): counts collectives
+                     only, since p2p ops are not posted by every rank */
+  uint64_t count; /* the op's count (COLL) or the message's (P2P) */
+  uint32_t slot;  /* round number (COLL) */
+  int32_t root;   /* root (COLL), tag (P2P), status (ERR) */
+  uint64_t len;   /* payload bytes that follow */
+} cpu_hdr_t;
+
+typedef struct cpu_ctx cpu_ctx_t;
+typedef struct cpu_conn cpu_conn_t;
+typedef struct cpu_group cpu_group_t;
+typedef struct cpu_op cpu_op_t;
+
+/* A queued outgoing message. data points at the caller's buffer (zero copy)
+ * or at `owned` (freed once written). */
+typedef struct cpu_msg {
+  struct cpu_msg *next;
+  cpu_hdr_t hdr;
+  const uint8_t *data;
+  size_t off;   /* bytes of header + payload written so far */
+  cpu_op_t *op; /* told when written; NULL for control messages */
+  void *owned;
+} cpu_msg_t;
+
+/* A message received before anyone wanted it. */
+typedef struct cpu_ux {
+  struct cpu_ux *next, *prev;
+  cpu_hdr_t hdr;
+  int src;       /* world rank of the sender */
+  uint8_t *data; /* hdr.len bytes, from the buffer cache */
+  int complete;  /* payload fully read */
+} cpu_ux_t;
+
+/* One transfer of an op: a send or a receive with one peer. */
+typedef struct cpu_xfer {
+  struct cpu_xfer *next, *prev; /* p2p: the group's posted-receive list */
+  cpu_op_t *op;
+  int peer; /* group rank */
+  uint8_t *ptr;
+  size_t len;
+  int reduce;     /* receive: reduce into ptr at the end of the round */
+  uint8_t *stage; /* reduce: the received bytes (a cached buffer) */
+  int done;
+  int tag;             /* p2p */
+  tdist_dtype_t dtype; /* p2p */
+  size_t count;        /* p2p */
+} cpu_xfer_t;
+
+/* Collective algorithm: fill op->sends/recvs for round k (local copies and
+ * reductions of earlier rounds may be done here); return 1 when there is no
+ * round k (the op is complete). */
+typedef int (*cpu_round_fn)(cpu_op_t *op, int k);
+
+struct cpu_op {
+  cpu_op_t *next, *prev; /* group's active list / free list */
+  tdist_work_t *w;
+  cpu_group_t *cg;
+  int p2p;       /* 1 for send/recv/batch: no rounds */
+  uint64_t cseq; /* collective number (cpu_group_t.next_cseq at post) */
+  cpu_round_fn round_fn;
+  void (*finish_fn)(cpu_op_t *op);
+  int round;
+  int pending; /* transfers of the current round (or p2p op) not done */
+  int advancing;
+  int nsend, nrecv, cap;
+  cpu_xfer_t *sends, *recvs;
+  /* op parameters, copied from w->args */
+  tdist_optype_t type;
+  tdist_dtype_t dtype;
+  tdist_redop_t redop;
+  size_t count, es;
+  int root, rank, size;
+  uint8_t *buf;     /* the buffer the algorithm works on */
+  uint8_t *scratch; /* staging for reducing receives (one per round) */
+  size_t scratch_cap;
+  uint8_t *tmp; /* working copy (reduce non-root, reduce_scatter) */
+  size_t tmp_cap;
+  /* algorithm state */
+  int alg;
+  size_t seg; /* segment bytes (pipelined algorithms) */
+  int nseg;   /* segments per chunk */
+  int pof2, extra;
+};
+
+struct cpu_group {
+  cpu_ctx_t *ctx;
+  tdist_group_t *g;
+  cpu_group_t *next, *prev; /* ctx registry */
+  cpu_conn_t **conns;       /* group rank -> conn (NULL for self) */
+  cpu_op_t *ops;            /* active ops, oldest first */
+  cpu_op_t *free_ops;
+  cpu_ux_t *ux;       /* unexpected messages, arrival order */
+  cpu_xfer_t *precv;  /* posted p2p receives, post order */
+  uint64_t next_cseq; /* collectives posted so far */
+  int aborted;
+};
+
+struct cpu_conn {
+  cpu_ctx_t *ctx;
+  int peer; /* world rank */
+  int fd;
+  uv_poll_t poll;
+  int events; /* UV_READABLE | UV_WRITABLE currently watched */
+  int dead;   /* closed or failed: no more I/O */
+  int bye;    /* the peer said goodbye (orderly destroy) */
+  char addr[80];
+  cpu_msg_t *txq, *txq_tail;
+  /* receive */
+  uint8_t *rx;
+  size_t rx_lo, rx_hi; /* unparsed bytes are rx[rx_lo, rx_hi) */
+  int rx_body;         /* 1: reading a payload */
+  cpu_hdr_t rh;
+  uint8_t *rx_dst; /* where the payload goes (NULL: discard) */
+  size_t rx_got;
+  cpu_op_t *rx_op;  /* op that owns rx_dst (direct placement) */
+  cpu_xfer_t *rx_x; /* its transfer */
+  cpu_ux_t *rx_ux;  /* or the unexpected entry being filled */
+  cpu_group_t *rx_g;
+};
+
+struct cpu_ctx {
+  int rank, size;
+  int refs; /* groups using it (caller threads, under ctx mutex-free rule:
+               only changed on the progress thread) */
+  int open_handles;
+  tdist_progress_t *progress;
+  cpu_conn_t **conns; /* world rank -> conn */
+  cpu_group_t *groups;
+  cpu_ux_t *orphans; /* messages for unknown group uids */
+  /* buffer cache */
+  struct cpu_buf *bufs;
+  size_t cached_bytes;
+};
+
+/* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
+TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 512 << 10)
+TDIST_PARAM(CpuRingBytes, "TDIST_CPU_ALLREDUCE_RING_BYTES", 256 << 10)
+TDIST_PARAM(CpuBcastChainBytes, "TDIST_CPU_BCAST_CHAIN_BYTES", 256 << 10)
+TDIST_PARAM(CpuAllgatherRingBytes, "TDIST_CPU_ALLGATHER_RING_BYTES", 1 << 20)
+TDIST_PARAM(CpuSockBuf, "TDIST_CPU_SOCKBUF", 4 << 20)
+TDIST_PARAM(CpuCacheBytes, "TDIST_CPU_CACHE_BYTES", 256 << 20)
+
+/* ---- conn.c: setup and teardown ------------------------------------------- */
+/* Caller thread: listen, publish, connect the full mesh, register the polls. */
+int cpu_ctx_create(tdist_group_t *world, cpu_ctx_t **out);
+/* Caller thread: drop a group's reference; the last one closes everything. */
+void cpu_ctx_release(cpu_ctx_t *ctx);
+
+/* ---- io.c: the progress thread's socket work ------------------------------ */
+void cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thread) */
+/* Queue a message; tries to write at once. `op` is told when it is written. */
+void cpu_send(cpu_conn_t *c, cpu_msg_t *m);
+cpu_msg_t *cpu_msg_new(void);
+void cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
+/* Drop queued messages of ops of group uid (abort), copying a partly sent one. */
+void cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
+
+/* ---- buffer cache (io.c) --------------------------------------------------- */
+void *cpu_buf_get(cpu_ctx_t *ctx, size_t len);
+void cpu_buf_put(cpu_ctx_t *ctx, void *p);
+void cpu_buf_drain(cpu_ctx_t *ctx);
+
+/* ---- engine.c: dispatch from io.c ------------------------------------------ */
+cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
+/* A header arrived on c; set c->rx_dst/rx_op/rx_x/rx_ux for its payload. */
+void cpu_on_header(cpu_conn_t *c);
+/* The payload of the current message is complete. */
+void cpu_on_payload(cpu_conn_t *c);
+/* Connection lost (progress thread). */
+void cpu_on_conn_lost(cpu_conn_t *c, const char *why);
+/* A queued message of op was fully written. */
+void cpu_on_sent(cpu_op_t *op);
+void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
+
+/* ---- algos.c ---------------------------------------------------------------- */
+/* Pick the algorithm for op and set round_fn/finish_fn; may allocate tmp. */
+int cpu_algo_setup(cpu_op_t *op);
+/* Add a transfer of the current round (grows the arrays). */
+int cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len);
+int cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce);
+int cpu_op_reserve(cpu_op_t *op, int n);
+
+/* ---- reduce.c ----------------------------------------------------------------- */
+/* dst[i] = dst[i] (op) src[i] for n elements; AVG and PREMUL_SUM reduce as SUM. */
+void cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op);
+/* buf[i] *= scalar (PREMUL_SUM input scaling). */
+void cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar);
+/* buf[i] /= divisor (AVG; integers truncate toward zero). */
+void cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor);
+float cpu_half_to_float(uint16_t h);
+uint16_t cpu_float_to_half(float f);
+float cpu_bf16_to_float(uint16_t h);
+uint16_t cpu_float_to_bf16(float f);
+
+extern const tdist__backend_ops_t tdist__cpu_backend;
+
+#endif

@@ -1,0 +1,753 @@
+/*
+ * engine.c - the CPU backend's vtable and its progress-thread engine:
+ * groups (init, split, destroy), ops (post, rounds, completion), message
+ * dispatch (where a payload goes, what happens once it is in), mismatch
+ * detection, and failure handling (peer loss, abort).
+ *
+ * Ownership: a cpu_group_t belongs to its tdist group (g->bstate) and is
+ * touched only on the progress thread once registered. An op (w->bk) lives
+ * on its group's active list from post until completion or abort; abort puts
+ * every op back on the group's free list without finishing its work (the
+ * core does that), and detaches any socket read that was filling one of the
+ * group's buffers.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "cpu/cpu.h"
+
+static int grank_of(const cpu_group_t *cg, int world) {
+  for (int i = 0; i < cg->g->size; i++)
+    if (cg->g->global_ranks[i] == world) return i;
+  return -1;
+}
+
+cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
+  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next)
+    if (cg->g->uid == uid) return cg;
+  return NULL;
+}
+
+/* ---- unexpected messages ---------------------------------------------------- */
+
+static cpu_ux_t *ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src) {
+  cpu_ux_t *u = tdist__calloc(1, sizeof(*u));
+  if (!u) return NULL;
+  u->hdr = *h;
+  u->src = src;
+  u->data = cpu_buf_get(ctx, h->len);
+  if (!u->data) {
+    tdist__free(u);
+    return NULL;
+  }
+  return u;
+}
+
+void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  cpu_buf_put(ctx, u->data);
+  tdist__free(u);
+}
+
+static void ux_append(cpu_ux_t **head, cpu_ux_t *u) {
+  u->next = NULL;
+  u->prev = NULL;
+  if (!*head) {
+    *head = u;
+    return;
+  }
+  cpu_ux_t *t = *head;
+  while (t->next)
+    t = t->next;
+  t->next = u;
+  u->prev = t;
+}
+
+static void ux_unlink(cpu_ux_t **head, cpu_ux_t *u) {
+  if (u->prev)
+    u->prev->next = u->next;
+  else
+    *head = u->next;
+  if (u->next) u->next->prev = u->prev;
+  u->next = u->prev = NULL;
+}
+
+/* Forget any socket read that targets group cg (abort, destroy). */
+static void detach_rx(cpu_group_t *cg) {
+  cpu_ctx_t *ctx = cg->ctx;
+  for (int i = 0; i < ctx->size; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    if (!c || !c->rx_body || c->rx_g != cg) continue;
+    if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
+    c->rx_dst = NULL;
+    c->rx_op = NULL;
+    c->rx_x = NULL;
+    c->rx_ux = NULL;
+    c->rx_g = NULL;
+  }
+}
+
+/* ---- ops ------------------------------------------------------------------------ */
+
+static cpu_op_t *op_get(cpu_group_t *cg) {
+  cpu_op_t *op = cg->free_ops;
+  if (op) {
+    cg->free_ops = op->next;
+  } else {
+    op = tdist__calloc(1, sizeof(*op));
+    if (!op) return NULL;
+    if (cpu_op_reserve(op, cg->g->size + 1) != 0) {
+      tdist__free(op);
+      return NULL;
+    }
+  }
+  op->next = op->prev = NULL;
+  op->cg = cg;
+  op->round = -1;
+  op->pending = 0;
+  op->advancing = 0;
+  op->nsend = op->nrecv = 0;
+  op->tmp = NULL;
+  op->tmp_cap = 0;
+  op->finish_fn = NULL;
+  op->round_fn = NULL;
+  return op;
+}
+
+static void release_stages(cpu_op_t *op) {
+  for (int i = 0; i < op->nrecv; i++) {
+    cpu_xfer_t *x = &op->recvs[i];
+    if (x->reduce && x->done && x->stage) cpu_buf_put(op->cg->ctx, x->stage);
+    x->stage = NULL;
+  }
+}
+
+static void op_put(cpu_op_t *op) {
+  cpu_group_t *cg = op->cg;
+  release_stages(op);
+  if (op->tmp) cpu_buf_put(cg->ctx, op->tmp);
+  op->tmp = NULL;
+  op->w = NULL;
+  op->nsend = op->nrecv = 0;
+  op->next = cg->free_ops;
+  cg->free_ops = op;
+}
+
+static void op_unlink(cpu_op_t *op) {
+  cpu_group_t *cg = op->cg;
+  if (op->prev)
+    op->prev->next = op->next;
+  else if (cg->ops == op)
+    cg->ops = op->next;
+  if (op->next) op->next->prev = op->prev;
+  op->next = op->prev = NULL;
+}
+
+static void op_complete(cpu_op_t *op) {
+  tdist_work_t *w = op->w;
+  op_unlink(op);
+  if (op->finish_fn) op->finish_fn(op);
+  op_put(op);
+  tdist__work_finish(w, 0, "ok");
+}
+
+static cpu_op_t *op_find(cpu_group_t *cg, uint64_t seq) {
+  for (cpu_op_t *op = cg->ops; op; op = op->next)
+    if (!op->p2p && op->cseq == seq) return op;
+  return NULL;
+}
+
+/* ---- failures -------------------------------------------------------------- */
+
+/* Tell the group's other ranks (ERR message), then fail the group here. */
+static void fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
+  size_t len = strlen(text);
+  for (int i = 0; i < cg->g->size; i++) {
+    cpu_conn_t *c = cg->conns[i];
+    if (!c || c->dead) continue;
+    cpu_msg_t *m = cpu_msg_new();
+    char *copy = tdist__malloc(len + 1);
+    if (!m || !copy) {
+      tdist__free(copy);
+      continue;
+    }
+    memcpy(copy, text, len + 1);
+    m->hdr = (cpu_hdr_t){
+        .magic = CPU_MAGIC, .kind = CPU_MSG_ERR, .uid = cg->g->uid, .root = status, .len = len};
+    m->data = (const uint8_t *)copy;
+    m->owned = copy;
+    cpu_send(c, m);
+  }
+  tdist__group_fail(cg->g, status, "%s", text);
+}
+
+/* Compare a peer's header with the local op; 1 (and the group failed) if
+ * they disagree. */
+static int check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
+  int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
+               op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
+  int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
+                 op->type == TDIST_OP_REDUCE_SCATTER;
+  if (h->optype == op->type && h->dtype == op->dtype && h->count == op->count &&
+      (!rooted || h->root == op->root) && (!reducing || h->redop == op->redop))
+    return 0;
+  char text[256], extra_a[48] = "", extra_b[48] = "";
+  if (rooted) {
+    snprintf(extra_a, sizeof(extra_a), " root %d", (int)h->root);
+    snprintf(extra_b, sizeof(extra_b), " root %d", op->root);
+  }
+  if (reducing) {
+    size_t la = strlen(extra_a), lb = strlen(extra_b);
+    snprintf(extra_a + la, sizeof(extra_a) - la, " %s", tdist_redop_name(h->redop));
+    snprintf(extra_b + lb, sizeof(extra_b) - lb, " %s", tdist_redop_name(op->redop));
+  }
+  snprintf(text, sizeof(text),
+           "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
+           " %s%s but rank %d "
+           "posted %s count %zu %s%s",
+           h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
+           tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->g->rank, tdist_op_name(op->type),
+           op->count, tdist_dtype_name(op->dtype), extra_b);
+  fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  return 1;
+}
+
+static int check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
+  if (h->count == x->count && h->dtype == x->dtype) return 0;
+  char text[256];
+  snprintf(text, sizeof(text),
+           "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but rank %d posted a "
+           "receive of count %zu %s",
+           src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->g->rank,
+           x->count, tdist_dtype_name(x->dtype));
+  fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  return 1;
+}
+
+/* ---- the round engine ------------------------------------------------------ */
+
+static void advance(cpu_op_t *op);
+
+static void xfer_done(cpu_op_t *op) {
+  if (--op->pending > 0) return;
+  if (op->p2p)
+    op_complete(op);
+  else
+    advance(op);
+}
+
+void cpu_on_sent(cpu_op_t *op) { xfer_done(op); }
+
+/* Hand a complete unexpected message to receive x of op, and free it. */
+static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
+  ux_unlink(&cg->ux, u);
+  if (u->hdr.len != x->len) {
+    char text[160];
+    snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
+             grank_of(cg, u->src), u->hdr.len, x->len);
+    cpu_ux_free(cg->ctx, u);
+    fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+    return;
+  }
+  if (x->reduce) {
+    x->stage = u->data; /* reduced at the end of the round */
+    u->data = NULL;
+  } else if (x->len) {
+    memcpy(x->ptr, u->data, x->len);
+  }
+  x->done = 1;
+  cpu_ux_free(cg->ctx, u);
+  xfer_done(op);
+}
+
+static cpu_xfer_t *round_recv(cpu_op_t *op, int src) {
+  for (int i = 0; i < op->nrecv; i++)
+    if (op->recvs[i].peer == src && !op->recvs[i].done) return &op->recvs[i];
+  return NULL;
+}
+
+static void advance(cpu_op_t *op) {
+  if (op->advancing) return;
+  op->advancing = 1;
+  cpu_group_t *cg = op->cg;
+  tdist_work_t *w = op->w;
+  while (op->pending == 0) {
+    /* End of the previous round: fold the staged receives in. */
+    for (int i = 0; i < op->nrecv; i++) {
+      cpu_xfer_t *x = &op->recvs[i];
+      if (x->reduce && x->stage) {
+        cpu_reduce(x->ptr, x->stage, x->len / op->es, op->dtype, op->redop);
+        cpu_buf_put(cg->ctx, x->stage);
+        x->stage = NULL;
+      }
+    }
+    op->nsend = op->nrecv = 0;
+    int k = ++op->round;
+    if (op->round_fn(op, k)) {
+      op_complete(op);
+      return;
+    }
+    op->pending = op->nsend + op->nrecv + 1; /* +1: nothing completes the round early */
+    for (int i = 0; i < op->nsend && !cg->aborted && op->w == w; i++) {
+      cpu_xfer_t *x = &op->sends[i];
+      cpu_msg_t *m = cpu_msg_new();
+      if (!m) {
+        fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+        return;
+      }
+      m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
+                           .kind = CPU_MSG_COLL,
+                           .optype = (uint8_t)op->type,
+                           .dtype = (uint8_t)op->dtype,
+                           .redop = (uint8_t)op->redop,
+                           .uid = cg->g->uid,
+                           .seq = op->cseq,
+                           .count = op->count,
+                           .slot = (uint32_t)k,
+                           .root = op->root,
+                           .len = x->len};
+      m->data = x->ptr;
+      m->op = op;
+      cpu_send(cg->conns[x->peer], m);
+    }
+    if (cg->aborted || op->w != w) return; /* a peer failed under us */
+    /* Messages of this round that arrived early. */
+    for (cpu_ux_t *u = cg->ux, *next; u && op->w == w; u = next) {
+      next = u->next;
+      if (!u->complete || u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq ||
+          u->hdr.slot != (uint32_t)k)
+        continue;
+      cpu_xfer_t *x = round_recv(op, grank_of(cg, u->src));
+      if (x) deliver_ux(cg, op, x, u);
+    }
+    if (cg->aborted || op->w != w) return;
+    op->pending--;
+  }
+  op->advancing = 0;
+}
+
+/* ---- point-to-point ----------------------------------------------------------- */
+
+static cpu_xfer_t *precv_match(cpu_group_t *cg, int src, int tag) {
+  for (cpu_xfer_t *x = cg->precv; x; x = x->next)
+    if (x->peer == src && x->tag == tag) return x;
+  return NULL;
+}
+
+static void precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
+  if (x->prev)
+    x->prev->next = x->next;
+  else
+    cg->precv = x->next;
+  if (x->next) x->next->prev = x->prev;
+  x->next = x->prev = NULL;
+}
+
+/* A complete unexpected p2p message: give it to the first matching receive. */
+static void claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
+  int src = grank_of(cg, u->src);
+  cpu_xfer_t *x = precv_match(cg, src, u->hdr.root);
+  if (!x) return;
+  precv_unlink(cg, x);
+  if (check_p2p(cg, x, &u->hdr, src)) return;
+  deliver_ux(cg, x->op, x, u);
+}
+
+static int post_p2p(cpu_group_t *cg, cpu_op_t *op) {
+  tdist_work_t *w = op->w;
+  const tdist__op_args_t *a = &w->args;
+  tdist_p2p_op_t single = {.kind = a->type == TDIST_OP_SEND ? TDIST_P2P_SEND : TDIST_P2P_RECV,
+                           .buf = a->recvbuf,
+                           .count = a->count,
+                           .dtype = a->dtype,
+                           .peer = a->root,
+                           .tag = a->tag};
+  const tdist_p2p_op_t *list = a->type == TDIST_OP_BATCH_P2P ? a->p2p : &single;
+  int n = a->type == TDIST_OP_BATCH_P2P ? a->np2p : 1;
+  TDIST_CHECK(cpu_op_reserve(op, n));
+  op->pending = n + 1;
+  int me = cg->g->global_ranks[cg->g->rank];
+  for (int i = 0; i < n && op->w == w && !cg->aborted; i++) {
+    const tdist_p2p_op_t *p = &list[i];
+    size_t len = p->count * tdist_dtype_size(p->dtype);
+    cpu_xfer_t *x = &op->recvs[i];
+    *x = (cpu_xfer_t){.op = op,
+                      .peer = p->peer,
+                      .ptr = p->buf,
+                      .len = len,
+                      .tag = p->tag,
+                      .dtype = p->dtype,
+                      .count = p->count};
+    cpu_hdr_t h = {.magic = CPU_MAGIC,
+                   .kind = CPU_MSG_P2P,
+                   .dtype = (uint8_t)p->dtype,
+                   .uid = cg->g->uid,
+                   .count = p->count,
+                   .root = p->tag,
+                   .len = len};
+    if (p->kind == TDIST_P2P_SEND && p->peer == cg->g->rank) {
+      /* To self: a copy queued as if it had arrived. */
+      cpu_ux_t *u = ux_new(cg->ctx, &h, me);
+      if (!u) return TDIST_ERR_NO_MEMORY;
+      if (len) memcpy(u->data, p->buf, len);
+      u->complete = 1;
+      ux_append(&cg->ux, u);
+      claim_p2p(cg, u);
+      if (op->w == w) xfer_done(op);
+    } else if (p->kind == TDIST_P2P_SEND) {
+      cpu_msg_t *m = cpu_msg_new();
+      if (!m) return TDIST_ERR_NO_MEMORY;
+      m->hdr = h;
+      m->data = p->buf;
+      m->op = op;
+      cpu_send(cg->conns[p->peer], m);
+    } else {
+      /* Receive: the oldest matching message already here, else post. */
+      cpu_ux_t *u = cg->ux;
+      int world = cg->g->global_ranks[p->peer];
+      for (; u; u = u->next)
+        if (u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag) break;
+      if (u && u->complete) {
+        if (check_p2p(cg, x, &u->hdr, p->peer)) return 0;
+        deliver_ux(cg, op, x, u);
+      } else {
+        x->next = NULL;
+        x->prev = NULL;
+        if (!cg->precv) {
+          cg->precv = x;
+        } else {
+          cpu_xfer_t *t = cg->precv;
+          while (t->next)
+            t = t->next;
+          t->next = x;
+          x->prev = t;
+        }
+      }
+    }
+  }
+  if (op->w == w && !cg->aborted) xfer_done(op);
+  return 0;
+}
+
+/* ---- dispatch from io.c ----------------------------------------------------------- */
+
+void cpu_on_header(cpu_conn_t *c) {
+  cpu_ctx_t *ctx = c->ctx;
+  const cpu_hdr_t *h = &c->rh;
+  if (h->kind == CPU_MSG_BYE) {
+    c->bye = 1;
+    return;
+  }
+  cpu_group_t *cg = cpu_group_find(ctx, h->uid);
+  if (h->kind == CPU_MSG_ERR || !cg) {
+    /* Errors are read whole; messages of groups not created here yet wait
+     * in the orphan list. */
+    cpu_ux_t *u = ux_new(ctx, h, c->peer);
+    if (!u) return;
+    if (h->kind != CPU_MSG_ERR) ux_append(&ctx->orphans, u);
+    c->rx_ux = u;
+    c->rx_dst = u->data;
+    return;
+  }
+  if (cg->aborted) return; /* discard */
+  int src = grank_of(cg, c->peer);
+  if (src < 0) return;
+  c->rx_g = cg;
+  if (h->kind == CPU_MSG_COLL) {
+    cpu_op_t *op = op_find(cg, h->seq);
+    if (op && check_coll(cg, op, h, src)) return;
+    if (op && op->round == (int)h->slot) {
+      cpu_xfer_t *x = round_recv(op, src);
+      if (x && x->len == h->len) {
+        c->rx_op = op;
+        c->rx_x = x;
+        c->rx_dst = x->reduce ? cpu_buf_get(ctx, h->len) : x->ptr;
+        if (c->rx_dst) return;
+        c->rx_op = NULL;
+        c->rx_x = NULL;
+      }
+    }
+  } else if (h->kind == CPU_MSG_P2P) {
+    cpu_xfer_t *x = precv_match(cg, src, h->root);
+    /* Only if nothing older from this peer with this tag is waiting. */
+    int older = 0;
+    for (cpu_ux_t *u = cg->ux; u && x; u = u->next)
+      if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
+    if (x && !older) {
+      precv_unlink(cg, x);
+      if (check_p2p(cg, x, h, src)) return;
+      c->rx_op = x->op;
+      c->rx_x = x;
+      c->rx_dst = x->ptr;
+      return;
+    }
+  }
+  cpu_ux_t *u = ux_new(ctx, h, c->peer);
+  if (!u) {
+    fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    return;
+  }
+  ux_append(&cg->ux, u);
+  c->rx_ux = u;
+  c->rx_dst = u->data;
+}
+
+static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
+  cpu_group_t *cg = cpu_group_find(c->ctx, u->hdr.uid);
+  if (cg && !cg->aborted) {
+    int status =
+        u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
+    tdist__group_fail(cg->g, status, "%.*s (reported by rank %d)", (int)u->hdr.len,
+                      (const char *)u->data, grank_of(cg, c->peer));
+  }
+  cpu_ux_free(c->ctx, u);
+}
+
+void cpu_on_payload(cpu_conn_t *c) {
+  cpu_op_t *op = c->rx_op;
+  cpu_xfer_t *x = c->rx_x;
+  cpu_ux_t *u = c->rx_ux;
+  cpu_group_t *cg = c->rx_g;
+  c->rx_op = NULL;
+  c->rx_x = NULL;
+  c->rx_ux = NULL;
+  c->rx_g = NULL;
+  uint8_t *dst = c->rx_dst;
+  c->rx_dst = NULL;
+  if (c->rh.kind == CPU_MSG_ERR) {
+    if (u) on_err(c, u);
+    return;
+  }
+  if (x) {
+    if (x->reduce) x->stage = dst;
+    x->done = 1;
+    xfer_done(op);
+    return;
+  }
+  if (!u) return;
+  u->complete = 1;
+  if (!cg) return; /* orphan */
+  if (u->hdr.kind == CPU_MSG_P2P) {
+    claim_p2p(cg, u);
+    return;
+  }
+  cpu_op_t *o = op_find(cg, u->hdr.seq);
+  if (!o || o->round != (int)u->hdr.slot) return;
+  cpu_xfer_t *rx = round_recv(o, grank_of(cg, u->src));
+  if (rx) deliver_ux(cg, o, rx, u);
+}
+
+void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
+  if (c->dead) return;
+  cpu_ctx_t *ctx = c->ctx;
+  c->dead = 1;
+  uv_poll_stop(&c->poll);
+  while (c->txq) {
+    cpu_msg_t *m = c->txq;
+    c->txq = m->next;
+    m->op = NULL;
+    tdist__free(m->owned);
+    m->owned = NULL;
+    tdist__free(m); /* not back to the pool: rare path */
+  }
+  c->txq_tail = NULL;
+  if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
+  c->rx_body = 0;
+  c->rx_dst = NULL;
+  c->rx_op = NULL;
+  c->rx_x = NULL;
+  if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) cpu_ux_free(ctx, c->rx_ux);
+  c->rx_ux = NULL;
+  c->rx_g = NULL;
+  TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
+  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
+    int r = grank_of(cg, c->peer);
+    if (r < 0 || cg->aborted) continue;
+    /* After an orderly goodbye only running work fails; later ops fail at post. */
+    if (c->bye && !cg->ops && !cg->precv) continue;
+    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
+                      c->addr, why);
+  }
+}
+
+/* ---- the vtable -------------------------------------------------------------------- */
+
+struct reg {
+  cpu_group_t *cg;
+};
+
+static void register_task(void *arg) {
+  cpu_group_t *cg = arg;
+  cpu_ctx_t *ctx = cg->ctx;
+  cg->next = ctx->groups;
+  if (ctx->groups) ctx->groups->prev = cg;
+  ctx->groups = cg;
+  /* Claim messages that arrived before this group existed here. */
+  for (cpu_ux_t *u = ctx->orphans, *next; u; u = next) {
+    next = u->next;
+    if (u->hdr.uid != cg->g->uid) continue;
+    ux_unlink(&ctx->orphans, u);
+    ux_append(&cg->ux, u);
+  }
+  for (int i = 0; i < ctx->size; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    if (c && c->rx_body && c->rx_ux && !c->rx_g && c->rh.uid == cg->g->uid &&
+        c->rh.kind != CPU_MSG_ERR)
+      c->rx_g = cg; /* the orphan being read now is ours */
+  }
+}
+
+static int attach(tdist_group_t *g, cpu_ctx_t *ctx) {
+  cpu_group_t *cg = tdist__calloc(1, sizeof(*cg));
+  if (!cg) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  cg->conns = tdist__calloc((size_t)g->size, sizeof(cpu_conn_t *));
+  if (!cg->conns) {
+    tdist__free(cg);
+    return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  }
+  cg->ctx = ctx;
+  cg->g = g;
+  for (int i = 0; i < g->size; i++)
+    cg->conns[i] = i == g->rank ? NULL : ctx->conns[g->global_ranks[i]];
+  g->bstate = cg;
+  tdist__progress_call(g->progress, register_task, cg);
+  return 0;
+}
+
+static int cpu_init(tdist_group_t *g, const void *arg) {
+  cpu_ctx_t *ctx = NULL;
+  TDIST_CHECK(cpu_ctx_create(g, &ctx));
+  int rc = attach(g, ctx);
+  if (rc) cpu_ctx_release(ctx);
+  return rc;
+}
+
+static void ref_task(void *arg) { ((cpu_ctx_t *)arg)->refs++; }
+
+static int cpu_split(tdist_group_t *parent, int color, tdist_group_t *child) {
+  if (!child) return 0;
+  cpu_ctx_t *ctx = ((cpu_group_t *)parent->bstate)->ctx;
+  tdist__progress_call(parent->progress, ref_task, ctx);
+  int rc = attach(child, ctx);
+  if (rc) cpu_ctx_release(ctx);
+  return rc;
+}
+
+static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
+  cpu_group_t *cg = g->bstate;
+  for (int i = 0; i < g->size; i++)
+    if (cg->conns[i] && cg->conns[i]->dead) {
+      tdist__group_fail(g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", i,
+                        cg->conns[i]->peer, cg->conns[i]->addr);
+      return 0;
+    }
+  cpu_op_t *op = op_get(cg);
+  if (!op) return TDIST_ERR_NO_MEMORY;
+  const tdist__op_args_t *a = &w->args;
+  op->w = w;
+  w->bk = op;
+  op->type = a->type;
+  op->dtype = a->dtype;
+  op->redop = a->redop;
+  op->count = a->count;
+  op->es = tdist_dtype_size(a->dtype);
+  op->root = a->root;
+  op->rank = g->rank;
+  op->size = g->size;
+  op->p2p = a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV || a->type == TDIST_OP_BATCH_P2P;
+  op->prev = NULL;
+  op->next = NULL;
+  if (!cg->ops) {
+    cg->ops = op;
+  } else {
+    cpu_op_t *t = cg->ops;
+    while (t->next)
+      t = t->next;
+    t->next = op;
+    op->prev = t;
+  }
+  if (op->p2p) {
+    int rc = post_p2p(cg, op);
+    if (rc < 0 && op->w == w) {
+      /* Some transfers may be queued: fail the group rather than leave them. */
+      fail_group_everywhere(cg, rc, "cpu: cannot post the point-to-point op");
+    }
+    return 0;
+  }
+  op->cseq = cg->next_cseq++;
+  int rc = cpu_algo_setup(op);
+  if (rc < 0) {
+    op_unlink(op);
+    op_put(op);
+    return rc;
+  }
+  /* Peers that already sent this op: check they agree before starting. */
+  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+    if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
+        check_coll(cg, op, &u->hdr, grank_of(cg, u->src)))
+      return 0;
+  advance(op);
+  return 0;
+}
+
+static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
+  cpu_group_t *cg = g->bstate;
+  if (!cg) return;
+  cg->aborted = 1;
+  for (int i = 0; i < g->size; i++)
+    if (cg->conns[i] && !cg->conns[i]->dead) cpu_conn_forget(cg->conns[i], g->uid);
+  detach_rx(cg);
+  while (cg->ops) {
+    cpu_op_t *op = cg->ops;
+    op_unlink(op);
+    op_put(op);
+  }
+  while (cg->precv)
+    precv_unlink(cg, cg->precv);
+  while (cg->ux) {
+    cpu_ux_t *u = cg->ux;
+    ux_unlink(&cg->ux, u);
+    cpu_ux_free(cg->ctx, u);
+  }
+}
+
+static void unregister_task(void *arg) {
+  cpu_group_t *cg = arg;
+  cpu_ctx_t *ctx = cg->ctx;
+  cpu_abort(cg->g, TDIST_ERR_ABORTED, "destroyed");
+  if (cg->prev)
+    cg->prev->next = cg->next;
+  else
+    ctx->groups = cg->next;
+  if (cg->next) cg->next->prev = cg->prev;
+  while (cg->free_ops) {
+    cpu_op_t *op = cg->free_ops;
+    cg->free_ops = op->next;
+    tdist__free(op->sends);
+    tdist__free(op->recvs);
+    tdist__free(op);
+  }
+}
+
+static int cpu_destroy(tdist_group_t *g) {
+  cpu_group_t *cg = g->bstate;
+  if (!cg) return 0;
+  tdist__progress_call(g->progress, unregister_task, cg);
+  cpu_ctx_t *ctx = cg->ctx;
+  tdist__free(cg->conns);
+  tdist__free(cg);
+  g->bstate = NULL;
+  cpu_ctx_release(ctx);
+  return 0;
+}
+
+const tdist__backend_ops_t tdist__cpu_backend = {
+    .name = "cpu",
+    .init = cpu_init,
+    .split = cpu_split,
+    .post = cpu_post,
+    .abort = cpu_abort,
+    .destroy = cpu_destroy,
+};

@@ -1,0 +1,319 @@
+/*
+ * io.c - socket I/O on the progress thread, and the staging-buffer cache.
+ *
+ * Sending: cpu_send appends a message to the connection's queue and flushes
+ * at once; flush writes as many queued messages as the socket takes with one
+ * writev (header + payload iovecs, payloads straight from the caller's
+ * buffers). What does not fit waits for UV_WRITABLE. A message's op is told
+ * (cpu_on_sent) once its last byte is in the kernel.
+ *
+ * Receiving: bytes are read into a 64 KiB staging buffer and parsed there
+ * (several small messages per read() call); a large payload whose
+ * destination is known is read directly into it. engine.c decides where a
+ * payload goes (cpu_on_header) and what happens when it is complete
+ * (cpu_on_payload).
+ *
+ * EOF or an error on a socket: cpu_on_conn_lost, which fails every group
+ * using that peer. Everything here runs on the progress thread and never
+ * blocks (non-blocking fds, level-triggered uv_poll).
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "cpu/cpu.h"
+
+#define RX_CAP (64u << 10)
+#define DIRECT_MIN 4096 /* payload left at least this: read() into the destination */
+#define MAX_IOV 64
+
+/* ---- message pool (progress thread only) ---------------------------------- */
+
+static cpu_msg_t *msg_pool;
+
+cpu_msg_t *cpu_msg_new(void) {
+  cpu_msg_t *m = msg_pool;
+  if (m)
+    msg_pool = m->next;
+  else
+    m = tdist__malloc(sizeof(*m));
+  if (m) memset(m, 0, sizeof(*m));
+  return m;
+}
+
+static void msg_free(cpu_msg_t *m) {
+  tdist__free(m->owned);
+  m->next = msg_pool;
+  msg_pool = m;
+}
+
+/* ---- buffer cache (progress thread only) ---------------------------------- */
+
+struct cpu_buf {
+  struct cpu_buf *next;
+  size_t cap;
+};
+#define BUF_HDR 64 /* keeps the data 64-byte aligned after the malloc's 16 */
+
+void *cpu_buf_get(cpu_ctx_t *ctx, size_t len) {
+  struct cpu_buf **pp = &ctx->bufs;
+  for (; *pp; pp = &(*pp)->next) {
+    struct cpu_buf *b = *pp;
+    if (b->cap >= len && b->cap <= 2 * len + (64u << 10)) {
+      *pp = b->next;
+      ctx->cached_bytes -= b->cap;
+      return (uint8_t *)b + BUF_HDR;
+    }
+  }
+  struct cpu_buf *b = tdist__malloc(BUF_HDR + (len ? len : 1));
+  if (!b) return NULL;
+  b->cap = len;
+  return (uint8_t *)b + BUF_HDR;
+}
+
+void cpu_buf_put(cpu_ctx_t *ctx, void *p) {
+  if (!p) return;
+  struct cpu_buf *b = (struct cpu_buf *)((uint8_t *)p - BUF_HDR);
+  if (ctx->cached_bytes + b->cap > (size_t)tdist__param_CpuCacheBytes()) {
+    tdist__free(b);
+    return;
+  }
+  b->next = ctx->bufs;
+  ctx->bufs = b;
+  ctx->cached_bytes += b->cap;
+}
+
+void cpu_buf_drain(cpu_ctx_t *ctx) {
+  while (ctx->bufs) {
+    struct cpu_buf *b = ctx->bufs;
+    ctx->bufs = b->next;
+    tdist__free(b);
+  }
+  ctx->cached_bytes = 0;
+}
+
+/* ---- sending ------------------------------------------------------------------ */
+
+static void on_poll(uv_poll_t *h, int status, int events);
+
+static void watch(cpu_conn_t *c) {
+  if (c->dead) return;
+  int ev = UV_READABLE | (c->txq ? UV_WRITABLE : 0);
+  if (ev != c->events) {
+    c->events = ev;
+    uv_poll_start(&c->poll, ev, on_poll);
+  }
+}
+
+static void flush(cpu_conn_t *c) {
+  const size_t hs = sizeof(cpu_hdr_t);
+  while (c->txq && !c->dead) {
+    struct iovec iov[MAX_IOV];
+    int cnt = 0;
+    for (cpu_msg_t *m = c->txq; m && cnt + 2 <= MAX_IOV; m = m->next) {
+      if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
+      size_t poff = m->off > hs ? m->off - hs : 0;
+      if (m->hdr.len > poff)
+        iov[cnt++] = (struct iovec){(void *)(m->data + poff), m->hdr.len - poff};
+    }
+    ssize_t n = writev(c->fd, iov, cnt);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      char why[96];
+      snprintf(why, sizeof(why), "write failed: %s", strerror(errno));
+      cpu_on_conn_lost(c, why);
+      return;
+    }
+    size_t left = (size_t)n;
+    while (c->txq) {
+      cpu_msg_t *m = c->txq;
+      size_t rest = hs + m->hdr.len - m->off;
+      if (left < rest) {
+        m->off += left;
+        break;
+      }
+      left -= rest;
+      c->txq = m->next;
+      if (!c->txq) c->txq_tail = NULL;
+      cpu_op_t *op = m->op;
+      msg_free(m);
+      if (op) cpu_on_sent(op); /* may queue more on c (appended: we loop) */
+      if (c->dead) return;
+    }
+  }
+  watch(c);
+}
+
+void cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
+  m->next = NULL;
+  m->off = 0;
+  if (c->txq_tail)
+    c->txq_tail->next = m;
+  else
+    c->txq = m;
+  c->txq_tail = m;
+  /* Only the head message may be written now; if others are queued the
+   * socket is full (or a flush is running further up the stack). */
+  if (c->txq == m) flush(c);
+}
+
+void cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
+  cpu_msg_t **pp = &c->txq, *prev = NULL;
+  while (*pp) {
+    cpu_msg_t *m = *pp;
+    if (m->op && m->hdr.uid == uid) {
+      if (m->off > 0) {
+        /* Partly written: the stream must stay whole, so the rest is copied
+         * out of the caller's buffer (which is no longer ours to read). */
+        size_t hs = sizeof(cpu_hdr_t);
+        uint8_t *copy = tdist__malloc(m->hdr.len ? m->hdr.len : 1);
+        if (copy && m->hdr.len) {
+          size_t poff = m->off > hs ? m->off - hs : 0;
+          memcpy(copy + poff, m->data + poff, m->hdr.len - poff);
+        }
+        tdist__free(m->owned);
+        m->owned = copy;
+        m->data = copy;
+        m->op = NULL;
+        if (!copy) {
+          cpu_on_conn_lost(c, "out of memory");
+          return;
+        }
+      } else {
+        *pp = m->next;
+        msg_free(m);
+        continue;
+      }
+    }
+    prev = m;
+    pp = &m->next;
+  }
+  c->txq_tail = prev;
+  if (!c->txq) c->txq_tail = NULL;
+  watch(c);
+}
+
+/* ---- receiving ---------------------------------------------------------------- */
+
+/* Parse staged bytes: headers and payload pieces. -1 when the conn died. */
+static int parse(cpu_conn_t *c) {
+  const size_t hs = sizeof(cpu_hdr_t);
+  for (;;) {
+    if (!c->rx_body) {
+      if (c->rx_hi - c->rx_lo < hs) break;
+      memcpy(&c->rh, c->rx + c->rx_lo, hs);
+      c->rx_lo += hs;
+      if (c->rh.magic != CPU_MAGIC) {
+        cpu_on_conn_lost(c, "sent a malformed message (bad magic)");
+        return -1;
+      }
+      c->rx_body = 1;
+      c->rx_got = 0;
+      c->rx_dst = NULL;
+      c->rx_op = NULL;
+      c->rx_x = NULL;
+      c->rx_ux = NULL;
+      c->rx_g = NULL;
+      cpu_on_header(c);
+      if (c->dead) return -1;
+    }
+    size_t need = c->rh.len - c->rx_got, have = c->rx_hi - c->rx_lo;
+    size_t take = need < have ? need : have;
+    if (take) {
+      if (c->rx_dst) memcpy(c->rx_dst + c->rx_got, c->rx + c->rx_lo, take);
+      c->rx_lo += take;
+      c->rx_got += take;
+    }
+    if (c->rx_got < c->rh.len) break;
+    c->rx_body = 0;
+    cpu_on_payload(c);
+    if (c->dead) return -1;
+  }
+  if (c->rx_lo == c->rx_hi) c->rx_lo = c->rx_hi = 0;
+  return 0;
+}
+
+static void on_readable(cpu_conn_t *c) {
+  for (int iter = 0; iter < 64 && !c->dead; iter++) {
+    ssize_t n;
+    if (c->rx_body && c->rx_dst && c->rx_lo == c->rx_hi && c->rh.len - c->rx_got >= DIRECT_MIN) {
+      n = recv(c->fd, c->rx_dst + c->rx_got, c->rh.len - c->rx_got, 0);
+      if (n > 0) {
+        c->rx_got += (size_t)n;
+        if (c->rx_got == c->rh.len) {
+          c->rx_body = 0;
+          cpu_on_payload(c);
+        }
+        continue;
+      }
+    } else {
+      if (c->rx_lo > 0) {
+        memmove(c->rx, c->rx + c->rx_lo, c->rx_hi - c->rx_lo);
+        c->rx_hi -= c->rx_lo;
+        c->rx_lo = 0;
+      }
+      n = recv(c->fd, c->rx + c->rx_hi, RX_CAP - c->rx_hi, 0);
+      if (n > 0) {
+        c->rx_hi += (size_t)n;
+        if (parse(c) < 0) return;
+        continue;
+      }
+    }
+    if (n == 0) {
+      cpu_on_conn_lost(c, c->bye ? "left (destroyed its group)" : "closed its connection");
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    char why[96];
+    snprintf(why, sizeof(why), "connection failed: %s", strerror(errno));
+    cpu_on_conn_lost(c, why);
+    return;
+  }
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  cpu_conn_t *c = h->data;
+  if (c->dead) return;
+  if (status < 0) {
+    char why[96];
+    snprintf(why, sizeof(why), "connection failed: %s", uv_strerror(status));
+    cpu_on_conn_lost(c, why);
+    return;
+  }
+  if (events & UV_WRITABLE) flush(c);
+  if (!c->dead && (events & (UV_READABLE | UV_DISCONNECT))) on_readable(c);
+  tdist__progress_kick(c->ctx->progress);
+}
+
+void cpu_conn_start(cpu_conn_t *c) {
+  uv_poll_init(tdist__progress_loop(c->ctx->progress), &c->poll, c->fd);
+  c->poll.data = c;
+  c->events = UV_READABLE;
+  uv_poll_start(&c->poll, UV_READABLE, on_poll);
+}
+
+void cpu_conn_close(cpu_conn_t *c) {
+  if (!c->dead) {
+    /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
+     * left on purpose (it still fails ops it was running with us). */
+    cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE};
+    if (!c->txq) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(c->fd, SHUT_WR);
+  }
+  c->dead = 1;
+  uv_poll_stop(&c->poll);
+  while (c->txq) {
+    cpu_msg_t *m = c->txq;
+    c->txq = m->next;
+    msg_free(m);
+  }
+  c->txq_tail = NULL;
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}
