@@ -144,6 +144,7 @@ struct cpu_group {
   cpu_xfer_t *precv;  /* posted p2p receives, post order */
   uint64_t next_cseq; /* collectives posted so far */
   int aborted;
+  int failing; /* scratch flag of cpu_on_conn_lost */
 };
 
 struct cpu_conn {

@@ -289,6 +289,15 @@ static void advance(cpu_op_t *op) {
       op_complete(op);
       return;
     }
+    for (int i = 0; i < op->nsend + op->nrecv; i++) {
+      int p = i < op->nsend ? op->sends[i].peer : op->recvs[i - op->nsend].peer;
+      cpu_conn_t *pc = cg->conns[p];
+      if (pc && pc->dead) {
+        tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", p,
+                          pc->peer, pc->addr);
+        return;
+      }
+    }
     op->pending = op->nsend + op->nrecv + 1; /* +1: nothing completes the round early */
     for (int i = 0; i < op->nsend && !cg->aborted && op->w == w; i++) {
       cpu_xfer_t *x = &op->sends[i];
@@ -539,17 +548,40 @@ void cpu_on_payload(cpu_conn_t *c) {
   if (rx) deliver_ux(cg, o, rx, u);
 }
 
+/* Does group cg still need peer r (group rank) for what it is running? Used
+ * after an orderly goodbye: a peer that finished its part of an op may leave
+ * before the others finish theirs. */
+static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
+  for (cpu_msg_t *m = c->txq; m; m = m->next)
+    if (m->op && m->op->cg == cg) return 1;
+  for (cpu_op_t *op = cg->ops; op; op = op->next) {
+    if (op->p2p) {
+      int n = op->w->args.type == TDIST_OP_BATCH_P2P ? op->w->args.np2p : 1;
+      for (int i = 0; i < n; i++)
+        if (op->recvs[i].peer == r) return 1;
+      continue;
+    }
+    for (int i = 0; i < op->nrecv; i++)
+      if (op->recvs[i].peer == r && !op->recvs[i].done) return 1;
+  }
+  return 0;
+}
+
 void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   if (c->dead) return;
   cpu_ctx_t *ctx = c->ctx;
+  TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
+  /* Decide which groups fail before the queue is dropped. */
+  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
+    int r = grank_of(cg, c->peer);
+    cg->failing = r >= 0 && !cg->aborted && (!c->bye || needs_peer(cg, r, c));
+  }
   c->dead = 1;
   uv_poll_stop(&c->poll);
   while (c->txq) {
     cpu_msg_t *m = c->txq;
     c->txq = m->next;
-    m->op = NULL;
     tdist__free(m->owned);
-    m->owned = NULL;
     tdist__free(m); /* not back to the pool: rare path */
   }
   c->txq_tail = NULL;
@@ -561,14 +593,11 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) cpu_ux_free(ctx, c->rx_ux);
   c->rx_ux = NULL;
   c->rx_g = NULL;
-  TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
   for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    int r = grank_of(cg, c->peer);
-    if (r < 0 || cg->aborted) continue;
-    /* After an orderly goodbye only running work fails; later ops fail at post. */
-    if (c->bye && !cg->ops && !cg->precv) continue;
-    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
-                      c->addr, why);
+    if (!cg->failing) continue;
+    cg->failing = 0;
+    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s",
+                      grank_of(cg, c->peer), c->peer, c->addr, why);
   }
 }
 

@@ -1,0 +1,119 @@
+/*
+ * test_cpu_failures.c - failures must surface as errors on every surviving
+ * rank, promptly, and every process must exit cleanly:
+ *   mismatch  rank 2 posts a different count: MISMATCH on all three ranks,
+ *             long before the (30 s) timeout, naming both sides;
+ *   killed    rank 2 SIGKILLs itself while a large all_reduce is in flight:
+ *             the survivors get REMOTE_FAILED naming rank 2 within a second
+ *             or so, not at the timeout;
+ *   stopped   rank 2 SIGSTOPs itself: the survivors' op fails at its short
+ *             timeout (TIMEOUT, or ABORTED/REMOTE_FAILED when the core's
+ *             liveness check is faster), then rank 0 kills it.
+ */
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#include "core/clock.h"
+#include "cpu_test_util.h"
+
+struct shared {
+  int port;
+  pid_t pids[8];
+};
+
+static int mismatch(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 30000, &g));
+  float v[12] = {0};
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, 10, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  int64_t t0 = tdist__now_ms();
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, rank == 2 ? 12 : 10, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+  int rc = tdist_work_wait(w, 0);
+  const char *msg = tdist_work_error_message(w);
+  fprintf(stderr, "[rank %d] mismatch -> %s: %s\n", rank, tdist_err_name(rc), msg);
+  MP_CHECK(rc == TDIST_ERR_MISMATCH);
+  MP_CHECK(strstr(msg, "count 12") != NULL && strstr(msg, "count 10") != NULL);
+  MP_CHECK(tdist__now_ms() - t0 < 10000);
+  tdist_work_release(w);
+  /* the group is unusable now, but it is destroyed cleanly */
+  MP_CHECK(tdist_barrier(g, NULL, NULL) != 0);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+static int killed(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  /* The timeout bounds how long rank 0 keeps the store up for the dead rank
+   * at exit; detection must be far quicker than it. */
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 5000, &g));
+  size_t count = 4 << 20; /* 16 MiB of float32: long enough to be mid-flight */
+  float *v = calloc(count, sizeof(float));
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+  if (rank == 2) {
+    usleep(2000);
+    kill(getpid(), SIGKILL);
+  }
+  int64_t t0 = tdist__now_ms();
+  int rc = tdist_work_wait(w, 0);
+  int64_t dt = tdist__now_ms() - t0;
+  const char *msg = tdist_work_error_message(w);
+  fprintf(stderr, "[rank %d] killed peer -> %s after %lld ms: %s\n", rank, tdist_err_name(rc),
+          (long long)dt, msg);
+  MP_CHECK(rc == TDIST_ERR_REMOTE_FAILED);
+  MP_CHECK(strstr(msg, "rank 2") != NULL);
+  MP_CHECK(dt < 2500);
+  tdist_work_release(w);
+  free(v);
+  tdist_group_destroy(g); /* may report TIMEOUT: rank 2 never says goodbye to the store */
+  return 0;
+}
+
+static int stopped(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  sh->pids[rank] = getpid();
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 5000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  if (rank == 2) raise(SIGSTOP);
+  tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TIMEOUT, .timeout_ms = 1500};
+  float v[1000] = {0};
+  int64_t t0 = tdist__now_ms();
+  int rc = tdist_all_reduce(g, v, v, 1000, TDIST_FLOAT32, TDIST_SUM, &o, NULL);
+  int64_t dt = tdist__now_ms() - t0;
+  fprintf(stderr, "[rank %d] stopped peer -> %s after %lld ms: %s\n", rank, tdist_err_name(rc),
+          (long long)dt, tdist_last_error());
+  MP_CHECK(rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_ABORTED || rc == TDIST_ERR_REMOTE_FAILED);
+  MP_CHECK(dt < 8000);
+  if (rank == 0) {
+    kill(sh->pids[2], SIGKILL);
+    kill(sh->pids[2], SIGCONT);
+  }
+  tdist_group_destroy(g);
+  return 0;
+}
+
+static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_dead) {
+  int codes[3];
+  sh->port = tdist_mp_free_port();
+  tdist_mp_run_codes(3, fn, sh, 60, codes);
+  int ok =
+      codes[0] == 0 && codes[1] == 0 && (expect_dead ? codes[2] == 128 + SIGKILL : codes[2] == 0);
+  printf("cpu_failures %s: %s (exit codes %d %d %d)\n", name, ok ? "ok" : "FAILED", codes[0],
+         codes[1], codes[2]);
+  return ok ? 0 : 1;
+}
+
+int main(void) {
+  struct shared *sh =
+      mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  int fails = run("mismatch", mismatch, sh, 0);
+  fails += run("killed", killed, sh, 1);
+  fails += run("stopped", stopped, sh, 1);
+  return fails ? 1 : 0;
+}

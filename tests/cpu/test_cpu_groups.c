@@ -1,0 +1,141 @@
+/*
+ * test_cpu_groups.c - subgroups over the world's connections: two disjoint
+ * groups running different collectives at the same time, a group with ranks
+ * renumbered, a non-member passing through, 2x2 (n=4) and 2x3 (n=6) meshes,
+ * and a mesh whose product is not the world size being refused.
+ */
+#include "cpu_test_util.h"
+
+#define N_ITER 20
+
+/* Sum over group ranks of (world rank + 1) * (i + 1). */
+static int check_sum(const float *v, size_t count, const int *world, int n) {
+  for (size_t i = 0; i < count; i++) {
+    float want = 0;
+    for (int r = 0; r < n; r++)
+      want += (float)((world[r] + 1) * (int)(i % 97 + 1));
+    if (v[i] != want) return 1;
+  }
+  return 0;
+}
+
+static void fill_rank(float *v, size_t count, int world_rank) {
+  for (size_t i = 0; i < count; i++)
+    v[i] = (float)((world_rank + 1) * (int)(i % 97 + 1));
+}
+
+static int disjoint(tdist_group_t *w, int rank) {
+  static const int a[] = {0, 1}, b[] = {2, 3};
+  tdist_group_t *ga = NULL, *gb = NULL;
+  MP_CHECK_RC(tdist_new_group(w, a, 2, NULL, &ga));
+  MP_CHECK_RC(tdist_new_group(w, b, 2, NULL, &gb));
+  MP_CHECK((ga != NULL) == (rank < 2) && (gb != NULL) == (rank >= 2));
+  size_t count = 100003; /* above the ring threshold */
+  float *v = malloc(count * sizeof(float) * 2);
+  tdist_work_t *works[N_ITER];
+  if (ga) {
+    /* group A: a train of async all_reduces */
+    for (int it = 0; it < N_ITER; it++) {
+      fill_rank(v, count, rank);
+      MP_CHECK_RC(tdist_all_reduce(ga, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, &works[0]));
+      MP_CHECK_RC(tdist_work_wait(works[0], 0));
+      tdist_work_release(works[0]);
+      MP_CHECK(check_sum(v, count, a, 2) == 0);
+    }
+  } else {
+    /* group B at the same time: all_gathers */
+    for (int it = 0; it < N_ITER; it++) {
+      float mine[64], all[128];
+      for (int i = 0; i < 64; i++)
+        mine[i] = (float)(rank * 1000 + it * 64 + i);
+      MP_CHECK_RC(tdist_all_gather(gb, mine, all, 64, TDIST_FLOAT32, NULL, NULL));
+      for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 64; i++)
+          MP_CHECK(all[r * 64 + i] == (float)(b[r] * 1000 + it * 64 + i));
+    }
+  }
+  free(v);
+  MP_CHECK_RC(tdist_group_destroy(ga));
+  MP_CHECK_RC(tdist_group_destroy(gb));
+  return 0;
+}
+
+static int renumbered_and_nonmember(tdist_group_t *w, int rank, int n) {
+  /* ranks listed backwards, leaving rank 0 out: it passes through */
+  int ranks[8], m = 0;
+  for (int r = n - 1; r >= 1; r--)
+    ranks[m++] = r;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(tdist_new_group(w, ranks, m, NULL, &g));
+  if (rank == 0) {
+    MP_CHECK(g == NULL);
+  } else {
+    MP_CHECK(g != NULL && tdist_group_size(g) == m && tdist_group_rank(g) == n - 1 - rank);
+    MP_CHECK(tdist_group_global_rank(g, 0) == n - 1);
+    int32_t x[5];
+    for (int i = 0; i < 5; i++)
+      x[i] = tdist_group_rank(g) == 0 ? 42 + i : -1;
+    MP_CHECK_RC(tdist_broadcast(g, x, 5, TDIST_INT32, 0, NULL, NULL)); /* root = world n-1 */
+    for (int i = 0; i < 5; i++)
+      MP_CHECK(x[i] == 42 + i);
+    float v[33];
+    fill_rank(v, 33, rank);
+    MP_CHECK_RC(tdist_all_reduce(g, v, v, 33, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+    MP_CHECK(check_sum(v, 33, ranks, m) == 0);
+  }
+  MP_CHECK_RC(tdist_barrier(w, NULL, NULL)); /* the non-member meets the others here */
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+static int mesh(tdist_group_t *w, int rank, int n, int d0, int d1) {
+  int dims[2] = {d0, d1}, coords[2];
+  tdist_group_t *gs[2] = {NULL, NULL};
+  MP_CHECK_RC(tdist_mesh_create(w, dims, 2, NULL, gs, coords));
+  MP_CHECK(coords[0] == rank / d1 && coords[1] == rank % d1);
+  MP_CHECK(tdist_group_size(gs[0]) == d0 && tdist_group_size(gs[1]) == d1);
+  for (int d = 0; d < 2; d++) {
+    int members[8], sz = tdist_group_size(gs[d]);
+    for (int r = 0; r < sz; r++)
+      members[r] = tdist_group_global_rank(gs[d], r);
+    float v[1000];
+    fill_rank(v, 1000, rank);
+    MP_CHECK_RC(tdist_all_reduce(gs[d], v, v, 1000, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+    MP_CHECK(check_sum(v, 1000, members, sz) == 0);
+    for (int r = 0; r < sz; r++)
+      MP_CHECK(d == 0 ? members[r] % d1 == rank % d1 : members[r] / d1 == rank / d1);
+  }
+  MP_CHECK_RC(tdist_group_destroy(gs[0]));
+  MP_CHECK_RC(tdist_group_destroy(gs[1]));
+  /* a mesh that does not cover the world is refused */
+  int bad[2] = {n, 2};
+  tdist_group_t *bg[2];
+  int rc = tdist_mesh_create(w, bad, 2, NULL, bg, NULL);
+  MP_CHECK(rc == TDIST_ERR_INVALID_ARGUMENT && strstr(tdist_last_error(), "ranks") != NULL);
+  return 0;
+}
+
+static int child(int rank, int n, void *arg) {
+  tdist_group_t *w = NULL;
+  MP_CHECK_RC(cpu_test_init(*(int *)arg, rank, n, 60000, &w));
+  if (n == 4) {
+    if (disjoint(w, rank)) return 1;
+    if (mesh(w, rank, n, 2, 2)) return 1;
+  } else {
+    if (mesh(w, rank, n, 2, 3)) return 1;
+  }
+  if (renumbered_and_nonmember(w, rank, n)) return 1;
+  MP_CHECK_RC(tdist_group_destroy(w));
+  return 0;
+}
+
+int main(void) {
+  int fails = 0;
+  for (int n = 4; n <= 6; n += 2) {
+    int port = tdist_mp_free_port();
+    int rc = tdist_mp_run(n, child, &port, 100);
+    printf("cpu_groups n=%d: %s\n", n, rc ? "FAILED" : "ok");
+    fails += rc;
+  }
+  return fails ? 1 : 0;
+}
