@@ -307,12 +307,46 @@ static void damaged(void **state) {
   ru_free(&p);
 }
 
+/* A killed writer leaves any prefix of its file: cut rank 2's dump every 23
+ * bytes; the tool must report (0: entries kept) or reject the file (2), never
+ * crash nor call the cut a problem of the job. */
+static void cut_anywhere(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char good[96], cut[96], d0[96], d1[96], d3[96];
+  scenario(OK);
+  snprintf(good, sizeof(good), "%s/world.rank2.json", dir);
+  snprintf(cut, sizeof(cut), "%s/cut.rank2.json", dir);
+  snprintf(d0, sizeof(d0), "%s/world.rank0.json", dir);
+  snprintf(d1, sizeof(d1), "%s/world.rank1.json", dir);
+  snprintf(d3, sizeof(d3), "%s/world.rank3.json", dir);
+  FILE *f = fopen(good, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fclose(f);
+  int kept = 0, rejected = 0;
+  for (long len = 0; len < size; len += 23) {
+    write_file("cut.rank2.json", good, len, NULL, 0);
+    char *argv[] = {TDIST_TRACE_BIN, d0, d1, d3, cut, NULL};
+    int rc = ru_run(&p, argv, NULL, 20);
+    if (rc != 0 && rc != 2) printf("cut at %ld: exit %d\n%s%s", len, rc, p.out, p.err);
+    assert_true(rc == 0 || rc == 2);
+    assert_null(strstr(p.err, "runtime error")); /* UBSan */
+    kept += rc == 0;
+    rejected += rc == 2;
+    ru_free(&p);
+  }
+  assert_true(kept > 0 && rejected > 0);
+}
+
 int main(void) {
   snprintf(dir, sizeof(dir), "/tmp/tdist_trace_tool_XXXXXX");
   if (!mkdtemp(dir)) return 1;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(ok),      cmocka_unit_test(stall),   cmocka_unit_test(divergence),
-      cmocka_unit_test(timeout), cmocka_unit_test(dropped), cmocka_unit_test(damaged),
+      cmocka_unit_test(ok),           cmocka_unit_test(stall),   cmocka_unit_test(divergence),
+      cmocka_unit_test(timeout),      cmocka_unit_test(dropped), cmocka_unit_test(damaged),
+      cmocka_unit_test(cut_anywhere),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[128];

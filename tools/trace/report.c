@@ -148,7 +148,8 @@ static int report_group(FILE *out, tt_group_t *g) {
   if (g->problem)
     fprintf(out, "  verdict: %s\n", g->verdict);
   else
-    fprintf(out, "  verdict: no problem found\n");
+    fprintf(out, "  verdict: no problem found%s\n",
+            g->unaligned ? " (ops after the p2p seq drift checked for failures only)" : "");
   free(tmp);
   return rc;
 }

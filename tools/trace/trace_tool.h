@@ -79,6 +79,7 @@ typedef struct tt_group {
   tt_dump_t **rank; /* [size]: each group rank's dump, NULL = missing */
   int64_t size;
   int bad_membership; /* some dump disagreed with ref (and was left out) */
+  int unaligned;      /* p2p ops shifted the seqs of some ranks: compare no more */
   int problem;        /* a problem was found; verdict says which */
   char verdict[1024];
   int64_t problem_us; /* enqueue time of the problem op, to order groups */
