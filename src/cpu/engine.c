@@ -268,6 +268,14 @@ static cpu_xfer_t *round_recv(cpu_op_t *op, int src) {
   return NULL;
 }
 
+static int have_ux(cpu_group_t *cg, uint64_t cseq, int k, int world_src) {
+  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+    if (u->complete && u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == cseq &&
+        u->hdr.slot == (uint32_t)k && u->src == world_src)
+      return 1;
+  return 0;
+}
+
 static void advance(cpu_op_t *op) {
   if (op->advancing) return;
   op->advancing = 1;
@@ -289,18 +297,23 @@ static void advance(cpu_op_t *op) {
       op_complete(op);
       return;
     }
-    for (int i = 0; i < op->nsend + op->nrecv; i++) {
-      int p = i < op->nsend ? op->sends[i].peer : op->recvs[i - op->nsend].peer;
-      cpu_conn_t *pc = cg->conns[p];
-      if (pc && pc->dead) {
-        tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", p,
-                          pc->peer, pc->addr);
+    /* A peer that is gone: what it sent before leaving still counts; a send
+     * to it is dropped (it finished, or it crashed and the others fail). */
+    for (int i = 0; i < op->nrecv; i++) {
+      cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
+      if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
+        tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                          op->recvs[i].peer, pc->peer, pc->addr);
         return;
       }
     }
     op->pending = op->nsend + op->nrecv + 1; /* +1: nothing completes the round early */
     for (int i = 0; i < op->nsend && !cg->aborted && op->w == w; i++) {
       cpu_xfer_t *x = &op->sends[i];
+      if (cg->conns[x->peer]->dead) {
+        op->pending--;
+        continue;
+      }
       cpu_msg_t *m = cpu_msg_new();
       if (!m) {
         fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
@@ -364,6 +377,15 @@ static void claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
   deliver_ux(cg, x->op, x, u);
 }
 
+/* A complete message for receive p is already here. */
+static int p2p_waiting(cpu_group_t *cg, const tdist_p2p_op_t *p) {
+  int world = cg->g->global_ranks[p->peer];
+  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+    if (u->complete && u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag)
+      return 1;
+  return 0;
+}
+
 static int post_p2p(cpu_group_t *cg, cpu_op_t *op) {
   tdist_work_t *w = op->w;
   const tdist__op_args_t *a = &w->args;
@@ -405,6 +427,12 @@ static int post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       ux_append(&cg->ux, u);
       claim_p2p(cg, u);
       if (op->w == w) xfer_done(op);
+    } else if (cg->conns[p->peer] && cg->conns[p->peer]->dead &&
+               (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
+      cpu_conn_t *pc = cg->conns[p->peer];
+      tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                        p->peer, pc->peer, pc->addr);
+      return 0;
     } else if (p->kind == TDIST_P2P_SEND) {
       cpu_msg_t *m = cpu_msg_new();
       if (!m) return TDIST_ERR_NO_MEMORY;
@@ -574,7 +602,7 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   /* Decide which groups fail before the queue is dropped. */
   for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
     int r = grank_of(cg, c->peer);
-    cg->failing = r >= 0 && !cg->aborted && (!c->bye || needs_peer(cg, r, c));
+    cg->failing = r >= 0 && !cg->aborted && needs_peer(cg, r, c);
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
@@ -666,12 +694,6 @@ static int cpu_split(tdist_group_t *parent, int color, tdist_group_t *child) {
 
 static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
   cpu_group_t *cg = g->bstate;
-  for (int i = 0; i < g->size; i++)
-    if (cg->conns[i] && cg->conns[i]->dead) {
-      tdist__group_fail(g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", i,
-                        cg->conns[i]->peer, cg->conns[i]->addr);
-      return 0;
-    }
   cpu_op_t *op = op_get(cg);
   if (!op) return TDIST_ERR_NO_MEMORY;
   const tdist__op_args_t *a = &w->args;
