@@ -217,7 +217,11 @@ static int check_divergence(grp_t *g, seqview_t *v, FILE *out) {
     g->unaligned = 1;
     return 0;
   }
-  /* Majority = the largest set of ranks running the same op. */
+  int64_t alike = 0; /* the common case, O(size): everyone agrees with the first */
+  for (int64_t r = 0; r < g->size; r++)
+    alike += v->e[r] && same_op(v->e[r], first);
+  if (alike == nent) return 0;
+  /* Majority = the largest set of ranks running the same op (O(size^2), once). */
   int nmaj = 0;
   const tt_entry_t *maj = NULL;
   for (int64_t r = 0; r < g->size; r++) {

@@ -108,18 +108,17 @@ static int report_group(FILE *out, tt_group_t *g) {
   tt_dump_t *ref = g->ref;
   int *tmp = calloc((size_t)g->size, sizeof(int));
   if (!tmp) return -1;
-  char list[512];
+  char list[512], missing[512];
   fprintf(out, "group '%s' (uid %s, %s backend, size %lld)\n", ref->group_name, ref->uid,
           ref->backend[0] ? ref->backend : "?", (long long)g->size);
   rank_table(out, g);
   int nmiss = 0, nabort = 0;
   for (int64_t r = 0; r < g->size; r++)
     if (!g->rank[r]) tmp[nmiss++] = (int)r;
-  if (nmiss) {
-    tt_rank_list(g, tmp, nmiss, list, sizeof(list));
+  tt_rank_list(g, tmp, nmiss, missing, sizeof(missing));
+  if (nmiss)
     fprintf(out, "  missing: no dump from %s [%s] (killed before writing one, or elsewhere)\n",
-            nmiss == 1 ? "rank" : "ranks", list);
-  }
+            nmiss == 1 ? "rank" : "ranks", missing);
   int rc = tt_walk(g, out);
   if (!g->problem && g->bad_membership) {
     g->problem = 1;
@@ -134,9 +133,8 @@ static int report_group(FILE *out, tt_group_t *g) {
     }
   if (!g->problem && nmiss) {
     g->problem = 1;
-    tt_rank_list(g, tmp, nmiss, list, sizeof(list)); /* tmp still holds the missing ones */
     snprintf(g->verdict, sizeof(g->verdict), "group '%s': no dump from ranks [%s]", ref->group_name,
-             list);
+             missing);
   }
   if (!g->problem && aborted) {
     g->problem = 1;
