@@ -288,7 +288,9 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   }
   if (events & UV_WRITABLE) flush(c);
   if (!c->dead && (events & (UV_READABLE | UV_DISCONNECT))) on_readable(c);
-  tdist__progress_kick(c->ctx->progress);
+  /* No tdist__progress_kick here: sockets wake epoll by themselves, and
+   * spinning after every message costs more than it saves when ranks share
+   * cores (measured in docs/cpu-backend.md). */
 }
 
 void cpu_conn_start(cpu_conn_t *c) {
