@@ -125,6 +125,28 @@ int tdist_group_set_timeout(tdist_group_t *group, int64_t timeout_ms);
  */
 int tdist_group_abort(tdist_group_t *group, const char *reason);
 
+/*
+ * tdist_group_shrink - after a rank failed, a group of the survivors, so the
+ * job can go on without restarting. Called by every surviving rank of
+ * `group` (collective over the survivors; the parent may be aborted).
+ *
+ * Who is dead is decided by the store (one authority, so every survivor
+ * gets the same group): a killed process is declared dead as soon as its
+ * store connection drops, a silent one after TDIST_HEARTBEAT_TIMEOUT_MS. The
+ * call waits, up to the group's timeout, until every rank of `group` has
+ * either called it or been declared dead; the first survivor to get there
+ * fixes the member list in the store and all survivors use that list.
+ * Ranks keep their order: the new rank is the position among the survivors.
+ * NCCL: ncclCommShrink (NCCL_SHRINK_ABORT); CPU: the survivors' existing
+ * connections are reused. `group` itself stays aborted: destroy it later.
+ * @param opts   name and timeout of the new group, as for tdist_new_group.
+ * @return 0; TDIST_ERR_TIMEOUT naming the ranks that neither came nor died;
+ *         TDIST_ERR_REMOTE_FAILED if this rank was itself declared dead;
+ *         TDIST_ERR_NOT_SUPPORTED for a group without a store.
+ */
+int tdist_group_shrink(tdist_group_t *group, const tdist_group_opts_t *opts,
+                       tdist_group_t **shrunk);
+
 /* 1 if the group was aborted (on demand, by a timeout or by a peer). */
 int tdist_group_is_aborted(const tdist_group_t *group);
 

@@ -67,6 +67,12 @@ typedef struct tdist__backend_ops {
    * everything; NCCL finalizes and destroys (aborting if that fails). */
   int (*destroy)(tdist_group_t *g);
 
+  /* Caller thread, called by the survivors only (tdist_group_shrink): like
+   * split, for a child of every parent rank except the `nexclude` parent
+   * ranks in `exclude` (dead). The parent may be aborted. NULL = the
+   * backend cannot shrink (TDIST_ERR_NOT_SUPPORTED). */
+  int (*shrink)(tdist_group_t *parent, const int *exclude, int nexclude, tdist_group_t *child);
+
   /* Caller thread, optional: stream-ordered wait (NCCL). */
   int (*wait_stream)(tdist_group_t *g, tdist_work_t *w, void *stream);
 } tdist__backend_ops_t;

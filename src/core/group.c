@@ -21,6 +21,7 @@
 #include "core/progress.h"
 #include "core/trace.h"
 #include "store/rendezvous.h"
+#include "store/store_impl.h"
 
 /* ---- in-flight list (progress thread) ---------------------------------------- */
 
@@ -129,7 +130,7 @@ int tdist_group_is_aborted(const tdist_group_t *g) {
 
 /* ---- creation ------------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t h, uint64_t v) {
+uint64_t tdist__mix64(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
@@ -149,18 +150,22 @@ static void unregister_task(void *arg) {
 
 static void group_free(tdist_group_t *g) {
   if (!g) return;
-  if (g->has_monitor) tdist__monitor_release();
+  /* The last group with a store ends the rendezvous: rank 0 may host the
+   * store that the other ranks need until their last group is gone too. */
+  int last = g->has_monitor && tdist__monitor_release();
   if (g->progress) {
     if (g->registered) tdist__progress_call(g->progress, unregister_task, g);
     tdist__progress_release(g->progress);
   }
   if (g->store) tdist_store_release(g->store);
+  if (g->root_store) tdist_store_release(g->root_store);
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   tdist__free(g->global_ranks);
   tdist__free(g->parent_ranks);
   tdist__free(g->trace);
   tdist__free(g);
+  if (last) tdist__rendezvous_cleanup();
 }
 
 /* Allocate a group with identity fields set and a reference on the progress
@@ -223,6 +228,7 @@ int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, con
   char prefix[160];
   snprintf(prefix, sizeof(prefix), "tdist/%s/", name);
   TDIST_CHECKGOTO(make_store_view(store, prefix, &g->store), rc, fail);
+  if (store) TDIST_CHECKGOTO(tdist__store_root_view(store, &g->root_store), rc, fail);
   TDIST_CHECKGOTO(ops->init(g, init_arg), rc, fail);
   /* Registered only now: the backend's fields (needs_poll...) are final, and
    * the hand-over through the progress thread's queue publishes them. */
@@ -240,6 +246,57 @@ fail:
   return rc;
 }
 
+int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
+                           const tdist_group_opts_t *opts, const char *default_name, uint64_t uid,
+                           const char *store_tag, tdist_group_t **out) {
+  int rc, my = -1;
+  tdist_group_t *child = NULL;
+  for (int i = 0; i < n; i++)
+    if (members[i] == parent->rank) my = i;
+  if (my < 0)
+    return tdist__error(TDIST_ERR_INTERNAL, "rank %d is not among the new group's members",
+                        parent->rank);
+  const char *name = (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name)
+                         ? opts->name
+                         : default_name;
+  int64_t timeout = atomic_load(&parent->timeout_ms);
+  if (opts && (opts->mask & TDIST_GROUP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
+    timeout = opts->timeout_ms;
+  TDIST_CHECKGOTO(group_new(parent->ops, my, n, name, uid, timeout, &child), rc, fail);
+  child->parent = parent;
+  child->device = parent->device;
+  child->parent_ranks = tdist__calloc((size_t)n, sizeof(int));
+  if (!child->parent_ranks) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group");
+    goto fail;
+  }
+  for (int i = 0; i < n; i++) {
+    child->parent_ranks[i] = members[i];
+    child->global_ranks[i] = parent->global_ranks[members[i]];
+  }
+  TDIST_CHECKGOTO(make_store_view(parent->store, store_tag, &child->store), rc, fail);
+  if (parent->root_store)
+    TDIST_CHECKGOTO(tdist_store_prefix(parent->root_store, "", &child->root_store), rc, fail);
+  *out = child;
+  return 0;
+fail:
+  group_free(child);
+  return rc;
+}
+
+int tdist__group_register(tdist_group_t *g) {
+  if (g->store) {
+    TDIST_CHECK(tdist__monitor_acquire(g->store, g->global_ranks[g->rank], g->progress));
+    g->has_monitor = 1;
+  }
+  tdist__progress_call(g->progress, register_task, g);
+  TDIST_INFO(INIT, "group '%s' created from '%s': rank %d/%d", g->name,
+             g->parent ? g->parent->name : "-", g->rank, g->size);
+  return 0;
+}
+
+void tdist__group_free(tdist_group_t *g) { group_free(g); }
+
 int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
                        const tdist_group_opts_t *opts, tdist_group_t **out) {
   int rc;
@@ -250,48 +307,20 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
                         parent->abort_reason);
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
   if (color != TDIST__NOCOLOR) {
-    int my = -1;
-    for (int i = 0; i < n; i++)
-      if (members[i] == parent->rank) my = i;
-    if (my < 0)
-      return tdist__error(TDIST_ERR_INTERNAL, "split: rank %d is not among the members",
-                          parent->rank);
-    char name[96];
-    if (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name)
-      snprintf(name, sizeof(name), "%s", opts->name);
-    else if (color == 0)
-      snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
-    else
-      snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
-    int64_t timeout = atomic_load(&parent->timeout_ms);
-    if (opts && (opts->mask & TDIST_GROUP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
-      timeout = opts->timeout_ms;
-    uint64_t uid = mix64(mix64(parent->uid, idx), (uint64_t)(unsigned)color);
-    TDIST_CHECKGOTO(group_new(parent->ops, my, n, name, uid, timeout, &child), rc, fail);
-    child->parent = parent;
-    child->device = parent->device;
-    child->parent_ranks = tdist__calloc((size_t)n, sizeof(int));
-    if (!child->parent_ranks) {
-      rc = tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group");
-      goto fail;
-    }
-    for (int i = 0; i < n; i++) {
-      child->parent_ranks[i] = members[i];
-      child->global_ranks[i] = parent->global_ranks[members[i]];
-    }
-    char prefix[48];
-    snprintf(prefix, sizeof(prefix), "%u.%d/", idx, color);
-    TDIST_CHECKGOTO(make_store_view(parent->store, prefix, &child->store), rc, fail);
+    char name[96], tag[48];
+    if (color == 0) snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
+    else snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
+    snprintf(tag, sizeof(tag), "%u.%d/", idx, color);
+    uint64_t uid = tdist__mix64(tdist__mix64(parent->uid, idx), (uint64_t)(unsigned)color);
+    TDIST_CHECKGOTO(tdist__group_child_new(parent, members, n, opts, name, uid, tag, &child), rc,
+                    fail);
   }
   TDIST_CHECKGOTO(parent->ops->split(parent, color, child), rc, fail);
-  if (child) tdist__progress_call(child->progress, register_task, child);
-  if (child)
-    TDIST_INFO(INIT, "group '%s' split from '%s': rank %d/%d", child->name, parent->name,
-               child->rank, child->size);
+  if (child) TDIST_CHECKGOTO(tdist__group_register(child), rc, fail);
   *out = child;
   return 0;
 fail:
-  group_free(child);
+  tdist__group_free(child);
   return rc;
 }
 
@@ -369,11 +398,7 @@ int tdist_group_destroy(tdist_group_t *g) {
     if (brc < 0 && rc == 0) rc = brc;
   }
   TDIST_INFO(INIT, "group '%s' destroyed", g->name);
-  int world = g->parent == NULL;
   group_free(g);
-  /* The world group ends the rendezvous: rank 0 may be hosting the store
-   * that the other ranks still need until they destroy their world too. */
-  if (world) tdist__rendezvous_cleanup();
   return rc;
 }
 

@@ -26,7 +26,8 @@ struct tdist_group {
   struct tdist_group *parent;
   const tdist__backend_ops_t *ops;
   void *bstate;        /* backend state */
-  tdist_store_t *store;  /* prefix view "tdist/<uid>/", private to the group */
+  tdist_store_t *store;  /* prefix view "tdist/<name>/...", private to the group */
+  tdist_store_t *root_store; /* the whole store (dead set), or NULL */
   int needs_poll;      /* backend wants ops->poll while work is in flight */
   int device;          /* CUDA device or -1 */
 
@@ -36,6 +37,7 @@ struct tdist_group {
   _Atomic int aborted;       /* set once; abort_status/reason valid after */
   _Atomic int64_t pending;   /* submitted and not yet finished */
   atomic_uint split_count;   /* number of splits made from this group */
+  atomic_uint shrink_count;  /* number of shrinks made from this group */
 
   int abort_status;
   char abort_reason[256];
@@ -44,7 +46,7 @@ struct tdist_group {
   tdist_work_t *inflight_head, *inflight_tail;
   struct tdist_group *pnext, *pprev;
   int registered;
-  int has_monitor; /* this world group holds a monitor reference */
+  int has_monitor; /* this group holds a monitor reference */
   int diag_pending; /* (progress) a timeout is being diagnosed by the monitor */
 
   /* pending reaching 0 is signalled here, for destroy */
@@ -72,6 +74,24 @@ int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, con
  */
 int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
                        const tdist_group_opts_t *opts, tdist_group_t **out);
+
+/*
+ * Caller thread: a child of `parent` whose rank i is parent rank members[i]
+ * (the caller must be one of them): identity, rank maps, store views
+ * (parent's view + store_tag), a reference on the progress thread; not yet
+ * registered and without backend state. Name from opts or default_name.
+ */
+int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
+                           const tdist_group_opts_t *opts, const char *default_name, uint64_t uid,
+                           const char *store_tag, tdist_group_t **out);
+/* Caller thread: hand a group whose backend is set up to the progress thread
+ * (and take a monitor reference when it has a store). */
+int tdist__group_register(tdist_group_t *g);
+/* Caller thread: free a group that never got registered or whose backend
+ * state is gone (failure paths). NULL is ignored. */
+void tdist__group_free(tdist_group_t *g);
+/* Mix v into the hash h (group uids: the same on every rank). */
+uint64_t tdist__mix64(uint64_t h, uint64_t v);
 
 /*
  * Progress thread: abort g because of `status` (TIMEOUT, ABORTED,

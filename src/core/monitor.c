@@ -126,6 +126,8 @@ static void apply_record(struct monitor *m, const char *rec, size_t len) {
   tdist__progress_call(m->progress, apply_task, &r);
 }
 
+static void heartbeat(struct monitor *m, int bye);
+
 static void publish_queued(struct monitor *m) {
   char recs[QUEUE_MAX][320];
   pthread_mutex_lock(&mon_mu);
@@ -176,13 +178,18 @@ static void heartbeat(struct monitor *m, int bye) {
     TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
 }
 
-/* next_seq of group `uid` in a heartbeat value; -1 if absent. */
+/* next_seq of group `uid` in a heartbeat value (not NUL-terminated); -1 if
+ * absent. */
 static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
   char want[24];
   snprintf(want, sizeof(want), "%016" PRIx64 ":", uid);
-  for (size_t i = 0; i + 17 < len; i++)
-    if ((i == 0 || val[i - 1] == ' ') && memcmp(val + i, want, 17) == 0)
-      return strtoll(val + i + 17, NULL, 10);
+  for (size_t i = 0; i + 17 < len; i++) {
+    if ((i != 0 && val[i - 1] != ' ') || memcmp(val + i, want, 17) != 0) continue;
+    int64_t v = 0;
+    for (size_t j = i + 17; j < len && val[j] >= '0' && val[j] <= '9'; j++)
+      v = v * 10 + (val[j] - '0');
+    return v;
+  }
   return -1;
 }
 
@@ -337,6 +344,10 @@ int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_pr
   int64_t count = 0;
   TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
   m->next = count + 1; /* records of earlier jobs on this store are history */
+  /* Register with the liveness detector before the group exists, so a rank
+   * that dies at once is still known (and declared dead). */
+  heartbeat(m, 0);
+  m->last_hb_ms = tdist__now_ms();
   if (pthread_create(&m->thread, NULL, monitor_main, m) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "monitor: cannot start its thread");
     goto fail;
@@ -351,12 +362,12 @@ done:
   return rc;
 }
 
-void tdist__monitor_release(void) {
+int tdist__monitor_release(void) {
   pthread_mutex_lock(&mon_mu);
   struct monitor *m = mon;
   if (!m || --m->refs > 0) {
     pthread_mutex_unlock(&mon_mu);
-    return;
+    return 0;
   }
   m->stop = 1;
   pthread_mutex_unlock(&mon_mu);
@@ -366,4 +377,5 @@ void tdist__monitor_release(void) {
   pthread_mutex_unlock(&mon_mu);
   tdist_store_release(m->conn);
   tdist__free(m);
+  return 1;
 }

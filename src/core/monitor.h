@@ -33,10 +33,11 @@
 
 struct tdist_progress;
 
-/* Start (or share) the monitor for a world group whose store is `store`;
+/* Start (or share) the monitor; every group with a store holds a reference.
  * `world_rank` is this process's rank. A store-less process has no monitor. */
 int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_progress *p);
-void tdist__monitor_release(void);
+/* Drop a reference; returns 1 if it was the last (the monitor stopped). */
+int tdist__monitor_release(void);
 
 /*
  * Ask the monitor to find which ranks of group `uid` never submitted op `seq`

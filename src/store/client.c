@@ -75,6 +75,10 @@ int tdist_store_prefix(tdist_store_t *base, const char *prefix, tdist_store_t **
   return 0;
 }
 
+int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out) {
+  return tdist_store_prefix(s->root, "", out);
+}
+
 /* ---- encoding ---------------------------------------------------------------- */
 
 static int check_key(const tdist_store_t *s, const char *what, const char *key, size_t *klen) {

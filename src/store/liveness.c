@@ -63,6 +63,15 @@ static void declare_dead(tdist__live_t *l, int rank, const char *why) {
   char key[64], val[300];
   snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, n);
   int vl = snprintf(val, sizeof(val), "dead %d %s", rank, why);
+  /* The dead set first (tdist_group_shrink reads it), then the record that
+   * wakes the monitors. */
+  char dkey[48];
+  snprintf(dkey, sizeof(dkey), "tdist/dead/%d", rank);
+  req.len = 0;
+  tdist__put_u8(&req, TDIST__OP_SET);
+  tdist__put_bytes(&req, dkey, (uint32_t)strlen(dkey));
+  tdist__put_bytes(&req, why, (uint32_t)strlen(why));
+  exec(l, &req, &out);
   req.len = 0;
   tdist__put_u8(&req, TDIST__OP_SET);
   tdist__put_bytes(&req, key, (uint32_t)strlen(key));

@@ -8,7 +8,9 @@
  *     environment; default 5000, 0 disables the detector), or
  *   - the connection its heartbeats came on closed without a "bye" (a killed
  *     process: detected at once).
- * A death is published like an abort record (core/monitor.h): "tdist/aborts/
+ * A death is recorded as "tdist/dead/<rank>" = reason (the dead set that
+ * tdist_group_shrink agrees on) and published like an abort record
+ * (core/monitor.h): "tdist/aborts/
  * <n>" = "dead <rank> <reason>", n from "tdist/aborts/count", written
  * through the key-value engine so that every monitor waiting on that key is
  * woken by the write. Each rank is declared dead at most once.

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/group.h"
 #include "core/param.h"
@@ -269,6 +270,22 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
   return rc;
 }
 
+/* Ranks 0..size-1 in the store's dead set ("tdist/dead/<rank>"). */
+static int count_dead(tdist_store_t *v, int size) {
+  tdist_store_t *root = NULL;
+  int dead = 0;
+  if (tdist__store_root_view(v, &root) != 0) return 0;
+  for (int r = 0; r < size; r++) {
+    char key[48];
+    snprintf(key, sizeof(key), "tdist/dead/%d", r);
+    const char *keys[1] = {key};
+    int exists = 0;
+    if (tdist_store_check(root, keys, 1, &exists) == 0 && exists) dead++;
+  }
+  tdist_store_release(root);
+  return dead;
+}
+
 int tdist__rendezvous_cleanup(void) {
   pthread_mutex_lock(&rdzv_mu);
   tdist_store_server_t *srv = rdzv.server;
@@ -282,9 +299,19 @@ int tdist__rendezvous_cleanup(void) {
   int rc = tdist_store_add(v, "left", 1, &left);
   if (rc == 0 && left % size == 0) rc = tdist_store_set(v, "all_left", "", 0);
   if (srv && rc == 0) {
-    /* Keep serving until every rank is done with the store. */
+    /* Keep serving until every rank is done with the store; a rank the
+     * store declared dead (store/liveness.h) will never say so. */
     const char *k = "all_left";
-    rc = tdist_store_wait(v, &k, 1, timeout);
+    int64_t deadline = tdist__now_ms() + timeout;
+    for (;;) {
+      int64_t wait = deadline - tdist__now_ms();
+      rc = tdist_store_wait(v, &k, 1, wait < 200 ? (wait > 0 ? wait : 1) : 200);
+      if (rc != TDIST_ERR_TIMEOUT || tdist__now_ms() >= deadline) break;
+      if (tdist_store_add(v, "left", 0, &left) == 0 && left + count_dead(v, size) >= size) {
+        rc = 0;
+        break;
+      }
+    }
     if (rc)
       TDIST_WARN(INIT, "stopping the hosted store before every rank left: %s", tdist_last_error());
   }

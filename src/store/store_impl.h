@@ -42,6 +42,10 @@ struct tdist_store {
   char address[280];  /* "host:port" or "file:path" */
 };
 
+/* A new reference to the root of `s` with no prefix (for the core's
+ * store-wide keys: the dead set, heartbeats, abort records). */
+int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out);
+
 /* Initialise the common part of a new root store (refs = 1). */
 void tdist__store_init_root(tdist_store_t *s, const tdist__store_vt_t *vt, int64_t timeout_ms);
 

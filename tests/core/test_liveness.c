@@ -112,8 +112,10 @@ static int stopped_child(int rank, int n, void *arg) {
     void *pid;
     size_t len;
     MP_CHECK_RC(tdist_store_get(st, "pid/2", &pid, &len, 1000));
-    kill(atoi(pid), SIGKILL);
+    char text[32] = "";
+    memcpy(text, pid, len < sizeof(text) - 1 ? len : sizeof(text) - 1);
     tdist_store_free(pid);
+    kill(atoi(text), SIGKILL);
   }
   tb_set_mode(TB_COMPLETE);
   finish(rank, srv, st, g);
@@ -164,6 +166,63 @@ static int desync_child(int rank, int n, void *arg) {
   return 0;
 }
 
+/* 4 ranks; rank 1 is killed; the survivors shrink and go on with 3. */
+static int shrink_child(int rank, int n, void *arg) {
+  tdist_store_server_t *srv = NULL;
+  tdist_store_t *st;
+  tdist_group_t *g, *s = NULL;
+  if (rank == 0) {
+    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
+                                            TDIST_STORE_SERVER_FIELD_PORT,
+                                    .host = "127.0.0.1", .port = port};
+    MP_CHECK_RC(tdist_store_server_start(&so, &srv));
+  }
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+  MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, &st));
+  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, n, "world", st, 20000, NULL, &g));
+  tb_set_mode(TB_HELD);
+  tdist_work_t *w;
+  MP_CHECK_RC(tdist_barrier(g, NULL, &w));
+  MP_CHECK_RC(tdist_store_add(st, "submitted", 1, NULL));
+  int64_t k = 0;
+  for (int i = 0; i < 2000 && k < n; i++) {
+    tdist_store_add(st, "submitted", 0, &k);
+    usleep(2000);
+  }
+  if (rank == 1) raise(SIGKILL);
+  MP_CHECK(tdist_work_wait(w, 20000) == TDIST_ERR_REMOTE_FAILED);
+  tdist_work_release(w);
+
+  MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
+  MP_CHECK(tdist_group_size(s) == 3);
+  int expect_rank = rank == 0 ? 0 : rank - 1;
+  MP_CHECK(tdist_group_rank(s) == expect_rank);
+  MP_CHECK(tdist_group_global_rank(s, 0) == 0);
+  MP_CHECK(tdist_group_global_rank(s, 1) == 2);
+  MP_CHECK(tdist_group_global_rank(s, 2) == 3);
+  MP_CHECK(!tdist_group_is_aborted(s));
+  tb_set_mode(TB_COMPLETE);
+  MP_CHECK_RC(tdist_barrier(s, NULL, NULL));
+  MP_CHECK(tdist_barrier(g, NULL, NULL) == TDIST_ERR_REMOTE_FAILED); /* old group stays dead */
+  tdist_group_destroy(g); /* the store stays up: the shrunk group still uses it */
+  MP_CHECK_RC(tdist_store_add(st, "after", 1, NULL));
+  MP_CHECK_RC(tdist_group_destroy(s));
+  tdist_store_release(st);
+  tdist_store_server_stop(srv);
+  return 0;
+}
+
+static void survivors_shrink_and_go_on(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  int codes[4];
+  tdist_mp_run_codes(4, shrink_child, NULL, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 128 + SIGKILL);
+  assert_int_equal(codes[2], 0);
+  assert_int_equal(codes[3], 0);
+}
+
 static void stopped_rank_is_declared_dead(void **state) {
   (void)state;
   port = tdist_mp_free_port();
@@ -198,6 +257,7 @@ int main(void) {
       cmocka_unit_test(stopped_rank_is_declared_dead),
       cmocka_unit_test(killed_rank_is_declared_dead_at_once),
       cmocka_unit_test(skipped_collective_names_the_rank),
+      cmocka_unit_test(survivors_shrink_and_go_on),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,11 @@ static int tb_split(tdist_group_t *parent, int color, tdist_group_t *child) {
   return 0;
 }
 
+static int tb_shrink(tdist_group_t *parent, const int *exclude, int n, tdist_group_t *child) {
+  child->needs_poll = 1;
+  return 0;
+}
+
 static int tb_submit(tdist_group_t *g, tdist_work_t *w) {
   int m = atomic_load(&mode);
   memcpy(w->bk_inline, &m, sizeof(m));
@@ -84,6 +89,7 @@ const tdist__backend_ops_t tb_backend = {
     .poll = tb_poll,
     .abort = tb_abort,
     .destroy = tb_destroy,
+    .shrink = tb_shrink,
 };
 
 static void release_task(void *arg) {
