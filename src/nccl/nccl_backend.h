@@ -13,8 +13,12 @@
  *     thread never waits behind a caller that holds it.
  *   - Caller-side loops that wait for ncclInProgress while holding mu check
  *     g->aborted on every turn, so abort's lock waits at most one turn.
- *   - `dead` is set (under mu) by abort: comm was ncclCommAbort'ed and freed;
- *     nothing may call NCCL on it again, and its events may never complete.
+ *   - `dead` is set (under mu) by abort: no new op may be enqueued, and the
+ *     in-flight events may never complete. After a peer failure the
+ *     communicator is revoked (ncclCommRevoke) rather than aborted and kept
+ *     in `comm` (`revoked`): tdist_group_shrink needs it for ncclCommShrink;
+ *     destroy aborts it. After any other failure it was ncclCommAbort'ed and
+ *     `comm` is NULL.
  *
  * Per-op state lives in w->bk_inline (tdist__nccl_op_t): the end event that
  * the progress thread queries and that tdist_work_wait_stream makes a stream
@@ -39,7 +43,8 @@
 typedef struct tdist__nccl {
   pthread_mutex_t mu;
   ncclComm_t comm; /* NULL once destroyed or aborted */
-  int dead;        /* aborted: never call NCCL on comm again (under mu) */
+  int dead;        /* aborted: no new ops (under mu) */
+  int revoked;     /* dead, but comm kept for shrink (peer failure) */
   int device;
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
   cudaEvent_t start_ev; /* recorded on the caller's stream, waited by `stream` */
@@ -110,6 +115,8 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 /* Vtable entries, one file each side (nccl_comm.c, nccl_ops.c, nccl_progress.c). */
 int tdist__nccl_init(tdist_group_t *g, const void *arg);
 int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child);
+int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
+                       tdist_group_t *child);
 int tdist__nccl_destroy(tdist_group_t *g);
 int tdist__nccl_submit(tdist_group_t *g, tdist_work_t *w);
 int tdist__nccl_post(tdist_group_t *g, tdist_work_t *w);

@@ -262,6 +262,51 @@ fail:
   return rc;
 }
 
+/* ---- shrink (survivors only, after a peer failure) ----------------------------- */
+
+int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
+                       tdist_group_t *child) {
+  int rc = 0;
+  tdist__nccl_t *pn = parent->bstate, *nc = NULL;
+  ncclComm_t comm = NULL;
+  ncclConfig_t cfg;
+  TDIST_CHECKGOTO(state_new(pn->device, &nc), rc, fail);
+  tdist__nccl_config(&cfg, child);
+  pthread_mutex_lock(&pn->mu);
+  if (!pn->comm) {
+    pthread_mutex_unlock(&pn->mu);
+    rc = tdist__error(TDIST_ERR_ABORTED,
+                      "shrink of group '%s': its communicator was aborted, not revoked (only a "
+                      "peer failure leaves one to shrink)",
+                      parent->name);
+    goto fail;
+  }
+  cudaSetDevice(pn->device);
+  /* A revoked communicator must be quiescent first; a live one (shrinking
+   * without a failure seen here) has its ongoing work terminated by NCCL. */
+  if (pn->revoked)
+    rc = tdist__nccl_wait_ready(pn->comm, NULL, "ncclCommRevoke", atomic_load(&parent->timeout_ms));
+  if (rc == 0) {
+    ncclResult_t r = ncclCommShrink(pn->comm, (int *)exclude, nexclude, &comm, &cfg,
+                                    pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
+    if (r != ncclSuccess && r != ncclInProgress) rc = tdist__nccl_err(pn->comm, r, "ncclCommShrink");
+    else if (comm) rc = comm_ready(comm, child, "ncclCommShrink");
+    else rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
+  }
+  pthread_mutex_unlock(&pn->mu);
+  if (rc != 0) goto fail;
+  TDIST_CHECKGOTO(state_setup(nc), rc, fail);
+  nc->comm = comm;
+  child->device = nc->device;
+  child->bstate = nc;
+  child->needs_poll = 1;
+  return 0;
+fail:
+  if (comm) ncclCommAbort(comm);
+  state_free(nc);
+  return rc;
+}
+
 /* ---- destroy -------------------------------------------------------------------- */
 
 int tdist__nccl_destroy(tdist_group_t *g) {
@@ -287,6 +332,10 @@ int tdist__nccl_destroy(tdist_group_t *g) {
       ncclCommAbort(nc->comm);
     }
     nc->comm = NULL;
+  } else if (nc->comm) { /* revoked: finalize is not allowed, abort frees it */
+    cudaSetDevice(nc->device);
+    ncclCommAbort(nc->comm);
+    nc->comm = NULL;
   }
   pthread_mutex_unlock(&nc->mu);
   g->bstate = NULL;
@@ -304,4 +353,5 @@ const tdist__backend_ops_t tdist__nccl_backend = {
     .abort = tdist__nccl_abort,
     .destroy = tdist__nccl_destroy,
     .wait_stream = tdist__nccl_wait_stream,
+    .shrink = tdist__nccl_shrink,
 };

@@ -89,7 +89,20 @@ void tdist__nccl_abort(tdist_group_t *g, int status, const char *reason) {
   pthread_mutex_lock(&nc->mu);
   if (!nc->dead) {
     nc->dead = 1;
-    if (nc->comm) {
+    if (nc->comm && status == TDIST_ERR_REMOTE_FAILED) {
+      /* A peer is gone: stop the in-flight ops but keep the communicator,
+       * so the survivors can ncclCommShrink it (tdist_group_shrink). */
+      cudaSetDevice(nc->device);
+      ncclResult_t r = ncclCommRevoke(nc->comm, 0);
+      if (r == ncclSuccess || r == ncclInProgress) {
+        nc->revoked = 1;
+      } else {
+        TDIST_WARN(NCCL, "group '%s': ncclCommRevoke: %s; aborting", g->name,
+                   ncclGetErrorString(r));
+        ncclCommAbort(nc->comm);
+        nc->comm = NULL;
+      }
+    } else if (nc->comm) {
       cudaSetDevice(nc->device);
       /* Frees the communicator and stops its kernels. Its in-flight works'
        * events may never complete: they are not queried again, and stay

@@ -239,6 +239,30 @@ ncclResult_t __wrap_ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
   return ncclInProgress;
 }
 
+ncclResult_t __wrap_ncclCommShrink(ncclComm_t comm, int *excl, int nexcl, ncclComm_t *newcomm,
+                                   ncclConfig_t *cfg, int flags) {
+  enter(comm, "ncclCommShrink");
+  pthread_mutex_lock(&mu);
+  if (!cfg || cfg->blocking != 0 || comm->dead) atomic_fetch_add(&violations, 1);
+  *newcomm = comm_new(comm->rank, 0, script.split_busy);
+  logc("ncclCommShrink", comm, NULL, *newcomm, nexcl > 0 ? excl[0] : -1, flags, nexcl);
+  pthread_mutex_unlock(&mu);
+  leave(comm);
+  return ncclInProgress;
+}
+
+/* Revoke leaves the communicator alive but busy for a few polls. */
+ncclResult_t __wrap_ncclCommRevoke(ncclComm_t comm, int flags) {
+  enter(comm, "ncclCommRevoke");
+  pthread_mutex_lock(&mu);
+  if (flags != 0) atomic_fetch_add(&violations, 1);
+  comm->busy = 2;
+  logc("ncclCommRevoke", comm, NULL, NULL, flags, 0, 0);
+  pthread_mutex_unlock(&mu);
+  leave(comm);
+  return ncclSuccess;
+}
+
 ncclResult_t __wrap_ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st) {
   enter(comm, "ncclCommGetAsyncError");
   pthread_mutex_lock(&mu);
