@@ -135,14 +135,18 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev) {
 
 /* ---- init ----------------------------------------------------------------------- */
 
+/* The device: the options, else the local rank as torchrun, srun or mpirun
+ * set it (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), else 0. */
 static int pick_device(const tdist_init_opts_t *o) {
+  static const char *vars[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"};
   if (o && (o->mask & TDIST_INIT_FIELD_DEVICE) && o->device >= 0) return o->device;
-  const char *lr = tdist__env_raw("LOCAL_RANK");
-  if (lr && *lr) {
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+    const char *lr = tdist__env_raw(vars[i]);
+    if (!lr) continue;
     char *end;
     long v = strtol(lr, &end, 10);
     if (*end == '\0' && v >= 0 && v < 4096) return (int)v;
-    TDIST_WARN(NCCL, "ignoring LOCAL_RANK='%s' (not a device number); using device 0", lr);
+    TDIST_WARN(NCCL, "ignoring %s='%s' (not a device number)", vars[i], lr);
   }
   return 0;
 }
