@@ -3,7 +3,7 @@
  *
  * Sending: cpu_send appends a message to the connection's queue and flushes
  * at once; flush writes as many queued messages as the socket takes with one
- * writev (header + payload iovecs, payloads straight from the caller's
+ * sendmsg (header + payload iovecs, payloads straight from the caller's
  * buffers). What does not fit waits for UV_WRITABLE. A message's op is told
  * (cpu_on_sent) once its last byte is in the kernel.
  *
@@ -120,7 +120,9 @@ static void flush(cpu_conn_t *c) {
       if (m->hdr.len > poff)
         iov[cnt++] = (struct iovec){(void *)(m->data + poff), m->hdr.len - poff};
     }
-    ssize_t n = writev(c->fd, iov, cnt);
+    /* sendmsg, not writev: MSG_NOSIGNAL, a dead peer must not SIGPIPE us. */
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+    ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;

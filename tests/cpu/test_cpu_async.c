@@ -67,7 +67,8 @@ static int child(int rank, int n, void *arg) {
   }
   MP_CHECK_RC(tdist_work_wait(w, 0));
   tdist_work_release(w);
-  fprintf(stderr, "[rank %d] computed %ld rounds while the all_reduce ran\n", rank, spins);
+  fprintf(stderr, "[rank %d] computed %ld rounds (%g) while the all_reduce ran\n", rank, spins,
+          (double)acc);
   MP_CHECK(spins > 0);
   float want_scale = (float)(n * (n + 1) / 2);
   for (size_t i = 0; i < count; i++)
