@@ -22,8 +22,10 @@
  * Returns (immediately): 0 when the op was submitted (for the synchronous
  * form: when it completed successfully); TDIST_ERR_INVALID_ARGUMENT for a bad
  * argument (NULL buffer with count > 0, root/peer out of range, unknown dtype
- * or op, negative tag), with tdist_last_error() naming it; TDIST_ERR_ABORTED
- * if the group was aborted; TDIST_ERR_NOT_SUPPORTED if the backend lacks the
+ * or op, negative tag), with tdist_last_error() naming it; if the group was
+ * aborted, the code of what aborted it (TDIST_ERR_ABORTED after a timeout or
+ * an abort on demand, TDIST_ERR_REMOTE_FAILED, TDIST_ERR_MISMATCH,
+ * TDIST_ERR_NCCL_ERROR...); TDIST_ERR_NOT_SUPPORTED if the backend lacks the
  * op or dtype. Failures after submission are reported by the work handle.
  *
  * Thread: any, except blocking (work == NULL) calls from a completion callback.

@@ -54,13 +54,15 @@ void tdist__group_work_done(tdist_group_t *g) {
 /* Mark g aborted, stop its backend and (for a local abort) tell the other
  * ranks through the monitor; 0 if it already was aborted. */
 static int mark_aborted(tdist_group_t *g, int status, const char *reason, int publish) {
-  int expected = 0;
-  if (!atomic_compare_exchange_strong(&g->aborted, &expected, 1)) return 0;
+  /* Only the progress thread aborts, so no race between writers; readers on
+   * other threads see `aborted` only after the status and reason (release). */
+  if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) return 0;
   g->abort_status = status;
   snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
+  atomic_store_explicit(&g->aborted, 1, memory_order_release);
   TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
   if (g->ops->abort) g->ops->abort(g, status, reason);
-  if (publish && g->store) tdist__monitor_publish(g->uid, reason);
+  if (publish && g->store) tdist__monitor_publish(g->uid, status, reason);
   return 1;
 }
 

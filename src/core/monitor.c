@@ -44,11 +44,11 @@ static struct monitor {
   int64_t last_hb_ms; /* monitor thread */
 } *mon;
 
-void tdist__monitor_publish(uint64_t uid, const char *reason) {
+void tdist__monitor_publish(uint64_t uid, int status, const char *reason) {
   pthread_mutex_lock(&mon_mu);
   if (mon && mon->nq < QUEUE_MAX) {
-    snprintf(mon->queue[mon->nq++], sizeof(mon->queue[0]), "%016" PRIx64 " %d %s", uid,
-             mon->world_rank, reason);
+    snprintf(mon->queue[mon->nq++], sizeof(mon->queue[0]), "%016" PRIx64 " %d %d %s", uid,
+             mon->world_rank, status, reason);
   }
   pthread_mutex_unlock(&mon_mu);
 }
@@ -82,6 +82,7 @@ struct remote_abort {
   struct tdist_progress *progress;
   int dead;     /* a death record: every group containing `rank` fails */
   uint64_t uid; /* an abort record: the group with this uid aborts */
+  int status;   /* ... with this status (the cause's: ABORTED, MISMATCH...) */
   int rank;     /* world rank */
   const char *reason;
 };
@@ -105,7 +106,7 @@ static void apply_task(void *arg) {
                                  gr, r->rank, r->reason);
     } else if (g->uid == r->uid) {
       int gr = group_rank_of(g, r->rank);
-      tdist__group_fail_remote(g, TDIST_ERR_ABORTED, "rank %d aborted the group: %s",
+      tdist__group_fail_remote(g, r->status, "rank %d aborted the group: %s",
                                gr >= 0 ? gr : r->rank, r->reason);
     }
   }
@@ -121,7 +122,12 @@ static void apply_record(struct monitor *m, const char *rec, size_t len) {
   if (!end || *end != ' ') return;
   int rank = (int)strtol(end + 1, &end, 10);
   if (!end || *end != ' ' || rank == m->world_rank) return; /* about ourselves */
-  struct remote_abort r = {m->progress, dead, uid, rank, end + 1};
+  int status = TDIST_ERR_REMOTE_FAILED;
+  if (!dead) {
+    status = (int)strtol(end + 1, &end, 10);
+    if (!end || *end != ' ' || status >= 0 || status <= TDIST_ERR_MIN_) return;
+  }
+  struct remote_abort r = {m->progress, dead, uid, status, rank, end + 1};
   TDIST_INFO(CORE, "abort record from rank %d for group %016" PRIx64 ": %s", rank, uid, end + 1);
   tdist__progress_call(m->progress, apply_task, &r);
 }

@@ -6,10 +6,12 @@
  * collective until their own timeout. The monitor is a per-process thread
  * with its own store connection that
  *   - publishes this process's aborts as records "tdist/aborts/<n>" =
- *     "<group uid hex> <world rank> <reason>" (n from an atomic counter), and
+ *     "<group uid hex> <world rank> <status> <reason>" (n from an atomic
+ *     counter), and
  *   - blocks on the next record key, so a record written by any rank wakes
  *     it at once; for a record naming a group this process is in, it aborts
- *     the local copy (status ABORTED, the message naming the rank and reason).
+ *     the local copy with the same status (ABORTED after a timeout or an
+ *     abort on demand, MISMATCH...), the message naming the rank and reason.
  * It is started by the first world group that has a store and stopped with
  * the last one. Publishing waits for the monitor's current store wait to end
  * (at most TDIST_MONITOR_INTERVAL_MS, default 200 ms).
@@ -48,7 +50,8 @@ int tdist__monitor_release(void);
  */
 int tdist__monitor_diagnose(uint64_t uid, uint64_t seq);
 
-/* Queue an abort record for group `uid` (no-op without a monitor). */
-void tdist__monitor_publish(uint64_t uid, const char *reason);
+/* Queue an abort record for group `uid` with the abort's status (no-op
+ * without a monitor). */
+void tdist__monitor_publish(uint64_t uid, int status, const char *reason);
 
 #endif

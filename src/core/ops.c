@@ -17,10 +17,9 @@
 
 static int check_group(tdist_group_t *g, const char *fn) {
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", fn);
-  if (atomic_load(&g->aborted))
-    return tdist__error(g->abort_status == TDIST_ERR_REMOTE_FAILED ? TDIST_ERR_REMOTE_FAILED
-                                                                    : TDIST_ERR_ABORTED,
-                        "%s: group '%s' was aborted: %s", fn, g->name, g->abort_reason);
+  if (atomic_load(&g->aborted)) /* the cause's code: ABORTED, REMOTE_FAILED, MISMATCH... */
+    return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s", fn, g->name,
+                        g->abort_reason);
   return 0;
 }
 

@@ -6,6 +6,8 @@
 #include "core/param.h"
 
 #include <errno.h>
+#include <sched.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,22 @@ const char *tdist__param_str(const char *name, const char *dflt) {
   if (log_it && strncmp(name, "TDIST_DEBUG", 11) != 0)
     TDIST_INFO(CORE, "%s set by environment to '%s'", name, out);
   return out;
+}
+
+int tdist__oversubscribed(void) {
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return v;
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
+  long local = lws ? strtol(lws, NULL, 10) : 0;
+  cpu_set_t set;
+  long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cpus <= 0) cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  v = local > 0 && cpus > 0 && local * 2 > cpus;
+  if (v)
+    TDIST_INFO(CORE, "%ld local ranks on %ld CPUs: spin-waiting off by default", local, cpus);
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v;
 }
 
 const char *tdist__env_raw(const char *name) {

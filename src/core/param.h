@@ -26,6 +26,17 @@ const char *tdist__param_str(const char *name, const char *dflt);
  * that rendezvous must see as they are at init time. */
 const char *tdist__env_raw(const char *name);
 
+/*
+ * 1 when the ranks on this host have more threads than it has cores: each
+ * rank runs a caller and a progress thread, so LOCAL_WORLD_SIZE * 2 > the
+ * CPUs this process may use. Busy-waiting then takes the core a peer needs,
+ * so the spin settings default to 0. Read once.
+ */
+int tdist__oversubscribed(void);
+
+/* `dflt`, or 0 on an oversubscribed host (the spin settings' default). */
+#define TDIST_SPIN_DEFAULT(dflt) (tdist__oversubscribed() ? 0 : (dflt))
+
 #define TDIST_PARAM_UNSET_ INT64_MIN
 #define TDIST_PARAM(fn, env, dflt)                                            \
   static inline int64_t tdist__param_##fn(void) {                             \

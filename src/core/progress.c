@@ -12,7 +12,8 @@
  *
  * Polling: after any activity the loop spins (a uv_idle handle keeps the
  * poll timeout at 0) for TDIST_SPIN_US, or TDIST_POLL_SPIN_US while a backend
- * that needs polling (NCCL) has work in flight; then it backs off to a timer
+ * that needs polling (NCCL) has work in flight (both default to 0 when the
+ * host's cores are oversubscribed: param.h); then it backs off to a timer
  * (1 ms, doubling up to TDIST_POLL_MAX_MS) for polled work, and to a plain
  * blocking epoll_wait otherwise. Socket I/O of the CPU backend wakes the loop
  * through epoll as usual.
@@ -33,8 +34,8 @@
 #include "core/param.h"
 #include "core/trace.h"
 
-TDIST_PARAM(SpinUs, "TDIST_SPIN_US", 100)
-TDIST_PARAM(PollSpinUs, "TDIST_POLL_SPIN_US", 2000)
+TDIST_PARAM(SpinUs, "TDIST_SPIN_US", TDIST_SPIN_DEFAULT(100))
+TDIST_PARAM(PollSpinUs, "TDIST_POLL_SPIN_US", TDIST_SPIN_DEFAULT(2000))
 TDIST_PARAM(PollMaxMs, "TDIST_POLL_MAX_MS", 4)
 TDIST_PARAM(WatchdogMs, "TDIST_WATCHDOG_MS", 50)
 TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
@@ -206,9 +207,8 @@ void tdist__progress_start_work(tdist__qnode_t *node) {
   tdist_group_t *g = w->group;
   tdist_progress_t *p = g->progress;
   if (atomic_load(&g->aborted)) {
-    tdist__work_finish(w, g->abort_status == TDIST_ERR_REMOTE_FAILED ? TDIST_ERR_REMOTE_FAILED
-                                                                      : TDIST_ERR_ABORTED,
-                       "group was aborted before the op started: %s", g->abort_reason);
+    tdist__work_finish(w, g->abort_status, "group was aborted before the op started: %s",
+                       g->abort_reason);
     return;
   }
   w->t_start_ns = tdist__now_ns();

@@ -41,7 +41,7 @@ struct slab {
 };
 static struct slab *slabs;
 
-TDIST_PARAM(WaitSpinNs, "TDIST_WAIT_SPIN_NS", 20000)
+TDIST_PARAM(WaitSpinNs, "TDIST_WAIT_SPIN_NS", TDIST_SPIN_DEFAULT(20000))
 
 static int pool_grow(void) {
   struct slab *s = tdist__calloc(1, sizeof(*s));

@@ -200,6 +200,7 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
   if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
   ctx->rank = g->rank;
   ctx->size = n;
+  ctx->lost_peer = -1;
   ctx->refs = 1;
   ctx->progress = g->progress;
   ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));

@@ -155,6 +155,8 @@ struct cpu_conn {
   int events; /* UV_READABLE | UV_WRITABLE currently watched */
   int dead;   /* closed or failed: no more I/O */
   int bye;    /* the peer said goodbye (orderly destroy) */
+  int bye_cause; /* ... after losing this world rank (-1: none), so our
+                    error can name the root cause rather than the leaver */
   char addr[80];
   cpu_msg_t *txq, *txq_tail;
   /* receive */
@@ -179,6 +181,8 @@ struct cpu_ctx {
   cpu_conn_t **conns; /* world rank -> conn */
   cpu_group_t *groups;
   cpu_ux_t *orphans; /* messages for unknown group uids */
+  int lost_peer;     /* world rank of the last peer lost without a goodbye, or
+                        -1; sent in our own goodbye */
   /* buffer cache */
   struct cpu_buf *bufs;
   size_t cached_bytes;

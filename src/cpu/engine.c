@@ -475,6 +475,7 @@ void cpu_on_header(cpu_conn_t *c) {
   const cpu_hdr_t *h = &c->rh;
   if (h->kind == CPU_MSG_BYE) {
     c->bye = 1;
+    c->bye_cause = h->root;
     return;
   }
   cpu_group_t *cg = cpu_group_find(ctx, h->uid);
@@ -599,6 +600,7 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   if (c->dead) return;
   cpu_ctx_t *ctx = c->ctx;
   TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
+  if (!c->bye) ctx->lost_peer = c->peer;
   /* Decide which groups fail before the queue is dropped. */
   for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
     int r = grank_of(cg, c->peer);
@@ -690,6 +692,13 @@ static int cpu_split(tdist_group_t *parent, int color, tdist_group_t *child) {
   int rc = attach(child, ctx);
   if (rc) cpu_ctx_release(ctx);
   return rc;
+}
+
+/* Survivors only: the child uses their existing connections; those to the
+ * excluded (dead) ranks are simply never used by it. */
+static int cpu_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
+                      tdist_group_t *child) {
+  return cpu_split(parent, 0, child);
 }
 
 static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
@@ -798,6 +807,7 @@ const tdist__backend_ops_t tdist__cpu_backend = {
     .name = "cpu",
     .init = cpu_init,
     .split = cpu_split,
+    .shrink = cpu_shrink,
     .post = cpu_post,
     .abort = cpu_abort,
     .destroy = cpu_destroy,

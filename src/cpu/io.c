@@ -267,7 +267,12 @@ static void on_readable(cpu_conn_t *c) {
       }
     }
     if (n == 0) {
-      cpu_on_conn_lost(c, c->bye ? "left (destroyed its group)" : "closed its connection");
+      char why[96];
+      if (c->bye && c->bye_cause >= 0)
+        snprintf(why, sizeof(why), "left after losing world rank %d", c->bye_cause);
+      else
+        snprintf(why, sizeof(why), "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
+      cpu_on_conn_lost(c, why);
       return;
     }
     if (errno == EINTR) continue;
@@ -283,8 +288,14 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   cpu_conn_t *c = h->data;
   if (c->dead) return;
   if (status < 0) {
+    /* libuv reports EPOLLERR as UV_EBADF: ask the socket what happened. */
+    int err = 0;
+    socklen_t len = sizeof(err);
     char why[96];
-    snprintf(why, sizeof(why), "connection failed: %s", uv_strerror(status));
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err)
+      snprintf(why, sizeof(why), "connection failed: %s", strerror(err));
+    else
+      snprintf(why, sizeof(why), "connection failed: %s", uv_strerror(status));
     cpu_on_conn_lost(c, why);
     return;
   }
@@ -306,7 +317,7 @@ void cpu_conn_close(cpu_conn_t *c) {
   if (!c->dead) {
     /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
      * left on purpose (it still fails ops it was running with us). */
-    cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE};
+    cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
     if (!c->txq) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_WR);
   }
