@@ -95,9 +95,12 @@ static long long wall_us(int64_t mono_ns, int64_t offset_ns) {
   return mono_ns ? (long long)((mono_ns + offset_ns) / 1000) : 0;
 }
 
-/* Write a snapshot (taken on the progress thread) to `path`. */
+/* Write a snapshot (taken on the progress thread) to `path`, through a
+ * temporary file renamed into place: a reader never sees half a dump. */
 static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *path) {
-  FILE *f = fopen(path, "w");
+  char tmp[600];
+  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
   if (!f) return tdist__error(TDIST_ERR_IO, "trace: cannot write '%s': %s", path, strerror(errno));
   struct timespec rt;
   clock_gettime(CLOCK_REALTIME, &rt);
@@ -138,8 +141,10 @@ static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *pat
   }
   fprintf(f, "\n ]}\n");
   int bad = ferror(f);
-  if (fclose(f) != 0 || bad)
+  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+    unlink(tmp);
     return tdist__error(TDIST_ERR_IO, "trace: error writing '%s'", path);
+  }
   TDIST_INFO(CORE, "flight recorder of group '%s' written to %s", g->name, path);
   return 0;
 }

@@ -23,48 +23,22 @@
 #include "core/clock.h"
 #include "core/group.h"
 #include "mp.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 
 #define N 3
 static int port;
 
-static int join(int rank, int64_t timeout_ms, tdist_store_server_t **srv, tdist_store_t **st,
-                tdist_group_t **g) {
-  *srv = NULL;
-  if (rank == 0) {
-    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
-                                            TDIST_STORE_SERVER_FIELD_PORT,
-                                    .host = "127.0.0.1", .port = port};
-    MP_CHECK_RC(tdist_store_server_start(&so, srv));
-  }
-  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-  MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, st));
-  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, N, "world", *st, timeout_ms, NULL, g));
+/* Join, publish our pid (rank 0 kills a stopped rank with it), and wait
+ * until every rank has joined before anyone fails. */
+static int join(int rank, int n, int64_t timeout_ms, tb_world_t *w) {
+  MP_CHECK(tb_world_join(rank, n, port, timeout_ms, w) == 0);
   char key[32], pid[32];
   snprintf(key, sizeof(key), "pid/%d", rank);
   snprintf(pid, sizeof(pid), "%d", (int)getpid());
-  MP_CHECK_RC(tdist_store_set(*st, key, pid, strlen(pid)));
-  MP_CHECK_RC(tdist_store_add(*st, "joined", 1, NULL));
-  const char *k = "joined";
-  int64_t n = 0;
-  for (int i = 0; i < 2000 && n < N; i++) { /* all joined before anyone fails */
-    tdist_store_add(*st, k, 0, &n);
-    usleep(2000);
-  }
-  return 0;
-}
-
-/* Everyone has its op in flight before rank 2 fails. */
-static int all_submitted(tdist_store_t *st) {
-  MP_CHECK_RC(tdist_store_add(st, "submitted", 1, NULL));
-  int64_t n = 0;
-  for (int i = 0; i < 2000 && n < N; i++) {
-    tdist_store_add(st, "submitted", 0, &n);
-    usleep(2000);
-  }
-  MP_CHECK(n == N);
-  return 0;
+  MP_CHECK_RC(tdist_store_set(w->st, key, pid, strlen(pid)));
+  return tb_store_barrier(w->st, "joined", n);
 }
 
 /* Survivors: the pending op fails with REMOTE_FAILED naming rank 2 in time. */
@@ -81,29 +55,14 @@ static int expect_rank2_dead(tdist_work_t *w, int64_t t0, int64_t bound_ms, cons
   return 0;
 }
 
-static void finish(int rank, tdist_store_server_t *srv, tdist_store_t *st, tdist_group_t *g) {
-  tdist_store_add(st, "done", 1, NULL);
-  if (rank == 0) { /* keep the store up until rank 1 is done */
-    int64_t n = 0;
-    for (int i = 0; i < 2000 && n < 2; i++) {
-      tdist_store_add(st, "done", 0, &n);
-      usleep(5000);
-    }
-  }
-  tdist_group_destroy(g);
-  tdist_store_release(st);
-  tdist_store_server_stop(srv);
-}
-
 static int stopped_child(int rank, int n, void *arg) {
-  tdist_store_server_t *srv;
-  tdist_store_t *st;
-  tdist_group_t *g;
-  MP_CHECK(join(rank, 60000, &srv, &st, &g) == 0);
+  tb_world_t tw;
+  MP_CHECK(join(rank, N, 60000, &tw) == 0);
+  tdist_group_t *g = tw.g;
   tb_set_mode(TB_HELD);
   tdist_work_t *w;
   MP_CHECK_RC(tdist_all_reduce(g, NULL, NULL, 0, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
-  MP_CHECK(all_submitted(st) == 0);
+  MP_CHECK(tb_store_barrier(tw.st, "submitted", N) == 0);
   int64_t t0 = tdist__now_ms();
   if (rank == 2) raise(SIGSTOP); /* rank 0 kills us once done */
   MP_CHECK(expect_rank2_dead(w, t0, 1500 + 1000 + 500, "no heartbeat") == 0);
@@ -111,40 +70,36 @@ static int stopped_child(int rank, int n, void *arg) {
   if (rank == 0) {
     void *pid;
     size_t len;
-    MP_CHECK_RC(tdist_store_get(st, "pid/2", &pid, &len, 1000));
+    MP_CHECK_RC(tdist_store_get(tw.st, "pid/2", &pid, &len, 1000));
     char text[32] = "";
     memcpy(text, pid, len < sizeof(text) - 1 ? len : sizeof(text) - 1);
     tdist_store_free(pid);
     kill(atoi(text), SIGKILL);
   }
   tb_set_mode(TB_COMPLETE);
-  finish(rank, srv, st, g);
-  return 0;
+  return tb_world_leave(&tw, N - 1);
 }
 
 static int killed_child(int rank, int n, void *arg) {
-  tdist_store_server_t *srv;
-  tdist_store_t *st;
-  tdist_group_t *g;
-  MP_CHECK(join(rank, 60000, &srv, &st, &g) == 0);
+  tb_world_t tw;
+  MP_CHECK(join(rank, N, 60000, &tw) == 0);
+  tdist_group_t *g = tw.g;
   tb_set_mode(TB_HELD);
   tdist_work_t *w;
   MP_CHECK_RC(tdist_barrier(g, NULL, &w));
-  MP_CHECK(all_submitted(st) == 0);
+  MP_CHECK(tb_store_barrier(tw.st, "submitted", N) == 0);
   int64_t t0 = tdist__now_ms();
   if (rank == 2) raise(SIGKILL);
   MP_CHECK(expect_rank2_dead(w, t0, 1000, "connection closed") == 0);
   tdist_work_release(w);
   tb_set_mode(TB_COMPLETE);
-  finish(rank, srv, st, g);
-  return 0;
+  return tb_world_leave(&tw, N - 1);
 }
 
 static int desync_child(int rank, int n, void *arg) {
-  tdist_store_server_t *srv;
-  tdist_store_t *st;
-  tdist_group_t *g;
-  MP_CHECK(join(rank, rank == 1 ? 1000 : 60000, &srv, &st, &g) == 0);
+  tb_world_t tw;
+  MP_CHECK(join(rank, N, rank == 1 ? 1000 : 60000, &tw) == 0);
+  tdist_group_t *g = tw.g;
   tb_set_mode(TB_COMPLETE);
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL)); /* seq 0 everywhere */
   if (rank == 2) { /* skips seq 1; its copy is aborted by the others' record */
@@ -162,33 +117,18 @@ static int desync_child(int rank, int n, void *arg) {
     tdist_work_release(w);
   }
   tb_set_mode(TB_COMPLETE);
-  finish(rank, srv, st, g);
-  return 0;
+  return tb_world_leave(&tw, N);
 }
 
 /* 4 ranks; rank 1 is killed; the survivors shrink and go on with 3. */
 static int shrink_child(int rank, int n, void *arg) {
-  tdist_store_server_t *srv = NULL;
-  tdist_store_t *st;
-  tdist_group_t *g, *s = NULL;
-  if (rank == 0) {
-    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
-                                            TDIST_STORE_SERVER_FIELD_PORT,
-                                    .host = "127.0.0.1", .port = port};
-    MP_CHECK_RC(tdist_store_server_start(&so, &srv));
-  }
-  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-  MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, &st));
-  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, n, "world", st, 20000, NULL, &g));
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, n, port, 20000, &tw) == 0);
+  tdist_group_t *g = tw.g, *s = NULL;
   tb_set_mode(TB_HELD);
   tdist_work_t *w;
   MP_CHECK_RC(tdist_barrier(g, NULL, &w));
-  MP_CHECK_RC(tdist_store_add(st, "submitted", 1, NULL));
-  int64_t k = 0;
-  for (int i = 0; i < 2000 && k < n; i++) {
-    tdist_store_add(st, "submitted", 0, &k);
-    usleep(2000);
-  }
+  MP_CHECK(tb_store_barrier(tw.st, "submitted", n) == 0);
   if (rank == 1) raise(SIGKILL);
   MP_CHECK(tdist_work_wait(w, 20000) == TDIST_ERR_REMOTE_FAILED);
   tdist_work_release(w);
@@ -205,11 +145,9 @@ static int shrink_child(int rank, int n, void *arg) {
   MP_CHECK_RC(tdist_barrier(s, NULL, NULL));
   MP_CHECK(tdist_barrier(g, NULL, NULL) == TDIST_ERR_REMOTE_FAILED); /* old group stays dead */
   tdist_group_destroy(g); /* the store stays up: the shrunk group still uses it */
-  MP_CHECK_RC(tdist_store_add(st, "after", 1, NULL));
-  MP_CHECK_RC(tdist_group_destroy(s));
-  tdist_store_release(st);
-  tdist_store_server_stop(srv);
-  return 0;
+  MP_CHECK_RC(tdist_barrier(s, NULL, NULL));
+  tw.g = s;
+  return tb_world_leave(&tw, n - 1);
 }
 
 static void survivors_shrink_and_go_on(void **state) {

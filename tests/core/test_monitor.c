@@ -15,51 +15,19 @@
 #include "core/clock.h"
 #include "core/group.h"
 #include "mp.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 
 #define N 3
 static int port;
 
-/* Rank 0 hosts the server; everyone connects and makes a world group. */
-static int join(int rank, int64_t timeout_ms, tdist_store_server_t **srv, tdist_store_t **st,
-                tdist_group_t **g) {
-  *srv = NULL;
-  if (rank == 0) {
-    tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
-                                            TDIST_STORE_SERVER_FIELD_PORT,
-                                    .host = "127.0.0.1", .port = port};
-    MP_CHECK_RC(tdist_store_server_start(&so, srv));
-  }
-  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-  MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, st));
-  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, N, "world", *st, timeout_ms, NULL, g));
-  return 0;
-}
-
-/* Everyone reaches here before rank 0 stops the server. */
-static int leave(tdist_store_server_t *srv, tdist_store_t *st, tdist_group_t *g) {
-  MP_CHECK_RC(tdist_store_add(st, "left", 1, NULL));
-  tdist_group_destroy(g);
-  if (srv) {
-    int64_t n = 0;
-    for (int i = 0; i < 2000 && n < N; i++) {
-      tdist_store_add(st, "left", 0, &n);
-      usleep(5000);
-    }
-  }
-  tdist_store_release(st);
-  tdist_store_server_stop(srv);
-  return 0;
-}
-
 static int timeout_child(int rank, int n, void *arg) {
   (void)n;
   (void)arg;
-  tdist_store_server_t *srv;
-  tdist_store_t *st;
-  tdist_group_t *g;
-  MP_CHECK(join(rank, rank == 1 ? 300 : 60000, &srv, &st, &g) == 0);
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, N, port, rank == 1 ? 300 : 60000, &tw) == 0);
+  tdist_group_t *g = tw.g;
   tb_set_mode(TB_STALL);
   tdist_work_t *w;
   MP_CHECK_RC(tdist_all_reduce(g, NULL, NULL, 0, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
@@ -78,16 +46,15 @@ static int timeout_child(int rank, int n, void *arg) {
   }
   tdist_work_release(w);
   tb_set_mode(TB_COMPLETE);
-  return leave(srv, st, g);
+  return tb_world_leave(&tw, N);
 }
 
 static int on_demand_child(int rank, int n, void *arg) {
   (void)n;
   (void)arg;
-  tdist_store_server_t *srv;
-  tdist_store_t *st;
-  tdist_group_t *g;
-  MP_CHECK(join(rank, 60000, &srv, &st, &g) == 0);
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, N, port, 60000, &tw) == 0);
+  tdist_group_t *g = tw.g;
   tb_set_mode(TB_HELD);
   tdist_work_t *w;
   MP_CHECK_RC(tdist_barrier(g, NULL, &w));
@@ -102,7 +69,7 @@ static int on_demand_child(int rank, int n, void *arg) {
   MP_CHECK(tdist_group_is_aborted(g));
   tdist_work_release(w);
   tb_set_mode(TB_COMPLETE);
-  return leave(srv, st, g);
+  return tb_world_leave(&tw, N);
 }
 
 static void timeout_on_one_rank_aborts_all(void **state) {
