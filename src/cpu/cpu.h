@@ -152,9 +152,9 @@ struct cpu_conn {
   int peer; /* world rank */
   int fd;
   uv_poll_t poll;
-  int events; /* UV_READABLE | UV_WRITABLE currently watched */
-  int dead;   /* closed or failed: no more I/O */
-  int bye;    /* the peer said goodbye (orderly destroy) */
+  int events;    /* UV_READABLE | UV_WRITABLE currently watched */
+  int dead;      /* closed or failed: no more I/O */
+  int bye;       /* the peer said goodbye (orderly destroy) */
   int bye_cause; /* ... after losing this world rank (-1: none), so our
                     error can name the root cause rather than the leaver */
   char addr[80];
@@ -249,5 +249,20 @@ float cpu_bf16_to_float(uint16_t h);
 uint16_t cpu_float_to_bf16(float f);
 
 extern const tdist__backend_ops_t tdist__cpu_backend;
+
+/* ---- shared between engine.c (round engine, dispatch) and backend.c
+ * (vtable); progress thread only. ---- */
+int cpu_grank_of(const cpu_group_t *cg, int world); /* group rank of a world rank, or -1 */
+void cpu_ux_append(cpu_ux_t **head, cpu_ux_t *u);
+void cpu_ux_unlink(cpu_ux_t **head, cpu_ux_t *u);
+void cpu_detach_rx(cpu_group_t *cg);   /* stop socket reads into cg's buffers */
+cpu_op_t *cpu_op_get(cpu_group_t *cg); /* from the group's free list */
+void cpu_op_put(cpu_op_t *op);         /* back to it */
+void cpu_op_unlink(cpu_op_t *op);      /* off the active list */
+void cpu_advance(cpu_op_t *op);        /* run rounds as far as they can go */
+int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
+void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x);
+int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
+void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text);
 
 #endif

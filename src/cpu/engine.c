@@ -1,8 +1,8 @@
 /*
- * engine.c - the CPU backend's vtable and its progress-thread engine:
- * groups (init, split, destroy), ops (post, rounds, completion), message
- * dispatch (where a payload goes, what happens once it is in), mismatch
- * detection, and failure handling (peer loss, abort).
+ * engine.c - the CPU backend's progress-thread engine: ops (rounds,
+ * completion), point-to-point matching, message dispatch (where a payload
+ * goes, what happens once it is in), mismatch detection, and peer loss. The
+ * vtable (groups, post, abort) is in backend.c.
  *
  * Ownership: a cpu_group_t belongs to its tdist group (g->bstate) and is
  * touched only on the progress thread once registered. An op (w->bk) lives
@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "cpu/cpu.h"
 
-static int grank_of(const cpu_group_t *cg, int world) {
+int cpu_grank_of(const cpu_group_t *cg, int world) {
   for (int i = 0; i < cg->g->size; i++)
     if (cg->g->global_ranks[i] == world) return i;
   return -1;
@@ -51,7 +51,7 @@ void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
   tdist__free(u);
 }
 
-static void ux_append(cpu_ux_t **head, cpu_ux_t *u) {
+void cpu_ux_append(cpu_ux_t **head, cpu_ux_t *u) {
   u->next = NULL;
   u->prev = NULL;
   if (!*head) {
@@ -65,7 +65,7 @@ static void ux_append(cpu_ux_t **head, cpu_ux_t *u) {
   u->prev = t;
 }
 
-static void ux_unlink(cpu_ux_t **head, cpu_ux_t *u) {
+void cpu_ux_unlink(cpu_ux_t **head, cpu_ux_t *u) {
   if (u->prev)
     u->prev->next = u->next;
   else
@@ -75,7 +75,7 @@ static void ux_unlink(cpu_ux_t **head, cpu_ux_t *u) {
 }
 
 /* Forget any socket read that targets group cg (abort, destroy). */
-static void detach_rx(cpu_group_t *cg) {
+void cpu_detach_rx(cpu_group_t *cg) {
   cpu_ctx_t *ctx = cg->ctx;
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
@@ -91,7 +91,7 @@ static void detach_rx(cpu_group_t *cg) {
 
 /* ---- ops ------------------------------------------------------------------------ */
 
-static cpu_op_t *op_get(cpu_group_t *cg) {
+cpu_op_t *cpu_op_get(cpu_group_t *cg) {
   cpu_op_t *op = cg->free_ops;
   if (op) {
     cg->free_ops = op->next;
@@ -124,7 +124,7 @@ static void release_stages(cpu_op_t *op) {
   }
 }
 
-static void op_put(cpu_op_t *op) {
+void cpu_op_put(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
   release_stages(op);
   if (op->tmp) cpu_buf_put(cg->ctx, op->tmp);
@@ -135,7 +135,7 @@ static void op_put(cpu_op_t *op) {
   cg->free_ops = op;
 }
 
-static void op_unlink(cpu_op_t *op) {
+void cpu_op_unlink(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
   if (op->prev)
     op->prev->next = op->next;
@@ -147,9 +147,9 @@ static void op_unlink(cpu_op_t *op) {
 
 static void op_complete(cpu_op_t *op) {
   tdist_work_t *w = op->w;
-  op_unlink(op);
+  cpu_op_unlink(op);
   if (op->finish_fn) op->finish_fn(op);
-  op_put(op);
+  cpu_op_put(op);
   tdist__work_finish(w, 0, "ok");
 }
 
@@ -162,7 +162,7 @@ static cpu_op_t *op_find(cpu_group_t *cg, uint64_t seq) {
 /* ---- failures -------------------------------------------------------------- */
 
 /* Tell the group's other ranks (ERR message), then fail the group here. */
-static void fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
+void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
   size_t len = strlen(text);
   for (int i = 0; i < cg->g->size; i++) {
     cpu_conn_t *c = cg->conns[i];
@@ -185,7 +185,7 @@ static void fail_group_everywhere(cpu_group_t *cg, int status, const char *text)
 
 /* Compare a peer's header with the local op; 1 (and the group failed) if
  * they disagree. */
-static int check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
+int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
                op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
   int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
@@ -210,7 +210,7 @@ static int check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src
            h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
            tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->g->rank, tdist_op_name(op->type),
            op->count, tdist_dtype_name(op->dtype), extra_b);
-  fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
   return 1;
 }
 
@@ -222,33 +222,31 @@ static int check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src
            "receive of count %zu %s",
            src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->g->rank,
            x->count, tdist_dtype_name(x->dtype));
-  fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
   return 1;
 }
 
 /* ---- the round engine ------------------------------------------------------ */
-
-static void advance(cpu_op_t *op);
 
 static void xfer_done(cpu_op_t *op) {
   if (--op->pending > 0) return;
   if (op->p2p)
     op_complete(op);
   else
-    advance(op);
+    cpu_advance(op);
 }
 
 void cpu_on_sent(cpu_op_t *op) { xfer_done(op); }
 
 /* Hand a complete unexpected message to receive x of op, and free it. */
 static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
-  ux_unlink(&cg->ux, u);
+  cpu_ux_unlink(&cg->ux, u);
   if (u->hdr.len != x->len) {
     char text[160];
     snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
-             grank_of(cg, u->src), u->hdr.len, x->len);
+             cpu_grank_of(cg, u->src), u->hdr.len, x->len);
     cpu_ux_free(cg->ctx, u);
-    fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+    cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
     return;
   }
   if (x->reduce) {
@@ -276,7 +274,7 @@ static int have_ux(cpu_group_t *cg, uint64_t cseq, int k, int world_src) {
   return 0;
 }
 
-static void advance(cpu_op_t *op) {
+void cpu_advance(cpu_op_t *op) {
   if (op->advancing) return;
   op->advancing = 1;
   cpu_group_t *cg = op->cg;
@@ -316,7 +314,7 @@ static void advance(cpu_op_t *op) {
       }
       cpu_msg_t *m = cpu_msg_new();
       if (!m) {
-        fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+        cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
         return;
       }
       m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
@@ -341,7 +339,7 @@ static void advance(cpu_op_t *op) {
       if (!u->complete || u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq ||
           u->hdr.slot != (uint32_t)k)
         continue;
-      cpu_xfer_t *x = round_recv(op, grank_of(cg, u->src));
+      cpu_xfer_t *x = round_recv(op, cpu_grank_of(cg, u->src));
       if (x) deliver_ux(cg, op, x, u);
     }
     if (cg->aborted || op->w != w) return;
@@ -358,7 +356,7 @@ static cpu_xfer_t *precv_match(cpu_group_t *cg, int src, int tag) {
   return NULL;
 }
 
-static void precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
+void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
   if (x->prev)
     x->prev->next = x->next;
   else
@@ -369,10 +367,10 @@ static void precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
 
 /* A complete unexpected p2p message: give it to the first matching receive. */
 static void claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
-  int src = grank_of(cg, u->src);
+  int src = cpu_grank_of(cg, u->src);
   cpu_xfer_t *x = precv_match(cg, src, u->hdr.root);
   if (!x) return;
-  precv_unlink(cg, x);
+  cpu_precv_unlink(cg, x);
   if (check_p2p(cg, x, &u->hdr, src)) return;
   deliver_ux(cg, x->op, x, u);
 }
@@ -386,7 +384,7 @@ static int p2p_waiting(cpu_group_t *cg, const tdist_p2p_op_t *p) {
   return 0;
 }
 
-static int post_p2p(cpu_group_t *cg, cpu_op_t *op) {
+int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
   tdist_work_t *w = op->w;
   const tdist__op_args_t *a = &w->args;
   tdist_p2p_op_t single = {.kind = a->type == TDIST_OP_SEND ? TDIST_P2P_SEND : TDIST_P2P_RECV,
@@ -424,7 +422,7 @@ static int post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       if (!u) return TDIST_ERR_NO_MEMORY;
       if (len) memcpy(u->data, p->buf, len);
       u->complete = 1;
-      ux_append(&cg->ux, u);
+      cpu_ux_append(&cg->ux, u);
       claim_p2p(cg, u);
       if (op->w == w) xfer_done(op);
     } else if (cg->conns[p->peer] && cg->conns[p->peer]->dead &&
@@ -484,18 +482,18 @@ void cpu_on_header(cpu_conn_t *c) {
      * in the orphan list. */
     cpu_ux_t *u = ux_new(ctx, h, c->peer);
     if (!u) return;
-    if (h->kind != CPU_MSG_ERR) ux_append(&ctx->orphans, u);
+    if (h->kind != CPU_MSG_ERR) cpu_ux_append(&ctx->orphans, u);
     c->rx_ux = u;
     c->rx_dst = u->data;
     return;
   }
   if (cg->aborted) return; /* discard */
-  int src = grank_of(cg, c->peer);
+  int src = cpu_grank_of(cg, c->peer);
   if (src < 0) return;
   c->rx_g = cg;
   if (h->kind == CPU_MSG_COLL) {
     cpu_op_t *op = op_find(cg, h->seq);
-    if (op && check_coll(cg, op, h, src)) return;
+    if (op && cpu_check_coll(cg, op, h, src)) return;
     if (op && op->round == (int)h->slot) {
       cpu_xfer_t *x = round_recv(op, src);
       if (x && x->len == h->len) {
@@ -514,7 +512,7 @@ void cpu_on_header(cpu_conn_t *c) {
     for (cpu_ux_t *u = cg->ux; u && x; u = u->next)
       if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
     if (x && !older) {
-      precv_unlink(cg, x);
+      cpu_precv_unlink(cg, x);
       if (check_p2p(cg, x, h, src)) return;
       c->rx_op = x->op;
       c->rx_x = x;
@@ -524,10 +522,10 @@ void cpu_on_header(cpu_conn_t *c) {
   }
   cpu_ux_t *u = ux_new(ctx, h, c->peer);
   if (!u) {
-    fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
     return;
   }
-  ux_append(&cg->ux, u);
+  cpu_ux_append(&cg->ux, u);
   c->rx_ux = u;
   c->rx_dst = u->data;
 }
@@ -538,7 +536,7 @@ static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
     int status =
         u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
     tdist__group_fail(cg->g, status, "%.*s (reported by rank %d)", (int)u->hdr.len,
-                      (const char *)u->data, grank_of(cg, c->peer));
+                      (const char *)u->data, cpu_grank_of(cg, c->peer));
   }
   cpu_ux_free(c->ctx, u);
 }
@@ -573,7 +571,7 @@ void cpu_on_payload(cpu_conn_t *c) {
   }
   cpu_op_t *o = op_find(cg, u->hdr.seq);
   if (!o || o->round != (int)u->hdr.slot) return;
-  cpu_xfer_t *rx = round_recv(o, grank_of(cg, u->src));
+  cpu_xfer_t *rx = round_recv(o, cpu_grank_of(cg, u->src));
   if (rx) deliver_ux(cg, o, rx, u);
 }
 
@@ -603,7 +601,7 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   if (!c->bye) ctx->lost_peer = c->peer;
   /* Decide which groups fail before the queue is dropped. */
   for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    int r = grank_of(cg, c->peer);
+    int r = cpu_grank_of(cg, c->peer);
     cg->failing = r >= 0 && !cg->aborted && needs_peer(cg, r, c);
   }
   c->dead = 1;
@@ -627,188 +625,6 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
     if (!cg->failing) continue;
     cg->failing = 0;
     tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s",
-                      grank_of(cg, c->peer), c->peer, c->addr, why);
+                      cpu_grank_of(cg, c->peer), c->peer, c->addr, why);
   }
 }
-
-/* ---- the vtable -------------------------------------------------------------------- */
-
-struct reg {
-  cpu_group_t *cg;
-};
-
-static void register_task(void *arg) {
-  cpu_group_t *cg = arg;
-  cpu_ctx_t *ctx = cg->ctx;
-  cg->next = ctx->groups;
-  if (ctx->groups) ctx->groups->prev = cg;
-  ctx->groups = cg;
-  /* Claim messages that arrived before this group existed here. */
-  for (cpu_ux_t *u = ctx->orphans, *next; u; u = next) {
-    next = u->next;
-    if (u->hdr.uid != cg->g->uid) continue;
-    ux_unlink(&ctx->orphans, u);
-    ux_append(&cg->ux, u);
-  }
-  for (int i = 0; i < ctx->size; i++) {
-    cpu_conn_t *c = ctx->conns[i];
-    if (c && c->rx_body && c->rx_ux && !c->rx_g && c->rh.uid == cg->g->uid &&
-        c->rh.kind != CPU_MSG_ERR)
-      c->rx_g = cg; /* the orphan being read now is ours */
-  }
-}
-
-static int attach(tdist_group_t *g, cpu_ctx_t *ctx) {
-  cpu_group_t *cg = tdist__calloc(1, sizeof(*cg));
-  if (!cg) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-  cg->conns = tdist__calloc((size_t)g->size, sizeof(cpu_conn_t *));
-  if (!cg->conns) {
-    tdist__free(cg);
-    return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-  }
-  cg->ctx = ctx;
-  cg->g = g;
-  for (int i = 0; i < g->size; i++)
-    cg->conns[i] = i == g->rank ? NULL : ctx->conns[g->global_ranks[i]];
-  g->bstate = cg;
-  tdist__progress_call(g->progress, register_task, cg);
-  return 0;
-}
-
-static int cpu_init(tdist_group_t *g, const void *arg) {
-  cpu_ctx_t *ctx = NULL;
-  TDIST_CHECK(cpu_ctx_create(g, &ctx));
-  int rc = attach(g, ctx);
-  if (rc) cpu_ctx_release(ctx);
-  return rc;
-}
-
-static void ref_task(void *arg) { ((cpu_ctx_t *)arg)->refs++; }
-
-static int cpu_split(tdist_group_t *parent, int color, tdist_group_t *child) {
-  if (!child) return 0;
-  cpu_ctx_t *ctx = ((cpu_group_t *)parent->bstate)->ctx;
-  tdist__progress_call(parent->progress, ref_task, ctx);
-  int rc = attach(child, ctx);
-  if (rc) cpu_ctx_release(ctx);
-  return rc;
-}
-
-/* Survivors only: the child uses their existing connections; those to the
- * excluded (dead) ranks are simply never used by it. */
-static int cpu_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
-                      tdist_group_t *child) {
-  return cpu_split(parent, 0, child);
-}
-
-static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
-  cpu_group_t *cg = g->bstate;
-  cpu_op_t *op = op_get(cg);
-  if (!op) return TDIST_ERR_NO_MEMORY;
-  const tdist__op_args_t *a = &w->args;
-  op->w = w;
-  w->bk = op;
-  op->type = a->type;
-  op->dtype = a->dtype;
-  op->redop = a->redop;
-  op->count = a->count;
-  op->es = tdist_dtype_size(a->dtype);
-  op->root = a->root;
-  op->rank = g->rank;
-  op->size = g->size;
-  op->p2p = a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV || a->type == TDIST_OP_BATCH_P2P;
-  op->prev = NULL;
-  op->next = NULL;
-  if (!cg->ops) {
-    cg->ops = op;
-  } else {
-    cpu_op_t *t = cg->ops;
-    while (t->next)
-      t = t->next;
-    t->next = op;
-    op->prev = t;
-  }
-  if (op->p2p) {
-    int rc = post_p2p(cg, op);
-    if (rc < 0 && op->w == w) {
-      /* Some transfers may be queued: fail the group rather than leave them. */
-      fail_group_everywhere(cg, rc, "cpu: cannot post the point-to-point op");
-    }
-    return 0;
-  }
-  op->cseq = cg->next_cseq++;
-  int rc = cpu_algo_setup(op);
-  if (rc < 0) {
-    op_unlink(op);
-    op_put(op);
-    return rc;
-  }
-  /* Peers that already sent this op: check they agree before starting. */
-  for (cpu_ux_t *u = cg->ux; u; u = u->next)
-    if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
-        check_coll(cg, op, &u->hdr, grank_of(cg, u->src)))
-      return 0;
-  advance(op);
-  return 0;
-}
-
-static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
-  cpu_group_t *cg = g->bstate;
-  if (!cg) return;
-  cg->aborted = 1;
-  for (int i = 0; i < g->size; i++)
-    if (cg->conns[i] && !cg->conns[i]->dead) cpu_conn_forget(cg->conns[i], g->uid);
-  detach_rx(cg);
-  while (cg->ops) {
-    cpu_op_t *op = cg->ops;
-    op_unlink(op);
-    op_put(op);
-  }
-  while (cg->precv)
-    precv_unlink(cg, cg->precv);
-  while (cg->ux) {
-    cpu_ux_t *u = cg->ux;
-    ux_unlink(&cg->ux, u);
-    cpu_ux_free(cg->ctx, u);
-  }
-}
-
-static void unregister_task(void *arg) {
-  cpu_group_t *cg = arg;
-  cpu_ctx_t *ctx = cg->ctx;
-  cpu_abort(cg->g, TDIST_ERR_ABORTED, "destroyed");
-  if (cg->prev)
-    cg->prev->next = cg->next;
-  else
-    ctx->groups = cg->next;
-  if (cg->next) cg->next->prev = cg->prev;
-  while (cg->free_ops) {
-    cpu_op_t *op = cg->free_ops;
-    cg->free_ops = op->next;
-    tdist__free(op->sends);
-    tdist__free(op->recvs);
-    tdist__free(op);
-  }
-}
-
-static int cpu_destroy(tdist_group_t *g) {
-  cpu_group_t *cg = g->bstate;
-  if (!cg) return 0;
-  tdist__progress_call(g->progress, unregister_task, cg);
-  cpu_ctx_t *ctx = cg->ctx;
-  tdist__free(cg->conns);
-  tdist__free(cg);
-  g->bstate = NULL;
-  cpu_ctx_release(ctx);
-  return 0;
-}
-
-const tdist__backend_ops_t tdist__cpu_backend = {
-    .name = "cpu",
-    .init = cpu_init,
-    .split = cpu_split,
-    .shrink = cpu_shrink,
-    .post = cpu_post,
-    .abort = cpu_abort,
-    .destroy = cpu_destroy,
-};

@@ -271,7 +271,8 @@ static void on_readable(cpu_conn_t *c) {
       if (c->bye && c->bye_cause >= 0)
         snprintf(why, sizeof(why), "left after losing world rank %d", c->bye_cause);
       else
-        snprintf(why, sizeof(why), "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
+        snprintf(why, sizeof(why), "%s",
+                 c->bye ? "left (destroyed its group)" : "closed its connection");
       cpu_on_conn_lost(c, why);
       return;
     }
