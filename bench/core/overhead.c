@@ -51,7 +51,8 @@ static void *worker(void *arg) {
       fprintf(stderr, "wait failed\n");
       exit(1);
     }
-    for (int i = 0; i < window; i++) tdist_work_release(w[i]);
+    for (int i = 0; i < window; i++)
+      tdist_work_release(w[i]);
   }
   return NULL;
 }
@@ -60,11 +61,13 @@ static void *worker(void *arg) {
 static double run(int threads, double *allocs_per_op) {
   pthread_t t[64];
   pthread_barrier_init(&start_line, NULL, (unsigned)threads + 1);
-  for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, worker, NULL);
+  for (int i = 0; i < threads; i++)
+    pthread_create(&t[i], NULL, worker, NULL);
   uint64_t a0 = tdist__alloc_count();
   int64_t t0 = tdist__now_ns();
   pthread_barrier_wait(&start_line);
-  for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < threads; i++)
+    pthread_join(t[i], NULL);
   int64_t t1 = tdist__now_ns();
   double ops = (double)ops_per_thread * threads;
   *allocs_per_op = (double)(tdist__alloc_count() - a0) / ops;
@@ -90,8 +93,10 @@ static void row(const char *name, tb_mode_t mode, int threads, int win, int reps
 int main(int argc, char **argv) {
   int reps = 3, opt;
   while ((opt = getopt(argc, argv, "o:r:")) != -1) {
-    if (opt == 'o') ops_per_thread = atol(optarg);
-    else if (opt == 'r') reps = atoi(optarg);
+    if (opt == 'o')
+      ops_per_thread = atol(optarg);
+    else if (opt == 'r')
+      reps = atoi(optarg);
     else {
       fprintf(stderr, "usage: %s [-o ops_per_thread] [-r reps]\n", argv[0]);
       return 2;

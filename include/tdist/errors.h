@@ -15,25 +15,25 @@ extern "C" {
 #endif
 
 /* X(NAME, value, message). Values are stable: new codes are appended. */
-#define TDIST_ERRNO_MAP(X)                                                    \
-  X(INVALID_ARGUMENT, -1, "invalid argument")                                 \
-  X(NO_MEMORY, -2, "out of memory")                                           \
-  X(TIMEOUT, -3, "operation timed out")                                       \
-  X(ABORTED, -4, "operation aborted")                                         \
-  X(REMOTE_FAILED, -5, "a remote rank failed")                                \
-  X(MISMATCH, -6, "ranks disagree on the collective (op, dtype, count, root)")\
-  X(CUDA_ERROR, -7, "CUDA error")                                             \
-  X(NCCL_ERROR, -8, "NCCL error")                                             \
-  X(STORE_ERROR, -9, "key-value store error")                                 \
-  X(NOT_SUPPORTED, -10, "operation not supported")                            \
-  X(INTERNAL, -11, "internal error")                                          \
-  X(IO, -12, "network or I/O error")                                          \
-  X(IN_PROGRESS, -13, "operation still in progress")                          \
-  X(INVALID_STATE, -14, "object in the wrong state for this call")            \
-  X(PROTOCOL, -15, "malformed or unexpected protocol message")                \
-  X(AUTH, -16, "authentication failed")                                       \
-  X(NOT_FOUND, -17, "not found")                                              \
-  X(CLOSED, -18, "connection or object closed")                               \
+#define TDIST_ERRNO_MAP(X)                                                     \
+  X(INVALID_ARGUMENT, -1, "invalid argument")                                  \
+  X(NO_MEMORY, -2, "out of memory")                                            \
+  X(TIMEOUT, -3, "operation timed out")                                        \
+  X(ABORTED, -4, "operation aborted")                                          \
+  X(REMOTE_FAILED, -5, "a remote rank failed")                                 \
+  X(MISMATCH, -6, "ranks disagree on the collective (op, dtype, count, root)") \
+  X(CUDA_ERROR, -7, "CUDA error")                                              \
+  X(NCCL_ERROR, -8, "NCCL error")                                              \
+  X(STORE_ERROR, -9, "key-value store error")                                  \
+  X(NOT_SUPPORTED, -10, "operation not supported")                             \
+  X(INTERNAL, -11, "internal error")                                           \
+  X(IO, -12, "network or I/O error")                                           \
+  X(IN_PROGRESS, -13, "operation still in progress")                           \
+  X(INVALID_STATE, -14, "object in the wrong state for this call")             \
+  X(PROTOCOL, -15, "malformed or unexpected protocol message")                 \
+  X(AUTH, -16, "authentication failed")                                        \
+  X(NOT_FOUND, -17, "not found")                                               \
+  X(CLOSED, -18, "connection or object closed")                                \
   X(TOO_LARGE, -19, "value or message too large")
 
 /* TDIST_ERR_INVALID_ARGUMENT = -1, ... */
@@ -42,7 +42,7 @@ enum tdist_errno {
 #define TDIST_ERRNO_ENUM_(name, val, msg) TDIST_ERR_##name = (val),
   TDIST_ERRNO_MAP(TDIST_ERRNO_ENUM_)
 #undef TDIST_ERRNO_ENUM_
-  TDIST_ERR_MIN_ = -20 /* one below the lowest code; not an error code */
+      TDIST_ERR_MIN_ = -20 /* one below the lowest code; not an error code */
 };
 
 /*

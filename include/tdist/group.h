@@ -87,8 +87,8 @@ typedef struct tdist_group_opts {
  * @return 0; TDIST_ERR_INVALID_ARGUMENT for an empty list, a rank out of range
  *         or a duplicate; TDIST_ERR_ABORTED if the parent was aborted.
  */
-int tdist_new_group(tdist_group_t *parent, const int *ranks, int n,
-                    const tdist_group_opts_t *opts, tdist_group_t **group);
+int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_group_opts_t *opts,
+                    tdist_group_t **group);
 
 /*
  * tdist_mesh_create - an N-dimensional device mesh over `parent`, e.g.

@@ -41,50 +41,46 @@ extern "C" {
 
 /* all_reduce: recvbuf[i] = op over ranks of sendbuf[i], on every rank.
  * In place when sendbuf == recvbuf. */
-int tdist_all_reduce(tdist_group_t *group, const void *sendbuf, void *recvbuf,
-                     size_t count, tdist_dtype_t dtype, tdist_redop_t op,
-                     const tdist_op_opts_t *opts, tdist_work_t **work);
+int tdist_all_reduce(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, tdist_redop_t op, const tdist_op_opts_t *opts,
+                     tdist_work_t **work);
 
 /* broadcast: buf on every rank receives root's buf (in place, as torch). */
-int tdist_broadcast(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype,
-                    int root, const tdist_op_opts_t *opts, tdist_work_t **work);
+int tdist_broadcast(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype, int root,
+                    const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* reduce: root's recvbuf = op over ranks of sendbuf; recvbuf is only used on
  * root (may be NULL elsewhere). In place on root when sendbuf == recvbuf. */
 int tdist_reduce(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
-                 tdist_dtype_t dtype, tdist_redop_t op, int root,
-                 const tdist_op_opts_t *opts, tdist_work_t **work);
+                 tdist_dtype_t dtype, tdist_redop_t op, int root, const tdist_op_opts_t *opts,
+                 tdist_work_t **work);
 
 /* all_gather: recvbuf (size * count elements) holds every rank's sendbuf in
  * rank order. In place when sendbuf == recvbuf + rank * count elements. */
-int tdist_all_gather(tdist_group_t *group, const void *sendbuf, void *recvbuf,
-                     size_t count, tdist_dtype_t dtype, const tdist_op_opts_t *opts,
-                     tdist_work_t **work);
+int tdist_all_gather(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* gather: root's recvbuf (size * count elements) holds every rank's sendbuf
  * in rank order; recvbuf only used on root. */
 int tdist_gather(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
-                 tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
-                 tdist_work_t **work);
+                 tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* scatter: rank r's recvbuf (count elements) receives block r of root's
  * sendbuf (size * count elements); sendbuf only used on root. */
 int tdist_scatter(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
-                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
-                  tdist_work_t **work);
+                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* reduce_scatter: rank r's recvbuf (count elements) = op over ranks of block
  * r of sendbuf (size * count elements). In place when recvbuf == sendbuf +
  * rank * count elements. */
-int tdist_reduce_scatter(tdist_group_t *group, const void *sendbuf, void *recvbuf,
-                         size_t count, tdist_dtype_t dtype, tdist_redop_t op,
-                         const tdist_op_opts_t *opts, tdist_work_t **work);
+int tdist_reduce_scatter(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                         tdist_dtype_t dtype, tdist_redop_t op, const tdist_op_opts_t *opts,
+                         tdist_work_t **work);
 
 /* all_to_all: block j (count elements) of rank i's sendbuf lands in block i
  * of rank j's recvbuf. Buffers hold size * count elements; not in place. */
-int tdist_all_to_all(tdist_group_t *group, const void *sendbuf, void *recvbuf,
-                     size_t count, tdist_dtype_t dtype, const tdist_op_opts_t *opts,
-                     tdist_work_t **work);
+int tdist_all_to_all(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
+                     tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* barrier: completes once every rank of the group entered it. */
 int tdist_barrier(tdist_group_t *group, const tdist_op_opts_t *opts, tdist_work_t **work);
@@ -92,15 +88,15 @@ int tdist_barrier(tdist_group_t *group, const tdist_op_opts_t *opts, tdist_work_
 /* isend / irecv: point-to-point with a tag (opts->tag, default 0). Messages
  * between two ranks with the same tag are matched in order. The count and
  * dtype of a send and its receive must agree (else TDIST_ERR_MISMATCH). */
-int tdist_isend(tdist_group_t *group, const void *buf, size_t count, tdist_dtype_t dtype,
-                int peer, const tdist_op_opts_t *opts, tdist_work_t **work);
-int tdist_irecv(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype,
-                int peer, const tdist_op_opts_t *opts, tdist_work_t **work);
+int tdist_isend(tdist_group_t *group, const void *buf, size_t count, tdist_dtype_t dtype, int peer,
+                const tdist_op_opts_t *opts, tdist_work_t **work);
+int tdist_irecv(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype, int peer,
+                const tdist_op_opts_t *opts, tdist_work_t **work);
 /* send / recv: the blocking forms (isend/irecv followed by a wait). */
-int tdist_send(tdist_group_t *group, const void *buf, size_t count, tdist_dtype_t dtype,
-               int peer, const tdist_op_opts_t *opts);
-int tdist_recv(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype,
-               int peer, const tdist_op_opts_t *opts);
+int tdist_send(tdist_group_t *group, const void *buf, size_t count, tdist_dtype_t dtype, int peer,
+               const tdist_op_opts_t *opts);
+int tdist_recv(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype, int peer,
+               const tdist_op_opts_t *opts);
 
 /* One point-to-point op of a batch. */
 typedef enum tdist_p2p_kind { TDIST_P2P_SEND = 0, TDIST_P2P_RECV = 1 } tdist_p2p_kind_t;

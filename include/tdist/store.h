@@ -55,8 +55,7 @@ typedef struct tdist_store_server_opts {
  * @return 0; TDIST_ERR_IO if the address cannot be bound (message names it);
  *         TDIST_ERR_NO_MEMORY. Any thread.
  */
-int tdist_store_server_start(const tdist_store_server_opts_t *opts,
-                             tdist_store_server_t **server);
+int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_server_t **server);
 /* The port the server listens on (useful with port 0). */
 int tdist_store_server_port(const tdist_store_server_t *server);
 /* Number of keys currently stored (for tools and tests). */
@@ -95,8 +94,7 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
  * filesystem. Operations lock the file (fcntl) and are atomic across
  * processes; waits poll the file at a short interval.
  */
-int tdist_store_open_file(const char *path, const tdist_store_opts_t *opts,
-                          tdist_store_t **store);
+int tdist_store_open_file(const char *path, const tdist_store_opts_t *opts, tdist_store_t **store);
 
 /*
  * tdist_store_prefix - a view of `base` whose keys are `prefix` + key. The view
@@ -138,8 +136,7 @@ int tdist_store_compare_set(tdist_store_t *s, const char *key, const void *expec
                             void **current, size_t *current_len);
 
 /* wait: block until every key exists. TDIST_ERR_TIMEOUT names a missing key. */
-int tdist_store_wait(tdist_store_t *s, const char *const *keys, size_t n,
-                     int64_t timeout_ms);
+int tdist_store_wait(tdist_store_t *s, const char *const *keys, size_t n, int64_t timeout_ms);
 
 /* check: *all_exist = 1 if every key exists now, else 0. Does not wait. */
 int tdist_store_check(tdist_store_t *s, const char *const *keys, size_t n, int *all_exist);
@@ -152,12 +149,12 @@ int tdist_store_num_keys(tdist_store_t *s, int64_t *n);
 
 /* multi_get: get of n keys at once, waiting for all; values[i] freed by the
  * caller with tdist_store_free. On failure nothing is returned. */
-int tdist_store_multi_get(tdist_store_t *s, const char *const *keys, size_t n,
-                          void **values, size_t *lens, int64_t timeout_ms);
+int tdist_store_multi_get(tdist_store_t *s, const char *const *keys, size_t n, void **values,
+                          size_t *lens, int64_t timeout_ms);
 
 /* multi_set: set n keys in one round trip, atomically on the server. */
-int tdist_store_multi_set(tdist_store_t *s, const char *const *keys,
-                          const void *const *values, const size_t *lens, size_t n);
+int tdist_store_multi_set(tdist_store_t *s, const char *const *keys, const void *const *values,
+                          const size_t *lens, size_t n);
 
 /* append: append bytes to the key's value (created if missing). */
 int tdist_store_append(tdist_store_t *s, const char *key, const void *value, size_t len);

@@ -9,7 +9,7 @@
 #define TDIST_VERSION_MINOR 1
 #define TDIST_VERSION_PATCH 0
 /* One integer that compares: 10000*major + 100*minor + patch. */
-#define TDIST_VERSION_CODE                                                    \
+#define TDIST_VERSION_CODE \
   (TDIST_VERSION_MAJOR * 10000 + TDIST_VERSION_MINOR * 100 + TDIST_VERSION_PATCH)
 
 #ifdef __cplusplus

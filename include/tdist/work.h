@@ -141,8 +141,7 @@ int tdist_wait_all(tdist_work_t *const *works, size_t n, int64_t timeout_ms);
  * @return that work's status; TDIST_ERR_IN_PROGRESS on timeout;
  *         TDIST_ERR_INVALID_ARGUMENT if n == 0 or every entry is NULL.
  */
-int tdist_wait_any(tdist_work_t *const *works, size_t n, int64_t timeout_ms,
-                   size_t *index);
+int tdist_wait_any(tdist_work_t *const *works, size_t n, int64_t timeout_ms, size_t *index);
 
 #ifdef __cplusplus
 }

@@ -30,11 +30,11 @@ const char *tdist_version_string(void) {
   if (!buf[0]) {
 #ifdef TDIST_HAVE_NCCL
     snprintf(buf, sizeof(buf), "%d.%d.%d (backends: cpu, nccl; built with NCCL %d.%d.%d)",
-             TDIST_VERSION_MAJOR, TDIST_VERSION_MINOR, TDIST_VERSION_PATCH, NCCL_MAJOR,
-             NCCL_MINOR, NCCL_PATCH);
+             TDIST_VERSION_MAJOR, TDIST_VERSION_MINOR, TDIST_VERSION_PATCH, NCCL_MAJOR, NCCL_MINOR,
+             NCCL_PATCH);
 #else
-    snprintf(buf, sizeof(buf), "%d.%d.%d (backends: cpu)", TDIST_VERSION_MAJOR,
-             TDIST_VERSION_MINOR, TDIST_VERSION_PATCH);
+    snprintf(buf, sizeof(buf), "%d.%d.%d (backends: cpu)", TDIST_VERSION_MAJOR, TDIST_VERSION_MINOR,
+             TDIST_VERSION_PATCH);
 #endif
   }
   return buf;

@@ -15,7 +15,7 @@ static _Thread_local char last_error[512];
 const char *tdist_strerror(int rc) {
   switch (rc) {
   case 0: return "success";
-#define TDIST_STRERROR_CASE_(name, val, msg)                                  \
+#define TDIST_STRERROR_CASE_(name, val, msg) \
   case val: return msg;
     TDIST_ERRNO_MAP(TDIST_STRERROR_CASE_)
 #undef TDIST_STRERROR_CASE_
@@ -26,7 +26,7 @@ const char *tdist_strerror(int rc) {
 const char *tdist_err_name(int rc) {
   switch (rc) {
   case 0: return "TDIST_SUCCESS";
-#define TDIST_ERRNAME_CASE_(name, val, msg)                                   \
+#define TDIST_ERRNAME_CASE_(name, val, msg) \
   case val: return "TDIST_ERR_" #name;
     TDIST_ERRNO_MAP(TDIST_ERRNAME_CASE_)
 #undef TDIST_ERRNAME_CASE_
@@ -54,21 +54,19 @@ size_t tdist_dtype_size(tdist_dtype_t d) {
 
 const char *tdist_dtype_name(tdist_dtype_t d) {
   static const char *names[TDIST_DTYPE_COUNT] = {"int8",    "uint8",    "int32",   "int64",
-                                                  "float16", "bfloat16", "float32", "float64"};
+                                                 "float16", "bfloat16", "float32", "float64"};
   return ((unsigned)d < TDIST_DTYPE_COUNT) ? names[d] : "invalid";
 }
 
 const char *tdist_redop_name(tdist_redop_t op) {
-  static const char *names[TDIST_REDOP_COUNT] = {"sum", "prod", "min",
-                                                  "max", "avg",  "premul_sum"};
+  static const char *names[TDIST_REDOP_COUNT] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
   return ((unsigned)op < TDIST_REDOP_COUNT) ? names[op] : "invalid";
 }
 
 const char *tdist_op_name(tdist_optype_t op) {
   static const char *names[TDIST_OPTYPE_COUNT] = {
-      "all_reduce", "broadcast",      "reduce",     "all_gather", "gather",
-      "scatter",    "reduce_scatter", "all_to_all", "barrier",    "send",
-      "recv",       "batch_p2p"};
+      "all_reduce",     "broadcast",  "reduce",  "all_gather", "gather", "scatter",
+      "reduce_scatter", "all_to_all", "barrier", "send",       "recv",   "batch_p2p"};
   return ((unsigned)op < TDIST_OPTYPE_COUNT) ? names[op] : "invalid";
 }
 

@@ -26,22 +26,22 @@ int tdist__error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 
  * may fail without calling tdist__error). */
 void tdist__error_clear(void);
 
-#define TDIST_CHECK(call)                                                     \
-  do {                                                                        \
-    int rc_ = (call);                                                         \
-    if (rc_ < 0) {                                                            \
+#define TDIST_CHECK(call)                                                       \
+  do {                                                                          \
+    int rc_ = (call);                                                           \
+    if (rc_ < 0) {                                                              \
       TDIST_INFO(CORE, "%s:%d -> %s", __FILE__, __LINE__, tdist_err_name(rc_)); \
-      return rc_;                                                             \
-    }                                                                         \
+      return rc_;                                                               \
+    }                                                                           \
   } while (0)
 
-#define TDIST_CHECKGOTO(call, rc, label)                                      \
-  do {                                                                        \
-    (rc) = (call);                                                            \
-    if ((rc) < 0) {                                                           \
+#define TDIST_CHECKGOTO(call, rc, label)                                       \
+  do {                                                                         \
+    (rc) = (call);                                                             \
+    if ((rc) < 0) {                                                            \
       TDIST_INFO(CORE, "%s:%d -> %s", __FILE__, __LINE__, tdist_err_name(rc)); \
-      goto label;                                                             \
-    }                                                                         \
+      goto label;                                                              \
+    }                                                                          \
   } while (0)
 
 #endif

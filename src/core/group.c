@@ -28,16 +28,22 @@
 void tdist__group_inflight_add(tdist_group_t *g, tdist_work_t *w) {
   w->next = NULL;
   w->prev = g->inflight_tail;
-  if (g->inflight_tail) g->inflight_tail->next = w;
-  else g->inflight_head = w;
+  if (g->inflight_tail)
+    g->inflight_tail->next = w;
+  else
+    g->inflight_head = w;
   g->inflight_tail = w;
 }
 
 void tdist__group_inflight_remove(tdist_group_t *g, tdist_work_t *w) {
-  if (w->prev) w->prev->next = w->next;
-  else g->inflight_head = w->next;
-  if (w->next) w->next->prev = w->prev;
-  else g->inflight_tail = w->prev;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    g->inflight_head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    g->inflight_tail = w->prev;
   w->prev = w->next = NULL;
 }
 
@@ -68,12 +74,12 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int pu
 
 /* Finish everything in flight, then write the flight recorder. */
 static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
-  while (g->inflight_head) tdist__work_finish(g->inflight_head, status, "%s", reason);
+  while (g->inflight_head)
+    tdist__work_finish(g->inflight_head, status, "%s", reason);
   tdist__trace_dump_on_failure(g);
 }
 
-static void group_fail_v(tdist_group_t *g, int status, int publish, const char *fmt,
-                         va_list ap) {
+static void group_fail_v(tdist_group_t *g, int status, int publish, const char *fmt, va_list ap) {
   char reason[256];
   vsnprintf(reason, sizeof(reason), fmt, ap);
   if (!mark_aborted(g, status, reason, publish)) return;
@@ -217,16 +223,18 @@ int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, con
   *out = NULL;
   if (!ops) return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend not built into this library");
   if (size < 1 || rank < 0 || rank >= size)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "rank %d is not in [0, world size %d)",
-                        rank, size);
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "rank %d is not in [0, world size %d)", rank,
+                        size);
   if (timeout_ms <= 0)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "timeout %lld ms must be > 0",
                         (long long)timeout_ms);
   if (!name || !*name) name = "world";
   uint64_t uid = 1469598103934665603ULL;
-  for (const char *c = name; *c; c++) uid = (uid ^ (unsigned char)*c) * 1099511628211ULL;
+  for (const char *c = name; *c; c++)
+    uid = (uid ^ (unsigned char)*c) * 1099511628211ULL;
   TDIST_CHECKGOTO(group_new(ops, rank, size, name, uid, timeout_ms, &g), rc, fail);
-  for (int i = 0; i < size; i++) g->global_ranks[i] = i;
+  for (int i = 0; i < size; i++)
+    g->global_ranks[i] = i;
   char prefix[160];
   snprintf(prefix, sizeof(prefix), "tdist/%s/", name);
   TDIST_CHECKGOTO(make_store_view(store, prefix, &g->store), rc, fail);
@@ -258,9 +266,8 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
   if (my < 0)
     return tdist__error(TDIST_ERR_INTERNAL, "rank %d is not among the new group's members",
                         parent->rank);
-  const char *name = (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name)
-                         ? opts->name
-                         : default_name;
+  const char *name =
+      (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name) ? opts->name : default_name;
   int64_t timeout = atomic_load(&parent->timeout_ms);
   if (opts && (opts->mask & TDIST_GROUP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
     timeout = opts->timeout_ms;
@@ -310,8 +317,10 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
   if (color != TDIST__NOCOLOR) {
     char name[96], tag[48];
-    if (color == 0) snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
-    else snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
+    if (color == 0)
+      snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
+    else
+      snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
     snprintf(tag, sizeof(tag), "%u.%d/", idx, color);
     uint64_t uid = tdist__mix64(tdist__mix64(parent->uid, idx), (uint64_t)(unsigned)color);
     TDIST_CHECKGOTO(tdist__group_child_new(parent, members, n, opts, name, uid, tag, &child), rc,
@@ -326,8 +335,8 @@ fail:
   return rc;
 }
 
-int tdist_new_group(tdist_group_t *parent, const int *ranks, int n,
-                    const tdist_group_opts_t *opts, tdist_group_t **group) {
+int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_group_opts_t *opts,
+                    tdist_group_t **group) {
   tdist__error_clear();
   if (!group) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_new_group: NULL out-param");
   *group = NULL;
@@ -346,8 +355,8 @@ int tdist_new_group(tdist_group_t *parent, const int *ranks, int n,
                           parent->size);
     for (int j = 0; j < i; j++)
       if (ranks[j] == ranks[i])
-        return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                            "tdist_new_group: rank %d is listed twice", ranks[i]);
+        return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_new_group: rank %d is listed twice",
+                            ranks[i]);
     if (ranks[i] == parent->rank) member = 1;
   }
   return tdist__group_split(parent, member ? 0 : TDIST__NOCOLOR, ranks, n, opts, group);

@@ -19,25 +19,25 @@ struct tdist_progress;
 struct tdist_group {
   /* (caller) identity */
   int rank, size;
-  int *global_ranks;   /* group rank -> world rank */
-  int *parent_ranks;   /* group rank -> parent rank (NULL for the world) */
-  uint64_t uid;        /* same on every rank; distinct per group */
+  int *global_ranks; /* group rank -> world rank */
+  int *parent_ranks; /* group rank -> parent rank (NULL for the world) */
+  uint64_t uid;      /* same on every rank; distinct per group */
   char name[96];
   struct tdist_group *parent;
   const tdist__backend_ops_t *ops;
-  void *bstate;        /* backend state */
-  tdist_store_t *store;  /* prefix view "tdist/<name>/...", private to the group */
+  void *bstate;              /* backend state */
+  tdist_store_t *store;      /* prefix view "tdist/<name>/...", private to the group */
   tdist_store_t *root_store; /* the whole store (dead set), or NULL */
-  int needs_poll;      /* backend wants ops->poll while work is in flight */
-  int device;          /* CUDA device or -1 */
+  int needs_poll;            /* backend wants ops->poll while work is in flight */
+  int device;                /* CUDA device or -1 */
 
   /* (atomic) */
   _Atomic int64_t timeout_ms;
   _Atomic uint64_t next_seq;
-  _Atomic int aborted;       /* set once; abort_status/reason valid after */
-  _Atomic int64_t pending;   /* submitted and not yet finished */
-  atomic_uint split_count;   /* number of splits made from this group */
-  atomic_uint shrink_count;  /* number of shrinks made from this group */
+  _Atomic int aborted;      /* set once; abort_status/reason valid after */
+  _Atomic int64_t pending;  /* submitted and not yet finished */
+  atomic_uint split_count;  /* number of splits made from this group */
+  atomic_uint shrink_count; /* number of shrinks made from this group */
 
   int abort_status;
   char abort_reason[256];
@@ -46,7 +46,7 @@ struct tdist_group {
   tdist_work_t *inflight_head, *inflight_tail;
   struct tdist_group *pnext, *pprev;
   int registered;
-  int has_monitor; /* this group holds a monitor reference */
+  int has_monitor;  /* this group holds a monitor reference */
   int diag_pending; /* (progress) a timeout is being diagnosed by the monitor */
 
   /* pending reaching 0 is signalled here, for destroy */

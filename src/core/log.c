@@ -26,9 +26,8 @@ static char host[64] = "?";
 static const struct {
   const char *name;
   unsigned bit;
-} subsys_names[] = {{"CORE", TDIST_SUB_CORE}, {"STORE", TDIST_SUB_STORE},
-                    {"CPU", TDIST_SUB_CPU},   {"NCCL", TDIST_SUB_NCCL},
-                    {"INIT", TDIST_SUB_INIT}, {"TOOL", TDIST_SUB_TOOL},
+} subsys_names[] = {{"CORE", TDIST_SUB_CORE}, {"STORE", TDIST_SUB_STORE}, {"CPU", TDIST_SUB_CPU},
+                    {"NCCL", TDIST_SUB_NCCL}, {"INIT", TDIST_SUB_INIT},   {"TOOL", TDIST_SUB_TOOL},
                     {"ALL", TDIST_SUB_ALL}};
 
 static unsigned parse_subsys(const char *s) {
@@ -68,9 +67,12 @@ static void do_init(void) {
   int level = TDIST_LOG_NONE;
   const char *lv = tdist__param_str("TDIST_DEBUG", NULL);
   if (lv) {
-    if (strcasecmp(lv, "WARN") == 0) level = TDIST_LOG_WARN;
-    else if (strcasecmp(lv, "INFO") == 0) level = TDIST_LOG_INFO;
-    else if (strcasecmp(lv, "TRACE") == 0) level = TDIST_LOG_TRACE;
+    if (strcasecmp(lv, "WARN") == 0)
+      level = TDIST_LOG_WARN;
+    else if (strcasecmp(lv, "INFO") == 0)
+      level = TDIST_LOG_INFO;
+    else if (strcasecmp(lv, "TRACE") == 0)
+      level = TDIST_LOG_TRACE;
   }
   const char *sub = tdist__param_str("TDIST_DEBUG_SUBSYS", NULL);
   if (sub) tdist__log_subsys_ = parse_subsys(sub);
@@ -87,8 +89,7 @@ static const char *subsys_name(unsigned sub) {
   return "?";
 }
 
-void tdist__log(int level, unsigned subsys, const char *file, int line, const char *fmt,
-                ...) {
+void tdist__log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...) {
   static const char *lvl[] = {"NONE", "WARN", "INFO", "TRACE"};
   char buf[1024];
   int n = snprintf(buf, sizeof(buf), "%s:%d:%ld TDIST %s [%s] ", host, (int)getpid(),

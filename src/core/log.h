@@ -44,10 +44,10 @@ static inline int tdist__log_enabled(int level, unsigned subsys) {
   return level <= l && (tdist__log_subsys_ & subsys);
 }
 
-#define TDIST_LOG_(lvl, sub, ...)                                             \
-  do {                                                                        \
-    if (tdist__log_enabled((lvl), (sub)))                                     \
-      tdist__log((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__);              \
+#define TDIST_LOG_(lvl, sub, ...)                                \
+  do {                                                           \
+    if (tdist__log_enabled((lvl), (sub)))                        \
+      tdist__log((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 #define TDIST_WARN(sub, ...) TDIST_LOG_(TDIST_LOG_WARN, TDIST_SUB_##sub, __VA_ARGS__)

@@ -33,7 +33,8 @@ int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
                           dims[d]);
     product *= dims[d];
     size_t len = 0;
-    while (shape[len]) len++;
+    while (shape[len])
+      len++;
     snprintf(shape + len, sizeof(shape) - len, "%s%d", d ? "x" : "", dims[d]);
   }
   if (product != parent->size)
@@ -43,7 +44,8 @@ int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
 
   int stride[TDIST_MESH_MAX_DIMS], my[TDIST_MESH_MAX_DIMS];
   stride[ndims - 1] = 1;
-  for (int d = ndims - 2; d >= 0; d--) stride[d] = stride[d + 1] * dims[d + 1];
+  for (int d = ndims - 2; d >= 0; d--)
+    stride[d] = stride[d + 1] * dims[d + 1];
   for (int d = 0; d < ndims; d++) {
     my[d] = (parent->rank / stride[d]) % dims[d];
     groups[d] = NULL;
@@ -53,22 +55,23 @@ int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
 
   for (int d = 0; d < ndims; d++) {
     int first = parent->rank - my[d] * stride[d]; /* the line's rank with coord d = 0 */
-    for (int i = 0; i < dims[d]; i++) members[i] = first + i * stride[d];
+    for (int i = 0; i < dims[d]; i++)
+      members[i] = first + i * stride[d];
     tdist_group_opts_t o = {0};
     char name[96];
     if (opts) o = *opts;
     snprintf(name, sizeof(name), "%.48s/mesh%s.d%d.%d",
              (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name) ? opts->name
-                                                                            : parent->name,
+                                                                           : parent->name,
              shape, d, first);
     o.mask |= TDIST_GROUP_FIELD_NAME;
     o.name = name;
-    TDIST_CHECKGOTO(tdist__group_split(parent, first, members, dims[d], &o, &groups[d]), rc,
-                    fail);
+    TDIST_CHECKGOTO(tdist__group_split(parent, first, members, dims[d], &o, &groups[d]), rc, fail);
     made++;
   }
   if (coords)
-    for (int d = 0; d < ndims; d++) coords[d] = my[d];
+    for (int d = 0; d < ndims; d++)
+      coords[d] = my[d];
   tdist__free(members);
   return 0;
 fail:

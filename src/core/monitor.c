@@ -42,7 +42,7 @@ static struct monitor {
     uint64_t uid, seq;
   } diag[QUEUE_MAX];
   int64_t last_hb_ms; /* monitor thread */
-} *mon;
+} * mon;
 
 void tdist__monitor_publish(uint64_t uid, int status, const char *reason) {
   pthread_mutex_lock(&mon_mu);
@@ -178,8 +178,10 @@ static void heartbeat(struct monitor *m, int bye) {
   char key[48];
   snprintf(key, sizeof(key), "tdist/hb/%d", m->world_rank);
   struct snap s = {.p = m->progress};
-  if (bye) s.len = (size_t)snprintf(s.buf, sizeof(s.buf), "bye");
-  else tdist__progress_call(m->progress, snap_task, &s);
+  if (bye)
+    s.len = (size_t)snprintf(s.buf, sizeof(s.buf), "bye");
+  else
+    tdist__progress_call(m->progress, snap_task, &s);
   if (tdist_store_set(m->conn, key, s.buf, s.len) != 0)
     TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
 }
@@ -267,14 +269,16 @@ static void diagnose(struct monitor *m, uint64_t uid, uint64_t seq) {
     behind++;
   }
   char verdict_text[320];
-  if (!mb->found) verdict_text[0] = '\0';
+  if (!mb->found)
+    verdict_text[0] = '\0';
   else if (behind)
-    snprintf(verdict_text, sizeof(verdict_text), "rank%s %s of group '%s' had not reached seq %" PRIu64,
-             behind > 1 ? "s" : "", text, mb->name, seq);
+    snprintf(verdict_text, sizeof(verdict_text),
+             "rank%s %s of group '%s' had not reached seq %" PRIu64, behind > 1 ? "s" : "", text,
+             mb->name, seq);
   else
     snprintf(verdict_text, sizeof(verdict_text),
-             "every rank of group '%s' had reached seq %" PRIu64 " (stuck in the backend)", mb->name,
-             seq);
+             "every rank of group '%s' had reached seq %" PRIu64 " (stuck in the backend)",
+             mb->name, seq);
   struct verdict v = {m->progress, uid, seq, verdict_text[0] ? verdict_text : NULL};
   tdist__progress_call(m->progress, verdict_task, &v);
   tdist__free(mb);
@@ -287,7 +291,8 @@ static void run_diagnoses(struct monitor *m) {
   memcpy(reqs, m->diag, sizeof(reqs[0]) * (size_t)n);
   m->ndiag = 0;
   pthread_mutex_unlock(&mon_mu);
-  for (int i = 0; i < n; i++) diagnose(m, reqs[i].uid, reqs[i].seq);
+  for (int i = 0; i < n; i++)
+    diagnose(m, reqs[i].uid, reqs[i].seq);
 }
 
 static void *monitor_main(void *arg) {

@@ -28,8 +28,8 @@ static int check_dtype(tdist_dtype_t dt, size_t count, size_t blocks, const char
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dt);
   size_t es = tdist_dtype_size(dt);
   if (count > SIZE_MAX / es / (blocks ? blocks : 1))
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: count %zu overflows the address space",
-                        fn, count);
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: count %zu overflows the address space", fn,
+                        count);
   return 0;
 }
 
@@ -41,8 +41,8 @@ static int check_redop(tdist_redop_t op, const char *fn) {
 
 static int check_rank(const tdist_group_t *g, int r, const char *what, const char *fn) {
   if (r < 0 || r >= g->size)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s %d is not in [0, %d) of group '%s'",
-                        fn, what, r, g->size, g->name);
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s %d is not in [0, %d) of group '%s'", fn,
+                        what, r, g->size, g->name);
   return 0;
 }
 
@@ -171,10 +171,9 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
 
 /* all_gather, gather, scatter, reduce_scatter, all_to_all share a shape: one
  * block of `count` on one side, size blocks on the other. */
-static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn,
-                      const void *sendbuf, void *recvbuf, size_t count, tdist_dtype_t dtype,
-                      tdist_redop_t op, int root, const tdist_op_opts_t *opts,
-                      tdist_work_t **work) {
+static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, const void *sendbuf,
+                      void *recvbuf, size_t count, tdist_dtype_t dtype, tdist_redop_t op, int root,
+                      const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
   CHECK_OUT(check_group(g, fn));
   CHECK_OUT(check_dtype(dtype, count, (size_t)g->size, fn));
@@ -223,17 +222,15 @@ int tdist_all_gather(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
 }
 
 int tdist_gather(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
-                 tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
-                 tdist_work_t **work) {
-  return blocked_op(g, TDIST_OP_GATHER, "tdist_gather", sendbuf, recvbuf, count, dtype,
-                    TDIST_SUM, root, opts, work);
+                 tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_GATHER, "tdist_gather", sendbuf, recvbuf, count, dtype, TDIST_SUM,
+                    root, opts, work);
 }
 
 int tdist_scatter(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
-                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
-                  tdist_work_t **work) {
-  return blocked_op(g, TDIST_OP_SCATTER, "tdist_scatter", sendbuf, recvbuf, count, dtype,
-                    TDIST_SUM, root, opts, work);
+                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work) {
+  return blocked_op(g, TDIST_OP_SCATTER, "tdist_scatter", sendbuf, recvbuf, count, dtype, TDIST_SUM,
+                    root, opts, work);
 }
 
 int tdist_reduce_scatter(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
@@ -303,14 +300,13 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
   static const char fn[] = "tdist_batch_isend_irecv";
   tdist__error_clear();
   CHECK_OUT(check_group(g, fn));
-  if (n < 1 || !ops)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
+  if (n < 1 || !ops) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
   for (int i = 0; i < n; i++) {
     char what[48];
     snprintf(what, sizeof(what), "ops[%d].peer", i);
     if (ops[i].kind != TDIST_P2P_SEND && ops[i].kind != TDIST_P2P_RECV)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].kind %d is neither SEND nor RECV",
-                          fn, i, (int)ops[i].kind);
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                          "%s: ops[%d].kind %d is neither SEND nor RECV", fn, i, (int)ops[i].kind);
     CHECK_OUT(check_dtype(ops[i].dtype, ops[i].count, 1, fn));
     CHECK_OUT(check_rank(g, ops[i].peer, what, fn));
     CHECK_OUT(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));

@@ -30,8 +30,7 @@ int64_t tdist__param_load(const char *name, int64_t dflt) {
   errno = 0;
   long long v = strtoll(s, &end, 0);
   if (errno || !end || *end) {
-    TDIST_WARN(CORE, "%s='%s' is not an integer; using the default %lld", name, s,
-               (long long)dflt);
+    TDIST_WARN(CORE, "%s='%s' is not an integer; using the default %lld", name, s, (long long)dflt);
     return dflt;
   }
   if (v != dflt) TDIST_INFO(CORE, "%s set by environment to %lld", name, v);
@@ -79,8 +78,7 @@ int tdist__oversubscribed(void) {
   long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cpus <= 0) cpus = sysconf(_SC_NPROCESSORS_ONLN);
   v = local > 0 && cpus > 0 && local * 2 > cpus;
-  if (v)
-    TDIST_INFO(CORE, "%ld local ranks on %ld CPUs: spin-waiting off by default", local, cpus);
+  if (v) TDIST_INFO(CORE, "%ld local ranks on %ld CPUs: spin-waiting off by default", local, cpus);
   atomic_store_explicit(&cached, v, memory_order_relaxed);
   return v;
 }

@@ -38,15 +38,15 @@ int tdist__oversubscribed(void);
 #define TDIST_SPIN_DEFAULT(dflt) (tdist__oversubscribed() ? 0 : (dflt))
 
 #define TDIST_PARAM_UNSET_ INT64_MIN
-#define TDIST_PARAM(fn, env, dflt)                                            \
-  static inline int64_t tdist__param_##fn(void) {                             \
-    static _Atomic int64_t cache_ = TDIST_PARAM_UNSET_;                       \
-    int64_t v_ = atomic_load_explicit(&cache_, memory_order_relaxed);         \
-    if (v_ == TDIST_PARAM_UNSET_) {                                           \
-      v_ = tdist__param_load(env, dflt);                                      \
-      atomic_store_explicit(&cache_, v_, memory_order_relaxed);               \
-    }                                                                         \
-    return v_;                                                                \
+#define TDIST_PARAM(fn, env, dflt)                                    \
+  static inline int64_t tdist__param_##fn(void) {                     \
+    static _Atomic int64_t cache_ = TDIST_PARAM_UNSET_;               \
+    int64_t v_ = atomic_load_explicit(&cache_, memory_order_relaxed); \
+    if (v_ == TDIST_PARAM_UNSET_) {                                   \
+      v_ = tdist__param_load(env, dflt);                              \
+      atomic_store_explicit(&cache_, v_, memory_order_relaxed);       \
+    }                                                                 \
+    return v_;                                                        \
   }
 
 #endif

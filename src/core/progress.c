@@ -130,8 +130,10 @@ static void progress_round(tdist_progress_t *p) {
   /* Cold: stop spinning; polled work goes on at a backed-off interval. */
   uv_idle_stop(&p->idle);
   if (polled_inflight) {
-    if (n || p->poll_interval_ms == 0) p->poll_interval_ms = 1;
-    else if (p->poll_interval_ms < (uint64_t)tdist__param_PollMaxMs()) p->poll_interval_ms *= 2;
+    if (n || p->poll_interval_ms == 0)
+      p->poll_interval_ms = 1;
+    else if (p->poll_interval_ms < (uint64_t)tdist__param_PollMaxMs())
+      p->poll_interval_ms *= 2;
     if (!uv_is_active((uv_handle_t *)&p->poll_timer))
       uv_timer_start(&p->poll_timer, on_poll_timer, p->poll_interval_ms, 0);
   } else {
@@ -255,7 +257,8 @@ void tdist__progress_call(tdist_progress_t *p, void (*fn)(void *arg), void *arg)
   pthread_cond_init(&t.cv, NULL);
   tdist__progress_push(p, &t.node);
   pthread_mutex_lock(&t.mu);
-  while (!t.done) pthread_cond_wait(&t.cv, &t.mu);
+  while (!t.done)
+    pthread_cond_wait(&t.cv, &t.mu);
   pthread_mutex_unlock(&t.mu);
   pthread_mutex_destroy(&t.mu);
   pthread_cond_destroy(&t.cv);
@@ -276,8 +279,10 @@ tdist_group_t *tdist__progress_groups(tdist_progress_t *p) { return p->groups; }
 
 void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g) {
   if (!g->registered) return;
-  if (g->pprev) g->pprev->pnext = g->pnext;
-  else p->groups = g->pnext;
+  if (g->pprev)
+    g->pprev->pnext = g->pnext;
+  else
+    p->groups = g->pnext;
   if (g->pnext) g->pnext->pprev = g->pprev;
   g->pnext = g->pprev = NULL;
   g->registered = 0;

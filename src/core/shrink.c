@@ -42,8 +42,8 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
   for (;;) {
     if (is_dead(g, g->global_ranks[g->rank]))
       return tdist__error(TDIST_ERR_REMOTE_FAILED,
-                          "tdist_group_shrink: this rank (%d of '%s') was declared dead",
-                          g->rank, g->name);
+                          "tdist_group_shrink: this rank (%d of '%s') was declared dead", g->rank,
+                          g->name);
     int missing = -1, nmissing = 0;
     for (int r = 0; r < g->size; r++) {
       if (in[r]) continue;
@@ -51,7 +51,8 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
       const char *keys[1] = {key};
       int exists = 0;
       TDIST_CHECK(tdist_store_check(g->store, keys, 1, &exists));
-      if (exists) in[r] = 1;
+      if (exists)
+        in[r] = 1;
       else if (!is_dead(g, g->global_ranks[r])) {
         if (missing < 0) missing = r;
         nmissing++;
@@ -98,8 +99,10 @@ static int agree(tdist_group_t *g, unsigned e, const char *in, int *members, int
   for (char *p = text; *p;) {
     long r = strtol(p, &p, 10);
     if (r >= 0 && r < g->size && *n < g->size) members[(*n)++] = (int)r;
-    if (*p == ',') p++;
-    else break;
+    if (*p == ',')
+      p++;
+    else
+      break;
   }
   tdist__free(text);
   return 0;
@@ -129,8 +132,10 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
   TDIST_CHECKGOTO(gather_survivors(g, e, in, deadline), rc, fail);
   TDIST_CHECKGOTO(agree(g, e, in, members, &n), rc, fail);
   for (int r = 0, i = 0; r < g->size; r++) {
-    if (i < n && members[i] == r) i++;
-    else excl[nexcl++] = r;
+    if (i < n && members[i] == r)
+      i++;
+    else
+      excl[nexcl++] = r;
   }
   char name[96], tag[48];
   snprintf(name, sizeof(name), "%.60s/shrink%u", g->name, e);
@@ -139,8 +144,8 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
   rc = tdist__group_child_new(g, members, n, opts, name, uid, tag, &child);
   if (rc == TDIST_ERR_INTERNAL) /* not in the agreed list */
     rc = tdist__error(TDIST_ERR_REMOTE_FAILED,
-                      "tdist_group_shrink: rank %d of '%s' was left out by the survivors",
-                      g->rank, g->name);
+                      "tdist_group_shrink: rank %d of '%s' was left out by the survivors", g->rank,
+                      g->name);
   if (rc) goto fail;
   TDIST_CHECKGOTO(g->ops->shrink(g, excl, nexcl, child), rc, fail);
   TDIST_CHECKGOTO(tdist__group_register(child), rc, fail);

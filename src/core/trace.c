@@ -84,9 +84,12 @@ static const char *state_name(int s) {
 static void json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-    else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
-    else fputc(*s, f);
+    if (*s == '"' || *s == '\\')
+      fprintf(f, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      fprintf(f, "\\u%04x", *s);
+    else
+      fputc(*s, f);
   }
   fputc('"', f);
 }
@@ -116,9 +119,11 @@ static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *pat
   json_str(f, g->name);
   fprintf(f, ", \"uid\": \"%016llx\", \"rank\": %d, \"size\": %d, \"ranks\": [",
           (unsigned long long)g->uid, g->rank, g->size);
-  for (int i = 0; i < g->size; i++) fprintf(f, "%s%d", i ? ", " : "", g->global_ranks[i]);
-  fprintf(f, "]},\n \"next_seq\": %llu, \"recorded\": %llu, \"dropped\": %llu, \"aborted\": %s, "
-             "\"abort_reason\": ",
+  for (int i = 0; i < g->size; i++)
+    fprintf(f, "%s%d", i ? ", " : "", g->global_ranks[i]);
+  fprintf(f,
+          "]},\n \"next_seq\": %llu, \"recorded\": %llu, \"dropped\": %llu, \"aborted\": %s, "
+          "\"abort_reason\": ",
           (unsigned long long)atomic_load(&g->next_seq), (unsigned long long)t->recorded,
           (unsigned long long)dropped, atomic_load(&g->aborted) ? "true" : "false");
   json_str(f, atomic_load(&g->aborted) ? g->abort_reason : "");
@@ -133,8 +138,8 @@ static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *pat
             "\"count\": %llu, \"root\": %d, \"state\": \"%s\", \"status\": \"%s\", "
             "\"t_enqueue_us\": %lld, \"t_start_us\": %lld, \"t_end_us\": %lld}",
             n++ ? ",\n" : "", (unsigned long long)r->seq, tdist_op_name(r->op),
-            tdist_dtype_name(r->dtype), tdist_redop_name(r->redop),
-            (unsigned long long)r->count, r->root, state_name(r->state),
+            tdist_dtype_name(r->dtype), tdist_redop_name(r->redop), (unsigned long long)r->count,
+            r->root, state_name(r->state),
             r->state >= TDIST_WORK_COMPLETED ? tdist_err_name(r->status) : "",
             wall_us(r->t_enqueue_ns, offset), wall_us(r->t_start_ns, offset),
             wall_us(r->t_end_ns, offset));

@@ -124,9 +124,9 @@ void tdist__work_finish(tdist_work_t *w, int status, const char *fmt, ...) {
   tdist_group_t *g = w->group;
   assert(!tdist__work_done(w));
   if (status != 0) {
-    int n = snprintf(w->msg, sizeof(w->msg), "%s seq %llu of group '%s' (rank %d/%d): ",
-                     tdist_op_name(w->args.type), (unsigned long long)w->seq, g->name,
-                     g->rank, g->size);
+    int n = snprintf(w->msg, sizeof(w->msg),
+                     "%s seq %llu of group '%s' (rank %d/%d): ", tdist_op_name(w->args.type),
+                     (unsigned long long)w->seq, g->name, g->rank, g->size);
     if (n < 0 || n >= (int)sizeof(w->msg)) n = 0;
     va_list ap;
     va_start(ap, fmt);
@@ -196,8 +196,7 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   w->waiters++;
   int timed_out = 0;
   while (!tdist__work_done(w) && !timed_out) {
-    struct timespec ts = {.tv_sec = deadline_ns / 1000000000,
-                          .tv_nsec = deadline_ns % 1000000000};
+    struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT) timed_out = 1;
   }
   w->waiters--;
@@ -265,8 +264,8 @@ int tdist_wait_all(tdist_work_t *const *works, size_t n, int64_t timeout_ms) {
   for (size_t i = 0; i < n; i++) {
     tdist_work_t *w = works[i];
     if (!w) continue;
-    int rc = tdist__work_done(w) ? w->status
-                                 : wait_until(w, deadline ? deadline : wait_deadline(w, 0));
+    int rc =
+        tdist__work_done(w) ? w->status : wait_until(w, deadline ? deadline : wait_deadline(w, 0));
     if (rc == TDIST_ERR_IN_PROGRESS) return rc;
     if (rc != 0 && first_err == 0) first_err = rc;
   }

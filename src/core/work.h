@@ -36,18 +36,18 @@ typedef struct tdist__op_args {
   double scalar; /* PREMUL_SUM factor */
   int root;      /* root (rooted collectives) or peer (send/recv), group rank */
   int tag;
-  void *stream;  /* caller's CUDA stream, or NULL */
+  void *stream;        /* caller's CUDA stream, or NULL */
   tdist_p2p_op_t *p2p; /* batch ops (points at p2p_inline or an allocation) */
   int np2p;
 } tdist__op_args_t;
 
 struct tdist_work {
-  tdist__qnode_t qnode;             /* submission queue link */
-  struct tdist_work *prev, *next;   /* group's in-flight list (progress thread) */
-  struct tdist_work *pool_next;     /* free list */
+  tdist__qnode_t qnode;           /* submission queue link */
+  struct tdist_work *prev, *next; /* group's in-flight list (progress thread) */
+  struct tdist_work *pool_next;   /* free list */
   _Atomic int refs;
-  _Atomic int state;                /* tdist_work_state_t, release-stored */
-  int status;                       /* valid once state is terminal */
+  _Atomic int state; /* tdist_work_state_t, release-stored */
+  int status;        /* valid once state is terminal */
   tdist_group_t *group;
   uint64_t seq;
   tdist__op_args_t args;

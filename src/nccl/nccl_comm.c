@@ -293,9 +293,12 @@ int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
   if (rc == 0) {
     ncclResult_t r = ncclCommShrink(pn->comm, (int *)exclude, nexclude, &comm, &cfg,
                                     pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
-    if (r != ncclSuccess && r != ncclInProgress) rc = tdist__nccl_err(pn->comm, r, "ncclCommShrink");
-    else if (comm) rc = comm_ready(comm, child, "ncclCommShrink");
-    else rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
+    if (r != ncclSuccess && r != ncclInProgress)
+      rc = tdist__nccl_err(pn->comm, r, "ncclCommShrink");
+    else if (comm)
+      rc = comm_ready(comm, child, "ncclCommShrink");
+    else
+      rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
   }
   pthread_mutex_unlock(&pn->mu);
   if (rc != 0) goto fail;

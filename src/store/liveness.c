@@ -118,7 +118,8 @@ int tdist__live_start(uv_loop_t *loop, tdist__kv_t *kv, tdist__live_t **out) {
 static int grow(tdist__live_t *l, int rank) {
   if (rank < l->cap) return 0;
   int cap = l->cap ? l->cap : 64;
-  while (cap <= rank) cap *= 2;
+  while (cap <= rank)
+    cap *= 2;
   rank_state_t *n = tdist__realloc(l->ranks, sizeof(*n) * (size_t)cap);
   if (!n) return -1;
   memset(n + l->cap, 0, sizeof(*n) * (size_t)(cap - l->cap));

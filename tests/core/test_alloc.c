@@ -25,7 +25,8 @@ static void alloc_roundtrip(void **state) {
   assert_int_equal(p[99], 7);
   tdist__free(p);
   int *z = tdist__calloc(1000, sizeof(int));
-  for (int i = 0; i < 1000; i++) assert_int_equal(z[i], 0);
+  for (int i = 0; i < 1000; i++)
+    assert_int_equal(z[i], 0);
   tdist__free(z);
   assert_null(tdist__calloc(SIZE_MAX / 2, 4));
   char *s = tdist__strdup("tdist");
@@ -54,7 +55,8 @@ static void steady_state_allocates_nothing(void **state) {
         assert_int_equal(tdist_all_reduce(g, buf, buf, 4, TDIST_FLOAT32, TDIST_SUM, NULL, &w[i]),
                          0);
       assert_int_equal(tdist_wait_all(w, 32, 10000), 0);
-      for (int i = 0; i < 32; i++) tdist_work_release(w[i]);
+      for (int i = 0; i < 32; i++)
+        tdist_work_release(w[i]);
       assert_int_equal(tdist_barrier(g, NULL, NULL), 0); /* runtime refs dropped */
       if (round > 0) {
         assert_int_equal(tdist__alloc_count(), a0);

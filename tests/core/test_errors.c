@@ -12,10 +12,10 @@
 static void every_code_has_a_name_and_message(void **state) {
   (void)state;
   int seen = 0;
-#define CHECK_CODE(name, val, msg)                                            \
-  assert_string_equal(tdist_strerror(val), msg);                              \
-  assert_string_equal(tdist_err_name(val), "TDIST_ERR_" #name);               \
-  assert_true((val) < 0 && (val) > TDIST_ERR_MIN_);                           \
+#define CHECK_CODE(name, val, msg)                              \
+  assert_string_equal(tdist_strerror(val), msg);                \
+  assert_string_equal(tdist_err_name(val), "TDIST_ERR_" #name); \
+  assert_true((val) < 0 && (val) > TDIST_ERR_MIN_);             \
   seen++;
   TDIST_ERRNO_MAP(CHECK_CODE)
 #undef CHECK_CODE
@@ -35,7 +35,8 @@ static void codes_are_distinct(void **state) {
   };
   size_t n = sizeof(codes) / sizeof(codes[0]);
   for (size_t i = 0; i < n; i++)
-    for (size_t j = i + 1; j < n; j++) assert_int_not_equal(codes[i], codes[j]);
+    for (size_t j = i + 1; j < n; j++)
+      assert_int_not_equal(codes[i], codes[j]);
 }
 
 static void last_error_is_thread_local_text(void **state) {

@@ -37,8 +37,8 @@ static void new_group_membership_and_order(void **state) {
       assert_null(sub);
     }
     /* a second split gets the next index, and the same uid on every rank */
-    tdist_group_opts_t o = {.mask = TDIST_GROUP_FIELD_TIMEOUT | TDIST_GROUP_FIELD_NAME,
-                            .timeout_ms = 77, .name = "tp"};
+    tdist_group_opts_t o = {
+        .mask = TDIST_GROUP_FIELD_TIMEOUT | TDIST_GROUP_FIELD_NAME, .timeout_ms = 77, .name = "tp"};
     int all[] = {0, 1, 2, 3};
     assert_int_equal(tdist_new_group(world, all, 4, &o, &sub), 0);
     assert_string_equal(tdist_group_name(sub), "tp");
@@ -91,7 +91,8 @@ static void mesh_lines(void **state) {
     for (int d = 0; d < 3; d++)
       for (int i = 0; i < dims[d]; i++)
         assert_int_equal(tdist_group_global_rank(g[d], i), me + (i - coords[d]) * stride[d]);
-    for (int d = 0; d < 3; d++) tdist_group_destroy(g[d]);
+    for (int d = 0; d < 3; d++)
+      tdist_group_destroy(g[d]);
     tdist_group_destroy(world);
   }
 }

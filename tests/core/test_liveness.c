@@ -103,7 +103,8 @@ static int desync_child(int rank, int n, void *arg) {
   tb_set_mode(TB_COMPLETE);
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL)); /* seq 0 everywhere */
   if (rank == 2) { /* skips seq 1; its copy is aborted by the others' record */
-    for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++) usleep(10000);
+    for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++)
+      usleep(10000);
     MP_CHECK(tdist_group_is_aborted(g));
   } else {
     tb_set_mode(TB_STALL);

@@ -42,12 +42,14 @@ static void *submitter(void *arg) {
     window[n++] = w;
     if (n == 16) {
       if (tdist_wait_all(window, (size_t)n, 10000) != 0) failures++;
-      for (int j = 0; j < n; j++) tdist_work_release(window[j]);
+      for (int j = 0; j < n; j++)
+        tdist_work_release(window[j]);
       n = 0;
     }
   }
   if (tdist_wait_all(window, (size_t)n, 10000) != 0) failures++;
-  for (int j = 0; j < n; j++) tdist_work_release(window[j]);
+  for (int j = 0; j < n; j++)
+    tdist_work_release(window[j]);
   return (void *)failures;
 }
 
@@ -58,7 +60,8 @@ static void many_threads_submit(void **state) {
   assert_int_equal(tb_group_create(0, 2, 30000, &groups[1]), 0);
   int posts0 = tb_post_count();
   pthread_t t[THREADS];
-  for (long i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, submitter, (void *)i);
+  for (long i = 0; i < THREADS; i++)
+    pthread_create(&t[i], NULL, submitter, (void *)i);
   long failures = 0;
   for (int i = 0; i < THREADS; i++) {
     void *ret;

@@ -34,7 +34,8 @@ static void stalled_op_times_out_and_aborts_group(void **state) {
   int64_t took = tdist__now_ms() - t0;
   assert_true(took >= 190 && took < 3000);
   assert_int_equal(tdist_work_state(a), TDIST_WORK_TIMED_OUT);
-  assert_non_null(strstr(tdist_work_error_message(a), "all_reduce seq 0 of group 'world' (rank 1/3)"));
+  assert_non_null(
+      strstr(tdist_work_error_message(a), "all_reduce seq 0 of group 'world' (rank 1/3)"));
   assert_non_null(strstr(tdist_work_error_message(a), "timed out after"));
 
   assert_int_equal(tdist_work_wait(b, 5000), TDIST_ERR_ABORTED);

@@ -31,7 +31,8 @@ static const char *slurp(const char *file) {
 
 static int count(const char *text, const char *needle) {
   int n = 0;
-  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
   return n;
 }
 
@@ -74,7 +75,8 @@ static void recorder(void **state) {
   assert_true(line_has(entry(t, 4), "\"op\": \"all_reduce\""));
   assert_true(line_has(entry(t, 4), "\"state\": \"completed\""));
   assert_true(line_has(entry(t, 10), "\"op\": \"broadcast\""));
-  assert_true(line_has(entry(t, 10), "\"dtype\": \"int32\", \"redop\": \"sum\", \"count\": 3, \"root\": 1"));
+  assert_true(line_has(entry(t, 10),
+                       "\"dtype\": \"int32\", \"redop\": \"sum\", \"count\": 3, \"root\": 1"));
   assert_true(line_has(entry(t, 10), "\"state\": \"failed\", \"status\": \"TDIST_ERR_MISMATCH\""));
   assert_true(line_has(entry(t, 11), "\"op\": \"scatter\""));
   assert_true(line_has(entry(t, 11), "\"state\": \"running\""));
@@ -86,7 +88,8 @@ static void recorder(void **state) {
   assert_int_equal(tdist_work_wait(w, 5000), TDIST_ERR_ABORTED);
   t = slurp(auto_path);
   assert_non_null(t);
-  assert_non_null(strstr(t, "\"aborted\": true, \"abort_reason\": \"aborted on demand: test says stop\""));
+  assert_non_null(
+      strstr(t, "\"aborted\": true, \"abort_reason\": \"aborted on demand: test says stop\""));
   assert_true(line_has(entry(t, 11), "\"state\": \"aborted\", \"status\": \"TDIST_ERR_ABORTED\""));
   tdist_work_release(w);
 

@@ -133,7 +133,8 @@ static void callback_runs_once_on_progress_thread(void **state) {
   tb_release_held(g);
   assert_int_equal(tdist_work_wait(w, 5000), 0);
   /* wait returns when the state is published; the callback runs right after */
-  for (int i = 0; i < 1000 && r.calls == 0; i++) usleep(1000);
+  for (int i = 0; i < 1000 && r.calls == 0; i++)
+    usleep(1000);
   assert_int_equal(r.calls, 1);
   assert_int_equal(r.status_seen, 0);
   assert_false(pthread_equal(r.thread, pthread_self()));
@@ -191,7 +192,8 @@ static void wait_all_and_any(void **state) {
   tdist_work_t *none[2] = {NULL, NULL};
   assert_int_equal(tdist_wait_any(none, 2, 10, &idx), TDIST_ERR_INVALID_ARGUMENT);
   assert_int_equal(tdist_wait_all(none, 2, 10), 0);
-  for (int i = 0; i < 3; i++) tdist_work_release(w[i]);
+  for (int i = 0; i < 3; i++)
+    tdist_work_release(w[i]);
 }
 
 static void bad_arguments_are_refused(void **state) {
@@ -215,8 +217,8 @@ static void bad_arguments_are_refused(void **state) {
                    TDIST_ERR_INVALID_ARGUMENT);
   assert_int_equal(tdist_all_reduce(g, buf, buf, SIZE_MAX / 2, TDIST_FLOAT32, TDIST_SUM, NULL, &w),
                    TDIST_ERR_INVALID_ARGUMENT);
-  tdist_p2p_op_t p = {.kind = (tdist_p2p_kind_t)7, .buf = buf, .count = 1,
-                      .dtype = TDIST_FLOAT32, .peer = 1};
+  tdist_p2p_op_t p = {
+      .kind = (tdist_p2p_kind_t)7, .buf = buf, .count = 1, .dtype = TDIST_FLOAT32, .peer = 1};
   assert_int_equal(tdist_batch_isend_irecv(g, &p, 1, NULL, &w), TDIST_ERR_INVALID_ARGUMENT);
   assert_int_equal(tdist_batch_isend_irecv(g, &p, 0, NULL, &w), TDIST_ERR_INVALID_ARGUMENT);
   assert_null(w);
@@ -232,8 +234,11 @@ static void batch_of_many_p2p_ops(void **state) {
   tdist_p2p_op_t ops[9];
   for (int i = 0; i < 9; i++) {
     ops[i] = (tdist_p2p_op_t){.kind = i % 2 ? TDIST_P2P_RECV : TDIST_P2P_SEND,
-                              .buf = buf, .count = 2, .dtype = TDIST_FLOAT32,
-                              .peer = i % 4, .tag = i};
+                              .buf = buf,
+                              .count = 2,
+                              .dtype = TDIST_FLOAT32,
+                              .peer = i % 4,
+                              .tag = i};
   }
   tdist_work_t *w;
   assert_int_equal(tdist_batch_isend_irecv(g, ops, 9, NULL, &w), 0);

@@ -83,9 +83,11 @@ static int killed(int rank, int n, void *arg) {
   tdist_group_t *s = NULL;
   MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
   MP_CHECK(tdist_group_size(s) == 2 && tdist_group_rank(s) == rank);
-  for (size_t i = 0; i < 1000; i++) v[i] = (float)(rank + 1) * (float)i;
+  for (size_t i = 0; i < 1000; i++)
+    v[i] = (float)(rank + 1) * (float)i;
   MP_CHECK_RC(tdist_all_reduce(s, v, v, 1000, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
-  for (size_t i = 0; i < 1000; i++) MP_CHECK(v[i] == 3.0f * (float)i);
+  for (size_t i = 0; i < 1000; i++)
+    MP_CHECK(v[i] == 3.0f * (float)i);
   MP_CHECK_RC(tdist_group_destroy(s));
   free(v);
   tdist_group_destroy(g); /* may report TIMEOUT: rank 2 never says goodbye to the store */

@@ -34,7 +34,8 @@ static int shrink_child(int rank, int n, void *arg) {
     usleep(2000);
   }
   if (rank == 2) raise(SIGKILL);
-  for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++) usleep(10000);
+  for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++)
+    usleep(10000);
   MP_CHECK(tdist_group_is_aborted(g));
   MP_CHECK(fake_count("ncclCommRevoke") == 1);
   MP_CHECK(fake_count("ncclCommAbort") == 0);

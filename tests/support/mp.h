@@ -29,25 +29,24 @@ int tdist_mp_run_codes(int n, tdist_mp_fn fn, void *arg, int timeout_s, int *cod
 /* A free TCP port on 127.0.0.1 (bound then released; tests only). */
 int tdist_mp_free_port(void);
 
-#define MP_CHECK(cond)                                                        \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "[pid %d] %s:%d: check failed: %s\n", (int)getpid(),    \
-              __FILE__, __LINE__, #cond);                                     \
-      return 1;                                                               \
-    }                                                                         \
+#define MP_CHECK(cond)                                                                         \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "[pid %d] %s:%d: check failed: %s\n", (int)getpid(), __FILE__, __LINE__, \
+              #cond);                                                                          \
+      return 1;                                                                                \
+    }                                                                                          \
   } while (0)
 
 /* MP_CHECK_RC(call): the call must return 0; prints the code and last error. */
-#define MP_CHECK_RC(call)                                                     \
-  do {                                                                        \
-    int rc__ = (call);                                                        \
-    if (rc__ != 0) {                                                          \
-      fprintf(stderr, "[pid %d] %s:%d: %s returned %s (%s)\n", (int)getpid(), \
-              __FILE__, __LINE__, #call, tdist_err_name(rc__),                \
-              tdist_last_error());                                            \
-      return 1;                                                               \
-    }                                                                         \
+#define MP_CHECK_RC(call)                                                                         \
+  do {                                                                                            \
+    int rc__ = (call);                                                                            \
+    if (rc__ != 0) {                                                                              \
+      fprintf(stderr, "[pid %d] %s:%d: %s returned %s (%s)\n", (int)getpid(), __FILE__, __LINE__, \
+              #call, tdist_err_name(rc__), tdist_last_error());                                   \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 #endif

@@ -15,12 +15,14 @@ int tb_world_join(int rank, int size, int port, int64_t timeout_ms, tb_world_t *
   if (rank == 0) {
     tdist_store_server_opts_t so = {.mask = TDIST_STORE_SERVER_FIELD_HOST |
                                             TDIST_STORE_SERVER_FIELD_PORT,
-                                    .host = "127.0.0.1", .port = port};
+                                    .host = "127.0.0.1",
+                                    .port = port};
     MP_CHECK_RC(tdist_store_server_start(&so, &w->srv));
   }
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
   MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, &w->st));
-  MP_CHECK_RC(tdist__group_create(&tb_backend, rank, size, "world", w->st, timeout_ms, NULL, &w->g));
+  MP_CHECK_RC(
+      tdist__group_create(&tb_backend, rank, size, "world", w->st, timeout_ms, NULL, &w->g));
   return 0;
 }
 
