@@ -224,5 +224,10 @@ int main(int argc, char **argv) {
     snprintf(g_ops, sizeof(g_ops),
              "allreduce,broadcast,allgather,reduce,reduce_scatter,alltoall,gather,scatter,barrier");
   int port = tdist_mp_free_port();
+  /* The ranks share this host as under tdistrun or torchrun, which tell
+   * each rank how many there are (the runtime's spin defaults use it). */
+  char lws[16];
+  snprintf(lws, sizeof(lws), "%d", n);
+  setenv("LOCAL_WORLD_SIZE", lws, 0);
   return tdist_mp_run(n, rank_main, &port, 3600) ? 1 : 0;
 }
