@@ -1,19 +1,28 @@
 /*
- * store_bench - store throughput and rendezvous wall time.
+ * store_bench - store throughput and rendezvous wall time (issue 3).
  *
  *   store_bench [--host H] [--port P] [--clients 1,16,64] [--seconds S]
- *               [--value-size B] [--rendezvous N]
+ *               [--warmup W] [--value-size B] [--rendezvous N]
+ *               [--threads] [--redis]
  *
- * With --port 0 (default) it starts a server in-process; the script
- * run_store_bench.sh starts the standalone tdist-store instead, so the server
- * runs in its own process as redis-server does. For each op (set, get, add)
- * and each client count, that many threads each open a connection and run the
- * op in a closed loop (one request in flight per client, like redis-benchmark
- * without -P) for S seconds. Keys are "key:<client>:<i % 1000>" (get reads
- * keys set beforehand). Output: one line per (op, clients): "set 16 123456
- * ops/s". Then N connections (from 16 threads) perform a rendezvous: each
- * sets its address, multi-gets everyone's, adds to a counter; the last sets
- * "go" and all wait for it. Prints the wall time.
+ * With --port 0 (default) it starts a server in-process; run_store_bench.sh
+ * starts the standalone tdist-store instead, so the server runs in its own
+ * process as redis-server does.
+ *
+ * ops/s table: for each client count and each op (set, get, add) one line
+ * "set 16 123456 ops/s". Default: the event-loop client of evloop.c, which
+ * loads the server the way redis-benchmark does (one thread, N non-blocking
+ * connections, one request outstanding on each, W s warm-up then S s counted,
+ * every reply verified; see evloop.c). --redis points that same client at a
+ * Redis server (RESP SET/GET/INCR) as a cross-check of redis-benchmark.
+ * --threads instead runs a thread per client with blocking tdist_store_t
+ * calls (the library's own client, keys "key:<client>:<i % 1000>"); with
+ * many clients on few cores those threads compete with the server for CPU,
+ * so that mode measures the library client, not the server.
+ *
+ * Rendezvous (tdist only, N > 0): N connections (from 16 threads, library
+ * client) each set their address, multi-get everyone's and add to a
+ * counter; the last sets "go" and all wait for it. Prints the wall time.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -25,15 +34,13 @@
 #include <time.h>
 
 #include "tdist/errors.h"
+#include "store_bench.h"
 #include "tdist/store.h"
 
-static const char *g_host = "127.0.0.1";
-static int g_port;
-static double g_seconds = 2.0;
-static int g_vsize = 3; /* redis-benchmark's default -d */
+static sb_cfg_t g_cfg = {.host = "127.0.0.1", .seconds = 2.0, .warmup = 0.5, .vsize = 3};
 static atomic_int g_stop;
 
-static double now_s(void) {
+double sb_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -42,7 +49,7 @@ static double now_s(void) {
 static tdist_store_t *connect_or_die(void) {
   tdist_store_t *s;
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 60000};
-  if (tdist_store_connect(g_host, g_port, &o, &s)) {
+  if (tdist_store_connect(g_cfg.host, g_cfg.port, &o, &s)) {
     fprintf(stderr, "store_bench: %s\n", tdist_last_error());
     exit(1);
   }
@@ -66,7 +73,7 @@ static void *worker(void *arg) {
     snprintf(key, sizeof(key), "key:%d:%d", w->id, (int)(n % 1000));
     int rc;
     if (w->op == 0) {
-      rc = tdist_store_set(w->s, key, val, (size_t)g_vsize);
+      rc = tdist_store_set(w->s, key, val, (size_t)g_cfg.vsize);
     } else if (w->op == 1) {
       void *v;
       size_t l;
@@ -85,7 +92,8 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static void run_ops(int clients) {
+/* --threads: a thread per client, blocking library calls. */
+static void run_ops_threads(int clients) {
   static const char *names[] = {"set", "get", "add"};
   worker_t *ws = calloc((size_t)clients, sizeof(*ws));
   pthread_t *th = calloc((size_t)clients, sizeof(*th));
@@ -102,8 +110,9 @@ static void run_ops(int clients) {
       pthread_create(&th[i], NULL, worker, &ws[i]);
     }
     pthread_barrier_wait(&b);
-    double t0 = now_s();
-    struct timespec ts = {(time_t)g_seconds, (long)((g_seconds - (time_t)g_seconds) * 1e9)};
+    double t0 = sb_now();
+    struct timespec ts = {(time_t)g_cfg.seconds,
+                          (long)((g_cfg.seconds - (time_t)g_cfg.seconds) * 1e9)};
     nanosleep(&ts, NULL);
     atomic_store(&g_stop, 1);
     uint64_t total = 0;
@@ -111,7 +120,7 @@ static void run_ops(int clients) {
       pthread_join(th[i], NULL);
       total += ws[i].ops;
     }
-    double dt = now_s() - t0;
+    double dt = sb_now() - t0;
     printf("%s %d %.0f ops/s\n", names[op], clients, (double)total / dt);
     fflush(stdout);
     pthread_barrier_destroy(&b);
@@ -181,10 +190,10 @@ static void run_rendezvous(int n) {
   setrlimit(RLIMIT_NOFILE, &rl);
   enum { NT = 16 };
   tdist_store_t **conns = calloc((size_t)n, sizeof(*conns));
-  double t0 = now_s();
+  double t0 = sb_now();
   for (int i = 0; i < n; i++)
     conns[i] = connect_or_die();
-  double t1 = now_s();
+  double t1 = sb_now();
   pthread_t th[NT];
   rdzv_arg_t args[NT];
   snprintf(args[0].run, sizeof(args[0].run), "rdzv%d", (int)(t0 * 1000) % 100000);
@@ -198,7 +207,7 @@ static void run_rendezvous(int n) {
   }
   for (int t = 0; t < NT; t++)
     pthread_join(th[t], NULL);
-  double t2 = now_s();
+  double t2 = sb_now();
   printf("rendezvous %d clients: connect %.3f s, exchange+barrier %.3f s, total %.3f s\n", n,
          t1 - t0, t2 - t1, t2 - t0);
   for (int i = 0; i < n; i++)
@@ -208,34 +217,57 @@ static void run_rendezvous(int n) {
 
 int main(int argc, char **argv) {
   char clients[128] = "1,16,64";
-  int rdzv_n = 1024;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--host"))
-      g_host = argv[i + 1];
-    else if (!strcmp(argv[i], "--port"))
-      g_port = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--clients"))
-      snprintf(clients, sizeof(clients), "%s", argv[i + 1]);
-    else if (!strcmp(argv[i], "--seconds"))
-      g_seconds = atof(argv[i + 1]);
-    else if (!strcmp(argv[i], "--value-size"))
-      g_vsize = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--rendezvous"))
-      rdzv_n = atoi(argv[i + 1]);
+  int rdzv_n = 1024, threads = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--threads")) {
+      threads = 1;
+    } else if (!strcmp(a, "--redis")) {
+      g_cfg.redis = 1;
+    } else if (v && !strcmp(a, "--host")) {
+      g_cfg.host = argv[++i];
+    } else if (v && !strcmp(a, "--port")) {
+      g_cfg.port = atoi(argv[++i]);
+    } else if (v && !strcmp(a, "--clients")) {
+      snprintf(clients, sizeof(clients), "%s", argv[++i]);
+    } else if (v && !strcmp(a, "--seconds")) {
+      g_cfg.seconds = atof(argv[++i]);
+    } else if (v && !strcmp(a, "--warmup")) {
+      g_cfg.warmup = atof(argv[++i]);
+    } else if (v && !strcmp(a, "--value-size")) {
+      g_cfg.vsize = atoi(argv[++i]);
+    } else if (v && !strcmp(a, "--rendezvous")) {
+      rdzv_n = atoi(argv[++i]);
+    } else {
+      fprintf(stderr, "store_bench: unknown or incomplete option '%s'\n", a);
+      return 2;
+    }
   }
-  if (g_vsize < 0 || g_vsize > 4096) g_vsize = 3;
+  if (g_cfg.vsize < 0 || g_cfg.vsize > 4096) g_cfg.vsize = 3;
+  if (g_cfg.seconds <= 0) g_cfg.seconds = 2.0;
+  if (g_cfg.warmup < 0) g_cfg.warmup = 0;
+  if (g_cfg.redis && (threads || g_cfg.port == 0)) {
+    fprintf(stderr, "store_bench: --redis needs --port of a running Redis, and no --threads\n");
+    return 2;
+  }
   tdist_store_server_t *srv = NULL;
-  if (g_port == 0) {
+  if (g_cfg.port == 0) {
     tdist_store_server_opts_t o = {.mask = TDIST_STORE_SERVER_FIELD_HOST, .host = "127.0.0.1"};
     if (tdist_store_server_start(&o, &srv)) {
       fprintf(stderr, "store_bench: %s\n", tdist_last_error());
       return 1;
     }
-    g_port = tdist_store_server_port(srv);
+    g_cfg.port = tdist_store_server_port(srv);
   }
-  for (char *tok = strtok(clients, ","); tok; tok = strtok(NULL, ","))
-    if (atoi(tok) > 0) run_ops(atoi(tok));
-  if (rdzv_n > 0) run_rendezvous(rdzv_n);
+  int rc = 0;
+  for (char *tok = strtok(clients, ","); tok && !rc; tok = strtok(NULL, ","))
+    if (atoi(tok) > 0) {
+      if (threads)
+        run_ops_threads(atoi(tok));
+      else
+        rc = sb_evloop_run(&g_cfg, atoi(tok)) ? 1 : 0;
+    }
+  if (!rc && rdzv_n > 0 && !g_cfg.redis) run_rendezvous(rdzv_n);
   tdist_store_server_stop(srv);
-  return 0;
+  return rc;
 }
