@@ -81,6 +81,9 @@ typedef struct reply {
 } reply_t;
 
 static char g_why[160];
+static uint64_t g_total; /* replies verified by all runs, warm-up included */
+
+uint64_t sb_evloop_total(void) { return g_total; }
 
 /* Record why the run failed; returns -1. */
 __attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...) {
@@ -227,6 +230,7 @@ static int on_readable(run_t *r, conn_t *c, int op, reply_t *rp) {
   if ((size_t)used != c->rlen) return fail("bytes after the reply");
   c->rlen = 0;
   c->busy = 0;
+  g_total++;
   if (op == OP_GET && !c->counter &&
       (rp->vlen != (size_t)r->cfg->vsize || memcmp(rp->val, r->val, rp->vlen)))
     return fail("GET returned a %zu-byte value that was not set", rp->vlen);

@@ -18,7 +18,9 @@
  * --threads instead runs a thread per client with blocking tdist_store_t
  * calls (the library's own client, keys "key:<client>:<i % 1000>"); with
  * many clients on few cores those threads compete with the server for CPU,
- * so that mode measures the library client, not the server.
+ * so that mode measures the library client, not the server. After the
+ * event-loop runs: "requests <n> total" (every reply, warm-ups included), so
+ * a script can divide the server's CPU time by it.
  *
  * Rendezvous (tdist only, N > 0): N connections (from 16 threads, library
  * client) each set their address, multi-get everyone's and add to a
@@ -267,6 +269,7 @@ int main(int argc, char **argv) {
       else
         rc = sb_evloop_run(&g_cfg, atoi(tok)) ? 1 : 0;
     }
+  if (!rc && !threads) printf("requests %" PRIu64 " total\n", sb_evloop_total());
   if (!rc && rdzv_n > 0 && !g_cfg.redis) run_rendezvous(rdzv_n);
   tdist_store_server_stop(srv);
   return rc;

@@ -7,6 +7,8 @@
 #ifndef TDIST_BENCH_STORE_BENCH_H
 #define TDIST_BENCH_STORE_BENCH_H
 
+#include <stdint.h>
+
 typedef struct sb_cfg {
   const char *host;
   int port;
@@ -26,5 +28,8 @@ double sb_now(void);
  * "<op> <clients> <ops/s> ops/s" per op. Returns 0, or -1 after printing why
  * (connect failure, a wrong or malformed reply, a stalled server). */
 int sb_evloop_run(const sb_cfg_t *cfg, int clients);
+/* Requests answered in all sb_evloop_run calls so far, warm-ups included (to
+ * divide a server's CPU time by). */
+uint64_t sb_evloop_total(void);
 
 #endif
