@@ -109,6 +109,21 @@ static void args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_o
 
 #define CHECK_OUT(call) TDIST_CHECK(call)
 
+/* Fill in the op's arguments and submit it. */
+static int submit_op(tdist_group_t *g, tdist_optype_t type, const void *sendbuf, void *recvbuf,
+                     size_t count, tdist_dtype_t dtype, tdist_redop_t redop, int root,
+                     const tdist_op_opts_t *opts, tdist_work_t **work) {
+  tdist__op_args_t a;
+  args_init(&a, type, opts);
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  a.dtype = dtype;
+  a.redop = redop;
+  a.root = root;
+  return submit(g, &a, opts, work);
+}
+
 int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
                      tdist_dtype_t dtype, tdist_redop_t op, const tdist_op_opts_t *opts,
                      tdist_work_t **work) {
@@ -119,14 +134,7 @@ int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
   CHECK_OUT(check_redop(op, fn));
   CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
   CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
-  tdist__op_args_t a;
-  args_init(&a, TDIST_OP_ALL_REDUCE, opts);
-  a.sendbuf = sendbuf;
-  a.recvbuf = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.redop = op;
-  return submit(g, &a, opts, work);
+  return submit_op(g, TDIST_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0, opts, work);
 }
 
 int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dtype, int root,
@@ -137,14 +145,7 @@ int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dty
   CHECK_OUT(check_dtype(dtype, count, 1, fn));
   CHECK_OUT(check_rank(g, root, "root", fn));
   CHECK_OUT(check_buf(buf, count, "buf", fn));
-  tdist__op_args_t a;
-  args_init(&a, TDIST_OP_BROADCAST, opts);
-  a.sendbuf = buf;
-  a.recvbuf = buf;
-  a.count = count;
-  a.dtype = dtype;
-  a.root = root;
-  return submit(g, &a, opts, work);
+  return submit_op(g, TDIST_OP_BROADCAST, buf, buf, count, dtype, TDIST_SUM, root, opts, work);
 }
 
 int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,
@@ -158,15 +159,7 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
   CHECK_OUT(check_rank(g, root, "root", fn));
   CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
   if (g->rank == root) CHECK_OUT(check_buf(recvbuf, count, "recvbuf (on root)", fn));
-  tdist__op_args_t a;
-  args_init(&a, TDIST_OP_REDUCE, opts);
-  a.sendbuf = sendbuf;
-  a.recvbuf = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.redop = op;
-  a.root = root;
-  return submit(g, &a, opts, work);
+  return submit_op(g, TDIST_OP_REDUCE, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
 
 /* all_gather, gather, scatter, reduce_scatter, all_to_all share a shape: one
@@ -204,15 +197,7 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
     if (count && sendbuf == recvbuf)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
   }
-  tdist__op_args_t a;
-  args_init(&a, type, opts);
-  a.sendbuf = sendbuf;
-  a.recvbuf = recvbuf;
-  a.count = count;
-  a.dtype = dtype;
-  a.redop = op;
-  a.root = root;
-  return submit(g, &a, opts, work);
+  return submit_op(g, type, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
 
 int tdist_all_gather(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t count,

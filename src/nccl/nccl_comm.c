@@ -212,6 +212,22 @@ fail:
   return rc;
 }
 
+/* A new communicator (split or shrink) becomes child's backend state; on
+ * failure it is aborted and nc freed. */
+static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist_group_t *child) {
+  int rc = state_setup(nc);
+  if (rc != 0) {
+    ncclCommAbort(comm);
+    state_free(nc);
+    return rc;
+  }
+  nc->comm = comm;
+  child->device = nc->device;
+  child->bstate = nc;
+  child->needs_poll = 1;
+  return 0;
+}
+
 /* ---- split ---------------------------------------------------------------------- */
 
 int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child) {
@@ -254,12 +270,7 @@ int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child) {
                       child->rank, child->name);
     goto fail;
   }
-  TDIST_CHECKGOTO(state_setup(nc), rc, fail);
-  nc->comm = comm;
-  child->device = nc->device;
-  child->bstate = nc;
-  child->needs_poll = 1;
-  return 0;
+  return adopt(nc, comm, child);
 fail:
   if (comm) ncclCommAbort(comm);
   state_free(nc);
@@ -302,12 +313,7 @@ int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
   }
   pthread_mutex_unlock(&pn->mu);
   if (rc != 0) goto fail;
-  TDIST_CHECKGOTO(state_setup(nc), rc, fail);
-  nc->comm = comm;
-  child->device = nc->device;
-  child->bstate = nc;
-  child->needs_poll = 1;
-  return 0;
+  return adopt(nc, comm, child);
 fail:
   if (comm) ncclCommAbort(comm);
   state_free(nc);
