@@ -216,7 +216,7 @@ static int check_keys(tdist_store_t *s, const char *what, const char *const *key
 /* get / wait / multi_get share one request shape. */
 static int waiting_call(tdist_store_t *s, uint8_t op, const char *what, const char *const *keys,
                         size_t n, int64_t timeout_ms, tdist__buf_t *rep) {
-  size_t total;
+  size_t total = 0;
   TDIST_CHECK(check_keys(s, what, keys, n, &total));
   int64_t t = eff_timeout(s, timeout_ms);
   BEGIN(op, total + 16);
@@ -270,7 +270,7 @@ int tdist_store_multi_get(tdist_store_t *s, const char *const *keys, size_t n, v
 }
 
 int tdist_store_check(tdist_store_t *s, const char *const *keys, size_t n, int *all_exist) {
-  size_t total;
+  size_t total = 0;
   TDIST_CHECK(check_keys(s, "check", keys, n, &total));
   tdist__buf_t rep = {0};
   BEGIN(TDIST__OP_CHECK, total + 8);
@@ -369,7 +369,7 @@ out:
 
 int tdist_store_multi_set(tdist_store_t *s, const char *const *keys, const void *const *values,
                           const size_t *lens, size_t n) {
-  size_t total;
+  size_t total = 0;
   TDIST_CHECK(check_keys(s, "multi_set", keys, n, &total));
   if (!values || !lens)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store multi_set: NULL values");
