@@ -81,7 +81,7 @@ typedef struct tt_group {
   int bad_membership; /* some dump disagreed with ref (and was left out) */
   int unaligned;      /* p2p ops shifted the seqs of some ranks: compare no more */
   int problem;        /* a problem was found; verdict says which */
-  char verdict[1024];
+  char verdict[1536]; /* name + seq + op + a detail of up to 1023 bytes */
   int64_t problem_us; /* enqueue time of the problem op, to order groups */
 } tt_group_t;
 
