@@ -5,6 +5,9 @@
  *
  *   tdist_bench_cpu -n N [-T budget_s] [-o op,op,...|all] [-P] [-t tag] [-b max_bytes]
  *
+ * Under a launcher (RANK and WORLD_SIZE set, e.g. `tdistrun -n 4
+ * tdist_bench_cpu`), -n is ignored and this process is one rank (env://).
+ *
  * Ops: allreduce (in-place float32 sum), broadcast, allgather, barrier,
  * reduce, reduce_scatter, alltoall, gather, scatter. Sizes: 8 B, 1 KiB,
  * 64 KiB, 1 MiB, 16 MiB, 64 MiB of float32 (per-rank input for allgather,
@@ -134,19 +137,25 @@ static int agree_iters(tdist_group_t *g, double warm_us, int lo, int hi) {
   return iters;
 }
 
+/* arg: the store port of forked ranks, or NULL under a launcher (env://). */
 static int rank_main(int rank, int n, void *arg) {
   char method[64], ops[256];
-  snprintf(method, sizeof(method), "tcp://127.0.0.1:%d", *(int *)arg);
   tdist_init_opts_t o = {0};
-  o.mask = TDIST_INIT_FIELD_BACKEND | TDIST_INIT_FIELD_INIT_METHOD | TDIST_INIT_FIELD_RANK |
-           TDIST_INIT_FIELD_WORLD_SIZE | TDIST_INIT_FIELD_HOST_STORE;
+  o.mask = TDIST_INIT_FIELD_BACKEND;
   o.backend = "cpu";
-  o.init_method = method;
-  o.rank = rank;
-  o.world_size = n;
-  o.host_store = 1;
+  if (arg) {
+    snprintf(method, sizeof(method), "tcp://127.0.0.1:%d", *(int *)arg);
+    o.mask |= TDIST_INIT_FIELD_INIT_METHOD | TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE |
+              TDIST_INIT_FIELD_HOST_STORE;
+    o.init_method = method;
+    o.rank = rank;
+    o.world_size = n;
+    o.host_store = 1;
+  }
   tdist_group_t *g = NULL;
   MP_CHECK_RC(tdist_init_process_group(&o, &g));
+  rank = tdist_group_rank(g);
+  n = tdist_group_size(g);
   if (rank == 0 && !g_peers)
     printf("# tdist cpu backend, n=%d, budget %.2fs\n%14s %12s %12s %8s %6s %11s %7s %7s %11s %6s\n"
            "%14s %12s %12s %8s %6s %11s %7s %7s %11s %6s\n",
@@ -223,6 +232,8 @@ int main(int argc, char **argv) {
   if (!strcmp(g_ops, "all"))
     snprintf(g_ops, sizeof(g_ops),
              "allreduce,broadcast,allgather,reduce,reduce_scatter,alltoall,gather,scatter,barrier");
+  /* Under tdistrun (or torchrun, srun...): this process is one rank. */
+  if (getenv("RANK") && getenv("WORLD_SIZE")) return rank_main(0, 0, NULL);
   int port = tdist_mp_free_port();
   /* The ranks share this host as under tdistrun or torchrun, which tell
    * each rank how many there are (the runtime's spin defaults use it). */
