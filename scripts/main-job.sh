@@ -60,7 +60,9 @@ if [ -d "$B/bench/cpu" ]; then
   BENCH=$(find "$B/bench/cpu" -maxdepth 1 -type f -executable | sort | head -n 1)
 fi
 if [ -n "$BENCH" ]; then
-  job bench "$BENCH"
+  # A short budget per point: the table, not a careful measurement
+  # (bench/cpu and ../shared/peers do that).
+  job bench "$BENCH" -T "${TDIST_BENCH_BUDGET:-0.1}" -o allreduce,broadcast,allgather,reduce_scatter,alltoall,barrier
 else
   SUMMARY+=("$(printf '  %-9s skipped (no CPU collective benchmark in %s/bench/cpu)' bench "$B")")
 fi
