@@ -55,6 +55,7 @@
 #include "tdist/tdist.h"
 
 static int me = -1, nranks, victim;
+static int victim_dies; /* kill, stop: the victim never reports */
 static char dir[256];
 
 #define CHECK(cond)                                                                      \
@@ -170,9 +171,22 @@ static void unblock_sigterm(void) {
 }
 
 /* Survivors of kill/stop/skip: the fault op failed with `rc`/`msg` `dt` ms
- * after the fault. */
+ * after the fault. SIGTERM stays blocked until every survivor has said what
+ * it saw (DIR/reported.<rank>, waited for at most 5 s): under fail-fast a
+ * survivor that died early would otherwise be the first failure that a
+ * slower one sees. */
 static void report(int rc, int64_t dt, const char *msg) {
   printf("FAULT rank %d saw %s after %lld ms: %s\n", me, tdist_err_name(rc), (long long)dt, msg);
+  char name[32];
+  snprintf(name, sizeof(name), "reported.%d", me);
+  put_num(name, 1);
+  int64_t t0 = mono_ms();
+  for (int r = 0; r < nranks; r++) {
+    if (victim_dies && r == victim) continue;
+    snprintf(name, sizeof(name), "reported.%d", r);
+    while (get_num(name) < 0 && mono_ms() - t0 < 5000)
+      sleep_ms(1);
+  }
   unblock_sigterm();
 }
 
@@ -228,7 +242,7 @@ static int scenario_kill(tdist_group_t *g) {
   }
   int rc = tdist_all_reduce(g, v, v, FAULT_BIG_COUNT, TDIST_FLOAT32, TDIST_SUM, NULL, &w);
   snprintf(name, sizeof(name), "submitted.%d", me);
-  put_num(name, rc);
+  put_num(name, 1); /* even if the submission failed: that is checked below */
   const char *msg;
   if (rc == 0) {
     CHECK(tdist_work_seq(w) == FAULT_SEQ);
@@ -393,6 +407,7 @@ int main(int argc, char **argv) {
   }
   const char *sc = argv[1];
   victim = atoi(argv[2]);
+  victim_dies = !strcmp(sc, "kill") || !strcmp(sc, "stop");
   snprintf(dir, sizeof(dir), "%s", argv[3]);
   char prefix[300];
   snprintf(prefix, sizeof(prefix), "%s/", dir);

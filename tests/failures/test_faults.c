@@ -83,6 +83,16 @@ static int said(const char *out, int r, const char *what) {
   return n;
 }
 
+/* 1 if the line "FAULT rank r <what>..." exists and also contains `also`. */
+static int said_with(const char *out, int r, const char *what, const char *also) {
+  char needle[128];
+  snprintf(needle, sizeof(needle), "FAULT rank %d %s", r, what);
+  const char *l = strstr(out, needle);
+  if (!l) return 0;
+  const char *nl = strchr(l, '\n'), *hit = strstr(l, also);
+  return hit && (!nl || hit < nl);
+}
+
 /* tdist-trace on the run's dumps of group 'world'. kill/stop: the victim
  * wrote nothing (it was killed or stopped) and the survivors' op seq
  * FAULT_SEQ failed; skip: the victim's dump shows it never submitted it. */
@@ -289,12 +299,12 @@ static void run_launched(const char *sc, int n, int victim, int fail_fast) {
   }
   if (fail_fast) {
     /* Stopped by SIGTERM, but not before they said what they saw. */
+    char named[64];
+    snprintf(named, sizeof(named), "rank %d (world rank %d", victim, victim);
     for (int r = 0; r < n; r++)
-      if (r != victim) {
-        char saw[96];
-        snprintf(saw, sizeof(saw), "saw TDIST_ERR_REMOTE_FAILED after");
-        ok = ok && said(p.out, r, saw) == 1;
-      }
+      if (r != victim)
+        ok = ok && said(p.out, r, "saw TDIST_ERR_REMOTE_FAILED after") == 1 &&
+             said_with(p.out, r, "saw TDIST_ERR_REMOTE_FAILED", named);
     ok = ok && strstr(p.err, "stopping the other ranks") != NULL;
   } else {
     ok = ok && check_ranks(sc, n, victim, p.out, NULL);

@@ -3,7 +3,7 @@
  *
  *   tdistrun -n N [--nnodes M --node-rank R] [--master-addr A] [--master-port P]
  *            [--backend cpu|nccl] [--grace S] [--external-store] [--no-prefix]
- *            [--] prog args...
+ *            [--no-fail-fast] [--] prog args...
  *
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
  * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
@@ -41,7 +41,7 @@
 extern char **environ;
 
 typedef struct opts {
-  int nproc, nnodes, node_rank, master_port, external_store, prefix;
+  int nproc, nnodes, node_rank, master_port, external_store, prefix, keep_going;
   const char *master_addr, *backend;
   double grace_s;
   char **argv; /* the rank program and its arguments */
@@ -58,6 +58,8 @@ static void usage(FILE *f) {
              "  --grace S               seconds between SIGTERM and SIGKILL (default 3)\n"
              "  --external-store        a store server already runs at A:P; do not host one\n"
              "  --no-prefix             do not prefix output lines with \"[rank r] \"\n"
+             "  --no-fail-fast          a failed rank does not stop the others; exit non-zero\n"
+             "                          at the end naming the first failure\n"
              "See docs/launcher.md.\n");
 }
 
@@ -90,6 +92,9 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       continue;
     } else if (!strcmp(a, "--no-prefix")) {
       o->prefix = 0;
+      continue;
+    } else if (!strcmp(a, "--no-fail-fast")) {
+      o->keep_going = 1;
       continue;
     }
     if (!v) {
@@ -282,7 +287,11 @@ int main(int argc, char **argv) {
   int rc = 1, nenv = 0;
   tdist_store_server_t *srv = NULL;
   coord_t coord = {.node_rank = o.node_rank};
-  trun_job_t job = {.nlocal = o.nproc, .grace_s = o.grace_s, .prefix = o.prefix, .sigfd = -1};
+  trun_job_t job = {.nlocal = o.nproc,
+                    .grace_s = o.grace_s,
+                    .prefix = o.prefix,
+                    .keep_going = o.keep_going,
+                    .sigfd = -1};
   char ***envs = NULL;
   const char *addr = o.master_addr ? o.master_addr : "127.0.0.1";
   int port = o.master_port;

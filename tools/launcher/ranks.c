@@ -1,5 +1,6 @@
 /*
- * ranks.c - start the ranks, relay their output, forward signals, fail fast.
+ * ranks.c - start the ranks, relay their output, forward signals, fail fast
+ * (or, with --no-fail-fast, let the others go on and report at the end).
  *
  * Ownership: the job (trun_job_t) and its ranks belong to main.c; this file
  * fills in pids, pipes and the outcome. All of it runs on the launcher's main
@@ -221,7 +222,13 @@ static void stop_all(trun_job_t *job, int sig, double *kill_at) {
   if (*kill_at == 0) *kill_at = now_s() + job->grace_s;
 }
 
-/* Reap exited ranks; the first failure (not one we caused) stops the rest. */
+/* 1 once the job is being stopped (a second stop signal then kills at once). */
+static int stopping(const trun_job_t *job) {
+  return job->interrupt_sig || (!job->keep_going && (job->fail_rank >= 0 || job->remote_msg[0]));
+}
+
+/* Reap exited ranks; the first failure (not one we caused) stops the rest,
+ * unless keep_going: then each failure is only reported. */
 static int reap(trun_job_t *job, double *kill_at) {
   int running = 0;
   for (int i = 0; i < job->nlocal; i++) {
@@ -240,17 +247,23 @@ static int reap(trun_job_t *job, double *kill_at) {
     r->status = st;
     r->pid = 0;
     int failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    if (failed && !r->stopped && job->fail_rank < 0 && !job->interrupt_sig && !job->remote_msg[0]) {
-      char why[96];
-      trun_describe_status(st, why, sizeof(why));
+    if (!failed || r->stopped || stopping(job)) continue;
+    char why[96];
+    trun_describe_status(st, why, sizeof(why));
+    if (job->fail_rank < 0) {
       job->fail_rank = r->global_rank;
       job->fail_status = st;
-      fprintf(stderr,
-              "tdistrun: rank %d %s; stopping the other ranks (SIGTERM, SIGKILL after "
-              "%g s)\n",
-              r->global_rank, why, job->grace_s);
-      stop_all(job, SIGTERM, kill_at);
     }
+    if (job->keep_going) {
+      fprintf(stderr, "tdistrun: rank %d %s; the other ranks go on (--no-fail-fast)\n",
+              r->global_rank, why);
+      continue;
+    }
+    fprintf(stderr,
+            "tdistrun: rank %d %s; stopping the other ranks (SIGTERM, SIGKILL after "
+            "%g s)\n",
+            r->global_rank, why, job->grace_s);
+    stop_all(job, SIGTERM, kill_at);
   }
   return running;
 }
@@ -296,7 +309,7 @@ int trun_supervise(trun_job_t *job) {
         continue;
       }
       char name[32];
-      if (job->interrupt_sig || job->fail_rank >= 0 || job->remote_msg[0]) {
+      if (stopping(job)) {
         /* Already stopping: a second signal kills at once. */
         fprintf(stderr, "tdistrun: %s while stopping: killing the ranks\n",
                 trun_signame(sig, name, sizeof(name)));
@@ -319,10 +332,15 @@ int trun_supervise(trun_job_t *job) {
     }
     if (running > 0 && job->tick && t >= next_tick) {
       next_tick = t + 0.25;
-      if (!job->remote_msg[0] && job->fail_rank < 0 && !job->interrupt_sig &&
+      if (!job->remote_msg[0] && !stopping(job) &&
           job->tick(job->tick_arg, job->remote_msg, sizeof(job->remote_msg))) {
-        fprintf(stderr, "tdistrun: %s; stopping this node's ranks\n", job->remote_msg);
-        stop_all(job, SIGTERM, &kill_at);
+        if (job->keep_going) {
+          fprintf(stderr, "tdistrun: %s; this node's ranks go on (--no-fail-fast)\n",
+                  job->remote_msg);
+        } else {
+          fprintf(stderr, "tdistrun: %s; stopping this node's ranks\n", job->remote_msg);
+          stop_all(job, SIGTERM, &kill_at);
+        }
       }
     }
   }

@@ -48,6 +48,8 @@ typedef struct trun_job {
   trun_rank_t *ranks;
   double grace_s; /* time between SIGTERM and SIGKILL when stopping */
   int prefix;     /* 1: prefix every output line with "[rank r] " */
+  int keep_going; /* --no-fail-fast: a failed rank (here or on another node)
+                     does not stop the others; the first is reported at the end */
   trun_tick_fn tick;
   void *tick_arg;
   int sigfd; /* signalfd of the handled signals (trun_signals_block) */
@@ -74,7 +76,9 @@ int trun_spawn(trun_job_t *job, char *const *argv, char **const *envs);
 /* Relay output and wait for every rank. The first rank to exit non-zero or by
  * a signal, a signal received by the launcher, or a tick that reports a
  * remote failure stops the others: the signal (SIGTERM for a failure) goes
- * to every running rank, and after grace_s seconds SIGKILL. Returns the
+ * to every running rank, and after grace_s seconds SIGKILL. With keep_going
+ * only the launcher's signals stop ranks; failures are printed as they
+ * happen and the first one decides the exit code once all ranks ended. Returns the
  * launcher's exit code: 0 if every rank exited 0, the failed rank's code (or
  * 128 + signal), 128 + the signal the launcher got, or 1 (remote failure).
  * Prints the final "tdistrun: rank r ..." message on stderr. */
