@@ -384,6 +384,18 @@ static int scenario_store(tdist_group_t *g) {
         strstr(tdist_last_error(), "closed by an earlier failure") != NULL);
   CHECK(dt < FAULT_STORE_TIMEOUT_MS);
 
+  /* Collectives go on for a while: the monitor meanwhile finds its
+   * heartbeats and abort-record waits failing, which must not abort or stall
+   * the group. The count of rounds is agreed (rank 0's), not timed per rank. */
+  int64_t rounds = 0, t1 = mono_ms();
+  for (int more = 1; more; rounds++) {
+    CHECK(checked_all_reduce(g, 4096, 20 + (int)(rounds % 8)) == 0);
+    int32_t go = me == 0 ? mono_ms() - t1 < 3 * FAULT_HB_INTERVAL_MS : 0;
+    CHECK_RC(tdist_broadcast(g, &go, 1, TDIST_INT32, 0, NULL, NULL));
+    more = go;
+  }
+  CHECK(!tdist_group_is_aborted(g));
+
   /* A CPU split needs no store: it maps the new ranks over existing sockets. */
   int all[8];
   for (int r = 0; r < nranks; r++)
@@ -395,7 +407,8 @@ static int scenario_store(tdist_group_t *g) {
   CHECK_RC(tdist_group_destroy(sub));
   CHECK(checked_all_reduce(g, 1000, 9) == 0);
   CHECK(!tdist_group_is_aborted(g));
-  printf("FAULT rank %d store gone: collectives and new_group ok\n", me);
+  printf("FAULT rank %d store gone: collectives (%lld rounds) and new_group ok\n", me,
+         (long long)rounds);
   return 0;
 }
 
