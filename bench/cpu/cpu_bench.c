@@ -3,7 +3,8 @@
  * peers in ../shared/peers (Gloo, Open MPI): this program forks N ranks on
  * 127.0.0.1 (rank 0 hosts the store), and rank 0 reports.
  *
- *   tdist_bench_cpu -n N [-T budget_s] [-o op,op,...|all] [-P] [-t tag] [-b max_bytes]
+ *   tdist_bench_cpu -n N [-T budget_s] [-o op,op,...|all] [-P] [-t tag] [-m min_bytes]
+ *                   [-b max_bytes]
  *
  * Under a launcher (RANK and WORLD_SIZE set, e.g. `tdistrun -n 4
  * tdist_bench_cpu`), -n is ignored and this process is one rank (env://).
@@ -37,6 +38,7 @@ static double g_budget = 0.3;
 static int g_peers = 0;
 static char g_tag[32] = "tdist";
 static size_t g_max = 67108864;
+static size_t g_min = 0;
 static char g_ops[256] = "allreduce,broadcast,allgather,barrier";
 
 static double now_us(void) {
@@ -169,7 +171,7 @@ static int rank_main(int rank, int n, void *arg) {
     int barrier = !strcmp(op, "barrier");
     for (size_t si = 0; si < (barrier ? 1 : sizeof(kSizes) / sizeof(kSizes[0])); si++) {
       size_t bytes = barrier ? 0 : kSizes[si];
-      if (bytes > g_max) continue;
+      if (bytes > g_max || (!barrier && bytes < g_min)) continue;
       struct bufs B = {calloc(bytes / 4 + 1, 4), calloc((bytes / 4 + 1) * (size_t)n, 4), bytes / 4};
       for (size_t i = 0; i < B.count; i++)
         B.a[i] = (float)(rank + 1);
@@ -211,7 +213,7 @@ static int rank_main(int rank, int n, void *arg) {
 
 int main(int argc, char **argv) {
   int n = 2, c;
-  while ((c = getopt(argc, argv, "n:T:o:Pb:t:")) != -1) {
+  while ((c = getopt(argc, argv, "n:T:o:Pb:m:t:")) != -1) {
     if (c == 'n')
       n = atoi(optarg);
     else if (c == 'T')
@@ -222,10 +224,13 @@ int main(int argc, char **argv) {
       g_peers = 1;
     else if (c == 'b')
       g_max = (size_t)atoll(optarg);
+    else if (c == 'm')
+      g_min = (size_t)atoll(optarg);
     else if (c == 't')
       snprintf(g_tag, sizeof(g_tag), "%s", optarg);
     else {
-      fprintf(stderr, "usage: %s -n N [-T budget_s] [-o ops] [-P] [-b max_bytes]\n", argv[0]);
+      fprintf(stderr, "usage: %s -n N [-T budget_s] [-o ops] [-P] [-m min_bytes] [-b max_bytes]\n",
+              argv[0]);
       return 2;
     }
   }

@@ -83,7 +83,7 @@ static int cpu_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
   return cpu_split(parent, 0, child);
 }
 
-static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
+static int post_op(tdist_group_t *g, tdist_work_t *w) {
   cpu_group_t *cg = g->bstate;
   cpu_op_t *op = cpu_op_get(cg);
   if (!op) return TDIST_ERR_NO_MEMORY;
@@ -132,6 +132,16 @@ static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
       return 0;
   cpu_advance(op);
   return 0;
+}
+
+static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
+  cpu_ctx_t *ctx = ((cpu_group_t *)g->bstate)->ctx;
+  int rc = post_op(g, w);
+  /* A parked message is for this op (its receive is posted now, so it is
+   * read in place), or for a later one, or behind something this op needs:
+   * in every case reading goes on (cpu.h, deferred reads). */
+  cpu_ctx_unpark(ctx);
+  return rc;
 }
 
 static void cpu_abort(tdist_group_t *g, int status, const char *reason) {

@@ -172,7 +172,7 @@ done:
 static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
   cpu_conn_t *c = tdist__calloc(1, sizeof(*c));
   if (!c) return NULL;
-  c->rx = tdist__malloc(64 << 10);
+  c->rx = tdist__malloc(CPU_RX_CAP);
   if (!c->rx) {
     tdist__free(c);
     return NULL;
@@ -186,6 +186,7 @@ static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) 
 
 static void start_all(void *arg) {
   cpu_ctx_t *ctx = arg;
+  cpu_ctx_start_timer(ctx);
   for (int i = 0; i < ctx->size; i++)
     if (ctx->conns[i]) cpu_conn_start(ctx->conns[i]);
 }
@@ -314,9 +315,20 @@ static void on_closed(uv_handle_t *h) {
   ctx_maybe_free(ctx);
 }
 
+static void on_timer_closed(uv_handle_t *h) {
+  cpu_ctx_t *ctx = h->data;
+  ctx->open_handles--;
+  ctx_maybe_free(ctx);
+}
+
 static void release_task(void *arg) {
   cpu_ctx_t *ctx = arg;
   if (--ctx->refs > 0) return;
+  if (ctx->timer_on) {
+    ctx->timer_on = 0;
+    ctx->open_handles++;
+    uv_close((uv_handle_t *)&ctx->park_timer, on_timer_closed);
+  }
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c) continue;

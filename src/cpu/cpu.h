@@ -35,7 +35,8 @@
 #include "core/param.h"
 #include "core/progress.h"
 
-#define CPU_MAGIC 0x31434454u /* "TDC1" */
+#define CPU_MAGIC 0x31434454u  /* "TDC1" */
+#define CPU_RX_CAP (64u << 10) /* a connection's receive staging buffer */
 
 /* Message kinds on the wire. */
 enum { CPU_MSG_COLL = 1, CPU_MSG_P2P = 2, CPU_MSG_ERR = 3, CPU_MSG_BYE = 4 };
@@ -152,11 +153,14 @@ struct cpu_conn {
   int peer; /* world rank */
   int fd;
   uv_poll_t poll;
-  int events;    /* UV_READABLE | UV_WRITABLE currently watched */
-  int dead;      /* closed or failed: no more I/O */
-  int bye;       /* the peer said goodbye (orderly destroy) */
-  int bye_cause; /* ... after losing this world rank (-1: none), so our
-                    error can name the root cause rather than the leaver */
+  int events;         /* UV_READABLE | UV_WRITABLE currently watched */
+  int dead;           /* closed or failed: no more I/O */
+  int bye;            /* the peer said goodbye (orderly destroy) */
+  int bye_cause;      /* ... after losing this world rank (-1: none), so our
+                         error can name the root cause rather than the leaver */
+  int parked;         /* a large message for an op not posted yet: its header
+                         is in rh, its payload waits in the kernel (io.c) */
+  uint64_t parked_at; /* uv_now() when parked */
   char addr[80];
   cpu_msg_t *txq, *txq_tail;
   /* receive */
@@ -186,6 +190,12 @@ struct cpu_ctx {
   /* buffer cache */
   struct cpu_buf *bufs;
   size_t cached_bytes;
+  /* parked connections (io.c): unparked when an op is posted, or by this
+   * timer after TDIST_CPU_DEFER_US */
+  uv_timer_t park_timer;
+  int timer_on; /* park_timer initialised (the ctx has connections) */
+  int nparked;
+  int no_park; /* set while a parked header is dispatched again */
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
@@ -194,7 +204,10 @@ TDIST_PARAM(CpuRingBytes, "TDIST_CPU_ALLREDUCE_RING_BYTES", 256 << 10)
 TDIST_PARAM(CpuBcastChainBytes, "TDIST_CPU_BCAST_CHAIN_BYTES", 256 << 10)
 TDIST_PARAM(CpuAllgatherRingBytes, "TDIST_CPU_ALLGATHER_RING_BYTES", 1 << 20)
 TDIST_PARAM(CpuSockBuf, "TDIST_CPU_SOCKBUF", 4 << 20)
+TDIST_PARAM(CpuSendChunk, "TDIST_CPU_SEND_CHUNK", 1 << 20)
 TDIST_PARAM(CpuCacheBytes, "TDIST_CPU_CACHE_BYTES", 256 << 20)
+TDIST_PARAM(CpuDeferBytes, "TDIST_CPU_DEFER_BYTES", 256 << 10)
+TDIST_PARAM(CpuDeferUs, "TDIST_CPU_DEFER_US", 5000)
 
 /* ---- conn.c: setup and teardown ------------------------------------------- */
 /* Caller thread: listen, publish, connect the full mesh, register the polls. */
@@ -210,6 +223,17 @@ cpu_msg_t *cpu_msg_new(void);
 void cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
 /* Drop queued messages of ops of group uid (abort), copying a partly sent one. */
 void cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
+/* Deferred reads. A rank that is idle (no op active, no receive posted) and
+ * sees the header of a large message for an op it has not posted yet leaves
+ * the payload in the kernel (cpu_conn_park, from cpu_on_header) rather than
+ * copying it twice (into a staging buffer, then into the destination): the
+ * caller is usually about to post that op. Any post, the group's abort, a
+ * peer's disconnect or TDIST_CPU_DEFER_US dispatches the header again
+ * (cpu_ctx_unpark), and the payload then goes straight where it belongs. */
+void cpu_conn_park(cpu_conn_t *c);
+void cpu_conn_unpark(cpu_conn_t *c);
+void cpu_ctx_unpark(cpu_ctx_t *ctx);      /* every parked connection */
+void cpu_ctx_start_timer(cpu_ctx_t *ctx); /* init park_timer (progress thread) */
 
 /* ---- buffer cache (io.c) --------------------------------------------------- */
 void *cpu_buf_get(cpu_ctx_t *ctx, size_t len);

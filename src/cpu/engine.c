@@ -80,6 +80,10 @@ void cpu_detach_rx(cpu_group_t *cg) {
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->rx_body || c->rx_g != cg) continue;
+    if (c->parked) {
+      cpu_conn_unpark(c); /* cg is aborted: the payload is discarded */
+      continue;
+    }
     if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
     c->rx_dst = NULL;
     c->rx_op = NULL;
@@ -260,6 +264,29 @@ static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u
   xfer_done(op);
 }
 
+/* Receive x of op wants message u, whose payload is still being read from
+ * its connection: the bytes in so far are moved (or, for a reducing
+ * receive, the staging buffer is taken over) and the rest of the payload is
+ * read straight into the destination. A rank that posts an op a little
+ * after its peer sent it (the usual case in a loop of large ops) copies only
+ * what arrived in between, not the whole payload. */
+static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
+  cpu_conn_t *c = cg->ctx->conns[u->src];
+  if (!c || c->dead || !c->rx_body || c->rx_ux != u || u->hdr.len != x->len) return;
+  if (x->reduce) {
+    c->rx_dst = u->data; /* becomes x->stage when complete */
+    u->data = NULL;
+  } else {
+    if (c->rx_got) memcpy(x->ptr, u->data, c->rx_got);
+    c->rx_dst = x->ptr;
+  }
+  c->rx_op = op;
+  c->rx_x = x;
+  c->rx_ux = NULL;
+  cpu_ux_unlink(&cg->ux, u);
+  cpu_ux_free(cg->ctx, u);
+}
+
 static cpu_xfer_t *round_recv(cpu_op_t *op, int src) {
   for (int i = 0; i < op->nrecv; i++)
     if (op->recvs[i].peer == src && !op->recvs[i].done) return &op->recvs[i];
@@ -336,11 +363,14 @@ void cpu_advance(cpu_op_t *op) {
     /* Messages of this round that arrived early. */
     for (cpu_ux_t *u = cg->ux, *next; u && op->w == w; u = next) {
       next = u->next;
-      if (!u->complete || u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq ||
-          u->hdr.slot != (uint32_t)k)
+      if (u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq || u->hdr.slot != (uint32_t)k)
         continue;
       cpu_xfer_t *x = round_recv(op, cpu_grank_of(cg, u->src));
-      if (x) deliver_ux(cg, op, x, u);
+      if (!x) continue;
+      if (u->complete)
+        deliver_ux(cg, op, x, u);
+      else
+        adopt_ux(cg, op, x, u);
     }
     if (cg->aborted || op->w != w) return;
     op->pending--;
@@ -468,6 +498,20 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
 
 /* ---- dispatch from io.c ----------------------------------------------------------- */
 
+/* Leave a large unexpected payload in the kernel for now (cpu.h, deferred
+ * reads)? Only while this process runs nothing (no active op, no posted
+ * receive, in any group): then nothing it waits for can be queued behind
+ * it on this connection, and the next post (any op) reads on. */
+static int may_park(cpu_ctx_t *ctx, const cpu_hdr_t *h) {
+  int64_t min = tdist__param_CpuDeferBytes();
+  if (ctx->no_park || !ctx->timer_on || min <= 0 || tdist__param_CpuDeferUs() <= 0) return 0;
+  if (min < 2 * CPU_RX_CAP) min = 2 * CPU_RX_CAP; /* more than can be staged */
+  if (h->len < (uint64_t)min) return 0;
+  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next)
+    if (cg->ops || cg->precv) return 0;
+  return 1;
+}
+
 void cpu_on_header(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   const cpu_hdr_t *h = &c->rh;
@@ -519,6 +563,10 @@ void cpu_on_header(cpu_conn_t *c) {
       c->rx_dst = x->ptr;
       return;
     }
+  }
+  if (may_park(ctx, h)) {
+    cpu_conn_park(c);
+    return;
   }
   cpu_ux_t *u = ux_new(ctx, h, c->peer);
   if (!u) {
@@ -603,6 +651,10 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
     int r = cpu_grank_of(cg, c->peer);
     cg->failing = r >= 0 && !cg->aborted && needs_peer(cg, r, c);
+  }
+  if (c->parked) {
+    c->parked = 0;
+    if (--ctx->nparked == 0) uv_timer_stop(&ctx->park_timer);
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);

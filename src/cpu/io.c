@@ -18,6 +18,7 @@
  * blocks (non-blocking fds, level-triggered uv_poll).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -25,9 +26,10 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "cpu/cpu.h"
 
-#define RX_CAP (64u << 10)
+#define RX_CAP CPU_RX_CAP
 #define DIRECT_MIN 4096 /* payload left at least this: read() into the destination */
 #define MAX_IOV 64
 
@@ -102,23 +104,36 @@ static void on_poll(uv_poll_t *h, int status, int events);
 
 static void watch(cpu_conn_t *c) {
   if (c->dead) return;
-  int ev = UV_READABLE | (c->txq ? UV_WRITABLE : 0);
+  /* Parked: no reads, but a peer that goes away must still be noticed. */
+  int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) | (c->txq ? UV_WRITABLE : 0);
   if (ev != c->events) {
     c->events = ev;
     uv_poll_start(&c->poll, ev, on_poll);
   }
 }
 
+/* Bytes handed to one sendmsg. tcp_sendmsg holds the socket lock while it
+ * copies, and the ACKs that open the peer's window wait in the backlog
+ * until it lets go: one 64 MiB call stalls the stream at every window's
+ * end. 1 MiB calls keep it flowing (n=2 broadcast of 16 MiB: 6.2 -> 3.5 ms,
+ * docs/cpu-backend.md). */
+static size_t send_chunk(void) {
+  int64_t v = tdist__param_CpuSendChunk();
+  return v < 4096 ? 4096 : (size_t)v;
+}
+
 static void flush(cpu_conn_t *c) {
-  const size_t hs = sizeof(cpu_hdr_t);
+  const size_t hs = sizeof(cpu_hdr_t), chunk = send_chunk();
   while (c->txq && !c->dead) {
     struct iovec iov[MAX_IOV];
     int cnt = 0;
-    for (cpu_msg_t *m = c->txq; m && cnt + 2 <= MAX_IOV; m = m->next) {
+    size_t budget = chunk;
+    for (cpu_msg_t *m = c->txq; m && cnt + 2 <= MAX_IOV && budget; m = m->next) {
       if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
-      size_t poff = m->off > hs ? m->off - hs : 0;
-      if (m->hdr.len > poff)
-        iov[cnt++] = (struct iovec){(void *)(m->data + poff), m->hdr.len - poff};
+      size_t poff = m->off > hs ? m->off - hs : 0, left = m->hdr.len - poff;
+      if (left > budget) left = budget;
+      if (left) iov[cnt++] = (struct iovec){(void *)(m->data + poff), left};
+      budget -= left;
     }
     /* sendmsg, not writev: MSG_NOSIGNAL, a dead peer must not SIGPIPE us. */
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
@@ -223,6 +238,7 @@ static int parse(cpu_conn_t *c) {
       c->rx_g = NULL;
       cpu_on_header(c);
       if (c->dead) return -1;
+      if (c->parked) return 0; /* the staged bytes wait with the rest */
     }
     size_t need = c->rh.len - c->rx_got, have = c->rx_hi - c->rx_lo;
     size_t take = need < have ? need : have;
@@ -241,7 +257,7 @@ static int parse(cpu_conn_t *c) {
 }
 
 static void on_readable(cpu_conn_t *c) {
-  for (int iter = 0; iter < 64 && !c->dead; iter++) {
+  for (int iter = 0; iter < 64 && !c->dead && !c->parked; iter++) {
     ssize_t n;
     if (c->rx_body && c->rx_dst && c->rx_lo == c->rx_hi && c->rh.len - c->rx_got >= DIRECT_MIN) {
       n = recv(c->fd, c->rx_dst + c->rx_got, c->rh.len - c->rx_got, 0);
@@ -300,11 +316,82 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     cpu_on_conn_lost(c, why);
     return;
   }
-  if (events & UV_WRITABLE) flush(c);
+  if (c->parked && (events & UV_DISCONNECT)) cpu_conn_unpark(c); /* read to the EOF */
+  if (!c->dead && (events & UV_WRITABLE)) flush(c);
   if (!c->dead && (events & (UV_READABLE | UV_DISCONNECT))) on_readable(c);
   /* No tdist__progress_kick here: sockets wake epoll by themselves, and
    * spinning after every message costs more than it saves when ranks share
    * cores (measured in docs/cpu-backend.md). */
+}
+
+/* ---- deferred reads (cpu.h) ----------------------------------------------------- */
+
+static uint64_t defer_ms(void) {
+  int64_t us = tdist__param_CpuDeferUs();
+  return us <= 1000 ? 1 : (uint64_t)(us + 999) / 1000;
+}
+
+static void on_park_timer(uv_timer_t *t) {
+  cpu_ctx_t *ctx = t->data;
+  uint64_t now = uv_now(t->loop), wait = 0;
+  for (int i = 0; i < ctx->size && ctx->nparked; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    if (!c || !c->parked) continue;
+    if (now - c->parked_at >= defer_ms()) {
+      cpu_conn_unpark(c); /* the caller is busy elsewhere: stage it */
+    } else {
+      uint64_t left = c->parked_at + defer_ms() - now;
+      if (!wait || left < wait) wait = left;
+    }
+  }
+  if (ctx->nparked && wait) uv_timer_start(t, on_park_timer, wait, 0);
+}
+
+void cpu_ctx_start_timer(cpu_ctx_t *ctx) {
+  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->park_timer);
+  ctx->park_timer.data = ctx;
+  ctx->timer_on = 1;
+}
+
+void cpu_conn_park(cpu_conn_t *c) {
+  cpu_ctx_t *ctx = c->ctx;
+  c->parked = 1;
+  c->parked_at = uv_now(tdist__progress_loop(ctx->progress));
+  TDIST_TRACE(CPU,
+              "world rank %d: %" PRIu64 "-byte message for collective #%" PRIu64
+              " waits in the kernel",
+              c->peer, c->rh.len, c->rh.seq);
+  if (ctx->nparked++ == 0) uv_timer_start(&ctx->park_timer, on_park_timer, defer_ms(), 0);
+  watch(c);
+}
+
+void cpu_conn_unpark(cpu_conn_t *c) {
+  cpu_ctx_t *ctx = c->ctx;
+  if (!c->parked) return;
+  c->parked = 0;
+  if (--ctx->nparked == 0) uv_timer_stop(&ctx->park_timer);
+  if (c->dead) return;
+  TDIST_TRACE(CPU, "world rank %d: reading on after %" PRIu64 " ms", c->peer,
+              uv_now(tdist__progress_loop(ctx->progress)) - c->parked_at);
+  /* Dispatch the header again (it may not park twice): now it finds its
+   * receive, or goes to the unexpected list, or is discarded (aborted). */
+  c->rx_dst = NULL;
+  c->rx_op = NULL;
+  c->rx_x = NULL;
+  c->rx_ux = NULL;
+  c->rx_g = NULL;
+  ctx->no_park = 1;
+  cpu_on_header(c);
+  ctx->no_park = 0;
+  /* Staged payload bytes are parsed at the next read: more of the payload
+   * (which is larger than the staging buffer) is still in the socket, so
+   * the poll fires. */
+  watch(c);
+}
+
+void cpu_ctx_unpark(cpu_ctx_t *ctx) {
+  for (int i = 0; i < ctx->size && ctx->nparked; i++)
+    if (ctx->conns[i]) cpu_conn_unpark(ctx->conns[i]);
 }
 
 void cpu_conn_start(cpu_conn_t *c) {
@@ -321,6 +408,10 @@ void cpu_conn_close(cpu_conn_t *c) {
     cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
     if (!c->txq) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_WR);
+  }
+  if (c->parked) {
+    c->parked = 0;
+    if (--c->ctx->nparked == 0) uv_timer_stop(&c->ctx->park_timer);
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
