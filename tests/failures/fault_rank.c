@@ -27,15 +27,17 @@
  *          over all of them.
  *   store  VICTIM SIGKILLs the store server ($FAULT_STORE_PID, a tdist-store
  *          process) and waits until its port refuses connections. The CPU
- *          collectives go on (they never use the store); a split
+ *          collectives go on (they never use the store), also while the
+ *          monitor's heartbeats fail for three intervals; a split
  *          (tdist_new_group) still works since the CPU backend reuses the
  *          parent's connections; tdist_group_shrink, which agrees through
  *          the store, fails at once with CLOSED; nothing is aborted and
  *          destroy returns within FAULT_STORE_TIMEOUT_MS.
  *
- * SIGTERM is blocked until the rank has printed what it saw, so that under
- * tdistrun's fail-fast (SIGTERM on the first death) a survivor's report gets
- * out before it is stopped. Exit: 0 when every check passed, 1 otherwise
+ * SIGTERM is blocked until every survivor has printed what it saw, so that
+ * under tdistrun's fail-fast (SIGTERM on the first death) the reports get
+ * out before the survivors are stopped, and none of them dies early enough
+ * to be the failure another one sees. Exit: 0 when every check passed, 1 otherwise
  * (the failed check is printed); the kill and stop victims die by SIGKILL.
  */
 #include <arpa/inet.h>
@@ -119,9 +121,8 @@ static int64_t get_num(const char *name) {
 /* Input element i of world rank r: small integers, so float sums are exact
  * in any order. */
 static float gen(int r, size_t i, int salt) {
-  return (
-      float)((int)(((unsigned)r * 7u + (unsigned)(i % 1000003) * 13u + (unsigned)salt * 5u) % 9u) -
-             4);
+  unsigned h = (unsigned)r * 7u + (unsigned)(i % 1000003) * 13u + (unsigned)salt * 5u;
+  return (float)((int)(h % 9u) - 4);
 }
 
 /* all_reduce SUM of `count` floats over g, checked element by element
@@ -472,6 +473,6 @@ int main(int argc, char **argv) {
     printf("FAULT rank %d destroy took %lld ms (%s)\n", me, (long long)dt, tdist_err_name(drc));
     rc = rc ? rc : 1;
   }
-  if (rc == 0) printf("FAULT rank %d done\n", me);
+  if (rc == 0) printf("FAULT rank %d done (destroy %lld ms)\n", me, (long long)dt);
   return rc;
 }
