@@ -28,8 +28,17 @@
 #include "store/store_impl.h"
 
 /* Extra time a waiting request gets beyond its server-side timeout before the
- * client gives up on the server itself. */
-#define REPLY_GRACE_MS 10000
+ * client gives up on the server itself: as long as the wait, between 1 and
+ * 10 s (a live server answers an expired wait at once; the monitor's short
+ * waits must not hold a shutdown for 10 s when the server is stopped). */
+#define REPLY_GRACE_MIN_MS 1000
+#define REPLY_GRACE_MAX_MS 10000
+
+static int64_t reply_grace(int64_t wait_ms) {
+  return wait_ms < REPLY_GRACE_MIN_MS   ? REPLY_GRACE_MIN_MS
+         : wait_ms > REPLY_GRACE_MAX_MS ? REPLY_GRACE_MAX_MS
+                                        : wait_ms;
+}
 
 typedef struct tcp_store {
   struct tdist_store base; /* first: a tdist_store_t* is a tcp_store* */
@@ -114,7 +123,7 @@ static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep
                     const char *what, const char *key) {
   tcp_store_t *t = (tcp_store_t *)s;
   int64_t t0 = tdist__now_ms();
-  int64_t deadline = t0 + (wait_ms > 0 ? wait_ms + REPLY_GRACE_MS : s->timeout_ms);
+  int64_t deadline = t0 + (wait_ms > 0 ? wait_ms + reply_grace(wait_ms) : s->timeout_ms);
   int rc;
   pthread_mutex_lock(&t->mu);
   if (t->fd < 0) {
