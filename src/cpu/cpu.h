@@ -199,7 +199,7 @@ struct cpu_ctx {
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
-TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 512 << 10)
+TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 2 << 20)
 TDIST_PARAM(CpuRingBytes, "TDIST_CPU_ALLREDUCE_RING_BYTES", 256 << 10)
 TDIST_PARAM(CpuBcastChainBytes, "TDIST_CPU_BCAST_CHAIN_BYTES", 256 << 10)
 TDIST_PARAM(CpuAllgatherRingBytes, "TDIST_CPU_ALLGATHER_RING_BYTES", 1 << 20)
