@@ -16,7 +16,11 @@
  *   barrier         dissemination
  * Progress thread (setup runs in post).
  */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -290,6 +294,29 @@ static int no_round(cpu_op_t *op, int k) { return 1; }
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
+/* Small segments let a rank that has a core to itself reduce one segment
+ * while the kernel moves the next (n=2 all_reduce of 16 MiB on 2 CPUs:
+ * 4.2 ms with 512 KiB, 7.8 ms with 2 MiB). When ranks outnumber CPUs
+ * their progress threads take turns anyway, and every round costs
+ * wake-ups and switches: 2 MiB is faster there (n=4 on 2 CPUs, 16 MiB
+ * all_reduce 31.0 -> 27.3 ms, all_gather 67.7 -> 59.0 ms). */
+size_t cpu_seg_bytes(void) {
+  static _Atomic long cached = -1;
+  long v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return (size_t)v;
+  v = (long)tdist__param_CpuSegBytes();
+  if (v <= 0) {
+    const char *lws = tdist__env_raw("LOCAL_WORLD_SIZE");
+    long local = lws ? strtol(lws, NULL, 10) : 0;
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cpus <= 0) cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    v = local > 0 && cpus > 0 && local > cpus ? 2l << 20 : 512l << 10;
+  }
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return (size_t)v;
+}
+
 static int use_tmp(cpu_op_t *op, size_t bytes) {
   op->tmp = cpu_buf_get(op->cg->ctx, bytes);
   if (!op->tmp) return TDIST_ERR_NO_MEMORY;
@@ -305,7 +332,7 @@ int cpu_algo_setup(cpu_op_t *op) {
   const tdist__op_args_t *a = &op->w->args;
   int n = op->size;
   size_t bytes = op->count * op->es;
-  op->seg = (size_t)tdist__param_CpuSegBytes();
+  op->seg = cpu_seg_bytes();
   if (op->seg < 4096) op->seg = 4096;
   op->seg -= op->seg % op->es;
   op->buf = a->recvbuf;

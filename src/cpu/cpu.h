@@ -199,7 +199,7 @@ struct cpu_ctx {
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
-TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 2 << 20)
+TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 0) /* 0: cpu_seg_bytes() picks */
 TDIST_PARAM(CpuRingBytes, "TDIST_CPU_ALLREDUCE_RING_BYTES", 256 << 10)
 TDIST_PARAM(CpuBcastChainBytes, "TDIST_CPU_BCAST_CHAIN_BYTES", 256 << 10)
 TDIST_PARAM(CpuAllgatherRingBytes, "TDIST_CPU_ALLGATHER_RING_BYTES", 1 << 20)
@@ -253,6 +253,10 @@ void cpu_on_sent(cpu_op_t *op);
 void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
 
 /* ---- algos.c ---------------------------------------------------------------- */
+/* Pipeline segment of ring and chain rounds: TDIST_CPU_SEGMENT_BYTES, else
+ * 512 KiB, or 2 MiB when this host's ranks (LOCAL_WORLD_SIZE) outnumber
+ * its CPUs (docs/cpu-backend.md). */
+size_t cpu_seg_bytes(void);
 /* Pick the algorithm for op and set round_fn/finish_fn; may allocate tmp. */
 int cpu_algo_setup(cpu_op_t *op);
 /* Add a transfer of the current round (grows the arrays). */
