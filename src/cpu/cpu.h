@@ -158,6 +158,8 @@ struct cpu_conn {
   int bye;            /* the peer said goodbye (orderly destroy) */
   int bye_cause;      /* ... after losing this world rank (-1: none), so our
                          error can name the root cause rather than the leaver */
+  int tx_err;         /* errno of a failed write, reported after the reads
+                         (io.c: on_poll) */
   int parked;         /* a large message for an op not posted yet: its header
                          is in rh, its payload waits in the kernel (io.c) */
   uint64_t parked_at; /* uv_now() when parked */

@@ -105,7 +105,7 @@ static void on_poll(uv_poll_t *h, int status, int events);
 static void watch(cpu_conn_t *c) {
   if (c->dead) return;
   /* Parked: no reads, but a peer that goes away must still be noticed. */
-  int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) | (c->txq ? UV_WRITABLE : 0);
+  int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) | (c->txq && !c->tx_err ? UV_WRITABLE : 0);
   if (ev != c->events) {
     c->events = ev;
     uv_poll_start(&c->poll, ev, on_poll);
@@ -124,7 +124,7 @@ static size_t send_chunk(void) {
 
 static void flush(cpu_conn_t *c) {
   const size_t hs = sizeof(cpu_hdr_t), chunk = send_chunk();
-  while (c->txq && !c->dead) {
+  while (c->txq && !c->dead && !c->tx_err) {
     struct iovec iov[MAX_IOV];
     int cnt = 0;
     size_t budget = chunk;
@@ -141,6 +141,14 @@ static void flush(cpu_conn_t *c) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EPIPE || errno == ECONNRESET) {
+        /* The peer closed. What it sent before (an ERR message naming the
+         * real cause, e.g. a mismatch it found with our payload unread) is
+         * read first: the socket now polls readable/error, and on_poll
+         * reports the loss after the reads. */
+        c->tx_err = errno;
+        break;
+      }
       char why[96];
       snprintf(why, sizeof(why), "write failed: %s", strerror(errno));
       cpu_on_conn_lost(c, why);
@@ -304,8 +312,16 @@ static void on_readable(cpu_conn_t *c) {
 static void on_poll(uv_poll_t *h, int status, int events) {
   cpu_conn_t *c = h->data;
   if (c->dead) return;
+  int tx_err = c->tx_err; /* a write failed since the last call */
   if (status < 0) {
-    /* libuv reports EPOLLERR as UV_EBADF: ask the socket what happened. */
+    /* libuv reports EPOLLERR as UV_EBADF. What the peer sent before it went
+     * away is read first (an ERR message names the real cause, e.g. a
+     * mismatch, where the peer then closed with our payload unread: RST);
+     * the read then meets the socket's error. */
+    if (c->parked) cpu_conn_unpark(c);
+    if (!c->dead) on_readable(c);
+    if (c->dead) return;
+    /* Not met (data left after 64 reads): ask the socket what happened. */
     int err = 0;
     socklen_t len = sizeof(err);
     char why[96];
@@ -317,8 +333,16 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     return;
   }
   if (c->parked && (events & UV_DISCONNECT)) cpu_conn_unpark(c); /* read to the EOF */
-  if (!c->dead && (events & UV_WRITABLE)) flush(c);
+  /* Reads first, for the same reason: a peer's ERR or BYE is seen before a
+   * write to it fails with EPIPE. */
   if (!c->dead && (events & (UV_READABLE | UV_DISCONNECT))) on_readable(c);
+  if (!c->dead && (events & UV_WRITABLE)) flush(c);
+  if (!c->dead && tx_err) {
+    /* The write failed before this call and the reads found no EOF. */
+    char why[96];
+    snprintf(why, sizeof(why), "write failed: %s", strerror(tx_err));
+    cpu_on_conn_lost(c, why);
+  }
   /* No tdist__progress_kick here: sockets wake epoll by themselves, and
    * spinning after every message costs more than it saves when ranks share
    * cores (measured in docs/cpu-backend.md). */
