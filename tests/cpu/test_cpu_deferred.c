@@ -161,7 +161,6 @@ int main(int argc, char **argv) {
   g_port = tdist_mp_free_port();
   bad += tdist_mp_run(3, three, NULL, 120);
   unlink(g_file);
-  printf("cpu_deferred: %s
-", bad ? "FAILED" : "ok");
+  printf("cpu_deferred: %s\n", bad ? "FAILED" : "ok");
   return bad != 0;
 }
