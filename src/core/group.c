@@ -404,6 +404,10 @@ int tdist_group_destroy(tdist_group_t *g) {
     tdist__progress_call(g->progress, fail_task, &r);
     wait_pending(g, 5000);
   }
+  /* Off the progress thread's list first: once this returns no poll or
+   * watchdog pass is running on g or will start, so the backend may free
+   * what they use. */
+  if (g->registered) tdist__progress_call(g->progress, unregister_task, g);
   if (g->ops->destroy) {
     int brc = g->ops->destroy(g);
     if (brc < 0 && rc == 0) rc = brc;
