@@ -24,5 +24,8 @@ set(TDIST_PC_LIBS_PRIVATE "-lpthread")
 if(TDIST_HAVE_NCCL)
   string(APPEND TDIST_PC_LIBS_PRIVATE " ${TDIST_NCCL_LIB} ${TDIST_CUDART_LIB}")
 endif()
+# Relocatable: the prefix is found from the .pc file's own directory
+# (<prefix>/<libdir>/pkgconfig), so an install anywhere works.
+string(REGEX REPLACE "[^/]+" ".." TDIST_PC_UP "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
 configure_file(cmake/tdist.pc.in ${CMAKE_CURRENT_BINARY_DIR}/tdist.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

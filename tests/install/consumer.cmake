@@ -1,0 +1,7 @@
+cmake_minimum_required(VERSION 3.18)
+project(consumer C)
+find_package(tdist REQUIRED)
+add_executable(app consumer.c)
+target_link_libraries(app PRIVATE tdist::tdist)
+add_executable(app_static consumer.c)
+target_link_libraries(app_static PRIVATE tdist::tdist_static)
