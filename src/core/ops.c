@@ -107,8 +107,6 @@ static void args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_o
   a->tag = (opts && (opts->mask & TDIST_OP_FIELD_TAG)) ? opts->tag : 0;
 }
 
-#define CHECK_OUT(call) TDIST_CHECK(call)
-
 /* Fill in the op's arguments and submit it. */
 static int submit_op(tdist_group_t *g, tdist_optype_t type, const void *sendbuf, void *recvbuf,
                      size_t count, tdist_dtype_t dtype, tdist_redop_t redop, int root,
@@ -129,11 +127,11 @@ int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
                      tdist_work_t **work) {
   static const char fn[] = "tdist_all_reduce";
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
-  CHECK_OUT(check_dtype(dtype, count, 1, fn));
-  CHECK_OUT(check_redop(op, fn));
-  CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
-  CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_redop(op, fn));
+  TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
+  TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
   return submit_op(g, TDIST_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0, opts, work);
 }
 
@@ -141,10 +139,10 @@ int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dty
                     const tdist_op_opts_t *opts, tdist_work_t **work) {
   static const char fn[] = "tdist_broadcast";
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
-  CHECK_OUT(check_dtype(dtype, count, 1, fn));
-  CHECK_OUT(check_rank(g, root, "root", fn));
-  CHECK_OUT(check_buf(buf, count, "buf", fn));
+  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_rank(g, root, "root", fn));
+  TDIST_CHECK(check_buf(buf, count, "buf", fn));
   return submit_op(g, TDIST_OP_BROADCAST, buf, buf, count, dtype, TDIST_SUM, root, opts, work);
 }
 
@@ -153,12 +151,12 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
                  tdist_work_t **work) {
   static const char fn[] = "tdist_reduce";
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
-  CHECK_OUT(check_dtype(dtype, count, 1, fn));
-  CHECK_OUT(check_redop(op, fn));
-  CHECK_OUT(check_rank(g, root, "root", fn));
-  CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
-  if (g->rank == root) CHECK_OUT(check_buf(recvbuf, count, "recvbuf (on root)", fn));
+  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_redop(op, fn));
+  TDIST_CHECK(check_rank(g, root, "root", fn));
+  TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
+  if (g->rank == root) TDIST_CHECK(check_buf(recvbuf, count, "recvbuf (on root)", fn));
   return submit_op(g, TDIST_OP_REDUCE, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
 
@@ -168,32 +166,32 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
                       void *recvbuf, size_t count, tdist_dtype_t dtype, tdist_redop_t op, int root,
                       const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
-  CHECK_OUT(check_dtype(dtype, count, (size_t)g->size, fn));
+  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_dtype(dtype, count, (size_t)g->size, fn));
   size_t whole = count * (size_t)g->size;
   int is_root = 1;
   if (type == TDIST_OP_GATHER || type == TDIST_OP_SCATTER) {
-    CHECK_OUT(check_rank(g, root, "root", fn));
+    TDIST_CHECK(check_rank(g, root, "root", fn));
     is_root = g->rank == root;
   }
   switch (type) {
   case TDIST_OP_ALL_GATHER:
   case TDIST_OP_GATHER:
-    CHECK_OUT(check_buf(sendbuf, count, "sendbuf", fn));
-    if (is_root) CHECK_OUT(check_buf(recvbuf, whole, "recvbuf", fn));
+    TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
+    if (is_root) TDIST_CHECK(check_buf(recvbuf, whole, "recvbuf", fn));
     break;
   case TDIST_OP_SCATTER:
-    if (is_root) CHECK_OUT(check_buf(sendbuf, whole, "sendbuf (on root)", fn));
-    CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+    if (is_root) TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf (on root)", fn));
+    TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
     break;
   case TDIST_OP_REDUCE_SCATTER:
-    CHECK_OUT(check_redop(op, fn));
-    CHECK_OUT(check_buf(sendbuf, whole, "sendbuf", fn));
-    CHECK_OUT(check_buf(recvbuf, count, "recvbuf", fn));
+    TDIST_CHECK(check_redop(op, fn));
+    TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf", fn));
+    TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
     break;
   default: /* all_to_all */
-    CHECK_OUT(check_buf(sendbuf, whole, "sendbuf", fn));
-    CHECK_OUT(check_buf(recvbuf, whole, "recvbuf", fn));
+    TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf", fn));
+    TDIST_CHECK(check_buf(recvbuf, whole, "recvbuf", fn));
     if (count && sendbuf == recvbuf)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
   }
@@ -233,7 +231,7 @@ int tdist_all_to_all(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
 
 int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  CHECK_OUT(check_group(g, "tdist_barrier"));
+  TDIST_CHECK(check_group(g, "tdist_barrier"));
   tdist__op_args_t a;
   args_init(&a, TDIST_OP_BARRIER, opts);
   a.dtype = TDIST_UINT8;
@@ -243,10 +241,10 @@ int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **
 static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf, size_t count,
                tdist_dtype_t dtype, int peer, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
-  CHECK_OUT(check_dtype(dtype, count, 1, fn));
-  CHECK_OUT(check_rank(g, peer, "peer", fn));
-  CHECK_OUT(check_buf(buf, count, "buf", fn));
+  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_rank(g, peer, "peer", fn));
+  TDIST_CHECK(check_buf(buf, count, "buf", fn));
   tdist__op_args_t a;
   args_init(&a, type, opts);
   if (a.tag < 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a.tag);
@@ -284,7 +282,7 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
                             const tdist_op_opts_t *opts, tdist_work_t **work) {
   static const char fn[] = "tdist_batch_isend_irecv";
   tdist__error_clear();
-  CHECK_OUT(check_group(g, fn));
+  TDIST_CHECK(check_group(g, fn));
   if (n < 1 || !ops) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
   for (int i = 0; i < n; i++) {
     char what[48];
@@ -292,9 +290,9 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
     if (ops[i].kind != TDIST_P2P_SEND && ops[i].kind != TDIST_P2P_RECV)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                           "%s: ops[%d].kind %d is neither SEND nor RECV", fn, i, (int)ops[i].kind);
-    CHECK_OUT(check_dtype(ops[i].dtype, ops[i].count, 1, fn));
-    CHECK_OUT(check_rank(g, ops[i].peer, what, fn));
-    CHECK_OUT(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));
+    TDIST_CHECK(check_dtype(ops[i].dtype, ops[i].count, 1, fn));
+    TDIST_CHECK(check_rank(g, ops[i].peer, what, fn));
+    TDIST_CHECK(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));
     if (ops[i].tag < 0)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].tag %d < 0", fn, i, ops[i].tag);
   }

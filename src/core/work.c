@@ -87,8 +87,7 @@ tdist_work_t *tdist__work_alloc(tdist_group_t *g) {
   atomic_store_explicit(&w->state, TDIST_WORK_QUEUED, memory_order_relaxed);
   w->status = TDIST_ERR_IN_PROGRESS;
   w->group = g;
-  w->seq = 0;
-  memset(&w->args, 0, sizeof(w->args));
+  w->seq = 0; /* args: written whole by the submitter (ops.c) */
   w->timeout_ms = 0;
   w->t_enqueue_ns = w->t_start_ns = w->t_end_ns = w->deadline_ns = 0;
   w->waiters = 0;

@@ -72,7 +72,8 @@ struct tdist_work {
   char msg[320];
 };
 
-/* Caller thread: a fresh work (refs = 2, state QUEUED) for group g. */
+/* Caller thread: a fresh work (refs = 2, state QUEUED) for group g; the
+ * caller fills in w->args whole (they are left as the last use had them). */
 tdist_work_t *tdist__work_alloc(tdist_group_t *g);
 /* Drop one reference; the last returns the work to the pool. Any thread. */
 void tdist__work_unref(tdist_work_t *w);
