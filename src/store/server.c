@@ -79,8 +79,8 @@ struct tdist_store_server {
   conn_t *ready_head, *ready_tail;
   char *token;
   int port;
-  tdist__live_t *live;   /* dead-rank detector, or NULL */
-  conn_t *current;       /* connection whose request is executing */
+  tdist__live_t *live; /* dead-rank detector, or NULL */
+  conn_t *current;     /* connection whose request is executing */
   int stopping;
   _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
 };
