@@ -50,6 +50,7 @@ static int attach(tdist_group_t *g, cpu_ctx_t *ctx) {
   }
   cg->ctx = ctx;
   cg->g = g;
+  cpu_cma_group_init(cg);
   for (int i = 0; i < g->size; i++)
     cg->conns[i] = i == g->rank ? NULL : ctx->conns[g->global_ranks[i]];
   g->bstate = cg;
@@ -148,6 +149,7 @@ static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
   cpu_group_t *cg = g->bstate;
   if (!cg) return;
   cg->aborted = 1;
+  cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
   for (int i = 0; i < g->size; i++)
     if (cg->conns[i] && !cg->conns[i]->dead) cpu_conn_forget(cg->conns[i], g->uid);
   cpu_detach_rx(cg);
@@ -188,6 +190,7 @@ static int cpu_destroy(tdist_group_t *g) {
   if (!cg) return 0;
   tdist__progress_call(g->progress, unregister_task, cg);
   cpu_ctx_t *ctx = cg->ctx;
+  cpu_cma_group_free(cg);
   tdist__free(cg->conns);
   tdist__free(cg);
   g->bstate = NULL;

@@ -169,6 +169,34 @@ done:
   return rc;
 }
 
+/* Single copy on one host (cma.c): every pair trades (pid, probe), each side
+ * tries to read the other's probe word and says whether it could. Small
+ * blocking writes that fit the socket buffers, all sent before any is read:
+ * no ordering between ranks is needed. On return out[j] holds the peer's
+ * pid and, in `enabled`, whether the peer can read this process. */
+static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out) {
+  cpu_cma_hello_t mine;
+  cpu_cma_hello(&mine);
+  for (int j = 0; j < n; j++)
+    if (j != me && io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0) goto fail;
+  for (int j = 0; j < n; j++)
+    if (j != me && io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0) goto fail;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    int32_t ok = cpu_cma_probe(&out[j]);
+    if (io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
+  }
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    int32_t ok = 0;
+    if (io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
+    out[j].enabled = ok == 1;
+  }
+  return 0;
+fail:
+  return tdist__error(TDIST_ERR_IO, "cpu: setup exchange with a peer failed");
+}
+
 static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
   cpu_conn_t *c = tdist__calloc(1, sizeof(*c));
   if (!c) return NULL;
@@ -187,6 +215,7 @@ static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) 
 static void start_all(void *arg) {
   cpu_ctx_t *ctx = arg;
   cpu_ctx_start_timer(ctx);
+  cpu_cma_start_timer(ctx);
   for (int i = 0; i < ctx->size; i++)
     if (ctx->conns[i]) cpu_conn_start(ctx->conns[i]);
 }
@@ -196,6 +225,7 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
   char host[64], me[96];
   char **addrs = NULL;
   int *fds = NULL;
+  cpu_cma_hello_t *cma = NULL;
   int64_t deadline = tdist__now_ns() + atomic_load(&g->timeout_ms) * 1000000;
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
   if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
@@ -207,7 +237,8 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
   ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));
   addrs = tdist__calloc((size_t)n, sizeof(char *));
   fds = tdist__malloc(sizeof(int) * (size_t)n);
-  if (!ctx->conns || !addrs || !fds) {
+  cma = tdist__calloc((size_t)n, sizeof(*cma));
+  if (!ctx->conns || !addrs || !fds || !cma) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
@@ -254,6 +285,7 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
     tune_socket(fd);
     fds[h.rank] = fd;
   }
+  TDIST_CHECKGOTO(cma_exchange(g->rank, n, fds, deadline, cma), rc, fail);
   for (int j = 0; j < n; j++) {
     if (j == g->rank) continue;
     fcntl(fds[j], F_SETFL, fcntl(fds[j], F_GETFL) | O_NONBLOCK);
@@ -262,6 +294,8 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
       rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
       goto fail;
     }
+    ctx->conns[j]->pid = cma[j].pid;
+    ctx->conns[j]->cma_tx = cma[j].enabled; /* here: the peer can read us */
     fds[j] = -1;
   }
   tdist__progress_call(g->progress, start_all, ctx);
@@ -272,6 +306,7 @@ done:
     tdist__free(addrs[i]);
   tdist__free(addrs);
   tdist__free(fds);
+  tdist__free(cma);
   *out = ctx;
   return 0;
 fail:
@@ -287,6 +322,7 @@ fail:
   }
   tdist__free(addrs);
   tdist__free(fds);
+  tdist__free(cma);
   tdist__free(ctx->conns);
   tdist__free(ctx);
   return rc;
@@ -328,6 +364,11 @@ static void release_task(void *arg) {
     ctx->timer_on = 0;
     ctx->open_handles++;
     uv_close((uv_handle_t *)&ctx->park_timer, on_timer_closed);
+  }
+  if (ctx->rma_timer_on) {
+    ctx->rma_timer_on = 0;
+    ctx->open_handles++;
+    uv_close((uv_handle_t *)&ctx->rma_timer, on_timer_closed);
   }
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];

@@ -39,7 +39,15 @@
 #define CPU_RX_CAP (64u << 10) /* a connection's receive staging buffer */
 
 /* Message kinds on the wire. */
-enum { CPU_MSG_COLL = 1, CPU_MSG_P2P = 2, CPU_MSG_ERR = 3, CPU_MSG_BYE = 4 };
+enum {
+  CPU_MSG_COLL = 1,
+  CPU_MSG_P2P = 2,
+  CPU_MSG_ERR = 3,
+  CPU_MSG_BYE = 4,
+  CPU_MSG_RMA = 5, /* a COLL or P2P message whose payload stays in the sender:
+                      the payload on the wire is a cpu_rma_desc_t (cma.c) */
+  CPU_MSG_ACK = 6  /* header only: the RMA message with cookie `seq` was read */
+};
 
 /* Fixed 48-byte header, host byte order (all ranks run on one architecture;
  * the handshake checks the magic, which also catches an endianness mix). */
@@ -58,6 +66,24 @@ typedef struct cpu_hdr {
   uint64_t len;   /* payload bytes that follow */
 } cpu_hdr_t;
 
+/* Where an RMA message's bytes are in the sender (cma.c). */
+typedef struct cpu_rma_desc {
+  uint8_t kind; /* CPU_MSG_COLL or CPU_MSG_P2P: the message it stands for */
+  uint8_t pad[7];
+  uint64_t addr, len;  /* the payload in the sender's address space */
+  uint64_t word;       /* the sender group's live word ... */
+  uint64_t token;      /* ... and the value it holds while the group is alive */
+  uint64_t cookie;     /* echoed in the ACK */
+} cpu_rma_desc_t;
+
+/* Traded by every pair of ranks at setup (conn.c). */
+typedef struct cpu_cma_hello {
+  int32_t pid;
+  int32_t enabled; /* TDIST_CPU_CMA on this side */
+  uint64_t probe;  /* address of a word holding token */
+  uint64_t token;
+} cpu_cma_hello_t;
+
 typedef struct cpu_ctx cpu_ctx_t;
 typedef struct cpu_conn cpu_conn_t;
 typedef struct cpu_group cpu_group_t;
@@ -72,6 +98,9 @@ typedef struct cpu_msg {
   size_t off;   /* bytes of header + payload written so far */
   cpu_op_t *op; /* told when written; NULL for control messages */
   void *owned;
+  uint64_t cookie;     /* RMA: op is told on the ACK with this cookie, and the
+                          written message waits on the conn's `acks` list */
+  cpu_rma_desc_t desc; /* RMA: the payload on the wire */
 } cpu_msg_t;
 
 /* A message received before anyone wanted it. */
@@ -81,6 +110,9 @@ typedef struct cpu_ux {
   int src;       /* world rank of the sender */
   uint8_t *data; /* hdr.len bytes, from the buffer cache */
   int complete;  /* payload fully read */
+  int rma;       /* an RMA descriptor not read yet (data NULL; cma.c) */
+  cpu_rma_desc_t desc;
+  uint64_t since; /* uv_now() when the descriptor arrived */
 } cpu_ux_t;
 
 /* One transfer of an op: a send or a receive with one peer. */
@@ -146,6 +178,11 @@ struct cpu_group {
   uint64_t next_cseq; /* collectives posted so far */
   int aborted;
   int failing; /* scratch flag of cpu_on_conn_lost */
+  /* cma.c: this group's slot in the live-word table (NULL: no RMA sends) */
+  _Atomic uint64_t *live;
+  uint64_t live_token;
+  uint64_t poison_at;   /* a sender aborted under a read: fail at +1 s ... */
+  char poison_why[200]; /* ... with this, unless its cause arrives first */
 };
 
 struct cpu_conn {
@@ -165,6 +202,13 @@ struct cpu_conn {
   uint64_t parked_at; /* uv_now() when parked */
   char addr[80];
   cpu_msg_t *txq, *txq_tail;
+  /* single copy on one host (cma.c) */
+  int32_t pid;          /* the peer's process id */
+  int cma_tx;           /* the peer reads our payloads itself: send descriptors */
+  uint64_t cookie_next; /* last RMA cookie used */
+  cpu_msg_t *acks;      /* RMA messages written, waiting for their ACK */
+  cpu_rma_desc_t rdesc; /* an arriving descriptor is read here */
+  int rx_rma;           /* dispatching a descriptor (cpu_cma_on_desc) */
   /* receive */
   uint8_t *rx;
   size_t rx_lo, rx_hi; /* unparsed bytes are rx[rx_lo, rx_hi) */
@@ -198,6 +242,11 @@ struct cpu_ctx {
   int timer_on; /* park_timer initialised (the ctx has connections) */
   int nparked;
   int no_park; /* set while a parked header is dispatched again */
+  /* unread RMA descriptors (cma.c), staged by rma_timer after
+   * TDIST_CPU_DEFER_US */
+  uv_timer_t rma_timer;
+  int rma_timer_on;
+  int rma_pending;
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
@@ -210,6 +259,8 @@ TDIST_PARAM(CpuSendChunk, "TDIST_CPU_SEND_CHUNK", 1 << 20)
 TDIST_PARAM(CpuCacheBytes, "TDIST_CPU_CACHE_BYTES", 256 << 20)
 TDIST_PARAM(CpuDeferBytes, "TDIST_CPU_DEFER_BYTES", 256 << 10)
 TDIST_PARAM(CpuDeferUs, "TDIST_CPU_DEFER_US", 5000)
+TDIST_PARAM(CpuCma, "TDIST_CPU_CMA", 1)
+TDIST_PARAM(CpuCmaBytes, "TDIST_CPU_CMA_BYTES", 64 << 10)
 
 /* ---- conn.c: setup and teardown ------------------------------------------- */
 /* Caller thread: listen, publish, connect the full mesh, register the polls. */
@@ -236,6 +287,30 @@ void cpu_conn_park(cpu_conn_t *c);
 void cpu_conn_unpark(cpu_conn_t *c);
 void cpu_ctx_unpark(cpu_ctx_t *ctx);      /* every parked connection */
 void cpu_ctx_start_timer(cpu_ctx_t *ctx); /* init park_timer (progress thread) */
+
+/* RMA message with cookie acked by c's peer: its op is told (io.c). */
+void cpu_conn_acked(cpu_conn_t *c, uint64_t cookie);
+/* Free the send queue and the ACK waiters (the conn is dead). */
+void cpu_conn_free_queues(cpu_conn_t *c);
+
+/* ---- cma.c: single copy between processes of one host ---------------------- */
+int cpu_cma_enabled(void);
+void cpu_cma_hello(cpu_cma_hello_t *me);          /* caller thread, setup */
+int cpu_cma_probe(const cpu_cma_hello_t *peer);   /* 1: we can read the peer */
+void cpu_cma_group_init(cpu_group_t *cg);         /* caller thread */
+void cpu_cma_group_abort(cpu_group_t *cg);        /* progress thread */
+void cpu_cma_group_free(cpu_group_t *cg);         /* after unregistering */
+void cpu_cma_start_timer(cpu_ctx_t *ctx);         /* progress thread */
+/* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
+ * our memory and len >= TDIST_CPU_CMA_BYTES (m->hdr must be filled). */
+void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len);
+void cpu_cma_on_desc(cpu_conn_t *c); /* a descriptor arrived in c->rdesc */
+/* Read pending descriptor u into dst and ACK it: 0; -1: the read failed and
+ * so did cg; -2: the sender aborted, cg waits for the cause (u is read no
+ * more, the transfer never completes). */
+int cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst);
+void cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u); /* never to be read: ACK it */
+extern _Atomic uint64_t cpu_cma_reads;          /* payloads read across processes */
 
 /* ---- buffer cache (io.c) --------------------------------------------------- */
 void *cpu_buf_get(cpu_ctx_t *ctx, size_t len);

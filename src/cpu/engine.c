@@ -33,11 +33,13 @@ cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
 
 /* ---- unexpected messages ---------------------------------------------------- */
 
-static cpu_ux_t *ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src) {
+/* nodata: an RMA descriptor (cma.c), read only when claimed. */
+static cpu_ux_t *ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
   cpu_ux_t *u = tdist__calloc(1, sizeof(*u));
   if (!u) return NULL;
   u->hdr = *h;
   u->src = src;
+  if (nodata) return u;
   u->data = cpu_buf_get(ctx, h->len);
   if (!u->data) {
     tdist__free(u);
@@ -47,6 +49,7 @@ static cpu_ux_t *ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src) {
 }
 
 void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  cpu_cma_drop(ctx, u);
   cpu_buf_put(ctx, u->data);
   tdist__free(u);
 }
@@ -253,7 +256,23 @@ static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u
     cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
     return;
   }
-  if (x->reduce) {
+  if (u->rma) {
+    /* Read from the sender now, into place (or a stage to reduce). */
+    uint8_t *dst = x->reduce ? cpu_buf_get(cg->ctx, x->len) : x->ptr;
+    if (!dst) {
+      cpu_ux_free(cg->ctx, u);
+      cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+      return;
+    }
+    tdist_work_t *w = op->w;
+    int rc = cpu_cma_fetch(cg->ctx, cg, u, dst);
+    if (rc != 0 || op->w != w) { /* the group failed */
+      if (x->reduce) cpu_buf_put(cg->ctx, dst);
+      cpu_ux_free(cg->ctx, u);
+      return;
+    }
+    if (x->reduce) x->stage = dst;
+  } else if (x->reduce) {
     x->stage = u->data; /* reduced at the end of the round */
     u->data = NULL;
   } else if (x->len) {
@@ -355,7 +374,7 @@ void cpu_advance(cpu_op_t *op) {
                            .slot = (uint32_t)k,
                            .root = op->root,
                            .len = x->len};
-      m->data = x->ptr;
+      cpu_msg_payload(cg->conns[x->peer], cg, m, x->ptr, x->len);
       m->op = op;
       cpu_send(cg->conns[x->peer], m);
     }
@@ -448,7 +467,7 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                    .len = len};
     if (p->kind == TDIST_P2P_SEND && p->peer == cg->g->rank) {
       /* To self: a copy queued as if it had arrived. */
-      cpu_ux_t *u = ux_new(cg->ctx, &h, me);
+      cpu_ux_t *u = ux_new(cg->ctx, &h, me, 0);
       if (!u) return TDIST_ERR_NO_MEMORY;
       if (len) memcpy(u->data, p->buf, len);
       u->complete = 1;
@@ -465,7 +484,7 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       cpu_msg_t *m = cpu_msg_new();
       if (!m) return TDIST_ERR_NO_MEMORY;
       m->hdr = h;
-      m->data = p->buf;
+      cpu_msg_payload(cg->conns[p->peer], cg, m, p->buf, len);
       m->op = op;
       cpu_send(cg->conns[p->peer], m);
     } else {
@@ -520,11 +539,23 @@ void cpu_on_header(cpu_conn_t *c) {
     c->bye_cause = h->root;
     return;
   }
+  if (h->kind == CPU_MSG_ACK) {
+    cpu_conn_acked(c, h->seq);
+    return;
+  }
+  if (h->kind == CPU_MSG_RMA) {
+    if (h->len != sizeof(c->rdesc)) {
+      cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
+      return;
+    }
+    c->rx_dst = (uint8_t *)&c->rdesc; /* cpu_on_payload -> cpu_cma_on_desc */
+    return;
+  }
   cpu_group_t *cg = cpu_group_find(ctx, h->uid);
   if (h->kind == CPU_MSG_ERR || !cg) {
     /* Errors are read whole; messages of groups not created here yet wait
      * in the orphan list. */
-    cpu_ux_t *u = ux_new(ctx, h, c->peer);
+    cpu_ux_t *u = ux_new(ctx, h, c->peer, c->rx_rma);
     if (!u) return;
     if (h->kind != CPU_MSG_ERR) cpu_ux_append(&ctx->orphans, u);
     c->rx_ux = u;
@@ -564,11 +595,11 @@ void cpu_on_header(cpu_conn_t *c) {
       return;
     }
   }
-  if (may_park(ctx, h)) {
+  if (!c->rx_rma && may_park(ctx, h)) {
     cpu_conn_park(c);
     return;
   }
-  cpu_ux_t *u = ux_new(ctx, h, c->peer);
+  cpu_ux_t *u = ux_new(ctx, h, c->peer, c->rx_rma);
   if (!u) {
     cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
     return;
@@ -590,6 +621,10 @@ static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
 }
 
 void cpu_on_payload(cpu_conn_t *c) {
+  if (c->rh.kind == CPU_MSG_RMA) {
+    cpu_cma_on_desc(c);
+    return;
+  }
   cpu_op_t *op = c->rx_op;
   cpu_xfer_t *x = c->rx_x;
   cpu_ux_t *u = c->rx_ux;
@@ -629,11 +664,18 @@ void cpu_on_payload(cpu_conn_t *c) {
 static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
   for (cpu_msg_t *m = c->txq; m; m = m->next)
     if (m->op && m->op->cg == cg) return 1;
+  for (cpu_msg_t *m = c->acks; m; m = m->next)
+    if (m->op && m->op->cg == cg) return 1; /* it has not read our payload */
   for (cpu_op_t *op = cg->ops; op; op = op->next) {
     if (op->p2p) {
-      int n = op->w->args.type == TDIST_OP_BATCH_P2P ? op->w->args.np2p : 1;
-      for (int i = 0; i < n; i++)
-        if (op->recvs[i].peer == r) return 1;
+      /* Receives not in yet; a p2p op keeps sends and receives alike in
+       * recvs[] (cpu_post_p2p), and sends are covered above. */
+      const tdist__op_args_t *a = &op->w->args;
+      int batch = a->type == TDIST_OP_BATCH_P2P, n = batch ? a->np2p : 1;
+      for (int i = 0; i < n; i++) {
+        int recv = batch ? a->p2p[i].kind == TDIST_P2P_RECV : a->type == TDIST_OP_RECV;
+        if (recv && op->recvs[i].peer == r && !op->recvs[i].done) return 1;
+      }
       continue;
     }
     for (int i = 0; i < op->nrecv; i++)
@@ -658,13 +700,7 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
-  while (c->txq) {
-    cpu_msg_t *m = c->txq;
-    c->txq = m->next;
-    tdist__free(m->owned);
-    tdist__free(m); /* not back to the pool: rare path */
-  }
-  c->txq_tail = NULL;
+  cpu_conn_free_queues(c);
   if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
   c->rx_body = 0;
   c->rx_dst = NULL;

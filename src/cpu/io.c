@@ -166,6 +166,13 @@ static void flush(cpu_conn_t *c) {
       c->txq = m->next;
       if (!c->txq) c->txq_tail = NULL;
       cpu_op_t *op = m->op;
+      if (m->cookie && op) {
+        /* RMA descriptor: the peer still reads the payload; the op hears
+         * on the ACK (cpu_conn_acked). */
+        m->next = c->acks;
+        c->acks = m;
+        continue;
+      }
       msg_free(m);
       if (op) cpu_on_sent(op); /* may queue more on c (appended: we loop) */
       if (c->dead) return;
@@ -187,7 +194,43 @@ void cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
   if (c->txq == m) flush(c);
 }
 
+void cpu_conn_acked(cpu_conn_t *c, uint64_t cookie) {
+  for (cpu_msg_t **pp = &c->acks; *pp; pp = &(*pp)->next) {
+    cpu_msg_t *m = *pp;
+    if (m->cookie != cookie) continue;
+    *pp = m->next;
+    cpu_op_t *op = m->op;
+    msg_free(m);
+    if (op) cpu_on_sent(op);
+    return;
+  }
+  /* Not found: its op was aborted (cpu_conn_forget). */
+}
+
+static void drop_acks(cpu_conn_t *c, int all, uint64_t uid) {
+  for (cpu_msg_t **pp = &c->acks; *pp;) {
+    cpu_msg_t *m = *pp;
+    if (all || m->hdr.uid == uid) {
+      *pp = m->next;
+      msg_free(m);
+    } else {
+      pp = &m->next;
+    }
+  }
+}
+
+void cpu_conn_free_queues(cpu_conn_t *c) {
+  while (c->txq) {
+    cpu_msg_t *m = c->txq;
+    c->txq = m->next;
+    msg_free(m);
+  }
+  c->txq_tail = NULL;
+  drop_acks(c, 1, 0);
+}
+
 void cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
+  drop_acks(c, 0, uid);
   cpu_msg_t **pp = &c->txq, *prev = NULL;
   while (*pp) {
     cpu_msg_t *m = *pp;
@@ -439,12 +482,7 @@ void cpu_conn_close(cpu_conn_t *c) {
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
-  while (c->txq) {
-    cpu_msg_t *m = c->txq;
-    c->txq = m->next;
-    msg_free(m);
-  }
-  c->txq_tail = NULL;
+  cpu_conn_free_queues(c);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
 }

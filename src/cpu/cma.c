@@ -1,0 +1,379 @@
+/*
+ * cma.c - single-copy transfers between ranks on one host (cross-memory
+ * attach, process_vm_readv), the way Open MPI's shared-memory transport
+ * moves large messages.
+ *
+ * Why: over loopback TCP a payload is copied twice (sender -> kernel ->
+ * receiver) and pays the TCP stack on both sides; with 4 ranks on 2 cores
+ * those copies are most of the CPU a large collective uses. Here the sender
+ * sends only a descriptor (where its bytes are) on the connection, the
+ * receiver copies them straight from the sender's memory into the
+ * destination (or the staging buffer of a reducing receive), then sends an
+ * ACK; the sender's transfer completes on the ACK, not when the descriptor
+ * is written, so its buffer stays untouched until the peer has read it.
+ *
+ * Which peers: at setup (conn.c, caller thread) every pair of ranks trades
+ * (pid, address of a random probe word); each side reads the other's probe
+ * word with process_vm_readv and tells the peer whether that worked. Ranks
+ * on other hosts, in other pid namespaces, under a seccomp profile or a
+ * ptrace policy that forbids it, or with TDIST_CPU_CMA=0, keep plain TCP.
+ *
+ * Buffer lifetime after an abort: a descriptor may be read after its sender
+ * gave up on the op (timeout, mismatch, a lost peer) and handed the buffer
+ * back to its caller. So each group owns a "live word" in a static table
+ * (never unmapped) holding a token; abort overwrites it before the core
+ * finishes any work (group.c: mark_aborted), and the receiver reads the word
+ * after the payload (a fence between the two reads). A changed word fails
+ * the receiver's group with REMOTE_FAILED instead of accepting bytes the
+ * sender may have reused.
+ *
+ * Unexpected descriptors (the receive is not posted yet) wait in the
+ * group's unexpected list without being read; posting the receive reads
+ * them in place. After TDIST_CPU_DEFER_US an unclaimed one is copied into a
+ * staging buffer and ACKed, so a send never waits on its receiver for long
+ * (no rendezvous deadlock in send-then-receive patterns).
+ *
+ * Threads: cpu_cma_hello/probe and the live-word table run on caller threads
+ * (setup, group creation and destruction); everything else on the progress
+ * thread.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "cpu/cpu.h"
+
+/* ---- the probe word and the live words (any thread) ---------------------------- */
+
+static _Atomic uint64_t probe_word;
+#define LIVE_SLOTS 1024
+#define LIVE_DEAD 2u /* even: a slot in use by an aborted group; tokens are odd */
+static _Atomic uint64_t live_words[LIVE_SLOTS];
+static _Atomic uint64_t live_next;
+_Atomic uint64_t cpu_cma_reads; /* payloads read across processes (tests, docs) */
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  return x ^ (x >> 33);
+}
+
+static uint64_t seed(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)getpid() << 16);
+}
+
+int cpu_cma_enabled(void) { return tdist__param_CpuCma() != 0; }
+
+void cpu_cma_hello(cpu_cma_hello_t *me) {
+  uint64_t expect = 0;
+  atomic_compare_exchange_strong(&probe_word, &expect, seed() | 1);
+  *me = (cpu_cma_hello_t){.pid = (int32_t)getpid(),
+                          .enabled = cpu_cma_enabled(),
+                          .probe = (uint64_t)(uintptr_t)&probe_word,
+                          .token = atomic_load(&probe_word)};
+}
+
+int cpu_cma_probe(const cpu_cma_hello_t *peer) {
+  if (!cpu_cma_enabled() || !peer->enabled || peer->pid <= 0) return 0;
+  if (peer->pid == (int32_t)getpid()) return 0; /* ranks in one process: not a case we copy */
+  uint64_t v = 0;
+  struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)peer->probe, sizeof(v)};
+  ssize_t n = process_vm_readv((pid_t)peer->pid, &l, 1, &r, 1, 0);
+  if (n != (ssize_t)sizeof(v) || v != peer->token) {
+    TDIST_INFO(CPU, "cma: cannot read pid %d (%s): TCP for its payloads", (int)peer->pid,
+               n < 0 ? strerror(errno) : "different host or namespace");
+    return 0;
+  }
+  return 1;
+}
+
+void cpu_cma_group_init(cpu_group_t *cg) {
+  cg->live = NULL;
+  if (!cpu_cma_enabled()) return;
+  uint64_t token = (mix(atomic_fetch_add(&live_next, 1) + seed()) << 2) | 1;
+  for (int i = 0; i < LIVE_SLOTS; i++) {
+    uint64_t expect = 0;
+    if (atomic_compare_exchange_strong(&live_words[i], &expect, token)) {
+      cg->live = &live_words[i];
+      cg->live_token = token;
+      return;
+    }
+  }
+  TDIST_INFO(CPU, "cma: %d groups alive, group %016" PRIx64 " sends over TCP", LIVE_SLOTS,
+             cg->g->uid);
+}
+
+/* Progress thread, in abort: before the core hands any of the group's
+ * buffers back to the caller. */
+void cpu_cma_group_abort(cpu_group_t *cg) {
+  if (cg->live) atomic_store(cg->live, LIVE_DEAD);
+}
+
+void cpu_cma_group_free(cpu_group_t *cg) {
+  if (cg->live) atomic_store(cg->live, 0);
+  cg->live = NULL;
+}
+
+/* ---- sending (progress thread) ----------------------------------------------------- */
+
+static size_t cma_min(void) {
+  int64_t v = tdist__param_CpuCmaBytes();
+  return v < 1 ? 1 : (size_t)v;
+}
+
+void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len) {
+  m->data = ptr;
+  if (!c->cma_tx || !cg->live || len < cma_min()) return;
+  m->desc = (cpu_rma_desc_t){.kind = m->hdr.kind,
+                             .addr = (uint64_t)(uintptr_t)ptr,
+                             .len = len,
+                             .word = (uint64_t)(uintptr_t)cg->live,
+                             .token = cg->live_token,
+                             .cookie = ++c->cookie_next};
+  m->cookie = m->desc.cookie;
+  m->hdr.kind = CPU_MSG_RMA;
+  m->hdr.len = sizeof(m->desc);
+  m->data = (const uint8_t *)&m->desc;
+}
+
+/* ---- receiving (progress thread) ---------------------------------------------------- */
+
+static void send_ack(cpu_conn_t *c, uint64_t cookie) {
+  if (!c || c->dead) return;
+  cpu_msg_t *m = cpu_msg_new();
+  if (!m) {
+    cpu_on_conn_lost(c, "out of memory for an ACK");
+    return;
+  }
+  m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC, .kind = CPU_MSG_ACK, .seq = cookie};
+  cpu_send(c, m);
+}
+
+/* Copy d's bytes from the peer into dst. 0, or an errno-like code with a
+ * description in why. */
+static int cma_read(cpu_conn_t *c, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
+                    int *aborted) {
+  *aborted = 0;
+  size_t done = 0;
+  while (done < d->len) {
+    struct iovec l = {(uint8_t *)dst + done, d->len - done};
+    struct iovec r = {(void *)(uintptr_t)(d->addr + done), d->len - done};
+    ssize_t n = process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      snprintf(why, wl, "its memory could not be read (%s)", n < 0 ? strerror(errno) : "EOF");
+      return -1;
+    }
+    done += (size_t)n;
+  }
+  /* The payload's loads before the live word's: a word still holding the
+   * token means the sender had not aborted (and so not handed the buffer
+   * back) when the last payload byte was read. */
+  atomic_thread_fence(memory_order_seq_cst);
+  uint64_t w = 0;
+  struct iovec l = {&w, sizeof(w)}, r = {(void *)(uintptr_t)d->word, sizeof(w)};
+  if (process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof(w) || w != d->token) {
+    snprintf(why, wl, "it aborted the op while its buffer was being read");
+    *aborted = 1;
+    return -1;
+  }
+  atomic_fetch_add_explicit(&cpu_cma_reads, 1, memory_order_relaxed);
+  return 0;
+}
+
+static void arm(cpu_ctx_t *ctx, uint64_t ms);
+
+/* A read failed. A sender that is gone fails the group now (-1). A sender
+ * that aborted (the live word changed: -2) is failing for a reason of its
+ * own, which its ERR message or abort record is about to bring: the
+ * transfer is dropped unfinished and the group waits up to CAUSE_MS for
+ * that cause before failing with this one (on_timer), so every rank's error
+ * names the root cause rather than the rank that gave up first. */
+#define CAUSE_MS 1000
+static int read_failed(cpu_group_t *cg, int src_world, int aborted, const char *why) {
+  if (!cg || cg->aborted) return -1;
+  char text[200];
+  snprintf(text, sizeof(text), "rank %d (world rank %d): %s", cpu_grank_of(cg, src_world),
+           src_world, why);
+  if (!aborted) {
+    cpu_fail_group_everywhere(cg, TDIST_ERR_REMOTE_FAILED, text);
+    return -1;
+  }
+  if (!cg->poison_at) {
+    cpu_ctx_t *ctx = cg->ctx;
+    cg->poison_at = uv_now(tdist__progress_loop(ctx->progress)) | 1;
+    snprintf(cg->poison_why, sizeof(cg->poison_why), "%s", text);
+    TDIST_INFO(CPU, "cma: %s; waiting for its cause", text);
+    arm(ctx, CAUSE_MS);
+  }
+  return -2;
+}
+
+static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u);
+
+void cpu_cma_on_desc(cpu_conn_t *c) {
+  cpu_ctx_t *ctx = c->ctx;
+  cpu_rma_desc_t d = c->rdesc;
+  if (d.kind != CPU_MSG_COLL && d.kind != CPU_MSG_P2P) {
+    cpu_on_conn_lost(c, "sent a malformed descriptor");
+    return;
+  }
+  /* Dispatch it as the message it stands for (same matching as over TCP),
+   * with rx_rma set: no parking, and an unexpected entry without data. */
+  c->rh.kind = d.kind;
+  c->rh.len = d.len;
+  c->rx_dst = NULL;
+  c->rx_op = NULL;
+  c->rx_x = NULL;
+  c->rx_ux = NULL;
+  c->rx_g = NULL;
+  c->rx_rma = 1;
+  cpu_on_header(c);
+  c->rx_rma = 0;
+  if (c->dead) return;
+  if (c->rx_x) {
+    char why[120];
+    int aborted;
+    if (cma_read(c, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
+      cpu_group_t *cg = c->rx_g;
+      if (c->rx_x->reduce) cpu_buf_put(ctx, c->rx_dst);
+      c->rx_dst = NULL;
+      c->rx_op = NULL;
+      c->rx_x = NULL;
+      c->rx_g = NULL;
+      read_failed(cg, c->peer, aborted, why);
+      return;
+    }
+    send_ack(c, d.cookie);
+    if (c->dead) return;
+    cpu_on_payload(c);
+  } else if (c->rx_ux) {
+    cpu_ux_t *u = c->rx_ux;
+    u->rma = 1;
+    u->desc = d;
+    pending_add(ctx, u);
+    cpu_on_payload(c); /* complete as a descriptor: a posted receive claims it */
+  } else {
+    /* Discarded (aborted group): nothing will read it. */
+    c->rx_g = NULL;
+    send_ack(c, d.cookie);
+  }
+}
+
+int cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst) {
+  cpu_conn_t *c = ctx->conns[u->src];
+  char why[120];
+  int aborted;
+  u->rma = 0;
+  ctx->rma_pending--;
+  if (!c || c->dead) return read_failed(cg, u->src, 0, "it is gone");
+  if (cma_read(c, dst, &u->desc, why, sizeof(why), &aborted) != 0)
+    return read_failed(cg, u->src, aborted, why);
+  send_ack(c, u->desc.cookie);
+  return 0;
+}
+
+void cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  if (!u->rma) return;
+  u->rma = 0;
+  ctx->rma_pending--;
+  /* Nothing will read it: let the sender move on. */
+  send_ack(ctx->conns ? ctx->conns[u->src] : NULL, u->desc.cookie);
+}
+
+/* ---- unclaimed descriptors: staged after TDIST_CPU_DEFER_US ------------------------ */
+
+static uint64_t defer_ms(void) {
+  int64_t us = tdist__param_CpuDeferUs();
+  return us <= 0 ? 0 : (uint64_t)(us + 999) / 1000;
+}
+
+static void on_timer(uv_timer_t *t);
+
+static void arm(cpu_ctx_t *ctx, uint64_t ms) {
+  if (ctx->rma_timer_on) uv_timer_start(&ctx->rma_timer, on_timer, ms, 0);
+}
+
+static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  u->since = uv_now(tdist__progress_loop(ctx->progress));
+  if (ctx->rma_pending++ == 0) arm(ctx, defer_ms());
+}
+
+/* Stage u (a pending descriptor): read it into a buffer of ours, ACK.
+ * 1: no memory now (tried again later); -1: the read failed (cg failed). */
+static int stage(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u) {
+  uint8_t *buf = cpu_buf_get(ctx, u->desc.len);
+  if (!buf) return 1;
+  if (cpu_cma_fetch(ctx, cg, u, buf) != 0) {
+    cpu_buf_put(ctx, buf);
+    return -1;
+  }
+  u->data = buf;
+  return 0;
+}
+
+/* Stage the old pending descriptors of list *head (group cg, or the
+ * orphans when cg is NULL); the earliest deadline of the others in *wait. */
+static void sweep(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t **head, uint64_t now, uint64_t *wait) {
+  for (cpu_ux_t *u = *head, *next; u; u = next) {
+    next = u->next;
+    if (!u->rma) continue;
+    if (now - u->since < defer_ms()) {
+      uint64_t left = u->since + defer_ms() - now;
+      if (!*wait || left < *wait) *wait = left;
+      continue;
+    }
+    TDIST_TRACE(CPU, "cma: staging an unclaimed %" PRIu64 "-byte message from world rank %d",
+                u->desc.len, u->src);
+    int rc = stage(ctx, cg, u);
+    if (rc > 0) {
+      *wait = 1;
+    } else if (rc == -1 && cg) {
+      return; /* the group failed and freed its list, u included */
+    } else if (rc < 0) {
+      /* Read failed: waiting for the cause (-2), or an orphan whose
+       * sender failed (its group will hear). */
+      cpu_ux_unlink(head, u);
+      cpu_ux_free(ctx, u);
+    }
+  }
+}
+
+static void on_timer(uv_timer_t *t) {
+  cpu_ctx_t *ctx = t->data;
+  uint64_t now = uv_now(t->loop), wait = 0;
+  int poisoned = 0;
+  sweep(ctx, NULL, &ctx->orphans, now, &wait);
+  for (cpu_group_t *cg = ctx->groups; cg && ctx->rma_pending; cg = cg->next)
+    if (!cg->aborted) sweep(ctx, cg, &cg->ux, now, &wait);
+  for (cpu_group_t *cg = ctx->groups, *next; cg; cg = next) {
+    next = cg->next;
+    if (cg->aborted || !cg->poison_at) continue;
+    if (now - cg->poison_at >= CAUSE_MS) {
+      cpu_fail_group_everywhere(cg, TDIST_ERR_REMOTE_FAILED, cg->poison_why);
+      continue;
+    }
+    poisoned = 1;
+    uint64_t left = cg->poison_at + CAUSE_MS - now;
+    if (!wait || left < wait) wait = left;
+  }
+  if (ctx->rma_pending || poisoned) arm(ctx, wait ? wait : 1);
+}
+
+void cpu_cma_start_timer(cpu_ctx_t *ctx) {
+  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->rma_timer);
+  ctx->rma_timer.data = ctx;
+  ctx->rma_timer_on = 1;
+}
