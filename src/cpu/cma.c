@@ -234,11 +234,7 @@ void cpu_cma_on_desc(cpu_conn_t *c) {
    * with rx_rma set: no parking, and an unexpected entry without data. */
   c->rh.kind = d.kind;
   c->rh.len = d.len;
-  c->rx_dst = NULL;
-  c->rx_op = NULL;
-  c->rx_x = NULL;
-  c->rx_ux = NULL;
-  c->rx_g = NULL;
+  cpu_rx_clear(c);
   c->rx_rma = 1;
   cpu_on_header(c);
   c->rx_rma = 0;

@@ -70,10 +70,10 @@ typedef struct cpu_hdr {
 typedef struct cpu_rma_desc {
   uint8_t kind; /* CPU_MSG_COLL or CPU_MSG_P2P: the message it stands for */
   uint8_t pad[7];
-  uint64_t addr, len;  /* the payload in the sender's address space */
-  uint64_t word;       /* the sender group's live word ... */
-  uint64_t token;      /* ... and the value it holds while the group is alive */
-  uint64_t cookie;     /* echoed in the ACK */
+  uint64_t addr, len; /* the payload in the sender's address space */
+  uint64_t word;      /* the sender group's live word ... */
+  uint64_t token;     /* ... and the value it holds while the group is alive */
+  uint64_t cookie;    /* echoed in the ACK */
 } cpu_rma_desc_t;
 
 /* Traded by every pair of ranks at setup (conn.c). */
@@ -222,6 +222,16 @@ struct cpu_conn {
   cpu_group_t *rx_g;
 };
 
+/* Forget where the current payload goes (before a header is dispatched, or
+ * when its destination goes away). Progress thread. */
+static inline void cpu_rx_clear(cpu_conn_t *c) {
+  c->rx_dst = NULL;
+  c->rx_op = NULL;
+  c->rx_x = NULL;
+  c->rx_ux = NULL;
+  c->rx_g = NULL;
+}
+
 struct cpu_ctx {
   int rank, size;
   int refs; /* groups using it (caller threads, under ctx mutex-free rule:
@@ -295,12 +305,12 @@ void cpu_conn_free_queues(cpu_conn_t *c);
 
 /* ---- cma.c: single copy between processes of one host ---------------------- */
 int cpu_cma_enabled(void);
-void cpu_cma_hello(cpu_cma_hello_t *me);          /* caller thread, setup */
-int cpu_cma_probe(const cpu_cma_hello_t *peer);   /* 1: we can read the peer */
-void cpu_cma_group_init(cpu_group_t *cg);         /* caller thread */
-void cpu_cma_group_abort(cpu_group_t *cg);        /* progress thread */
-void cpu_cma_group_free(cpu_group_t *cg);         /* after unregistering */
-void cpu_cma_start_timer(cpu_ctx_t *ctx);         /* progress thread */
+void cpu_cma_hello(cpu_cma_hello_t *me);        /* caller thread, setup */
+int cpu_cma_probe(const cpu_cma_hello_t *peer); /* 1: we can read the peer */
+void cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
+void cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
+void cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
+void cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
  * our memory and len >= TDIST_CPU_CMA_BYTES (m->hdr must be filled). */
 void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len);
@@ -317,8 +327,7 @@ void *cpu_buf_get(cpu_ctx_t *ctx, size_t len);
 void cpu_buf_put(cpu_ctx_t *ctx, void *p);
 void cpu_buf_drain(cpu_ctx_t *ctx);
 
-/* ---- engine.c: dispatch from io.c ------------------------------------------ */
-cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
+/* ---- dispatch.c: called by io.c --------------------------------------------- */
 /* A header arrived on c; set c->rx_dst/rx_op/rx_x/rx_ux for its payload. */
 void cpu_on_header(cpu_conn_t *c);
 /* The payload of the current message is complete. */
@@ -326,8 +335,8 @@ void cpu_on_payload(cpu_conn_t *c);
 /* Connection lost (progress thread). */
 void cpu_on_conn_lost(cpu_conn_t *c, const char *why);
 /* A queued message of op was fully written. */
-void cpu_on_sent(cpu_op_t *op);
-void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
+void cpu_on_sent(cpu_op_t *op);                /* engine.c */
+void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u); /* engine.c */
 
 /* ---- algos.c ---------------------------------------------------------------- */
 /* Pipeline segment of ring and chain rounds: TDIST_CPU_SEGMENT_BYTES, else
@@ -355,8 +364,9 @@ uint16_t cpu_float_to_bf16(float f);
 
 extern const tdist__backend_ops_t tdist__cpu_backend;
 
-/* ---- shared between engine.c (round engine, dispatch) and backend.c
- * (vtable); progress thread only. ---- */
+/* ---- engine.c, shared with dispatch.c and backend.c (vtable); progress
+ * thread only. ---- */
+cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
 int cpu_grank_of(const cpu_group_t *cg, int world); /* group rank of a world rank, or -1 */
 void cpu_ux_append(cpu_ux_t **head, cpu_ux_t *u);
 void cpu_ux_unlink(cpu_ux_t **head, cpu_ux_t *u);
@@ -369,5 +379,14 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
 void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x);
 int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
 void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text);
+int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
+/* An unexpected message with room for its payload (none when nodata). */
+cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata);
+cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq */
+cpu_xfer_t *cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */
+void cpu_xfer_done(cpu_op_t *op);                     /* a transfer of op finished */
+void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
+cpu_xfer_t *cpu_precv_match(cpu_group_t *cg, int src, int tag); /* posted p2p receive */
+void cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u); /* give u to its receive, if posted */
 
 #endif

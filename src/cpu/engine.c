@@ -1,8 +1,8 @@
 /*
  * engine.c - the CPU backend's progress-thread engine: ops (rounds,
- * completion), point-to-point matching, message dispatch (where a payload
- * goes, what happens once it is in), mismatch detection, and peer loss. The
- * vtable (groups, post, abort) is in backend.c.
+ * completion), point-to-point matching, unexpected messages and mismatch
+ * detection. Message dispatch and peer loss are in dispatch.c, the vtable
+ * (groups, post, abort) in backend.c.
  *
  * Ownership: a cpu_group_t belongs to its tdist group (g->bstate) and is
  * touched only on the progress thread once registered. An op (w->bk) lives
@@ -34,7 +34,7 @@ cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
 /* ---- unexpected messages ---------------------------------------------------- */
 
 /* nodata: an RMA descriptor (cma.c), read only when claimed. */
-static cpu_ux_t *ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
+cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
   cpu_ux_t *u = tdist__calloc(1, sizeof(*u));
   if (!u) return NULL;
   u->hdr = *h;
@@ -88,11 +88,7 @@ void cpu_detach_rx(cpu_group_t *cg) {
       continue;
     }
     if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
-    c->rx_dst = NULL;
-    c->rx_op = NULL;
-    c->rx_x = NULL;
-    c->rx_ux = NULL;
-    c->rx_g = NULL;
+    cpu_rx_clear(c);
   }
 }
 
@@ -160,7 +156,7 @@ static void op_complete(cpu_op_t *op) {
   tdist__work_finish(w, 0, "ok");
 }
 
-static cpu_op_t *op_find(cpu_group_t *cg, uint64_t seq) {
+cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq) {
   for (cpu_op_t *op = cg->ops; op; op = op->next)
     if (!op->p2p && op->cseq == seq) return op;
   return NULL;
@@ -221,7 +217,7 @@ int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   return 1;
 }
 
-static int check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
+int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
   if (h->count == x->count && h->dtype == x->dtype) return 0;
   char text[256];
   snprintf(text, sizeof(text),
@@ -235,7 +231,7 @@ static int check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src
 
 /* ---- the round engine ------------------------------------------------------ */
 
-static void xfer_done(cpu_op_t *op) {
+void cpu_xfer_done(cpu_op_t *op) {
   if (--op->pending > 0) return;
   if (op->p2p)
     op_complete(op);
@@ -243,10 +239,10 @@ static void xfer_done(cpu_op_t *op) {
     cpu_advance(op);
 }
 
-void cpu_on_sent(cpu_op_t *op) { xfer_done(op); }
+void cpu_on_sent(cpu_op_t *op) { cpu_xfer_done(op); }
 
 /* Hand a complete unexpected message to receive x of op, and free it. */
-static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
+void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
   cpu_ux_unlink(&cg->ux, u);
   if (u->hdr.len != x->len) {
     char text[160];
@@ -280,7 +276,7 @@ static void deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u
   }
   x->done = 1;
   cpu_ux_free(cg->ctx, u);
-  xfer_done(op);
+  cpu_xfer_done(op);
 }
 
 /* Receive x of op wants message u, whose payload is still being read from
@@ -306,7 +302,7 @@ static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) 
   cpu_ux_free(cg->ctx, u);
 }
 
-static cpu_xfer_t *round_recv(cpu_op_t *op, int src) {
+cpu_xfer_t *cpu_round_recv(cpu_op_t *op, int src) {
   for (int i = 0; i < op->nrecv; i++)
     if (op->recvs[i].peer == src && !op->recvs[i].done) return &op->recvs[i];
   return NULL;
@@ -384,10 +380,10 @@ void cpu_advance(cpu_op_t *op) {
       next = u->next;
       if (u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq || u->hdr.slot != (uint32_t)k)
         continue;
-      cpu_xfer_t *x = round_recv(op, cpu_grank_of(cg, u->src));
+      cpu_xfer_t *x = cpu_round_recv(op, cpu_grank_of(cg, u->src));
       if (!x) continue;
       if (u->complete)
-        deliver_ux(cg, op, x, u);
+        cpu_deliver_ux(cg, op, x, u);
       else
         adopt_ux(cg, op, x, u);
     }
@@ -399,7 +395,7 @@ void cpu_advance(cpu_op_t *op) {
 
 /* ---- point-to-point ----------------------------------------------------------- */
 
-static cpu_xfer_t *precv_match(cpu_group_t *cg, int src, int tag) {
+cpu_xfer_t *cpu_precv_match(cpu_group_t *cg, int src, int tag) {
   for (cpu_xfer_t *x = cg->precv; x; x = x->next)
     if (x->peer == src && x->tag == tag) return x;
   return NULL;
@@ -415,13 +411,13 @@ void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
 }
 
 /* A complete unexpected p2p message: give it to the first matching receive. */
-static void claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
+void cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
   int src = cpu_grank_of(cg, u->src);
-  cpu_xfer_t *x = precv_match(cg, src, u->hdr.root);
+  cpu_xfer_t *x = cpu_precv_match(cg, src, u->hdr.root);
   if (!x) return;
   cpu_precv_unlink(cg, x);
-  if (check_p2p(cg, x, &u->hdr, src)) return;
-  deliver_ux(cg, x->op, x, u);
+  if (cpu_check_p2p(cg, x, &u->hdr, src)) return;
+  cpu_deliver_ux(cg, x->op, x, u);
 }
 
 /* A complete message for receive p is already here. */
@@ -467,13 +463,13 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                    .len = len};
     if (p->kind == TDIST_P2P_SEND && p->peer == cg->g->rank) {
       /* To self: a copy queued as if it had arrived. */
-      cpu_ux_t *u = ux_new(cg->ctx, &h, me, 0);
+      cpu_ux_t *u = cpu_ux_new(cg->ctx, &h, me, 0);
       if (!u) return TDIST_ERR_NO_MEMORY;
       if (len) memcpy(u->data, p->buf, len);
       u->complete = 1;
       cpu_ux_append(&cg->ux, u);
-      claim_p2p(cg, u);
-      if (op->w == w) xfer_done(op);
+      cpu_claim_p2p(cg, u);
+      if (op->w == w) cpu_xfer_done(op);
     } else if (cg->conns[p->peer] && cg->conns[p->peer]->dead &&
                (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
       cpu_conn_t *pc = cg->conns[p->peer];
@@ -494,8 +490,8 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       for (; u; u = u->next)
         if (u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag) break;
       if (u && u->complete) {
-        if (check_p2p(cg, x, &u->hdr, p->peer)) return 0;
-        deliver_ux(cg, op, x, u);
+        if (cpu_check_p2p(cg, x, &u->hdr, p->peer)) return 0;
+        cpu_deliver_ux(cg, op, x, u);
       } else {
         x->next = NULL;
         x->prev = NULL;
@@ -511,208 +507,6 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       }
     }
   }
-  if (op->w == w && !cg->aborted) xfer_done(op);
+  if (op->w == w && !cg->aborted) cpu_xfer_done(op);
   return 0;
-}
-
-/* ---- dispatch from io.c ----------------------------------------------------------- */
-
-/* Leave a large unexpected payload in the kernel for now (cpu.h, deferred
- * reads)? Only while this process runs nothing (no active op, no posted
- * receive, in any group): then nothing it waits for can be queued behind
- * it on this connection, and the next post (any op) reads on. */
-static int may_park(cpu_ctx_t *ctx, const cpu_hdr_t *h) {
-  int64_t min = tdist__param_CpuDeferBytes();
-  if (ctx->no_park || !ctx->timer_on || min <= 0 || tdist__param_CpuDeferUs() <= 0) return 0;
-  if (min < 2 * CPU_RX_CAP) min = 2 * CPU_RX_CAP; /* more than can be staged */
-  if (h->len < (uint64_t)min) return 0;
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next)
-    if (cg->ops || cg->precv) return 0;
-  return 1;
-}
-
-void cpu_on_header(cpu_conn_t *c) {
-  cpu_ctx_t *ctx = c->ctx;
-  const cpu_hdr_t *h = &c->rh;
-  if (h->kind == CPU_MSG_BYE) {
-    c->bye = 1;
-    c->bye_cause = h->root;
-    return;
-  }
-  if (h->kind == CPU_MSG_ACK) {
-    cpu_conn_acked(c, h->seq);
-    return;
-  }
-  if (h->kind == CPU_MSG_RMA) {
-    if (h->len != sizeof(c->rdesc)) {
-      cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
-      return;
-    }
-    c->rx_dst = (uint8_t *)&c->rdesc; /* cpu_on_payload -> cpu_cma_on_desc */
-    return;
-  }
-  cpu_group_t *cg = cpu_group_find(ctx, h->uid);
-  if (h->kind == CPU_MSG_ERR || !cg) {
-    /* Errors are read whole; messages of groups not created here yet wait
-     * in the orphan list. */
-    cpu_ux_t *u = ux_new(ctx, h, c->peer, c->rx_rma);
-    if (!u) return;
-    if (h->kind != CPU_MSG_ERR) cpu_ux_append(&ctx->orphans, u);
-    c->rx_ux = u;
-    c->rx_dst = u->data;
-    return;
-  }
-  if (cg->aborted) return; /* discard */
-  int src = cpu_grank_of(cg, c->peer);
-  if (src < 0) return;
-  c->rx_g = cg;
-  if (h->kind == CPU_MSG_COLL) {
-    cpu_op_t *op = op_find(cg, h->seq);
-    if (op && cpu_check_coll(cg, op, h, src)) return;
-    if (op && op->round == (int)h->slot) {
-      cpu_xfer_t *x = round_recv(op, src);
-      if (x && x->len == h->len) {
-        c->rx_op = op;
-        c->rx_x = x;
-        c->rx_dst = x->reduce ? cpu_buf_get(ctx, h->len) : x->ptr;
-        if (c->rx_dst) return;
-        c->rx_op = NULL;
-        c->rx_x = NULL;
-      }
-    }
-  } else if (h->kind == CPU_MSG_P2P) {
-    cpu_xfer_t *x = precv_match(cg, src, h->root);
-    /* Only if nothing older from this peer with this tag is waiting. */
-    int older = 0;
-    for (cpu_ux_t *u = cg->ux; u && x; u = u->next)
-      if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
-    if (x && !older) {
-      cpu_precv_unlink(cg, x);
-      if (check_p2p(cg, x, h, src)) return;
-      c->rx_op = x->op;
-      c->rx_x = x;
-      c->rx_dst = x->ptr;
-      return;
-    }
-  }
-  if (!c->rx_rma && may_park(ctx, h)) {
-    cpu_conn_park(c);
-    return;
-  }
-  cpu_ux_t *u = ux_new(ctx, h, c->peer, c->rx_rma);
-  if (!u) {
-    cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
-    return;
-  }
-  cpu_ux_append(&cg->ux, u);
-  c->rx_ux = u;
-  c->rx_dst = u->data;
-}
-
-static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
-  cpu_group_t *cg = cpu_group_find(c->ctx, u->hdr.uid);
-  if (cg && !cg->aborted) {
-    int status =
-        u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
-    tdist__group_fail(cg->g, status, "%.*s (reported by rank %d)", (int)u->hdr.len,
-                      (const char *)u->data, cpu_grank_of(cg, c->peer));
-  }
-  cpu_ux_free(c->ctx, u);
-}
-
-void cpu_on_payload(cpu_conn_t *c) {
-  if (c->rh.kind == CPU_MSG_RMA) {
-    cpu_cma_on_desc(c);
-    return;
-  }
-  cpu_op_t *op = c->rx_op;
-  cpu_xfer_t *x = c->rx_x;
-  cpu_ux_t *u = c->rx_ux;
-  cpu_group_t *cg = c->rx_g;
-  c->rx_op = NULL;
-  c->rx_x = NULL;
-  c->rx_ux = NULL;
-  c->rx_g = NULL;
-  uint8_t *dst = c->rx_dst;
-  c->rx_dst = NULL;
-  if (c->rh.kind == CPU_MSG_ERR) {
-    if (u) on_err(c, u);
-    return;
-  }
-  if (x) {
-    if (x->reduce) x->stage = dst;
-    x->done = 1;
-    xfer_done(op);
-    return;
-  }
-  if (!u) return;
-  u->complete = 1;
-  if (!cg) return; /* orphan */
-  if (u->hdr.kind == CPU_MSG_P2P) {
-    claim_p2p(cg, u);
-    return;
-  }
-  cpu_op_t *o = op_find(cg, u->hdr.seq);
-  if (!o || o->round != (int)u->hdr.slot) return;
-  cpu_xfer_t *rx = round_recv(o, cpu_grank_of(cg, u->src));
-  if (rx) deliver_ux(cg, o, rx, u);
-}
-
-/* Does group cg still need peer r (group rank) for what it is running? Used
- * after an orderly goodbye: a peer that finished its part of an op may leave
- * before the others finish theirs. */
-static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
-  for (cpu_msg_t *m = c->txq; m; m = m->next)
-    if (m->op && m->op->cg == cg) return 1;
-  for (cpu_msg_t *m = c->acks; m; m = m->next)
-    if (m->op && m->op->cg == cg) return 1; /* it has not read our payload */
-  for (cpu_op_t *op = cg->ops; op; op = op->next) {
-    if (op->p2p) {
-      /* Receives not in yet; a p2p op keeps sends and receives alike in
-       * recvs[] (cpu_post_p2p), and sends are covered above. */
-      const tdist__op_args_t *a = &op->w->args;
-      int batch = a->type == TDIST_OP_BATCH_P2P, n = batch ? a->np2p : 1;
-      for (int i = 0; i < n; i++) {
-        int recv = batch ? a->p2p[i].kind == TDIST_P2P_RECV : a->type == TDIST_OP_RECV;
-        if (recv && op->recvs[i].peer == r && !op->recvs[i].done) return 1;
-      }
-      continue;
-    }
-    for (int i = 0; i < op->nrecv; i++)
-      if (op->recvs[i].peer == r && !op->recvs[i].done) return 1;
-  }
-  return 0;
-}
-
-void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
-  if (c->dead) return;
-  cpu_ctx_t *ctx = c->ctx;
-  TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
-  if (!c->bye) ctx->lost_peer = c->peer;
-  /* Decide which groups fail before the queue is dropped. */
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    int r = cpu_grank_of(cg, c->peer);
-    cg->failing = r >= 0 && !cg->aborted && needs_peer(cg, r, c);
-  }
-  if (c->parked) {
-    c->parked = 0;
-    if (--ctx->nparked == 0) uv_timer_stop(&ctx->park_timer);
-  }
-  c->dead = 1;
-  uv_poll_stop(&c->poll);
-  cpu_conn_free_queues(c);
-  if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
-  c->rx_body = 0;
-  c->rx_dst = NULL;
-  c->rx_op = NULL;
-  c->rx_x = NULL;
-  if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) cpu_ux_free(ctx, c->rx_ux);
-  c->rx_ux = NULL;
-  c->rx_g = NULL;
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    if (!cg->failing) continue;
-    cg->failing = 0;
-    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s",
-                      cpu_grank_of(cg, c->peer), c->peer, c->addr, why);
-  }
 }

@@ -282,11 +282,7 @@ static int parse(cpu_conn_t *c) {
       }
       c->rx_body = 1;
       c->rx_got = 0;
-      c->rx_dst = NULL;
-      c->rx_op = NULL;
-      c->rx_x = NULL;
-      c->rx_ux = NULL;
-      c->rx_g = NULL;
+      cpu_rx_clear(c);
       cpu_on_header(c);
       if (c->dead) return -1;
       if (c->parked) return 0; /* the staged bytes wait with the rest */
@@ -442,11 +438,7 @@ void cpu_conn_unpark(cpu_conn_t *c) {
               uv_now(tdist__progress_loop(ctx->progress)) - c->parked_at);
   /* Dispatch the header again (it may not park twice): now it finds its
    * receive, or goes to the unexpected list, or is discarded (aborted). */
-  c->rx_dst = NULL;
-  c->rx_op = NULL;
-  c->rx_x = NULL;
-  c->rx_ux = NULL;
-  c->rx_g = NULL;
+  cpu_rx_clear(c);
   ctx->no_park = 1;
   cpu_on_header(c);
   ctx->no_park = 0;
