@@ -15,7 +15,9 @@
  *
  * Abort contract: when the core aborts a group (timeout, tdist_group_abort,
  * a peer failure reported with tdist__group_fail, a remote abort record), it
- * calls ops->abort(g, status, reason) on the progress thread. The backend
+ * calls ops->abort(g, status, reason) on the progress thread (g->abort_local
+ * says whether the cause is this rank's own, so the backend may tell the
+ * other ranks itself, faster than the monitor's abort record). The backend
  * stops communicating for that group and forgets every work of it: after
  * abort returns it never again touches those works or their buffers and never
  * finishes them. The core then finishes each of them with `status`.

@@ -65,6 +65,7 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int pu
   if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) return 0;
   g->abort_status = status;
   snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
+  g->abort_local = publish;
   atomic_store_explicit(&g->aborted, 1, memory_order_release);
   TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
   if (g->ops->abort) g->ops->abort(g, status, reason);

@@ -41,6 +41,8 @@ struct tdist_group {
 
   int abort_status;
   char abort_reason[256];
+  int abort_local; /* the cause is on this rank (not another rank's report);
+                    * valid when ops->abort runs (progress thread) */
 
   /* (progress) in-flight works in submission order, and the group list */
   tdist_work_t *inflight_head, *inflight_tail;

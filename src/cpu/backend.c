@@ -7,6 +7,7 @@
  * progress thread with tdist__progress_call; post and abort run on the
  * progress thread. A cpu_group_t belongs to its tdist group (g->bstate).
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -145,9 +146,10 @@ static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
   return rc;
 }
 
-static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
-  cpu_group_t *cg = g->bstate;
-  if (!cg) return;
+/* Stop all of cg's traffic and forget its ops, receives and unexpected
+ * messages (progress thread; the core finishes the works). */
+static void abort_group(cpu_group_t *cg) {
+  tdist_group_t *g = cg->g;
   cg->aborted = 1;
   cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
   for (int i = 0; i < g->size; i++)
@@ -167,10 +169,25 @@ static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
   }
 }
 
+static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
+  cpu_group_t *cg = g->bstate;
+  if (!cg) return;
+  abort_group(cg);
+  /* A cause of our own (a timeout, an abort on demand, a lost peer) goes to
+   * the other members in the stream, ahead of our goodbye if we leave now:
+   * the monitor's abort record may arrive after that goodbye, and a peer
+   * would then report only that we left. */
+  if (g->abort_local) {
+    char text[320];
+    snprintf(text, sizeof(text), "rank %d aborted the group: %s", g->rank, reason);
+    cpu_tell_members(cg, status, text);
+  }
+}
+
 static void unregister_task(void *arg) {
   cpu_group_t *cg = arg;
   cpu_ctx_t *ctx = cg->ctx;
-  cpu_abort(cg->g, TDIST_ERR_ABORTED, "destroyed");
+  abort_group(cg);
   if (cg->prev)
     cg->prev->next = cg->next;
   else

@@ -164,8 +164,12 @@ cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq) {
 
 /* ---- failures -------------------------------------------------------------- */
 
-/* Tell the group's other ranks (ERR message), then fail the group here. */
-void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
+/* Tell the group's other ranks why it fails here (ERR message), once. The
+ * ERR goes in the stream ahead of anything this rank sends later (its
+ * goodbye included), so a peer learns the cause before it sees us leave. */
+void cpu_tell_members(cpu_group_t *cg, int status, const char *text) {
+  if (cg->err_sent) return;
+  cg->err_sent = 1;
   size_t len = strlen(text);
   for (int i = 0; i < cg->g->size; i++) {
     cpu_conn_t *c = cg->conns[i];
@@ -183,6 +187,10 @@ void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
     m->owned = copy;
     cpu_send(c, m);
   }
+}
+
+void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
+  cpu_tell_members(cg, status, text);
   tdist__group_fail(cg->g, status, "%s", text);
 }
 
