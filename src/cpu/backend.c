@@ -116,7 +116,7 @@ static int post_op(tdist_group_t *g, tdist_work_t *w) {
     int rc = cpu_post_p2p(cg, op);
     if (rc < 0 && op->w == w) {
       /* Some transfers may be queued: fail the group rather than leave them. */
-      cpu_fail_group_everywhere(cg, rc, "cpu: cannot post the point-to-point op");
+      tdist__group_fail(cg->g, rc, "cpu: cannot post the point-to-point op");
     }
     return 0;
   }
@@ -169,18 +169,42 @@ static void abort_group(cpu_group_t *cg) {
   }
 }
 
+/* ERR message with text to every other member of cg. It goes in the stream
+ * ahead of anything this rank sends later (its goodbye included). */
+static void tell_members(cpu_group_t *cg, int status, const char *text) {
+  size_t len = strlen(text);
+  for (int i = 0; i < cg->g->size; i++) {
+    cpu_conn_t *c = cg->conns[i];
+    if (!c || c->dead) continue;
+    cpu_msg_t *m = cpu_msg_new();
+    char *copy = tdist__malloc(len + 1);
+    if (!m || !copy) {
+      tdist__free(copy);
+      continue;
+    }
+    memcpy(copy, text, len + 1);
+    m->hdr = (cpu_hdr_t){
+        .magic = CPU_MAGIC, .kind = CPU_MSG_ERR, .uid = cg->g->uid, .root = status, .len = len};
+    m->data = (const uint8_t *)copy;
+    m->owned = copy;
+    cpu_send(c, m);
+  }
+}
+
 static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
   cpu_group_t *cg = g->bstate;
   if (!cg) return;
   abort_group(cg);
-  /* A cause of our own (a timeout, an abort on demand, a lost peer) goes to
-   * the other members in the stream, ahead of our goodbye if we leave now:
-   * the monitor's abort record may arrive after that goodbye, and a peer
-   * would then report only that we left. */
+  /* A cause of our own (a mismatch, a timeout, an abort on demand, a lost
+   * peer) goes to the other members in the stream, ahead of our goodbye if
+   * we leave now: the monitor's abort record may arrive after that goodbye,
+   * and a peer would then report only that we left. Same words as the
+   * record (monitor.c), whichever arrives first. A cause reported by
+   * another rank is not echoed: that rank told everyone. */
   if (g->abort_local) {
     char text[320];
     snprintf(text, sizeof(text), "rank %d aborted the group: %s", g->rank, reason);
-    cpu_tell_members(cg, status, text);
+    tell_members(cg, status, text);
   }
 }
 

@@ -208,7 +208,7 @@ static int read_failed(cpu_group_t *cg, int src_world, int aborted, const char *
   snprintf(text, sizeof(text), "rank %d (world rank %d): %s", cpu_grank_of(cg, src_world),
            src_world, why);
   if (!aborted) {
-    cpu_fail_group_everywhere(cg, TDIST_ERR_REMOTE_FAILED, text);
+    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "%s", text);
     return -1;
   }
   if (!cg->poison_at) {
@@ -358,7 +358,7 @@ static void on_timer(uv_timer_t *t) {
     next = cg->next;
     if (cg->aborted || !cg->poison_at) continue;
     if (now - cg->poison_at >= CAUSE_MS) {
-      cpu_fail_group_everywhere(cg, TDIST_ERR_REMOTE_FAILED, cg->poison_why);
+      tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "%s", cg->poison_why);
       continue;
     }
     poisoned = 1;

@@ -177,8 +177,7 @@ struct cpu_group {
   cpu_xfer_t *precv;  /* posted p2p receives, post order */
   uint64_t next_cseq; /* collectives posted so far */
   int aborted;
-  int err_sent; /* this rank told the members why (ERR), once */
-  int failing;  /* scratch flag of cpu_on_conn_lost */
+  int failing; /* scratch flag of cpu_on_conn_lost */
   /* cma.c: this group's slot in the live-word table (NULL: no RMA sends) */
   _Atomic uint64_t *live;
   uint64_t live_token;
@@ -382,9 +381,6 @@ void cpu_advance(cpu_op_t *op);        /* run rounds as far as they can go */
 int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
 void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x);
 int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
-/* ERR to the other members (once per group), then fail it here. */
-void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text);
-void cpu_tell_members(cpu_group_t *cg, int status, const char *text); /* the ERR part */
 int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
 /* An unexpected message with room for its payload (none when nodata). */
 cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata);

@@ -100,7 +100,7 @@ void cpu_on_header(cpu_conn_t *c) {
   }
   cpu_ux_t *u = cpu_ux_new(ctx, h, c->peer, c->rx_rma);
   if (!u) {
-    cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
     return;
   }
   cpu_ux_append(&cg->ux, u);
@@ -113,8 +113,9 @@ static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
   if (cg && !cg->aborted) {
     int status =
         u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
-    tdist__group_fail(cg->g, status, "%.*s (reported by rank %d)", (int)u->hdr.len,
-                      (const char *)u->data, cpu_grank_of(cg, c->peer));
+    /* The text names the sender ("rank 1 aborted the group: ..."); the
+     * sender published the abort record itself. */
+    tdist__group_fail_remote(cg->g, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
   }
   cpu_ux_free(c->ctx, u);
 }

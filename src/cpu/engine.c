@@ -164,36 +164,6 @@ cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq) {
 
 /* ---- failures -------------------------------------------------------------- */
 
-/* Tell the group's other ranks why it fails here (ERR message), once. The
- * ERR goes in the stream ahead of anything this rank sends later (its
- * goodbye included), so a peer learns the cause before it sees us leave. */
-void cpu_tell_members(cpu_group_t *cg, int status, const char *text) {
-  if (cg->err_sent) return;
-  cg->err_sent = 1;
-  size_t len = strlen(text);
-  for (int i = 0; i < cg->g->size; i++) {
-    cpu_conn_t *c = cg->conns[i];
-    if (!c || c->dead) continue;
-    cpu_msg_t *m = cpu_msg_new();
-    char *copy = tdist__malloc(len + 1);
-    if (!m || !copy) {
-      tdist__free(copy);
-      continue;
-    }
-    memcpy(copy, text, len + 1);
-    m->hdr = (cpu_hdr_t){
-        .magic = CPU_MAGIC, .kind = CPU_MSG_ERR, .uid = cg->g->uid, .root = status, .len = len};
-    m->data = (const uint8_t *)copy;
-    m->owned = copy;
-    cpu_send(c, m);
-  }
-}
-
-void cpu_fail_group_everywhere(cpu_group_t *cg, int status, const char *text) {
-  cpu_tell_members(cg, status, text);
-  tdist__group_fail(cg->g, status, "%s", text);
-}
-
 /* Compare a peer's header with the local op; 1 (and the group failed) if
  * they disagree. */
 int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
@@ -221,7 +191,7 @@ int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
            h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
            tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->g->rank, tdist_op_name(op->type),
            op->count, tdist_dtype_name(op->dtype), extra_b);
-  cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
   return 1;
 }
 
@@ -233,7 +203,7 @@ int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
            "receive of count %zu %s",
            src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->g->rank,
            x->count, tdist_dtype_name(x->dtype));
-  cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+  tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
   return 1;
 }
 
@@ -257,7 +227,7 @@ void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
     snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
              cpu_grank_of(cg, u->src), u->hdr.len, x->len);
     cpu_ux_free(cg->ctx, u);
-    cpu_fail_group_everywhere(cg, TDIST_ERR_MISMATCH, text);
+    tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
     return;
   }
   if (u->rma) {
@@ -265,7 +235,7 @@ void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
     uint8_t *dst = x->reduce ? cpu_buf_get(cg->ctx, x->len) : x->ptr;
     if (!dst) {
       cpu_ux_free(cg->ctx, u);
-      cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+      tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
       return;
     }
     tdist_work_t *w = op->w;
@@ -364,7 +334,7 @@ void cpu_advance(cpu_op_t *op) {
       }
       cpu_msg_t *m = cpu_msg_new();
       if (!m) {
-        cpu_fail_group_everywhere(cg, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+        tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
         return;
       }
       m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
