@@ -245,10 +245,7 @@ void cpu_cma_on_desc(cpu_conn_t *c) {
     if (cma_read(c, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
       cpu_group_t *cg = c->rx_g;
       if (c->rx_x->reduce) cpu_buf_put(ctx, c->rx_dst);
-      c->rx_dst = NULL;
-      c->rx_op = NULL;
-      c->rx_x = NULL;
-      c->rx_g = NULL;
+      cpu_rx_clear(c);
       read_failed(cg, c->peer, aborted, why);
       return;
     }
