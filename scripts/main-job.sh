@@ -68,7 +68,7 @@ else
 fi
 
 echo
-echo "==== tdist main job: $N ranks on $(hostname), CPU backend over TCP, no GPU"
+echo "==== tdist main job: $N ranks on $(hostname), CPU backend (TCP; large same-host messages by single copy), no GPU"
 for line in "${SUMMARY[@]}"; do
   echo "$line"
   case "$line" in
