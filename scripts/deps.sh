@@ -4,7 +4,7 @@
 # apt-get line is printed and the script fails. With "test", the packages the
 # test suite needs (cmocka, clang and its sanitizer/fuzzer runtimes) too.
 set -euo pipefail
-pkgs="build-essential cmake ninja-build pkg-config libuv1-dev libjemalloc-dev"
+pkgs="build-essential cmake ninja-build pkg-config python3 libuv1-dev libjemalloc-dev"
 if [ "${1:-}" = "test" ]; then
   pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev"
 fi

@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
+#include "util/alloc.h"
+#include "util/clock.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -1,89 +1,220 @@
 /*
- * backend.h - the interface between the core runtime and a backend (internal).
+ * backend.h - the contract between the core and a backend (internal).
  *
- * The core owns work handles, their state machine, timeouts and the progress
- * thread. A backend ("cpu", "nccl", the tests' "test") moves data. It sees a
- * work's arguments (w->args), keeps per-op state in w->bk / w->bk_inline, and
- * reports the outcome with tdist__work_finish() from the progress thread.
+ * A backend ("cpu", "nccl", the tests' "test") moves data; the core owns work
+ * handles, their state machine, timeouts, groups and the progress thread. A
+ * backend sees exactly what this header gives it: a parameter struct when a
+ * group is made (tdist__bk_params_t), an op description when an op runs
+ * (tdist__bk_op_t), and the services at the end of this file. It never reads
+ * struct tdist_group or struct tdist_work (their headers are not for it).
+ *
+ * A backend is described by a tdist__backend_t: its name, its vtable and its
+ * capabilities. Validation in ops.c reads the capabilities, so a combination
+ * a backend cannot do fails the same way, before submission, on every
+ * backend. Built-in backends are listed in one table (init.c); others (the
+ * test backend) are added with tdist__backend_register, without touching the
+ * core.
  *
  * Threads (the rule every backend relies on):
- *   init, split, destroy, submit  run on the CALLER's thread. They may block
- *       (store exchanges, NCCL init polling) but only within the group's
- *       timeout. To touch the event loop they use tdist__progress_call().
- *   post, poll, abort, peer-failure handling  run on the PROGRESS thread; they
- *       must not block. Only the progress thread touches the libuv loop.
+ *   init, split, shrink, destroy, submit, wait_stream run on a CALLER thread.
+ *       They may block (store exchanges, NCCL init polling) but only within
+ *       the group's timeout. To touch the event loop they use
+ *       tdist__progress_call().
+ *   post, poll, abort run on the PROGRESS thread and must not block (no file
+ *       writes, no ncclCommAbort: hand blocking work to tdist__worker_run).
+ *       Only the progress thread touches the libuv loop.
  *
- * Abort contract: when the core aborts a group (timeout, tdist_group_abort,
- * a peer failure reported with tdist__group_fail, a remote abort record), it
- * calls ops->abort(g, status, reason) on the progress thread (g->abort_local
- * says whether the cause is this rank's own, so the backend may tell the
- * other ranks itself, faster than the monitor's abort record). The backend
- * stops communicating for that group and forgets every work of it: after
- * abort returns it never again touches those works or their buffers and never
- * finishes them. The core then finishes each of them with `status`.
+ * Completions are deferred: tdist__bk_complete and tdist__bk_fail only queue;
+ * the progress loop delivers queued completions after the I/O step that made
+ * them (libuv's write-completed queue pattern). So no user callback, no
+ * abort and no group failure ever runs inside a backend's own call chain,
+ * and a backend needs no re-entry guards.
+ *
+ * Abort contract: when the core aborts a group (timeout, tdist_group_abort, a
+ * failure the backend reported with tdist__bk_fail, a remote abort record),
+ * it calls vtable->abort on the progress thread. The backend stops
+ * communicating for that group and forgets every op of it: after abort
+ * returns it never again touches those ops or their buffers and never
+ * completes them. The core then finishes each of them with the status.
+ * Ops the backend completed before abort (queued, not yet delivered) keep
+ * their own status.
  */
 #ifndef TDIST_CORE_BACKEND_H
 #define TDIST_CORE_BACKEND_H
 
+#include <stdint.h>
+
 #include "tdist/tdist.h"
+#include "util/list.h"
+
+struct tdist_progress;
 
 /* Colour of non-members in a split (NCCL_SPLIT_NOCOLOR's role). */
 #define TDIST__NOCOLOR (-1)
 
+/* The core's group as a backend sees it: an opaque handle for the services
+ * below. */
+typedef struct tdist__bk_group tdist__bk_group_t;
+
+/* The op as the caller described it, after validation. The meaning of count
+ * is the public one (per rank block for all_gather, scatter, ...). */
+typedef struct tdist__op_args {
+  tdist_optype_t type;
+  const void *sendbuf;
+  void *recvbuf; /* == sendbuf-equivalent for in-place ops; broadcast: buf */
+  size_t count;
+  tdist_dtype_t dtype;
+  tdist_redop_t redop;
+  double scalar; /* PREMUL_SUM factor */
+  int root;      /* root (rooted collectives) or peer (send/recv), group rank */
+  int tag;
+  void *stream;        /* caller's CUDA stream, or NULL */
+  tdist_p2p_op_t *p2p; /* batch ops */
+  int np2p;
+} tdist__op_args_t;
+
+#define TDIST__BK_SCRATCH 256
+
+/*
+ * One op as the backend sees it. Lives inside the work handle; valid from
+ * submit/post until the backend completes it or the group is aborted.
+ * (caller) fields are set before submit and never change.
+ */
+typedef struct tdist__bk_op {
+  const tdist__op_args_t *args; /* (caller) */
+  uint64_t seq;                 /* (caller) op number in the group */
+  int64_t timeout_ms;           /* (caller) */
+  /* The backend's own, from submit/post until completion or abort: a link
+   * for its lists, a pointer, and scratch it may use without allocating.
+   * Left as the previous use of the handle had them (initialise them). */
+  tdist__list_t link;
+  void *priv;
+  _Alignas(16) unsigned char scratch[TDIST__BK_SCRATCH];
+} tdist__bk_op_t;
+
+/* What a group is made from (init, split, shrink). (caller) thread. */
+typedef struct tdist__bk_params {
+  tdist__bk_group_t *group;          /* the new group's handle (NULL: split non-member) */
+  struct tdist_progress *progress;   /* the process's progress thread */
+  int rank, size;                    /* in the new group */
+  const int *global_ranks;           /* new group rank -> world rank */
+  uint64_t uid;                      /* the same on every rank of the group */
+  const char *name;                  /* the group's name */
+  tdist_store_t *store;              /* a prefix view private to the group, or NULL */
+  int64_t timeout_ms;                /* bound for every blocking step */
+  int device;                        /* parent's device (split, shrink), else -1 */
+  const tdist_init_opts_t *init_opts; /* init: the caller's options, or NULL */
+  void *parent;                      /* split, shrink: the parent's backend state */
+  int parent_rank;                   /* split, shrink: this process's rank in the parent */
+  int color;                         /* split: TDIST__NOCOLOR for non-members */
+  const int *exclude;                /* shrink: parent ranks left out (dead) */
+  int nexclude;
+} tdist__bk_params_t;
+
+/* What the backend made. */
+typedef struct tdist__bk_out {
+  void *state;    /* the group's backend state (NULL for a split non-member) */
+  int needs_poll; /* call vtable->poll while the group has ops in flight */
+  int device;     /* CUDA device, or -1 */
+} tdist__bk_out_t;
+
 typedef struct tdist__backend_ops {
-  const char *name;
+  /* Caller thread. A new world group. Return 0 or a tdist error (message
+   * recorded with tdist__error). */
+  int (*init)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
 
-  /* Caller thread. Set up g->bstate for a new world group: g->rank, g->size,
-   * g->store (a prefix view private to the group), g->timeout_ms and g->uid
-   * are set. `arg` is the backend-specific init argument (tdist_init_opts_t*
-   * for the public backends). Return 0 or a tdist error (message recorded
-   * with tdist__error). */
-  int (*init)(tdist_group_t *g, const void *arg);
+  /* Caller thread; collective over the parent (every parent rank calls it,
+   * in the same order). p->color == TDIST__NOCOLOR: this rank is not in the
+   * child (p->group is NULL, out->state must stay NULL). */
+  int (*split)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
 
-  /* Caller thread; collective over `parent` (every parent rank calls it in
-   * the same order). Ranks with the same colour form one child; child is
-   * NULL for TDIST__NOCOLOR. When child != NULL its rank, size, parent_ranks
-   * (child rank -> parent rank), global_ranks, store, uid are set; the backend
-   * sets child->bstate (and child->needs_poll). */
-  int (*split)(tdist_group_t *parent, int color, tdist_group_t *child);
+  /* Caller thread, survivors only (tdist_group_shrink): like split, for a
+   * child of every parent rank except p->exclude. The parent may be aborted.
+   * NULL when caps.shrink is 0. */
+  int (*shrink)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
 
-  /* Caller thread, optional (NULL = nothing to do). Runs after validation
-   * and before the work goes to the progress thread; the NCCL backend issues
-   * its kernels here so they are stream-ordered with the caller's work.
-   * Returning an error fails the call (the work is not submitted). */
-  int (*submit)(tdist_group_t *g, tdist_work_t *w);
+  /* Caller thread, optional. Runs after validation, before the op goes to
+   * the progress thread (NCCL launches here, ordered with the caller's
+   * stream). An error fails the call; the op is not submitted. */
+  int (*submit)(void *state, tdist__bk_op_t *op);
 
-  /* Progress thread. Start the op. It may finish the work right away. A
-   * negative return finishes the work with that status. */
-  int (*post)(tdist_group_t *g, tdist_work_t *w);
+  /* Progress thread. Start the op. A negative return fails the op with that
+   * status (the backend must then not keep it). */
+  int (*post)(void *state, tdist__bk_op_t *op);
 
-  /* Progress thread, only when g->needs_poll is set and g has work in
-   * flight: check for completion and errors, finish what is done. Return the
-   * number of works finished (0 lets the core back off). */
-  int (*poll)(tdist_group_t *g);
+  /* Progress thread, when out->needs_poll was set and the group has ops in
+   * flight: check for completions and errors. Return the number of ops
+   * completed (0 lets the core back off). */
+  int (*poll)(void *state);
 
-  /* Progress thread. See the abort contract above. */
-  void (*abort)(tdist_group_t *g, int status, const char *reason);
+  /* Progress thread. See the abort contract above. `local`: the cause is
+   * this rank's own (the backend may tell the other members itself). */
+  void (*abort)(void *state, int status, const char *reason, int local);
 
-  /* Caller thread, after the group's work is finished or aborted. Release
-   * everything; NCCL finalizes and destroys (aborting if that fails). */
-  int (*destroy)(tdist_group_t *g);
+  /* Caller thread, once no op of the group is in flight (finished or
+   * aborted). Release everything. Also the unwind step of a group whose
+   * creation failed after init/split/shrink succeeded. */
+  int (*destroy)(void *state);
 
-  /* Caller thread, called by the survivors only (tdist_group_shrink): like
-   * split, for a child of every parent rank except the `nexclude` parent
-   * ranks in `exclude` (dead). The parent may be aborted. NULL = the
-   * backend cannot shrink (TDIST_ERR_NOT_SUPPORTED). */
-  int (*shrink)(tdist_group_t *parent, const int *exclude, int nexclude, tdist_group_t *child);
-
-  /* Caller thread, optional: stream-ordered wait (NCCL). */
-  int (*wait_stream)(tdist_group_t *g, tdist_work_t *w, void *stream);
+  /* Caller thread, optional: make `stream` wait for op (NCCL). */
+  int (*wait_stream)(void *state, tdist__bk_op_t *op, void *stream);
 } tdist__backend_ops_t;
 
-/* Backends built into this library (NULL when not compiled in). */
-const tdist__backend_ops_t *tdist__backend_find(const char *name);
-extern const tdist__backend_ops_t tdist__cpu_backend;
-#ifdef TDIST_HAVE_NCCL
-extern const tdist__backend_ops_t tdist__nccl_backend;
-#endif
+/* Memory kinds a backend's buffers may be in. */
+enum { TDIST__MEM_HOST = 1u << 0, TDIST__MEM_DEVICE = 1u << 1 };
+
+typedef struct tdist__caps {
+  unsigned mem;       /* TDIST__MEM_* */
+  uint32_t ops;       /* bit (1u << tdist_optype_t) per op it runs */
+  uint32_t dtypes;    /* bit per tdist_dtype_t */
+  uint32_t redops;    /* bit per tdist_redop_t */
+  int shrink;         /* vtable->shrink works */
+  int stream_wait;    /* vtable->wait_stream works */
+} tdist__caps_t;
+
+#define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)
+#define TDIST__ALL_DTYPES ((1u << TDIST_DTYPE_COUNT) - 1)
+#define TDIST__ALL_REDOPS ((1u << TDIST_REDOP_COUNT) - 1)
+
+typedef struct tdist__backend {
+  const char *name;
+  const tdist__backend_ops_t *ops;
+  tdist__caps_t caps;
+} tdist__backend_t;
+
+/* Any thread: the backend called `name` ("gloo" is "cpu"), or NULL. */
+const tdist__backend_t *tdist__backend_find(const char *name);
+/* Any thread: add a backend to the table (tests). TDIST_ERR_INVALID_STATE if
+ * the name is taken or the table is full. */
+int tdist__backend_register(const tdist__backend_t *b);
+
+/* ---- services the core gives backends ------------------------------------------ */
+
+/*
+ * Progress thread: op is done with `status` (0, or a tdist error whose
+ * message is built from fmt: the core prefixes "<op> seq <n> of group ...").
+ * Queued: delivered after the current I/O step. The backend must not touch
+ * op afterwards. Completing one op twice is a bug (asserted).
+ */
+void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/*
+ * Progress thread: the group is broken (a peer is lost, a mismatch, a
+ * device error...). Queued; when delivered, the core aborts the group
+ * (vtable->abort with local = 1), tells the other ranks, and fails every
+ * op in flight with `status` and the text. The first cause reported wins;
+ * later ones are ignored.
+ */
+void tdist__bk_fail(tdist__bk_group_t *g, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The same for a cause another rank reported to this one (the backend's own
+ * ERR message): the core does not tell the others again (local = 0). */
+void tdist__bk_fail_remote(tdist__bk_group_t *g, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Any thread: 1 once the group is aborted (caller-side wait loops give up). */
+int tdist__bk_aborted(const tdist__bk_group_t *g);
 
 #endif

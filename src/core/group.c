@@ -1,143 +1,29 @@
 /*
  * group.c - group life cycle: creation, split (new_group and meshes build on
- * it), failure and timeout handling, abort on demand, destroy, accessors.
+ * it), destroy, abort on demand, accessors, and the flight recorder's public
+ * dump.
+ *
+ * One unwind path: a group is built in steps (identity, context, store view,
+ * backend state, registration); tdist__group_free undoes whichever of them
+ * happened, in reverse, the backend's destroy included. Every creation path
+ * (init, split, mesh, shrink) fails through it, so a failure after the
+ * backend made its state never leaks it.
  *
  * Threads: creation, split and destroy run on the caller's thread and reach
- * the progress thread with tdist__progress_call. tdist__group_fail and
- * tdist__group_timeout run on the progress thread; the in-flight list is the
- * progress thread's alone.
+ * the progress thread with tdist__progress_call.
  */
-#include "core/group.h"
-
-#include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/monitor.h"
-#include "core/progress.h"
-#include "core/trace.h"
-#include "store/rendezvous.h"
+#include "core/group.h"
+#include "store/bootstrap.h"
 #include "store/store_impl.h"
-
-/* ---- in-flight list (progress thread) ---------------------------------------- */
-
-void tdist__group_inflight_add(tdist_group_t *g, tdist_work_t *w) {
-  w->next = NULL;
-  w->prev = g->inflight_tail;
-  if (g->inflight_tail)
-    g->inflight_tail->next = w;
-  else
-    g->inflight_head = w;
-  g->inflight_tail = w;
-}
-
-void tdist__group_inflight_remove(tdist_group_t *g, tdist_work_t *w) {
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    g->inflight_head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    g->inflight_tail = w->prev;
-  w->prev = w->next = NULL;
-}
-
-void tdist__group_work_done(tdist_group_t *g) {
-  if (atomic_fetch_sub(&g->pending, 1) == 1) {
-    pthread_mutex_lock(&g->mu);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-  }
-}
-
-/* ---- failure, timeout, abort (progress thread) --------------------------------- */
-
-/* Mark g aborted, stop its backend and (for a local abort) tell the other
- * ranks through the monitor; 0 if it already was aborted. */
-static int mark_aborted(tdist_group_t *g, int status, const char *reason, int publish) {
-  /* Only the progress thread aborts, so no race between writers; readers on
-   * other threads see `aborted` only after the status and reason (release). */
-  if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) return 0;
-  g->abort_status = status;
-  snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
-  g->abort_local = publish;
-  atomic_store_explicit(&g->aborted, 1, memory_order_release);
-  TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
-  if (g->ops->abort) g->ops->abort(g, status, reason);
-  if (publish && g->store) tdist__monitor_publish(g->uid, status, reason);
-  return 1;
-}
-
-/* Finish everything in flight, then write the flight recorder. */
-static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
-  while (g->inflight_head)
-    tdist__work_finish(g->inflight_head, status, "%s", reason);
-  tdist__trace_dump_on_failure(g);
-}
-
-static void group_fail_v(tdist_group_t *g, int status, int publish, const char *fmt, va_list ap) {
-  char reason[256];
-  vsnprintf(reason, sizeof(reason), fmt, ap);
-  if (!mark_aborted(g, status, reason, publish)) return;
-  fail_inflight(g, status, reason);
-}
-
-void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  group_fail_v(g, status, 1, fmt, ap);
-  va_end(ap);
-}
-
-void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  group_fail_v(g, status, 0, fmt, ap);
-  va_end(ap);
-}
-
-void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
-  char reason[256];
-  int64_t waited_ms = (tdist__now_ns() - w->t_enqueue_ns) / 1000000;
-  snprintf(reason, sizeof(reason), "%s seq %llu timed out after %lld ms%s%s",
-           tdist_op_name(w->args.type), (unsigned long long)w->seq, (long long)waited_ms,
-           diag ? "; " : "", diag ? diag : "");
-  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, 1)) return;
-  tdist__work_finish(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
-                     (long long)waited_ms, (long long)w->timeout_ms, diag ? "; " : "",
-                     diag ? diag : "");
-  char why[300];
-  snprintf(why, sizeof(why), "group aborted because %s", reason);
-  fail_inflight(g, TDIST_ERR_ABORTED, why);
-}
-
-struct abort_req {
-  tdist_group_t *g;
-  const char *reason;
-};
-
-static void abort_task(void *arg) {
-  struct abort_req *r = arg;
-  tdist__group_fail(r->g, TDIST_ERR_ABORTED, "aborted on demand: %s", r->reason);
-}
-
-int tdist_group_abort(tdist_group_t *g, const char *reason) {
-  if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_abort: NULL group");
-  struct abort_req r = {g, reason ? reason : "tdist_group_abort"};
-  tdist__progress_call(g->progress, abort_task, &r);
-  return 0;
-}
-
-int tdist_group_is_aborted(const tdist_group_t *g) {
-  return g ? atomic_load(&((tdist_group_t *)g)->aborted) : 0;
-}
-
-/* ---- creation ------------------------------------------------------------------ */
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/inject.h"
 
 uint64_t tdist__mix64(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
@@ -147,82 +33,103 @@ uint64_t tdist__mix64(uint64_t h, uint64_t v) {
   return h;
 }
 
-static void register_task(void *arg) {
-  tdist_group_t *g = arg;
-  tdist__progress_add_group(g->progress, g);
-}
+/* ---- building and unwinding --------------------------------------------------- */
 
-static void unregister_task(void *arg) {
-  tdist_group_t *g = arg;
-  tdist__progress_remove_group(g->progress, g);
-}
-
-static void group_free(tdist_group_t *g) {
-  if (!g) return;
-  /* The last group with a store ends the rendezvous: rank 0 may host the
-   * store that the other ranks need until their last group is gone too. */
-  int last = g->has_monitor && tdist__monitor_release();
-  if (g->progress) {
-    if (g->registered) tdist__progress_call(g->progress, unregister_task, g);
-    tdist__progress_release(g->progress);
-  }
+/* Undo every step that happened; the backend's destroy code. */
+static int group_unwind(tdist_group_t *g) {
+  int rc = 0;
+  if (g->registered) tdist__progress_call(g->ctx->progress, tdist__group_unregister_task, g);
+  if (g->bstate && g->bk->ops->destroy) rc = g->bk->ops->destroy(g->bstate);
+  g->bstate = NULL;
   if (g->store) tdist_store_release(g->store);
-  if (g->root_store) tdist_store_release(g->root_store);
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   tdist__free(g->global_ranks);
   tdist__free(g->parent_ranks);
   tdist__free(g->trace);
+  tdist__ctx_t *ctx = g->ctx;
   tdist__free(g);
-  if (last) tdist__rendezvous_cleanup();
+  tdist__ctx_release(ctx); /* may end the rendezvous: after the backend is gone */
+  return rc;
 }
 
-/* Allocate a group with identity fields set and a reference on the progress
- * thread; no backend state yet and not registered (the caller registers it
- * once the backend set it up). */
-static int group_new(const tdist__backend_ops_t *ops, int rank, int size, const char *name,
-                     uint64_t uid, int64_t timeout_ms, tdist_group_t **out) {
-  int rc;
+void tdist__group_free(tdist_group_t *g) {
+  if (g) group_unwind(g);
+}
+
+/* A group with identity fields set and a context reference; no backend
+ * state yet and not registered. */
+static int group_new(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+                     const char *name, uint64_t uid, int64_t timeout_ms, tdist_group_t **out) {
   tdist_group_t *g = tdist__calloc(1, sizeof(*g));
   if (!g) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group");
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
-  g->ops = ops;
+  tdist__list_init(&g->inflight);
+  tdist__list_init(&g->ctx_link);
+  tdist__list_init(&g->poller.link);
+  g->bk = bk;
   g->rank = rank;
   g->size = size;
   g->uid = uid;
   g->device = -1;
+  g->ctx = ctx;
+  tdist__ctx_acquire(ctx);
   snprintf(g->name, sizeof(g->name), "%s", name);
   atomic_store(&g->timeout_ms, timeout_ms);
   g->trace = tdist__trace_new();
   g->global_ranks = tdist__calloc((size_t)size, sizeof(int));
-  if (!g->global_ranks) {
-    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group of %d ranks", size);
-    goto fail;
-  }
-  TDIST_CHECKGOTO(tdist__progress_acquire(&g->progress), rc, fail);
   *out = g;
+  if (!g->global_ranks)
+    return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group of %d ranks", size);
+  return 0;
+}
+
+void tdist__group_params(tdist_group_t *g, tdist__bk_params_t *p) {
+  memset(p, 0, sizeof(*p));
+  p->group = (tdist__bk_group_t *)g;
+  p->progress = g->ctx->progress;
+  p->rank = g->rank;
+  p->size = g->size;
+  p->global_ranks = g->global_ranks;
+  p->uid = g->uid;
+  p->name = g->name;
+  p->store = g->store;
+  p->timeout_ms = atomic_load(&g->timeout_ms);
+  p->device = g->device;
+  p->color = 0;
+  if (g->parent) {
+    p->parent = g->parent->bstate;
+    p->parent_rank = g->parent->rank;
+  }
+}
+
+int tdist__group_adopt(tdist_group_t *g, const tdist__bk_out_t *out) {
+  int rc;
+  g->bstate = out->state;
+  g->needs_poll = out->needs_poll;
+  if (out->device >= 0) g->device = out->device;
+  /* From here on a failure destroys the backend state (tdist__group_free). */
+  TDIST_CHECK(tdist__inject("group.register"));
+  /* Registered only now: the backend's fields are final, and the hand-over
+   * through the progress thread's queue publishes them. */
+  tdist__progress_call(g->ctx->progress, tdist__group_register_task, g);
+  TDIST_CHECKGOTO(tdist__inject("group.registered"), rc, fail);
+  TDIST_INFO(INIT, "group '%s' created: rank %d/%d, backend %s", g->name, g->rank, g->size,
+             g->bk->name);
   return 0;
 fail:
-  group_free(g);
   return rc;
 }
 
-static int make_store_view(tdist_store_t *base, const char *prefix, tdist_store_t **view) {
-  if (!base) {
-    *view = NULL;
-    return 0;
-  }
-  return tdist_store_prefix(base, prefix, view);
-}
-
-int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, const char *name,
-                        tdist_store_t *store, int64_t timeout_ms, const void *init_arg,
-                        tdist_group_t **out) {
+int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+                           const char *name, tdist_store_t *store, int64_t timeout_ms,
+                           const tdist_init_opts_t *opts, tdist_group_t **out) {
   int rc;
   tdist_group_t *g = NULL;
+  tdist__ctx_t *own = NULL;
   *out = NULL;
-  if (!ops) return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend not built into this library");
+  if (!bk) return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend not built into this library");
   if (size < 1 || rank < 0 || rank >= size)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "rank %d is not in [0, world size %d)", rank,
                         size);
@@ -230,31 +137,41 @@ int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, con
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "timeout %lld ms must be > 0",
                         (long long)timeout_ms);
   if (!name || !*name) name = "world";
+  if (!ctx) {
+    TDIST_CHECK(tdist__ctx_create(store, rank, 0, NULL, -1, &own));
+    ctx = own;
+  }
   uint64_t uid = 1469598103934665603ULL;
   for (const char *c = name; *c; c++)
     uid = (uid ^ (unsigned char)*c) * 1099511628211ULL;
-  TDIST_CHECKGOTO(group_new(ops, rank, size, name, uid, timeout_ms, &g), rc, fail);
+  TDIST_CHECKGOTO(group_new(bk, ctx, rank, size, name, uid, timeout_ms, &g), rc, fail);
   for (int i = 0; i < size; i++)
     g->global_ranks[i] = i;
-  char prefix[160];
-  snprintf(prefix, sizeof(prefix), "tdist/%s/", name);
-  TDIST_CHECKGOTO(make_store_view(store, prefix, &g->store), rc, fail);
-  if (store) TDIST_CHECKGOTO(tdist__store_root_view(store, &g->root_store), rc, fail);
-  TDIST_CHECKGOTO(ops->init(g, init_arg), rc, fail);
-  /* Registered only now: the backend's fields (needs_poll...) are final, and
-   * the hand-over through the progress thread's queue publishes them. */
-  tdist__progress_call(g->progress, register_task, g);
-  if (g->store) {
-    TDIST_CHECKGOTO(tdist__monitor_acquire(store, rank, g->progress), rc, fail);
-    g->has_monitor = 1;
+  if (store) {
+    char prefix[160];
+    snprintf(prefix, sizeof(prefix), "tdist/%s/", name);
+    TDIST_CHECKGOTO(tdist_store_prefix(store, prefix, &g->store), rc, fail);
   }
-  TDIST_INFO(INIT, "group '%s' created: rank %d/%d, backend %s, timeout %lld ms", g->name, rank,
-             size, ops->name, (long long)timeout_ms);
+  TDIST_CHECKGOTO(tdist__inject("group.init"), rc, fail);
+  tdist__bk_params_t p;
+  tdist__bk_out_t bo = {NULL, 0, -1};
+  tdist__group_params(g, &p);
+  p.init_opts = opts;
+  TDIST_CHECKGOTO(bk->ops->init(&p, &bo), rc, fail);
+  TDIST_CHECKGOTO(tdist__group_adopt(g, &bo), rc, fail);
+  tdist__ctx_release(own); /* the group holds the context now */
   *out = g;
   return 0;
 fail:
-  group_free(g);
+  tdist__group_free(g);
+  tdist__ctx_release(own);
   return rc;
+}
+
+int tdist__group_create(const tdist__backend_t *bk, int rank, int size, const char *name,
+                        tdist_store_t *store, int64_t timeout_ms, const tdist_init_opts_t *opts,
+                        tdist_group_t **out) {
+  return tdist__group_create_in(bk, NULL, rank, size, name, store, timeout_ms, opts, out);
 }
 
 int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
@@ -262,6 +179,7 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
                            const char *store_tag, tdist_group_t **out) {
   int rc, my = -1;
   tdist_group_t *child = NULL;
+  *out = NULL;
   for (int i = 0; i < n; i++)
     if (members[i] == parent->rank) my = i;
   if (my < 0)
@@ -272,7 +190,7 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
   int64_t timeout = atomic_load(&parent->timeout_ms);
   if (opts && (opts->mask & TDIST_GROUP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
     timeout = opts->timeout_ms;
-  TDIST_CHECKGOTO(group_new(parent->ops, my, n, name, uid, timeout, &child), rc, fail);
+  TDIST_CHECKGOTO(group_new(parent->bk, parent->ctx, my, n, name, uid, timeout, &child), rc, fail);
   child->parent = parent;
   child->device = parent->device;
   child->parent_ranks = tdist__calloc((size_t)n, sizeof(int));
@@ -284,28 +202,106 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
     child->parent_ranks[i] = members[i];
     child->global_ranks[i] = parent->global_ranks[members[i]];
   }
-  TDIST_CHECKGOTO(make_store_view(parent->store, store_tag, &child->store), rc, fail);
-  if (parent->root_store)
-    TDIST_CHECKGOTO(tdist_store_prefix(parent->root_store, "", &child->root_store), rc, fail);
+  if (parent->store) TDIST_CHECKGOTO(tdist_store_prefix(parent->store, store_tag, &child->store), rc, fail);
   *out = child;
   return 0;
 fail:
-  group_free(child);
+  tdist__group_free(child);
   return rc;
 }
 
-int tdist__group_register(tdist_group_t *g) {
-  if (g->store) {
-    TDIST_CHECK(tdist__monitor_acquire(g->store, g->global_ranks[g->rank], g->progress));
-    g->has_monitor = 1;
+/* ---- split ------------------------------------------------------------------------ */
+
+/* "c m0,m1,..." : a rank's colour and member list, as it passed them. */
+static int list_text(char *buf, size_t cap, int color, const int *members, int n) {
+  size_t len = (size_t)snprintf(buf, cap, "%d ", color);
+  for (int i = 0; i < n && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", members[i]);
+  return len < cap ? (int)len : -1;
+}
+
+/* Parse "c m0,..." into members (at most cap); returns the count, -1 if bad. */
+static int list_parse(const char *v, size_t len, int *members, int cap) {
+  char *text = tdist__malloc(len + 1);
+  if (!text) return -1;
+  memcpy(text, v, len);
+  text[len] = '\0';
+  char *p = strchr(text, ' ');
+  int n = 0;
+  while (p && *++p && n < cap) {
+    members[n++] = (int)strtol(p, &p, 10);
+    if (*p != ',') break;
   }
-  tdist__progress_call(g->progress, register_task, g);
-  TDIST_INFO(INIT, "group '%s' created from '%s': rank %d/%d", g->name,
-             g->parent ? g->parent->name : "-", g->rank, g->size);
+  tdist__free(text);
+  return n;
+}
+
+static int contains(const int *list, int n, int r) {
+  for (int i = 0; i < n; i++)
+    if (list[i] == r) return 1;
   return 0;
 }
 
-void tdist__group_free(tdist_group_t *g) { group_free(g); }
+/*
+ * Every parent rank publishes the colour and member list it passed; two
+ * ranks of which one lists the other must have passed the same list. So a
+ * tdist_new_group called with different lists on different ranks fails
+ * here, on every rank, with MISMATCH naming the ranks and both lists, before
+ * any backend can hang in its split. (Mesh lines that do not overlap are not
+ * compared.) Skipped without a store (then nothing can hang: no peer).
+ */
+static int agree_members(tdist_group_t *parent, unsigned idx, int color, const int *members,
+                         int n) {
+  int rc = 0, size = parent->size;
+  if (!parent->store || size < 2) return 0;
+  char tag[48];
+  snprintf(tag, sizeof(tag), "split%u/members", idx);
+  size_t cap = (size_t)n * 12 + 32;
+  char *mine = tdist__malloc(cap);
+  void **vals = tdist__calloc((size_t)size, sizeof(void *));
+  size_t *lens = tdist__calloc((size_t)size, sizeof(size_t));
+  int *lists = tdist__calloc((size_t)size * (size_t)size, sizeof(int)), *cnt = tdist__calloc((size_t)size, sizeof(int));
+  if (!mine || !vals || !lens || !lists || !cnt || list_text(mine, cap, color, members, n) < 0) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "new group of '%s': out of memory", parent->name);
+    goto out;
+  }
+  rc = tdist__store_allgather(parent->store, tag, parent->rank, size, mine, strlen(mine), NULL, 0,
+                              vals, lens, atomic_load(&parent->timeout_ms));
+  if (rc == TDIST_ERR_CLOSED || rc == TDIST_ERR_IO) {
+    /* The store is gone (killed): the lists cannot be compared, and a split
+     * of a backend that needs no store (CPU) still works. */
+    TDIST_WARN(CORE, "new group of '%s': member lists not compared: %s", parent->name,
+               tdist_last_error());
+    rc = 0;
+    goto out;
+  }
+  if (rc) goto out;
+  for (int r = 0; r < size; r++)
+    cnt[r] = list_parse(vals[r], lens[r], lists + (size_t)r * size, size);
+  for (int a = 0; a < size && !rc; a++)
+    for (int b = a + 1; b < size && !rc; b++) {
+      const int *la = lists + (size_t)a * size, *lb = lists + (size_t)b * size;
+      if (!contains(la, cnt[a], b) && !contains(lb, cnt[b], a)) continue;
+      if (cnt[a] == cnt[b] && memcmp(la, lb, sizeof(int) * (size_t)cnt[a]) == 0) continue;
+      const char *sa = memchr(vals[a], ' ', lens[a]), *sb = memchr(vals[b], ' ', lens[b]);
+      sa = sa ? sa + 1 : vals[a];
+      sb = sb ? sb + 1 : vals[b];
+      rc = tdist__error(TDIST_ERR_MISMATCH,
+                        "new group of '%s': ranks disagree on its members: rank %d passed "
+                        "[%.*s] but rank %d passed [%.*s]",
+                        parent->name, a, (int)(lens[a] - (size_t)(sa - (char *)vals[a])), sa, b,
+                        (int)(lens[b] - (size_t)(sb - (char *)vals[b])), sb);
+    }
+out:
+  for (int r = 0; vals && r < size; r++)
+    tdist_store_free(vals[r]);
+  tdist__free(mine);
+  tdist__free(vals);
+  tdist__free(lens);
+  tdist__free(lists);
+  tdist__free(cnt);
+  return rc;
+}
 
 int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
                        const tdist_group_opts_t *opts, tdist_group_t **out) {
@@ -313,9 +309,12 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
   tdist_group_t *child = NULL;
   *out = NULL;
   if (atomic_load(&parent->aborted))
-    return tdist__error(TDIST_ERR_ABORTED, "group '%s' was aborted: %s", parent->name,
+    return tdist__error(parent->abort_status, "group '%s' was aborted: %s", parent->name,
                         parent->abort_reason);
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
+  TDIST_CHECK(agree_members(parent, idx, color, members, n));
+  tdist__bk_params_t p;
+  tdist__bk_out_t bo = {NULL, 0, -1};
   if (color != TDIST__NOCOLOR) {
     char name[96], tag[48];
     if (color == 0)
@@ -326,12 +325,26 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
     uint64_t uid = tdist__mix64(tdist__mix64(parent->uid, idx), (uint64_t)(unsigned)color);
     TDIST_CHECKGOTO(tdist__group_child_new(parent, members, n, opts, name, uid, tag, &child), rc,
                     fail);
+    tdist__group_params(child, &p);
+    p.color = color;
+  } else {
+    memset(&p, 0, sizeof(p));
+    p.progress = parent->ctx->progress;
+    p.parent = parent->bstate;
+    p.parent_rank = parent->rank;
+    p.device = parent->device;
+    p.timeout_ms = atomic_load(&parent->timeout_ms);
+    p.color = TDIST__NOCOLOR;
+    p.rank = -1;
   }
-  TDIST_CHECKGOTO(parent->ops->split(parent, color, child), rc, fail);
-  if (child) TDIST_CHECKGOTO(tdist__group_register(child), rc, fail);
+  TDIST_CHECKGOTO(tdist__inject("split.backend"), rc, fail);
+  TDIST_CHECKGOTO(parent->bk->ops->split(&p, &bo), rc, fail);
+  if (child) TDIST_CHECKGOTO(tdist__group_adopt(child, &bo), rc, fail);
   *out = child;
   return 0;
 fail:
+  if (child && !child->bstate && bo.state && parent->bk->ops->destroy)
+    parent->bk->ops->destroy(bo.state); /* made, not adopted yet */
   tdist__group_free(child);
   return rc;
 }
@@ -363,7 +376,7 @@ int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_
   return tdist__group_split(parent, member ? 0 : TDIST__NOCOLOR, ranks, n, opts, group);
 }
 
-/* ---- destroy and accessors ----------------------------------------------------- */
+/* ---- destroy, abort and accessors ---------------------------------------------------- */
 
 static int wait_pending(tdist_group_t *g, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
@@ -384,44 +397,55 @@ static int wait_pending(tdist_group_t *g, int64_t timeout_ms) {
   return left == 0 ? 0 : TDIST_ERR_TIMEOUT;
 }
 
-struct fail_req {
+struct abort_req {
   tdist_group_t *g;
   int status;
-  const char *why;
+  const char *fmt, *reason;
 };
 
-static void fail_task(void *arg) {
-  struct fail_req *r = arg;
-  tdist__group_fail(r->g, r->status, "%s", r->why);
+static void abort_task(void *arg) {
+  struct abort_req *r = arg;
+  tdist__group_abort_now(r->g, r->status, 1, r->fmt, r->reason);
 }
 
 int tdist_group_destroy(tdist_group_t *g) {
   if (!g) return 0;
+  if (tdist__progress_on_thread())
+    return tdist__error(TDIST_ERR_INVALID_STATE,
+                        "tdist_group_destroy: called on the progress thread (from a completion "
+                        "callback)");
   int rc = wait_pending(g, atomic_load(&g->timeout_ms));
   if (rc != 0) {
     TDIST_WARN(CORE, "group '%s': %lld ops still pending at destroy; aborting them", g->name,
                (long long)atomic_load(&g->pending));
-    struct fail_req r = {g, TDIST_ERR_ABORTED, "group destroyed with the op pending"};
-    tdist__progress_call(g->progress, fail_task, &r);
+    struct abort_req r = {g, TDIST_ERR_ABORTED, "%s", "group destroyed with the op pending"};
+    tdist__progress_call(g->ctx->progress, abort_task, &r);
     wait_pending(g, 5000);
   }
-  /* Off the progress thread's list first: once this returns no poll or
-   * watchdog pass is running on g or will start, so the backend may free
-   * what they use. */
-  if (g->registered) tdist__progress_call(g->progress, unregister_task, g);
-  if (g->ops->destroy) {
-    int brc = g->ops->destroy(g);
-    if (brc < 0 && rc == 0) rc = brc;
-  }
   TDIST_INFO(INIT, "group '%s' destroyed", g->name);
-  group_free(g);
-  return rc;
+  /* Off the progress thread's lists first (group_unwind): once that
+   * returns no poll or watchdog pass runs on g, so the backend may free
+   * what they use. */
+  int brc = group_unwind(g);
+  return rc ? rc : brc;
+}
+
+int tdist_group_abort(tdist_group_t *g, const char *reason) {
+  if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_abort: NULL group");
+  struct abort_req r = {g, TDIST_ERR_ABORTED, "aborted on demand: %s",
+                        reason ? reason : "tdist_group_abort"};
+  tdist__progress_call(g->ctx->progress, abort_task, &r);
+  return 0;
+}
+
+int tdist_group_is_aborted(const tdist_group_t *g) {
+  return g ? atomic_load(&((tdist_group_t *)g)->aborted) : 0;
 }
 
 int tdist_group_rank(const tdist_group_t *g) { return g ? g->rank : -1; }
 int tdist_group_size(const tdist_group_t *g) { return g ? g->size : -1; }
 const char *tdist_group_name(const tdist_group_t *g) { return g ? g->name : ""; }
-const char *tdist_group_backend(const tdist_group_t *g) { return g ? g->ops->name : ""; }
+const char *tdist_group_backend(const tdist_group_t *g) { return g ? g->bk->name : ""; }
 
 int tdist_group_global_rank(const tdist_group_t *g, int rank) {
   return (g && rank >= 0 && rank < g->size) ? g->global_ranks[rank] : -1;

@@ -1,5 +1,13 @@
 /*
- * group.h - process groups inside the runtime (internal).
+ * group.h - process groups and the runtime context (internal; layer 5,
+ * above trace, work, progress and util; the monitor reports to it through
+ * handlers it registers).
+ *
+ * The context (tdist__ctx_t, "context" as UCC calls it) is what every group
+ * of one world shares: a reference on the progress thread, the root store,
+ * the monitor, and, for a world made by tdist_init_process_group, the
+ * rendezvous (the hosted store server). Every group holds one reference;
+ * the last release tears it down, in order.
  *
  * Fields marked (caller) are written once at creation and read by anyone;
  * (progress) are owned by the progress thread; (atomic) by anyone.
@@ -12,9 +20,24 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/monitor.h"
+#include "core/progress.h"
+#include "core/trace.h"
 #include "core/work.h"
 
-struct tdist_progress;
+typedef struct tdist__ctx {
+  _Atomic int refs;
+  tdist_progress_t *progress;  /* (caller) a reference */
+  tdist_store_t *root;         /* (caller) the whole store, or NULL */
+  int world_rank;              /* (caller) */
+  int rendezvous;              /* (caller) end the rendezvous at teardown */
+  char job[64];                /* (caller) the job's id ("-": unknown), in every dump */
+  int store_host;              /* (caller) world rank hosting the store server, or -1 */
+  tdist__monitor_t *monitor;   /* (caller) NULL without a store */
+  tdist__list_t groups;        /* (progress) registered groups */
+  tdist__ticker_t watchdog;    /* (progress) op deadlines */
+  tdist__list_t link;          /* (progress) on the list of live contexts */
+} tdist__ctx_t;
 
 struct tdist_group {
   /* (caller) identity */
@@ -24,12 +47,12 @@ struct tdist_group {
   uint64_t uid;      /* same on every rank; distinct per group */
   char name[96];
   struct tdist_group *parent;
-  const tdist__backend_ops_t *ops;
-  void *bstate;              /* backend state */
-  tdist_store_t *store;      /* prefix view "tdist/<name>/...", private to the group */
-  tdist_store_t *root_store; /* the whole store (dead set), or NULL */
-  int needs_poll;            /* backend wants ops->poll while work is in flight */
-  int device;                /* CUDA device or -1 */
+  const tdist__backend_t *bk;
+  void *bstate;         /* the backend's state */
+  int needs_poll;       /* the backend wants poll while work is in flight */
+  int device;           /* CUDA device or -1 */
+  tdist_store_t *store; /* prefix view "tdist/<name>/...", private to the group */
+  tdist__ctx_t *ctx;    /* a reference */
 
   /* (atomic) */
   _Atomic int64_t timeout_ms;
@@ -38,87 +61,97 @@ struct tdist_group {
   _Atomic int64_t pending;  /* submitted and not yet finished */
   atomic_uint split_count;  /* number of splits made from this group */
   atomic_uint shrink_count; /* number of shrinks made from this group */
-
   int abort_status;
   char abort_reason[256];
-  int abort_local; /* the cause is on this rank (not another rank's report);
-                    * valid when ops->abort runs (progress thread) */
 
-  /* (progress) in-flight works in submission order, and the group list */
-  tdist_work_t *inflight_head, *inflight_tail;
-  struct tdist_group *pnext, *pprev;
+  /* (progress) */
+  tdist__list_t inflight; /* started works, submission order */
+  tdist__list_t ctx_link; /* on ctx->groups while registered */
   int registered;
-  int has_monitor;  /* this group holds a monitor reference */
-  int diag_pending; /* (progress) a timeout is being diagnosed by the monitor */
+  tdist__poller_t poller;   /* registered when needs_poll */
+  int diag_pending;         /* a timeout is being diagnosed by the monitor */
+  tdist__qnode_t fail_node; /* a backend's failure, queued */
+  int fail_queued, fail_status, fail_local;
+  char fail_reason[256];
+  tdist__trace_t *trace; /* flight recorder, or NULL */
 
   /* pending reaching 0 is signalled here, for destroy */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-
-  struct tdist_progress *progress;
-  struct tdist__trace *trace; /* flight recorder (progress thread), or NULL */
 };
 
-/*
- * Create a world group with the given backend (caller thread): registers it
- * with the progress thread (started on first use), then calls ops->init.
- * `store` may be NULL only for backends that need none (tests); the group
- * takes its own reference and keeps a prefix view.
- */
-int tdist__group_create(const tdist__backend_ops_t *ops, int rank, int size, const char *name,
-                        tdist_store_t *store, int64_t timeout_ms, const void *init_arg,
-                        tdist_group_t **out);
+/* ---- context (context.c) ---------------------------------------------------- */
+
+/* Caller thread: a context over `store` (NULL: none, no monitor) for world
+ * rank world_rank; `rendezvous`: tdist__rendezvous_cleanup at teardown.
+ * `job`: the job's id, or NULL (TDIST_JOB_ID, else agreed on the store,
+ * else "-"). `store_host`: the world rank whose process serves the store, or
+ * -1 (another process): when that store stops answering, the groups holding
+ * the rank fail naming it (monitor.h). */
+int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, const char *job,
+                      int store_host, tdist__ctx_t **out);
+void tdist__ctx_acquire(tdist__ctx_t *ctx);
+/* Caller thread: the last release stops the monitor, writes pending dumps,
+ * ends the rendezvous and drops the progress thread. */
+void tdist__ctx_release(tdist__ctx_t *ctx);
+
+/* ---- life cycle (group.c) --------------------------------------------------- */
 
 /*
- * Split (caller thread, collective over parent): ranks with the same colour
- * form a child; `members` lists the child's parent ranks in child-rank order
- * (ignored for TDIST__NOCOLOR). *out = NULL for non-members.
+ * Create a world group with the given backend (caller thread) in context
+ * ctx (NULL: a new one over `store`, which may be NULL only for backends that
+ * need none, i.e. tests). Takes its own references.
  */
+int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+                           const char *name, tdist_store_t *store, int64_t timeout_ms,
+                           const tdist_init_opts_t *opts, tdist_group_t **out);
+int tdist__group_create(const tdist__backend_t *bk, int rank, int size, const char *name,
+                        tdist_store_t *store, int64_t timeout_ms, const tdist_init_opts_t *opts,
+                        tdist_group_t **out);
+
+/* Split (caller thread, collective over parent): ranks with the same colour
+ * form a child; `members` lists the child's parent ranks in child-rank order
+ * (ignored for TDIST__NOCOLOR). *out = NULL for non-members. */
 int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
                        const tdist_group_opts_t *opts, tdist_group_t **out);
 
-/*
- * Caller thread: a child of `parent` whose rank i is parent rank members[i]
- * (the caller must be one of them): identity, rank maps, store views
- * (parent's view + store_tag), a reference on the progress thread; not yet
- * registered and without backend state. Name from opts or default_name.
- */
+/* Caller thread: a child of `parent` whose rank i is parent rank members[i]
+ * (the caller must be one of them; TDIST_ERR_INTERNAL if not): identity, rank
+ * maps, store view (parent's view + store_tag), the parent's context; not yet
+ * registered and without backend state. */
 int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
                            const tdist_group_opts_t *opts, const char *default_name, uint64_t uid,
                            const char *store_tag, tdist_group_t **out);
-/* Caller thread: hand a group whose backend is set up to the progress thread
- * (and take a monitor reference when it has a store). */
-int tdist__group_register(tdist_group_t *g);
-/* Caller thread: free a group that never got registered or whose backend
- * state is gone (failure paths). NULL is ignored. */
+/* The backend parameters for g (creation). */
+void tdist__group_params(tdist_group_t *g, tdist__bk_params_t *p);
+/* Caller thread: adopt what the backend made, then register g with the
+ * progress thread. On failure the backend's state is destroyed (the one
+ * unwind path) and g is left for tdist__group_free. */
+int tdist__group_adopt(tdist_group_t *g, const tdist__bk_out_t *out);
+/* Caller thread: free a group, registered or not: unregisters it, destroys
+ * its backend state if it has one, drops its references. NULL is ignored. */
 void tdist__group_free(tdist_group_t *g);
 /* Mix v into the hash h (group uids: the same on every rank). */
 uint64_t tdist__mix64(uint64_t h, uint64_t v);
 
-/*
- * Progress thread: abort g because of `status` (TIMEOUT, ABORTED,
- * REMOTE_FAILED...): mark it, call ops->abort, finish every work in flight
- * with `status` and a message built from fmt. Idempotent: only the first call
- * has an effect. Backends call this when a peer fails.
- */
-void tdist__group_fail(tdist_group_t *g, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* ---- in flight (inflight.c), progress thread -------------------------------- */
 
-/* The same for an abort that another rank published (monitor.c): it is not
- * published again. */
-void tdist__group_fail_remote(tdist_group_t *g, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Progress thread: `w` passed its deadline. Finishes it with TIMEOUT, then
- * aborts the group so every other pending op fails with ABORTED naming w.
- * `diag` (may be NULL) says which ranks had not reached the op. */
+/* Queue node run for a submitted work: start it on its backend. */
+void tdist__group_start_work(tdist__qnode_t *node);
+/* Abort g because of `status`: mark it, call the backend's abort, tell the
+ * other ranks when `local`, finish every work in flight. Idempotent. */
+void tdist__group_abort_now(tdist_group_t *g, int status, int local, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* w passed its deadline: finish it with TIMEOUT, abort the rest. `diag`
+ * (may be NULL) says which ranks had not reached the op. */
 void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag);
-
-/* Progress thread: in-flight list maintenance (used by work.c). */
-void tdist__group_inflight_add(tdist_group_t *g, tdist_work_t *w);
-void tdist__group_inflight_remove(tdist_group_t *g, tdist_work_t *w);
-
-/* Any thread: account a finished work (pending--, signals destroy). */
-void tdist__group_work_done(tdist_group_t *g);
+/* Register/unregister g with the progress thread (its context's list and,
+ * when it polls, a poller). */
+void tdist__group_register_task(void *g);
+void tdist__group_unregister_task(void *g);
+/* The monitor's handlers for ctx (context.c starts the monitor with them). */
+extern const tdist__mon_handlers_t tdist__group_mon_handlers;
+/* Any thread: the ticker function of a context's watchdog. */
+int tdist__group_watchdog(tdist__ticker_t *t);
 
 #endif

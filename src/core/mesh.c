@@ -10,9 +10,10 @@
  */
 #include <stdio.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
 #include "core/group.h"
+#include "util/alloc.h"
+#include "util/error.h"
+#include "util/inject.h"
 
 #define TDIST_MESH_MAX_DIMS 8
 
@@ -66,6 +67,7 @@ int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
              shape, d, first);
     o.mask |= TDIST_GROUP_FIELD_NAME;
     o.name = name;
+    TDIST_CHECKGOTO(tdist__inject("mesh.dim"), rc, fail);
     TDIST_CHECKGOTO(tdist__group_split(parent, first, members, dims[d], &o, &groups[d]), rc, fail);
     made++;
   }

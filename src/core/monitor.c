@@ -1,9 +1,11 @@
 /*
- * monitor.c - see monitor.h. One thread, one store connection of its own
- * (so its long waits never hold up the groups' store calls).
+ * monitor.c - see monitor.h. One thread per runtime context, one store
+ * connection of its own (so its long waits never hold up the groups' store
+ * calls).
  *
- * Ownership: `mon` and its queue are guarded by mon_mu; the connection and
- * `next` are the monitor thread's.
+ * Ownership: the queues and `stop` are guarded by m->mu, which is never held
+ * across a store call or a handler; the connection, `next` and `last_hb_ms`
+ * are the monitor thread's.
  */
 #include "core/monitor.h"
 
@@ -12,107 +14,71 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/group.h"
-#include "core/param.h"
-#include "core/progress.h"
+#include "store/store_impl.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
 
 TDIST_PARAM(MonitorIntervalMs, "TDIST_MONITOR_INTERVAL_MS", 200)
 TDIST_PARAM(HeartbeatIntervalMs, "TDIST_HEARTBEAT_INTERVAL_MS", 1000)
+TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
+
+/* Bound of one store call that does not wait (a set, an add): a live store
+ * answers in well under a millisecond; a call that takes longer closes the
+ * connection, which the next round reopens. */
+#define STORE_CALL_MS 1000
 
 #define QUEUE_MAX 32
 #define COUNT_KEY "tdist/aborts/count"
 
-static pthread_mutex_t mon_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct monitor {
-  int refs;
+struct tdist__monitor {
+  pthread_mutex_t mu;
   int stop;
-  pthread_t thread;
-  tdist_store_t *conn;
-  struct tdist_progress *progress;
-  int world_rank;
-  int64_t next; /* next record number to wait for (monitor thread) */
   int nq;
   char queue[QUEUE_MAX][320];
   int ndiag; /* timeout diagnoses asked for by the progress thread */
   struct diag_req {
     uint64_t uid, seq;
   } diag[QUEUE_MAX];
-  int64_t last_hb_ms; /* monitor thread */
-} * mon;
 
-void tdist__monitor_publish(uint64_t uid, int status, const char *reason) {
-  pthread_mutex_lock(&mon_mu);
-  if (mon && mon->nq < QUEUE_MAX) {
-    snprintf(mon->queue[mon->nq++], sizeof(mon->queue[0]), "%016" PRIx64 " %d %d %s", uid,
-             mon->world_rank, status, reason);
-  }
-  pthread_mutex_unlock(&mon_mu);
+  /* monitor thread (and start/stop) */
+  pthread_t thread;
+  tdist_store_t *conn;
+  tdist__mon_handlers_t h;
+  int world_rank;
+  int64_t next; /* next record number to wait for */
+  int64_t last_hb_ms;
+  int64_t last_ok_ms; /* the store last answered */
+  int store_lost;     /* on_store_lost was called */
+};
+
+void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason) {
+  if (!m) return;
+  pthread_mutex_lock(&m->mu);
+  if (m->nq < QUEUE_MAX)
+    snprintf(m->queue[m->nq++], sizeof(m->queue[0]), "%016" PRIx64 " %d %d %s", uid,
+             m->world_rank, status, reason);
+  pthread_mutex_unlock(&m->mu);
 }
 
-int tdist__monitor_diagnose(uint64_t uid, uint64_t seq) {
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   int queued = 0;
-  pthread_mutex_lock(&mon_mu);
-  if (mon && mon->ndiag < QUEUE_MAX) {
-    mon->diag[mon->ndiag].uid = uid;
-    mon->diag[mon->ndiag].seq = seq;
-    mon->ndiag++;
+  if (!m) return 0;
+  pthread_mutex_lock(&m->mu);
+  if (m->ndiag < QUEUE_MAX) {
+    m->diag[m->ndiag].uid = uid;
+    m->diag[m->ndiag].seq = seq;
+    m->ndiag++;
     queued = 1;
   }
-  pthread_mutex_unlock(&mon_mu);
+  pthread_mutex_unlock(&m->mu);
   return queued;
 }
 
-/* A second connection to the store `s` talks to. */
-static int reconnect(tdist_store_t *s, tdist_store_t **out) {
-  const char *addr = tdist_store_address(s);
-  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 30000};
-  if (strncmp(addr, "file:", 5) == 0) return tdist_store_open_file(addr + 5, &o, out);
-  const char *colon = strrchr(addr, ':');
-  if (!colon) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "monitor: bad address '%s'", addr);
-  char host[256];
-  snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
-  return tdist_store_connect(host, atoi(colon + 1), &o, out);
-}
-
-struct remote_abort {
-  struct tdist_progress *progress;
-  int dead;     /* a death record: every group containing `rank` fails */
-  uint64_t uid; /* an abort record: the group with this uid aborts */
-  int status;   /* ... with this status (the cause's: ABORTED, MISMATCH...) */
-  int rank;     /* world rank */
-  const char *reason;
-};
-
-static int group_rank_of(const tdist_group_t *g, int world_rank) {
-  for (int i = 0; i < g->size; i++)
-    if (g->global_ranks[i] == world_rank) return i;
-  return -1;
-}
-
-/* Progress thread: abort the local copies of the groups a record names. */
-static void apply_task(void *arg) {
-  struct remote_abort *r = arg;
-  for (tdist_group_t *g = tdist__progress_groups(r->progress); g; g = g->pnext) {
-    if (atomic_load(&g->aborted)) continue;
-    if (r->dead) {
-      int gr = group_rank_of(g, r->rank);
-      if (gr >= 0 && gr != g->rank)
-        tdist__group_fail_remote(g, TDIST_ERR_REMOTE_FAILED,
-                                 "rank %d (world rank %d) failed: the store declared it dead: %s",
-                                 gr, r->rank, r->reason);
-    } else if (g->uid == r->uid) {
-      int gr = group_rank_of(g, r->rank);
-      tdist__group_fail_remote(g, r->status, "rank %d aborted the group: %s",
-                               gr >= 0 ? gr : r->rank, r->reason);
-    }
-  }
-}
-
-static void apply_record(struct monitor *m, const char *rec, size_t len) {
+static void apply_record(tdist__monitor_t *m, const char *rec, size_t len) {
   char buf[400];
   snprintf(buf, sizeof(buf), "%.*s", (int)len, rec);
   char *end = NULL;
@@ -127,20 +93,19 @@ static void apply_record(struct monitor *m, const char *rec, size_t len) {
     status = (int)strtol(end + 1, &end, 10);
     if (!end || *end != ' ' || status >= 0 || status <= TDIST_ERR_MIN_) return;
   }
-  struct remote_abort r = {m->progress, dead, uid, status, rank, end + 1};
-  TDIST_INFO(CORE, "abort record from rank %d for group %016" PRIx64 ": %s", rank, uid, end + 1);
-  tdist__progress_call(m->progress, apply_task, &r);
+  tdist__mon_record_t r = {dead, uid, status, rank, end + 1};
+  TDIST_INFO(CORE, "%s record from rank %d for group %016" PRIx64 ": %s", dead ? "death" : "abort",
+             rank, uid, end + 1);
+  m->h.on_record(m->h.arg, &r);
 }
 
-static void heartbeat(struct monitor *m, int bye);
-
-static void publish_queued(struct monitor *m) {
+static void publish_queued(tdist__monitor_t *m) {
   char recs[QUEUE_MAX][320];
-  pthread_mutex_lock(&mon_mu);
+  pthread_mutex_lock(&m->mu);
   int n = m->nq;
   memcpy(recs, m->queue, sizeof(recs[0]) * (size_t)n);
   m->nq = 0;
-  pthread_mutex_unlock(&mon_mu);
+  pthread_mutex_unlock(&m->mu);
   for (int i = 0; i < n; i++) {
     int64_t idx = 0;
     char key[64];
@@ -155,34 +120,16 @@ static void publish_queued(struct monitor *m) {
 
 /* ---- heartbeats and timeout diagnosis (monitor thread) ---------------------- */
 
-struct snap {
-  struct tdist_progress *p;
-  char buf[4096];
+static void heartbeat(tdist__monitor_t *m, int bye) {
+  char key[48], buf[4096];
   size_t len;
-};
-
-/* Progress thread: "uid:next_seq ..." of every group, the heartbeat's value. */
-static void snap_task(void *arg) {
-  struct snap *s = arg;
-  s->len = 0;
-  for (tdist_group_t *g = tdist__progress_groups(s->p); g; g = g->pnext) {
-    int n = snprintf(s->buf + s->len, sizeof(s->buf) - s->len, "%016" PRIx64 ":%" PRIu64 " ",
-                     g->uid, (uint64_t)atomic_load(&g->next_seq));
-    if (n < 0 || (size_t)n >= sizeof(s->buf) - s->len) break;
-    s->len += (size_t)n;
-  }
-  if (s->len == 0) s->len = (size_t)snprintf(s->buf, sizeof(s->buf), "-");
-}
-
-static void heartbeat(struct monitor *m, int bye) {
-  char key[48];
   snprintf(key, sizeof(key), "tdist/hb/%d", m->world_rank);
-  struct snap s = {.p = m->progress};
   if (bye)
-    s.len = (size_t)snprintf(s.buf, sizeof(s.buf), "bye");
+    len = (size_t)snprintf(buf, sizeof(buf), "bye");
   else
-    tdist__progress_call(m->progress, snap_task, &s);
-  if (tdist_store_set(m->conn, key, s.buf, s.len) != 0)
+    len = m->h.snapshot(m->h.arg, buf, sizeof(buf));
+  if (len == 0) len = (size_t)snprintf(buf, sizeof(buf), "-");
+  if (tdist_store_set(m->conn, key, buf, len) != 0)
     TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
 }
 
@@ -202,57 +149,22 @@ static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
 }
 
 struct members {
-  struct tdist_progress *p;
-  uint64_t uid;
-  int size, rank, found;
+  int size, rank;
   int ranks[4096];
   char name[96];
 };
 
-static void members_task(void *arg) {
-  struct members *r = arg;
-  for (tdist_group_t *g = tdist__progress_groups(r->p); g; g = g->pnext)
-    if (g->uid == r->uid) {
-      r->found = 1;
-      r->rank = g->rank;
-      r->size = g->size < 4096 ? g->size : 4096;
-      memcpy(r->ranks, g->global_ranks, sizeof(int) * (size_t)r->size);
-      snprintf(r->name, sizeof(r->name), "%s", g->name);
-      return;
-    }
-}
-
-struct verdict {
-  struct tdist_progress *p;
-  uint64_t uid, seq;
-  const char *text;
-};
-
-static void verdict_task(void *arg) {
-  struct verdict *v = arg;
-  for (tdist_group_t *g = tdist__progress_groups(v->p); g; g = g->pnext) {
-    if (g->uid != v->uid) continue;
-    g->diag_pending = 0;
-    for (tdist_work_t *w = g->inflight_head; w; w = w->next)
-      if (w->seq == v->seq) {
-        tdist__group_timeout(g, w, v->text);
-        return;
-      }
-  }
-}
-
 /* Which members of the group never submitted op `seq`? Learnt from their
  * heartbeats (at most one heartbeat interval old). */
-static void diagnose(struct monitor *m, uint64_t uid, uint64_t seq) {
+static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
   if (!mb) return;
-  mb->p = m->progress;
-  mb->uid = uid;
-  tdist__progress_call(m->progress, members_task, mb);
+  int found = m->h.members(m->h.arg, uid, &mb->rank, &mb->size, mb->ranks, 4096, mb->name,
+                           sizeof(mb->name));
   char text[256] = "";
   size_t tl = 0;
   int behind = 0;
-  for (int i = 0; mb->found && i < mb->size; i++) {
+  for (int i = 0; found && i < mb->size; i++) {
     if (i == mb->rank) continue;
     char key[48];
     snprintf(key, sizeof(key), "tdist/hb/%d", mb->ranks[i]);
@@ -268,41 +180,71 @@ static void diagnose(struct monitor *m, uint64_t uid, uint64_t seq) {
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
     behind++;
   }
-  char verdict_text[320];
-  if (!mb->found)
-    verdict_text[0] = '\0';
+  char verdict[320];
+  if (!found)
+    verdict[0] = '\0';
   else if (behind)
-    snprintf(verdict_text, sizeof(verdict_text),
-             "rank%s %s of group '%s' had not reached seq %" PRIu64, behind > 1 ? "s" : "", text,
-             mb->name, seq);
+    snprintf(verdict, sizeof(verdict), "rank%s %s of group '%s' had not reached seq %" PRIu64,
+             behind > 1 ? "s" : "", text, mb->name, seq);
   else
-    snprintf(verdict_text, sizeof(verdict_text),
+    snprintf(verdict, sizeof(verdict),
              "every rank of group '%s' had reached seq %" PRIu64 " (stuck in the backend)",
              mb->name, seq);
-  struct verdict v = {m->progress, uid, seq, verdict_text[0] ? verdict_text : NULL};
-  tdist__progress_call(m->progress, verdict_task, &v);
+  m->h.on_verdict(m->h.arg, uid, seq, verdict[0] ? verdict : NULL);
   tdist__free(mb);
 }
 
-static void run_diagnoses(struct monitor *m) {
+static void run_diagnoses(tdist__monitor_t *m) {
   struct diag_req reqs[QUEUE_MAX];
-  pthread_mutex_lock(&mon_mu);
+  pthread_mutex_lock(&m->mu);
   int n = m->ndiag;
   memcpy(reqs, m->diag, sizeof(reqs[0]) * (size_t)n);
   m->ndiag = 0;
-  pthread_mutex_unlock(&mon_mu);
+  pthread_mutex_unlock(&m->mu);
   for (int i = 0; i < n; i++)
     diagnose(m, reqs[i].uid, reqs[i].seq);
 }
 
+/* Keep the connection usable and notice a store that stopped answering.
+ * Returns 1 when the store can be called this round. */
+static int store_check(tdist__monitor_t *m) {
+  int64_t now = tdist__now_ms();
+  if (tdist__store_alive(m->conn)) return 1;
+  tdist_store_t *fresh = NULL;
+  if (tdist__store_reconnect(m->conn, STORE_CALL_MS, &fresh) == 0) {
+    tdist_store_release(m->conn);
+    m->conn = fresh;
+    m->last_ok_ms = tdist__now_ms();
+    TDIST_INFO(CORE, "monitor: store connection reopened");
+    return 1;
+  }
+  int64_t silent = now - m->last_ok_ms, limit = tdist__param_HeartbeatTimeoutMs();
+  if (!m->store_lost && limit > 0 && silent > limit) {
+    m->store_lost = 1;
+    TDIST_WARN(CORE, "monitor: the store at %s has not answered for %lld ms",
+               tdist_store_address(m->conn), (long long)silent);
+    m->h.on_store_lost(m->h.arg, silent, tdist_store_address(m->conn));
+  }
+  return 0;
+}
+
 static void *monitor_main(void *arg) {
-  struct monitor *m = arg;
+  tdist__monitor_t *m = arg;
   int64_t interval = tdist__param_MonitorIntervalMs();
   int warned = 0;
   for (;;) {
-    pthread_mutex_lock(&mon_mu);
+    if (!store_check(m)) {
+      pthread_mutex_lock(&m->mu);
+      int stop = m->stop;
+      pthread_mutex_unlock(&m->mu);
+      if (stop) break;
+      struct timespec ts = {0, (long)interval * 1000000};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    pthread_mutex_lock(&m->mu);
     int stop = m->stop;
-    pthread_mutex_unlock(&mon_mu);
+    pthread_mutex_unlock(&m->mu);
     publish_queued(m); /* also on the way out: a final abort must get out */
     run_diagnoses(m);
     if (stop) {
@@ -318,6 +260,8 @@ static void *monitor_main(void *arg) {
     snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, m->next);
     const char *keys[1] = {key};
     int rc = tdist_store_wait(m->conn, keys, 1, interval);
+    if (rc == 0 || (rc == TDIST_ERR_TIMEOUT && tdist__store_alive(m->conn)))
+      m->last_ok_ms = tdist__now_ms(); /* answered (a wait that expired on the server) */
     if (rc == TDIST_ERR_TIMEOUT) continue;
     if (rc != 0) {
       if (!warned++) TDIST_WARN(CORE, "monitor: store unreachable: %s", tdist_last_error());
@@ -336,57 +280,45 @@ static void *monitor_main(void *arg) {
   return NULL;
 }
 
-int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_progress *p) {
+int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_handlers_t *h,
+                         tdist__monitor_t **out) {
   int rc = 0;
-  pthread_mutex_lock(&mon_mu);
-  if (mon) {
-    mon->refs++;
-    goto done;
-  }
-  struct monitor *m = tdist__calloc(1, sizeof(*m));
-  if (!m) {
-    rc = tdist__error(TDIST_ERR_NO_MEMORY, "monitor: out of memory");
-    goto done;
-  }
-  m->refs = 1;
+  *out = NULL;
+  tdist__monitor_t *m = tdist__calloc(1, sizeof(*m));
+  if (!m) return tdist__error(TDIST_ERR_NO_MEMORY, "monitor: out of memory");
+  pthread_mutex_init(&m->mu, NULL);
   m->world_rank = world_rank;
-  m->progress = p;
-  TDIST_CHECKGOTO(reconnect(store, &m->conn), rc, fail);
+  m->h = *h;
+  /* No lock is held here: connecting may take a while. */
+  TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
+  m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
   int64_t count = 0;
   TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
   m->next = count + 1; /* records of earlier jobs on this store are history */
   /* Register with the liveness detector before the group exists, so a rank
    * that dies at once is still known (and declared dead). */
   heartbeat(m, 0);
-  m->last_hb_ms = tdist__now_ms();
+  m->last_hb_ms = m->last_ok_ms = tdist__now_ms();
   if (pthread_create(&m->thread, NULL, monitor_main, m) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "monitor: cannot start its thread");
     goto fail;
   }
-  mon = m;
-  goto done;
+  *out = m;
+  return 0;
 fail:
   if (m->conn) tdist_store_release(m->conn);
+  pthread_mutex_destroy(&m->mu);
   tdist__free(m);
-done:
-  pthread_mutex_unlock(&mon_mu);
   return rc;
 }
 
-int tdist__monitor_release(void) {
-  pthread_mutex_lock(&mon_mu);
-  struct monitor *m = mon;
-  if (!m || --m->refs > 0) {
-    pthread_mutex_unlock(&mon_mu);
-    return 0;
-  }
+void tdist__monitor_stop(tdist__monitor_t *m) {
+  if (!m) return;
+  pthread_mutex_lock(&m->mu);
   m->stop = 1;
-  pthread_mutex_unlock(&mon_mu);
+  pthread_mutex_unlock(&m->mu);
   pthread_join(m->thread, NULL); /* returns within one wait interval */
-  pthread_mutex_lock(&mon_mu);
-  mon = NULL;
-  pthread_mutex_unlock(&mon_mu);
   tdist_store_release(m->conn);
+  pthread_mutex_destroy(&m->mu);
   tdist__free(m);
-  return 1;
 }

@@ -1,57 +1,79 @@
 /*
- * monitor.h - cross-rank abort records (internal).
+ * monitor.h - cross-rank failure records and heartbeats (internal; layer 5,
+ * beside the group layer, which it reports to through handlers).
  *
  * When a group aborts on one rank (an op timed out, tdist_group_abort, a
  * backend failure), the other ranks should not sit in their copy of the
- * collective until their own timeout. The monitor is a per-process thread
- * with its own store connection that
+ * collective until their own timeout. A monitor is a thread with its own
+ * store connection (same server, same token) that
  *   - publishes this process's aborts as records "tdist/aborts/<n>" =
  *     "<group uid hex> <world rank> <status> <reason>" (n from an atomic
- *     counter), and
- *   - blocks on the next record key, so a record written by any rank wakes
- *     it at once; for a record naming a group this process is in, it aborts
- *     the local copy with the same status (ABORTED after a timeout or an
- *     abort on demand, MISMATCH...), the message naming the rank and reason.
- * It is started by the first world group that has a store and stopped with
- * the last one. Publishing waits for the monitor's current store wait to end
- * (at most TDIST_MONITOR_INTERVAL_MS, default 200 ms).
+ *     counter);
+ *   - blocks on the next record key, so a record written by any rank (or a
+ *     death record the store server writes: "dead <rank> <reason>") wakes it
+ *     at once, and hands it to the on_record handler;
+ *   - writes a heartbeat "tdist/hb/<world rank>" every
+ *     TDIST_HEARTBEAT_INTERVAL_MS whose value the snapshot handler gives (each
+ *     group's next sequence number), and "bye" when it stops;
+ *   - answers timeout diagnoses: which ranks of a group never submitted an op,
+ *     from their heartbeats, handed to the on_verdict handler;
+ *   - watches the store itself: when it has answered nothing for
+ *     TDIST_HEARTBEAT_TIMEOUT_MS (a stopped or hung host: its connection
+ *     stays open, so nothing else notices), on_store_lost is called once.
+ *     Its calls are bounded (STORE_CALL_MS), and a broken connection is
+ *     reopened, so a store that comes back is used again.
+ * It knows nothing of groups: the handlers (the group layer's) do. Handlers
+ * run on the monitor thread with no monitor lock held.
  *
- * Liveness: it also writes a heartbeat "tdist/hb/<world rank>" every
- * TDIST_HEARTBEAT_INTERVAL_MS (default 1000) whose value lists each group's
- * next sequence number, and "bye" when the process leaves cleanly. The store
- * server declares a silent rank dead (store/liveness.h) with a record
- * "dead <rank> <reason>"; every group containing that rank then fails with
- * TDIST_ERR_REMOTE_FAILED naming it.
- *
- * Threads: publish from any thread (it never blocks; the progress thread
- * calls it); acquire/release from the caller's thread.
+ * Threads: publish and diagnose from any thread (never block; the progress
+ * thread calls them); start and stop from a caller thread.
  */
 #ifndef TDIST_CORE_MONITOR_H
 #define TDIST_CORE_MONITOR_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tdist/tdist.h"
 
-struct tdist_progress;
+typedef struct tdist__monitor tdist__monitor_t;
 
-/* Start (or share) the monitor; every group with a store holds a reference.
- * `world_rank` is this process's rank. A store-less process has no monitor. */
-int tdist__monitor_acquire(tdist_store_t *store, int world_rank, struct tdist_progress *p);
-/* Drop a reference; returns 1 if it was the last (the monitor stopped). */
-int tdist__monitor_release(void);
+/* A record read from the store. */
+typedef struct tdist__mon_record {
+  int dead;     /* a death record: every group containing `rank` fails */
+  uint64_t uid; /* an abort record: the group with this uid aborts */
+  int status;   /* ... with this status (ABORTED, MISMATCH...) */
+  int rank;     /* world rank it is about (dead) or from (abort) */
+  const char *reason;
+} tdist__mon_record_t;
 
-/*
- * Ask the monitor to find which ranks of group `uid` never submitted op `seq`
- * (from their heartbeats: "tdist/hb/<rank>" = "<uid>:<next_seq> ..."), then
- * time the op out on the progress thread with that finding
- * (tdist__group_timeout). Returns 1 if queued, 0 without a monitor. Never
- * blocks; any thread.
- */
-int tdist__monitor_diagnose(uint64_t uid, uint64_t seq);
+typedef struct tdist__mon_handlers {
+  void *arg;
+  /* A record about another rank. */
+  void (*on_record)(void *arg, const tdist__mon_record_t *r);
+  /* The heartbeat's value ("<uid hex>:<next_seq> ..."); returns its length. */
+  size_t (*snapshot)(void *arg, char *buf, size_t cap);
+  /* Group uid's members for a diagnosis: this rank's group rank, the size and
+   * world ranks (at most cap), the name; 0 if no such group. */
+  int (*members)(void *arg, uint64_t uid, int *rank, int *size, int *ranks, int cap, char *name,
+                 size_t name_len);
+  /* A diagnosis of op `seq` of group uid: text (NULL if none). */
+  void (*on_verdict)(void *arg, uint64_t uid, uint64_t seq, const char *text);
+  /* The store has answered nothing for `silent_ms` (more than the heartbeat
+   * timeout): called once. */
+  void (*on_store_lost)(void *arg, int64_t silent_ms, const char *address);
+} tdist__mon_handlers_t;
 
-/* Queue an abort record for group `uid` with the abort's status (no-op
- * without a monitor). */
-void tdist__monitor_publish(uint64_t uid, int status, const char *reason);
+/* Caller thread: a monitor on a second connection to `store`'s server. */
+int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_handlers_t *h,
+                         tdist__monitor_t **out);
+/* Caller thread: publish what is queued, say "bye", stop and free. */
+void tdist__monitor_stop(tdist__monitor_t *m);
+
+/* Any thread, never blocks: queue an abort record for group uid. */
+void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason);
+/* Any thread, never blocks: queue a diagnosis of op seq of group uid. 1 if
+ * queued. */
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq);
 
 #endif

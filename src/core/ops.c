@@ -1,31 +1,41 @@
 /*
- * ops.c - the public collective and point-to-point calls.
+ * ops.c - the public collective and point-to-point calls (layer 6).
  *
- * Caller thread: validate, fill a work from the pool, give the backend its
- * caller-thread hook (NCCL launches there), push the work to the progress
- * thread. Nothing here allocates in steady state (batches of more than
- * TDIST__P2P_INLINE point-to-point ops copy their array to the heap).
+ * Caller thread: validate (against the backend's declared capabilities, so
+ * an unsupported combination fails the same way on every backend), fill a
+ * work from the pool, give the backend its caller-thread hook (NCCL launches
+ * there), push the work to the progress thread. Nothing here allocates in
+ * steady state (batches of more than TDIST__P2P_INLINE point-to-point ops
+ * copy their array to the heap).
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
 #include "core/group.h"
-#include "core/progress.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
 
-static int check_group(tdist_group_t *g, const char *fn) {
+/* The group can run an op of `type`: it exists, is not aborted, and its
+ * backend declares the op. */
+static int check_group(tdist_group_t *g, tdist_optype_t type, const char *fn) {
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", fn);
   if (atomic_load(&g->aborted)) /* the cause's code: ABORTED, REMOTE_FAILED, MISMATCH... */
     return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s", fn, g->name,
                         g->abort_reason);
+  if (!(g->bk->caps.ops & (1u << type)))
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: backend '%s' does not run %s", fn,
+                        g->bk->name, tdist_op_name(type));
   return 0;
 }
 
-static int check_dtype(tdist_dtype_t dt, size_t count, size_t blocks, const char *fn) {
+static int check_dtype(const tdist_group_t *g, tdist_dtype_t dt, size_t count, size_t blocks,
+                       const char *fn) {
   if ((unsigned)dt >= TDIST_DTYPE_COUNT)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dt);
+  if (!(g->bk->caps.dtypes & (1u << dt)))
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: backend '%s' has no %s", fn, g->bk->name,
+                        tdist_dtype_name(dt));
   size_t es = tdist_dtype_size(dt);
   if (count > SIZE_MAX / es / (blocks ? blocks : 1))
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: count %zu overflows the address space", fn,
@@ -33,9 +43,12 @@ static int check_dtype(tdist_dtype_t dt, size_t count, size_t blocks, const char
   return 0;
 }
 
-static int check_redop(tdist_redop_t op, const char *fn) {
+static int check_redop(const tdist_group_t *g, tdist_redop_t op, const char *fn) {
   if ((unsigned)op >= TDIST_REDOP_COUNT)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown reduction %d", fn, (int)op);
+  if (!(g->bk->caps.redops & (1u << op)))
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "%s: backend '%s' has no %s reduction", fn,
+                        g->bk->name, tdist_redop_name(op));
   return 0;
 }
 
@@ -56,6 +69,11 @@ static int check_buf(const void *buf, size_t count, const char *what, const char
 /* Hand a filled-in work to the backend and the progress thread. */
 static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
                   tdist_work_t **out) {
+  if (!out && tdist__progress_on_thread())
+    return tdist__error(TDIST_ERR_INVALID_STATE,
+                        "%s: a synchronous op on the progress thread (from a completion "
+                        "callback) would wait for itself; pass a work out-param",
+                        tdist_op_name(a->type));
   tdist_work_t *w = tdist__work_alloc(g);
   if (!w) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a work handle");
   w->args = *a;
@@ -70,29 +88,30 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
     }
     memcpy(w->args.p2p, a->p2p, bytes);
   }
-  w->timeout_ms = (opts && (opts->mask & TDIST_OP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
-                      ? opts->timeout_ms
-                      : atomic_load_explicit(&g->timeout_ms, memory_order_relaxed);
-  w->seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  w->bop.timeout_ms = (opts && (opts->mask & TDIST_OP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
+                          ? opts->timeout_ms
+                          : atomic_load_explicit(&g->timeout_ms, memory_order_relaxed);
   w->t_enqueue_ns = tdist__now_ns();
-  w->deadline_ns = w->t_enqueue_ns + w->timeout_ms * 1000000;
-  w->qnode.run = tdist__progress_start_work;
-  atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
-  if (g->ops->submit) {
-    int rc = g->ops->submit(g, w);
+  w->deadline_ns = w->t_enqueue_ns + w->bop.timeout_ms * 1000000;
+  w->qnode.run = tdist__group_start_work;
+  if (g->bk->ops->submit) {
+    int rc = g->bk->ops->submit(g->bstate, &w->bop);
     if (rc < 0) {
-      atomic_fetch_sub(&g->pending, 1);
       tdist__work_unref(w);
       tdist__work_unref(w);
       return rc;
     }
   }
-  tdist__progress_push(g->progress, &w->qnode);
+  /* Numbered only once it is certain to run: a refused op takes no number,
+   * so every rank's sequence stays in step (work.h). */
+  w->bop.seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
+  tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {
     *out = w;
     return 0;
   }
-  /* Synchronous form: wait (bounded by the op's own deadline). */
+  /* Synchronous form: wait for the op (its deadline bounds the wait). */
   int rc = tdist_work_wait(w, 0);
   if (rc != 0) tdist__error(rc, "%s", w->msg[0] ? w->msg : tdist_strerror(rc));
   tdist__work_unref(w);
@@ -127,9 +146,9 @@ int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
                      tdist_work_t **work) {
   static const char fn[] = "tdist_all_reduce";
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
-  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
-  TDIST_CHECK(check_redop(op, fn));
+  TDIST_CHECK(check_group(g, TDIST_OP_ALL_REDUCE, fn));
+  TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
+  TDIST_CHECK(check_redop(g, op, fn));
   TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
   TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
   return submit_op(g, TDIST_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0, opts, work);
@@ -139,8 +158,8 @@ int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dty
                     const tdist_op_opts_t *opts, tdist_work_t **work) {
   static const char fn[] = "tdist_broadcast";
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
-  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_group(g, TDIST_OP_BROADCAST, fn));
+  TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_rank(g, root, "root", fn));
   TDIST_CHECK(check_buf(buf, count, "buf", fn));
   return submit_op(g, TDIST_OP_BROADCAST, buf, buf, count, dtype, TDIST_SUM, root, opts, work);
@@ -151,9 +170,9 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
                  tdist_work_t **work) {
   static const char fn[] = "tdist_reduce";
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
-  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
-  TDIST_CHECK(check_redop(op, fn));
+  TDIST_CHECK(check_group(g, TDIST_OP_REDUCE, fn));
+  TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
+  TDIST_CHECK(check_redop(g, op, fn));
   TDIST_CHECK(check_rank(g, root, "root", fn));
   TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
   if (g->rank == root) TDIST_CHECK(check_buf(recvbuf, count, "recvbuf (on root)", fn));
@@ -166,8 +185,8 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
                       void *recvbuf, size_t count, tdist_dtype_t dtype, tdist_redop_t op, int root,
                       const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
-  TDIST_CHECK(check_dtype(dtype, count, (size_t)g->size, fn));
+  TDIST_CHECK(check_group(g, type, fn));
+  TDIST_CHECK(check_dtype(g, dtype, count, (size_t)g->size, fn));
   size_t whole = count * (size_t)g->size;
   int is_root = 1;
   if (type == TDIST_OP_GATHER || type == TDIST_OP_SCATTER) {
@@ -185,7 +204,7 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
     TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
     break;
   case TDIST_OP_REDUCE_SCATTER:
-    TDIST_CHECK(check_redop(op, fn));
+    TDIST_CHECK(check_redop(g, op, fn));
     TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf", fn));
     TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
     break;
@@ -231,7 +250,7 @@ int tdist_all_to_all(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
 
 int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, "tdist_barrier"));
+  TDIST_CHECK(check_group(g, TDIST_OP_BARRIER, "tdist_barrier"));
   tdist__op_args_t a;
   args_init(&a, TDIST_OP_BARRIER, opts);
   a.dtype = TDIST_UINT8;
@@ -241,8 +260,8 @@ int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **
 static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf, size_t count,
                tdist_dtype_t dtype, int peer, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
-  TDIST_CHECK(check_dtype(dtype, count, 1, fn));
+  TDIST_CHECK(check_group(g, type, fn));
+  TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_rank(g, peer, "peer", fn));
   TDIST_CHECK(check_buf(buf, count, "buf", fn));
   tdist__op_args_t a;
@@ -282,7 +301,7 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
                             const tdist_op_opts_t *opts, tdist_work_t **work) {
   static const char fn[] = "tdist_batch_isend_irecv";
   tdist__error_clear();
-  TDIST_CHECK(check_group(g, fn));
+  TDIST_CHECK(check_group(g, TDIST_OP_BATCH_P2P, fn));
   if (n < 1 || !ops) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
   for (int i = 0; i < n; i++) {
     char what[48];
@@ -290,7 +309,7 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
     if (ops[i].kind != TDIST_P2P_SEND && ops[i].kind != TDIST_P2P_RECV)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                           "%s: ops[%d].kind %d is neither SEND nor RECV", fn, i, (int)ops[i].kind);
-    TDIST_CHECK(check_dtype(ops[i].dtype, ops[i].count, 1, fn));
+    TDIST_CHECK(check_dtype(g, ops[i].dtype, ops[i].count, 1, fn));
     TDIST_CHECK(check_rank(g, ops[i].peer, what, fn));
     TDIST_CHECK(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));
     if (ops[i].tag < 0)
@@ -302,4 +321,16 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
   a.np2p = n;
   a.dtype = ops[0].dtype;
   return submit(g, &a, opts, work);
+}
+
+int tdist_work_wait_stream(tdist_work_t *w, void *stream) {
+  if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait_stream: NULL work");
+  tdist_group_t *g = w->group;
+  if (!g->bk->caps.stream_wait || !g->bk->ops->wait_stream)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "tdist_work_wait_stream: backend '%s' has no streams; use "
+                        "tdist_work_wait",
+                        g->bk->name);
+  if (tdist__work_done(w)) return w->status;
+  return g->bk->ops->wait_stream(g->bstate, &w->bop, stream);
 }

@@ -1,44 +1,51 @@
 /*
- * progress.c - the progress thread and its libuv loop.
+ * progress.c - the progress thread and its libuv loop (layer 2: it calls
+ * only util; see progress.h for what it offers).
  *
  * Submission: producers push onto a lock-free LIFO (one CAS); the progress
- * thread takes the whole list with one exchange and reverses it, so works of
- * one submitting thread keep their order. A producer calls uv_async_send only
- * when the loop may be about to block (the `sleeping` flag, set by the
+ * thread takes the whole list with one exchange and reverses it, so nodes of
+ * one submitting thread keep their order. A producer calls uv_async_send
+ * only when the loop may be about to block (the `sleeping` flag, set by the
  * prepare callback right before the loop polls with a timeout); while the
  * loop spins, submission is a CAS and nothing else. The flag and the queue
  * form a Dekker pair (both seq_cst): either the producer sees sleeping == 1
  * and wakes the loop, or the loop sees the new node before it blocks.
  *
- * Polling: after any activity the loop spins (a uv_idle handle keeps the
- * poll timeout at 0) for TDIST_SPIN_US, or TDIST_POLL_SPIN_US while a backend
- * that needs polling (NCCL) has work in flight (both default to 0 when the
- * host's cores are oversubscribed: param.h); then it backs off to a timer
- * (1 ms, doubling up to TDIST_POLL_MAX_MS) for polled work, and to a plain
- * blocking epoll_wait otherwise. Socket I/O of the CPU backend wakes the loop
- * through epoll as usual.
+ * Deferred nodes: a FIFO owned by the progress thread. Queuing one makes
+ * sure the loop will not block in this iteration (the idle handle forces a
+ * zero poll timeout), and the check callback, which libuv runs right after
+ * the I/O step, runs them until the FIFO is empty. So what a backend
+ * completes inside a socket callback is delivered after that callback
+ * returned, in the same loop iteration.
+ *
+ * Tickers: one timer, every TDIST_WATCHDOG_MS while a ticker is armed and
+ * says it is still busy (the group layer's op deadlines).
+ *
+ * Polling: after any activity the loop spins (the idle handle keeps the poll
+ * timeout at 0) for TDIST_SPIN_US, or TDIST_POLL_SPIN_US while a poller is
+ * busy (both 0 when the host's cores are oversubscribed: util/param.h); then
+ * it backs off to a timer (1 ms, doubling up to TDIST_POLL_MAX_MS) while a
+ * poller is busy, and to a plain blocking epoll_wait otherwise.
  *
  * Everything in struct tdist_progress below `queue`/`sleeping` is owned by
- * the progress thread.
+ * the progress thread; `refs` by global_mu.
  */
 #include "core/progress.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/group.h"
-#include "core/monitor.h"
-#include "core/param.h"
-#include "core/trace.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
 
 TDIST_PARAM(SpinUs, "TDIST_SPIN_US", TDIST_SPIN_DEFAULT(100))
 TDIST_PARAM(PollSpinUs, "TDIST_POLL_SPIN_US", TDIST_SPIN_DEFAULT(2000))
 TDIST_PARAM(PollMaxMs, "TDIST_POLL_MAX_MS", 4)
 TDIST_PARAM(WatchdogMs, "TDIST_WATCHDOG_MS", 50)
-TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
 
 struct tdist_progress {
   /* shared */
@@ -53,11 +60,13 @@ struct tdist_progress {
   uv_check_t check;
   uv_idle_t idle;
   uv_timer_t poll_timer;
-  uv_timer_t watchdog;
+  uv_timer_t tick_timer; /* runs the tickers while one is armed */
   pthread_t thread;
   int64_t last_activity_ns;
   uint64_t poll_interval_ms;
-  tdist_group_t *groups;
+  tdist__list_t pollers;
+  tdist__list_t tickers;
+  tdist__qnode_t *defer_head, *defer_tail;
   int stopping; /* handles are closing: start nothing */
 };
 
@@ -65,7 +74,7 @@ static pthread_mutex_t global_mu = PTHREAD_MUTEX_INITIALIZER;
 static tdist_progress_t *global;
 static _Thread_local tdist_progress_t *current; /* set on the progress thread */
 
-/* ---- the queue ------------------------------------------------------------- */
+/* ---- the queues ------------------------------------------------------------- */
 
 void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node) {
   tdist__qnode_t *head = atomic_load(&p->queue);
@@ -75,7 +84,7 @@ void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node) {
   if (atomic_load(&p->sleeping)) uv_async_send(&p->async);
 }
 
-/* Run everything queued, oldest first. Returns the number of nodes run. */
+/* Run everything submitted, oldest first. Returns the number of nodes run. */
 static int drain(tdist_progress_t *p) {
   tdist__qnode_t *list = atomic_exchange(&p->queue, NULL);
   if (!list) return 0;
@@ -96,40 +105,88 @@ static int drain(tdist_progress_t *p) {
   return n;
 }
 
-/* ---- polling and back-off ------------------------------------------------ */
+static void on_idle(uv_idle_t *h);
 
-/* Poll every group that asked for it; *polled_inflight = some polled group
- * still has work. Returns the number of works the backends finished. */
-static int poll_groups(tdist_progress_t *p, int *polled_inflight) {
+void tdist__progress_defer(tdist_progress_t *p, tdist__qnode_t *node) {
+  node->next = NULL;
+  if (p->defer_tail)
+    p->defer_tail->next = node;
+  else
+    p->defer_head = node;
+  p->defer_tail = node;
+  /* Never block before the check phase has run it. */
+  if (!p->stopping && !uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, on_idle);
+}
+
+void tdist__progress_undefer(tdist_progress_t *p, tdist__qnode_t *node) {
+  tdist__qnode_t *prev = NULL;
+  for (tdist__qnode_t *n = p->defer_head; n; prev = n, n = n->next) {
+    if (n != node) continue;
+    if (prev)
+      prev->next = n->next;
+    else
+      p->defer_head = n->next;
+    if (p->defer_tail == n) p->defer_tail = prev;
+    return;
+  }
+}
+
+/* Run the deferred nodes, including those they queue. Returns how many. */
+static int run_deferred(tdist_progress_t *p) {
   int n = 0;
-  *polled_inflight = 0;
-  for (tdist_group_t *g = p->groups; g; g = g->pnext) {
-    if (!g->needs_poll || !g->inflight_head || atomic_load(&g->aborted)) continue;
-    n += g->ops->poll(g);
-    if (g->inflight_head) *polled_inflight = 1;
+  while (p->defer_head) {
+    tdist__qnode_t *node = p->defer_head;
+    p->defer_head = node->next;
+    if (!p->defer_head) p->defer_tail = NULL;
+    node->run(node); /* may free or reuse the node */
+    n++;
+  }
+  return n;
+}
+
+/* ---- pollers and back-off ----------------------------------------------------- */
+
+void tdist__progress_poller_add(tdist_progress_t *p, tdist__poller_t *poller) {
+  tdist__list_push_back(&p->pollers, &poller->link);
+}
+
+void tdist__progress_poller_remove(tdist_progress_t *p, tdist__poller_t *poller) {
+  (void)p;
+  if (tdist__list_linked(&poller->link)) tdist__list_remove(&poller->link);
+}
+
+/* Call every poller; *busy = some poller still has work in flight. */
+static int poll_all(tdist_progress_t *p, int *busy) {
+  int n = 0;
+  *busy = 0;
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &p->pollers) {
+    tdist__poller_t *pl = tdist__list_entry(it, tdist__poller_t, link);
+    int b = 0;
+    n += pl->fn(pl, &b);
+    if (b) *busy = 1;
   }
   return n;
 }
 
 static void on_poll_timer(uv_timer_t *t);
-static void on_idle(uv_idle_t *h);
 
 /* One round of work; decides whether to keep spinning. */
 static void progress_round(tdist_progress_t *p) {
-  int polled_inflight = 0;
+  int busy = 0;
   int64_t now = tdist__now_ns();
   int n = drain(p);
   if (p->stopping) return;
-  n += poll_groups(p, &polled_inflight);
+  n += poll_all(p, &busy);
   if (n) p->last_activity_ns = now;
-  int64_t spin_ns = (polled_inflight ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
-  if (now - p->last_activity_ns < spin_ns) {
+  int64_t spin_ns = (busy ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
+  if (now - p->last_activity_ns < spin_ns || p->defer_head) {
     if (!uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, on_idle);
     return;
   }
-  /* Cold: stop spinning; polled work goes on at a backed-off interval. */
+  /* Cold: stop spinning; busy pollers go on at a backed-off interval. */
   uv_idle_stop(&p->idle);
-  if (polled_inflight) {
+  if (busy) {
     if (n || p->poll_interval_ms == 0)
       p->poll_interval_ms = 1;
     else if (p->poll_interval_ms < (uint64_t)tdist__param_PollMaxMs())
@@ -143,10 +200,7 @@ static void progress_round(tdist_progress_t *p) {
 
 static void on_idle(uv_idle_t *h) { progress_round(h->data); }
 
-static void on_poll_timer(uv_timer_t *t) {
-  tdist_progress_t *p = t->data;
-  progress_round(p);
-}
+static void on_poll_timer(uv_timer_t *t) { progress_round(t->data); }
 
 void tdist__progress_kick(tdist_progress_t *p) {
   if (p->stopping) return;
@@ -168,9 +222,11 @@ static void on_prepare(uv_prepare_t *h) {
   }
 }
 
+/* After the I/O step: deliver what it queued. */
 static void on_check(uv_check_t *h) {
   tdist_progress_t *p = h->data;
   atomic_store(&p->sleeping, 0);
+  if (run_deferred(p)) p->last_activity_ns = tdist__now_ns();
 }
 
 static void on_async(uv_async_t *h) {
@@ -178,56 +234,35 @@ static void on_async(uv_async_t *h) {
   if (drain(p)) tdist__progress_kick(p);
 }
 
-/* ---- timeouts ------------------------------------------------------------------ */
+/* ---- tickers ----------------------------------------------------------------- */
 
-static void on_watchdog(uv_timer_t *t) {
-  tdist_progress_t *p = t->data;
-  int64_t now = tdist__now_ns();
-  int any = 0;
-  for (tdist_group_t *g = p->groups; g; g = g->pnext) {
-    for (tdist_work_t *w = g->inflight_head; w; w = w->next) {
-      if (!w->deadline_ns || now < w->deadline_ns) continue;
-      /* Before failing, let the monitor learn from the store which ranks
-       * never reached this op (bounded: past the grace, fail without it). */
-      int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
-      if (g->size > 1 && g->store && in_grace &&
-          (g->diag_pending || tdist__monitor_diagnose(g->uid, w->seq))) {
-        g->diag_pending = 1;
-        break;
-      }
-      tdist__group_timeout(g, w, NULL);
-      break; /* the group's list was emptied by the abort */
-    }
-    if (g->inflight_head) any = 1;
-  }
-  if (!any) uv_timer_stop(&p->watchdog);
+void tdist__progress_ticker_add(tdist_progress_t *p, tdist__ticker_t *t) {
+  tdist__list_push_back(&p->tickers, &t->link);
 }
 
-/* Queue node run for a submitted work: start it on its backend. */
-void tdist__progress_start_work(tdist__qnode_t *node) {
-  tdist_work_t *w = (tdist_work_t *)node; /* qnode is the first member */
-  tdist_group_t *g = w->group;
-  tdist_progress_t *p = g->progress;
-  if (atomic_load(&g->aborted)) {
-    tdist__work_finish(w, g->abort_status, "group was aborted before the op started: %s",
-                       g->abort_reason);
-    return;
-  }
-  w->t_start_ns = tdist__now_ns();
-  atomic_store_explicit(&w->state, TDIST_WORK_RUNNING, memory_order_release);
-  tdist__group_inflight_add(g, w);
-  tdist__trace_start(g, w);
-  if (!uv_is_active((uv_handle_t *)&p->watchdog)) {
-    uint64_t ms = (uint64_t)tdist__param_WatchdogMs();
-    uv_timer_start(&p->watchdog, on_watchdog, ms, ms);
-  }
-  int rc = g->ops->post(g, w);
-  if (rc < 0 && !tdist__work_done(w))
-    tdist__work_finish(w, rc, "backend '%s' could not start the op: %s", g->ops->name,
-                       tdist_strerror(rc));
+void tdist__progress_ticker_remove(tdist_progress_t *p, tdist__ticker_t *t) {
+  (void)p;
+  if (tdist__list_linked(&t->link)) tdist__list_remove(&t->link);
 }
 
-/* ---- control tasks ------------------------------------------------------------- */
+static void on_tick(uv_timer_t *h) {
+  tdist_progress_t *p = h->data;
+  int busy = 0;
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &p->tickers) {
+    tdist__ticker_t *t = tdist__list_entry(it, tdist__ticker_t, link);
+    if (t->fn(t)) busy = 1;
+  }
+  if (!busy) uv_timer_stop(&p->tick_timer);
+}
+
+void tdist__progress_ticker_arm(tdist_progress_t *p) {
+  if (p->stopping || uv_is_active((uv_handle_t *)&p->tick_timer)) return;
+  uint64_t ms = (uint64_t)tdist__param_WatchdogMs();
+  uv_timer_start(&p->tick_timer, on_tick, ms ? ms : 1, ms ? ms : 1);
+}
+
+/* ---- synchronous calls -------------------------------------------------------- */
 
 struct task {
   tdist__qnode_t node; /* first member */
@@ -265,28 +300,7 @@ void tdist__progress_call(tdist_progress_t *p, void (*fn)(void *arg), void *arg)
 }
 
 uv_loop_t *tdist__progress_loop(tdist_progress_t *p) { return &p->loop; }
-int tdist__progress_is_current(const tdist_progress_t *p) { return current == p; }
-
-void tdist__progress_add_group(tdist_progress_t *p, tdist_group_t *g) {
-  g->pprev = NULL;
-  g->pnext = p->groups;
-  if (p->groups) p->groups->pprev = g;
-  p->groups = g;
-  g->registered = 1;
-}
-
-tdist_group_t *tdist__progress_groups(tdist_progress_t *p) { return p->groups; }
-
-void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g) {
-  if (!g->registered) return;
-  if (g->pprev)
-    g->pprev->pnext = g->pnext;
-  else
-    p->groups = g->pnext;
-  if (g->pnext) g->pnext->pprev = g->pprev;
-  g->pnext = g->pprev = NULL;
-  g->registered = 0;
-}
+int tdist__progress_on_thread(void) { return current != NULL; }
 
 /* ---- the thread ---------------------------------------------------------------- */
 
@@ -307,6 +321,7 @@ static void close_all(uv_handle_t *h, void *arg) {
 /* Runs on the progress thread: close every handle so uv_run returns. */
 static void stop_loop(void *arg) {
   tdist_progress_t *p = arg;
+  run_deferred(p); /* nothing queued may be lost */
   p->stopping = 1;
   uv_walk(&p->loop, close_all, NULL);
 }
@@ -335,9 +350,11 @@ int tdist__progress_acquire(tdist_progress_t **out) {
   uv_check_init(&p->loop, &p->check);
   uv_idle_init(&p->loop, &p->idle);
   uv_timer_init(&p->loop, &p->poll_timer);
-  uv_timer_init(&p->loop, &p->watchdog);
+  uv_timer_init(&p->loop, &p->tick_timer);
   p->async.data = p->prepare.data = p->check.data = p->idle.data = p;
-  p->poll_timer.data = p->watchdog.data = p;
+  p->poll_timer.data = p->tick_timer.data = p;
+  tdist__list_init(&p->pollers);
+  tdist__list_init(&p->tickers);
   uv_prepare_start(&p->prepare, on_prepare);
   uv_check_start(&p->check, on_check);
   /* The helper handles must not keep the loop alive on their own... except

@@ -1,27 +1,55 @@
 /*
- * progress.h - the progress thread (internal).
+ * progress.h - the progress thread (internal; layer 2, above util only).
  *
- * One per process, shared by every group, started by the first group and
- * joined when the last is destroyed. It runs a libuv loop that:
- *   - takes submitted works and control tasks from a lock-free queue
- *     (producers wake it with uv_async_send only when it sleeps);
- *   - posts works to their backend, and polls backends that asked for it,
- *     spinning for TDIST_SPIN_US after the last activity, then backing off
- *     to timers (1 ms .. TDIST_POLL_MAX_MS), and sleeping with no timer at
- *     all when nothing is in flight, so an idle process uses no CPU;
- *   - enforces op deadlines every TDIST_WATCHDOG_MS while work is in flight;
- *   - fires completion callbacks (from tdist__work_finish).
- * Backends register sockets and timers on tdist__progress_loop() from the
- * progress thread only.
+ * One per process, shared by every group, started with the first reference
+ * and joined with the last. It runs a libuv loop and knows nothing of
+ * groups or works: it offers
+ *   - a lock-free submission queue (tdist__progress_push): nodes whose run
+ *     function is called on the progress thread, oldest first; producers
+ *     wake the loop with uv_async_send only when it sleeps;
+ *   - synchronous calls (tdist__progress_call): run a function there and wait;
+ *   - a deferred queue (tdist__progress_defer): nodes queued on the progress
+ *     thread, run after the current I/O step (libuv's check phase), never
+ *     inside the call chain that queued them. Completions travel this way;
+ *   - pollers that others register (tdist__progress_poller_add), called while
+ *     they report work in flight: spinning for TDIST_SPIN_US after the last
+ *     activity (TDIST_POLL_SPIN_US while a poller is busy), then backing off
+ *     to timers (1 ms .. TDIST_POLL_MAX_MS) for busy pollers, and sleeping
+ *     with no timer at all otherwise, so an idle process uses no CPU;
+ *   - tickers (tdist__progress_ticker_add): a periodic check, every
+ *     TDIST_WATCHDOG_MS while armed and busy (op deadlines);
+ *   - the loop itself (tdist__progress_loop), for sockets and timers that
+ *     code running on the progress thread registers.
  */
 #ifndef TDIST_CORE_PROGRESS_H
 #define TDIST_CORE_PROGRESS_H
 
 #include <uv.h>
 
-#include "core/work.h"
+#include "util/list.h"
 
 typedef struct tdist_progress tdist_progress_t;
+
+/* A node of the submission or deferred queue. */
+typedef struct tdist__qnode {
+  struct tdist__qnode *next;
+  void (*run)(struct tdist__qnode *node); /* called on the progress thread */
+} tdist__qnode_t;
+
+/* A registered poller. fn runs on the progress thread; it returns the number
+ * of things it finished (0 lets the loop back off) and sets *busy when it
+ * still has work in flight (so it wants to be called again). */
+typedef struct tdist__poller {
+  tdist__list_t link; /* (progress) */
+  int (*fn)(struct tdist__poller *self, int *busy);
+} tdist__poller_t;
+
+/* A registered ticker: fn runs on the progress thread every
+ * TDIST_WATCHDOG_MS once armed, until every ticker returns 0 (not busy). */
+typedef struct tdist__ticker {
+  tdist__list_t link; /* (progress) */
+  int (*fn)(struct tdist__ticker *self);
+} tdist__ticker_t;
 
 /* Caller thread: take a reference on the process's progress thread,
  * starting it if needed. */
@@ -33,31 +61,35 @@ int tdist__progress_acquire_existing(tdist_progress_t **out);
  * stops the loop and joins the thread. */
 void tdist__progress_release(tdist_progress_t *p);
 
-/* Any thread: hand a work (or a task's node) to the progress thread. */
+/* Any thread: hand a node to the progress thread. */
 void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node);
 
-/*
- * Any thread: run fn(arg) on the progress thread and wait for it to return.
- * Called on the progress thread itself, runs fn inline. Used by backends to
- * touch the loop from init/split/destroy, and by the core for group
- * (un)registration and on-demand abort.
- */
+/* Any thread: run fn(arg) on the progress thread and wait for it to return.
+ * On the progress thread itself, runs fn inline. */
 void tdist__progress_call(tdist_progress_t *p, void (*fn)(void *arg), void *arg);
 
-/* Progress thread: the loop. */
+/* Progress thread: run node->run(node) after the current I/O step. */
+void tdist__progress_defer(tdist_progress_t *p, tdist__qnode_t *node);
+
+/* Progress thread: take a node off the deferred queue (its owner goes away
+ * before it ran; O(queue length)). */
+void tdist__progress_undefer(tdist_progress_t *p, tdist__qnode_t *node);
+
+/* Progress thread: (un)register a poller. */
+void tdist__progress_poller_add(tdist_progress_t *p, tdist__poller_t *poller);
+void tdist__progress_poller_remove(tdist_progress_t *p, tdist__poller_t *poller);
+
+/* Progress thread: (un)register a ticker; arm the ticks (no-op if running). */
+void tdist__progress_ticker_add(tdist_progress_t *p, tdist__ticker_t *t);
+void tdist__progress_ticker_remove(tdist_progress_t *p, tdist__ticker_t *t);
+void tdist__progress_ticker_arm(tdist_progress_t *p);
+
+/* Progress thread: the loop (sockets, timers). */
 uv_loop_t *tdist__progress_loop(tdist_progress_t *p);
-/* 1 if the calling thread is the progress thread. */
-int tdist__progress_is_current(const tdist_progress_t *p);
-/* Progress thread: note activity so the poller keeps spinning. */
+/* Progress thread: note activity so the pollers keep spinning. */
 void tdist__progress_kick(tdist_progress_t *p);
 
-/* Queue-node run function of a submitted work (ops.c sets it). */
-void tdist__progress_start_work(tdist__qnode_t *node);
-
-/* Progress thread: group registry (called through tdist__progress_call). */
-void tdist__progress_add_group(tdist_progress_t *p, tdist_group_t *g);
-void tdist__progress_remove_group(tdist_progress_t *p, tdist_group_t *g);
-/* Progress thread: the first registered group (follow g->pnext). */
-tdist_group_t *tdist__progress_groups(tdist_progress_t *p);
+/* Any thread: 1 if the calling thread is a progress thread. */
+int tdist__progress_on_thread(void);
 
 #endif

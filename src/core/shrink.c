@@ -19,10 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
 #include "core/group.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/inject.h"
 
 /* 1 if world rank `wr` is in the store's dead set. */
 static int is_dead(tdist_group_t *g, int wr) {
@@ -30,7 +31,7 @@ static int is_dead(tdist_group_t *g, int wr) {
   snprintf(key, sizeof(key), "tdist/dead/%d", wr);
   const char *keys[1] = {key};
   int exists = 0;
-  return tdist_store_check(g->root_store, keys, 1, &exists) == 0 && exists;
+  return tdist_store_check(g->ctx->root, keys, 1, &exists) == 0 && exists;
 }
 
 /* Steps 1 and 2: wait until every rank came or died. in[r] = 1 if r came. */
@@ -117,9 +118,9 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
   if (!out) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_shrink: NULL out-param");
   *out = NULL;
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_shrink: NULL group");
-  if (!g->root_store || !g->ops->shrink)
+  if (!g->ctx->root || !g->bk->caps.shrink || !g->bk->ops->shrink)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "tdist_group_shrink: group '%s' %s", g->name,
-                        g->root_store ? "has a backend that cannot shrink" : "has no store");
+                        g->ctx->root ? "has a backend that cannot shrink" : "has no store");
   unsigned e = atomic_fetch_add(&g->shrink_count, 1);
   in = tdist__calloc((size_t)g->size, 1);
   members = tdist__calloc((size_t)g->size, sizeof(int));
@@ -129,6 +130,7 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
     goto fail;
   }
   int64_t deadline = tdist__now_ms() + atomic_load(&g->timeout_ms);
+  TDIST_CHECKGOTO(tdist__inject("shrink.gather"), rc, fail);
   TDIST_CHECKGOTO(gather_survivors(g, e, in, deadline), rc, fail);
   TDIST_CHECKGOTO(agree(g, e, in, members, &n), rc, fail);
   for (int r = 0, i = 0; r < g->size; r++) {
@@ -147,8 +149,14 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
                       "tdist_group_shrink: rank %d of '%s' was left out by the survivors", g->rank,
                       g->name);
   if (rc) goto fail;
-  TDIST_CHECKGOTO(g->ops->shrink(g, excl, nexcl, child), rc, fail);
-  TDIST_CHECKGOTO(tdist__group_register(child), rc, fail);
+  tdist__bk_params_t p;
+  tdist__bk_out_t bo = {NULL, 0, -1};
+  tdist__group_params(child, &p);
+  p.exclude = excl;
+  p.nexclude = nexcl;
+  TDIST_CHECKGOTO(tdist__inject("shrink.backend"), rc, fail);
+  TDIST_CHECKGOTO(g->bk->ops->shrink(&p, &bo), rc, fail);
+  TDIST_CHECKGOTO(tdist__group_adopt(child, &bo), rc, fail);
   TDIST_WARN(CORE, "group '%s' shrunk to '%s': %d of %d ranks left, now rank %d", g->name,
              child->name, n, g->size, child->rank);
   *out = child;

@@ -1,5 +1,7 @@
 /*
- * trace.c - the flight recorder: recording (progress thread) and JSON dumps.
+ * trace.c - the flight recorder: recording (progress thread) and JSON dumps
+ * (written on the caller's thread or the worker thread, never the progress
+ * thread).
  *
  * Slot of an op = seq % cap. Ops start in sequence order, so the ring holds
  * the last `cap` sequence numbers; an op finished without having started (it
@@ -17,12 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/group.h"
-#include "core/param.h"
-#include "core/progress.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
+#include "util/worker.h"
 
 TDIST_PARAM(TraceBufferSize, "TDIST_TRACE_BUFFER_SIZE", 1024)
 TDIST_PARAM(TraceOnFailure, "TDIST_TRACE_ON_FAILURE", 1)
@@ -37,7 +38,7 @@ tdist__trace_t *tdist__trace_new(void) {
 }
 
 static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
-  r->seq = w->seq;
+  r->seq = w->bop.seq;
   r->op = (int16_t)w->args.type;
   r->dtype = (int16_t)w->args.dtype;
   r->redop = (int16_t)w->args.redop;
@@ -58,22 +59,22 @@ static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
   r->status = state >= TDIST_WORK_COMPLETED ? w->status : 0;
 }
 
-void tdist__trace_start(tdist_group_t *g, const tdist_work_t *w) {
-  tdist__trace_t *t = g->trace;
+void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w) {
   if (!t) return;
-  fill(&t->recs[w->seq % t->cap], w, TDIST_WORK_RUNNING);
-  if (w->seq + 1 > t->recorded) t->recorded = w->seq + 1;
+  uint64_t seq = w->bop.seq;
+  fill(&t->recs[seq % t->cap], w, TDIST_WORK_RUNNING);
+  if (seq + 1 > t->recorded) t->recorded = seq + 1;
 }
 
-void tdist__trace_end(tdist_group_t *g, const tdist_work_t *w, int final_state) {
-  tdist__trace_t *t = g->trace;
+void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w) {
   if (!t) return;
-  tdist__trace_rec_t *r = &t->recs[w->seq % t->cap];
-  if (r->seq != w->seq || r->t_enqueue_ns != w->t_enqueue_ns) {
-    if (w->seq + t->cap < t->recorded) return; /* older than the ring */
-    if (w->seq + 1 > t->recorded) t->recorded = w->seq + 1;
+  uint64_t seq = w->bop.seq;
+  tdist__trace_rec_t *r = &t->recs[seq % t->cap];
+  if (r->seq != seq || r->t_enqueue_ns != w->t_enqueue_ns) {
+    if (seq + t->cap < t->recorded) return; /* older than the ring */
+    if (seq + 1 > t->recorded) t->recorded = seq + 1;
   }
-  fill(r, w, final_state);
+  fill(r, w, tdist__work_state_for(w->status)); /* published after this */
 }
 
 static const char *state_name(int s) {
@@ -98,9 +99,43 @@ static long long wall_us(int64_t mono_ns, int64_t offset_ns) {
   return mono_ns ? (long long)((mono_ns + offset_ns) / 1000) : 0;
 }
 
-/* Write a snapshot (taken on the progress thread) to `path`, through a
- * temporary file renamed into place: a reader never sees half a dump. */
-static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *path) {
+struct tdist__trace_dump {
+  tdist__trace_meta_t m;
+  int *ranks;
+  tdist__trace_t *t; /* copy of the ring */
+};
+
+tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist__trace_meta_t *m) {
+  if (!t) return NULL;
+  size_t bytes = sizeof(*t) + sizeof(tdist__trace_rec_t) * t->cap;
+  tdist__trace_dump_t *d = tdist__calloc(1, sizeof(*d));
+  if (!d) return NULL;
+  d->t = tdist__malloc(bytes);
+  d->ranks = tdist__malloc(sizeof(int) * (size_t)(m->size > 0 ? m->size : 1));
+  if (!d->t || !d->ranks) {
+    tdist__free(d->t);
+    tdist__free(d->ranks);
+    tdist__free(d);
+    return NULL;
+  }
+  memcpy(d->t, t, bytes);
+  memcpy(d->ranks, m->ranks, sizeof(int) * (size_t)m->size);
+  d->m = *m;
+  d->m.ranks = d->ranks;
+  return d;
+}
+
+static void dump_free(tdist__trace_dump_t *d) {
+  tdist__free(d->t);
+  tdist__free(d->ranks);
+  tdist__free(d);
+}
+
+/* Write a snapshot to `path`, through a temporary file renamed into place: a
+ * reader never sees half a dump. */
+static int write_dump(const tdist__trace_dump_t *d, const char *path) {
+  const tdist__trace_t *t = d->t;
+  const tdist__trace_meta_t *g = &d->m;
   char tmp[600];
   snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
   FILE *f = fopen(tmp, "w");
@@ -111,22 +146,24 @@ static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *pat
   char host[64] = "";
   gethostname(host, sizeof(host) - 1);
   uint64_t dropped = t->recorded > t->cap ? t->recorded - t->cap : 0;
-  fprintf(f, "{\"version\": 1, \"host\": ");
+  fprintf(f, "{\"version\": 1, \"job\": ");
+  json_str(f, g->job[0] ? g->job : "-");
+  fprintf(f, ", \"host\": ");
   json_str(f, host);
   fprintf(f, ", \"pid\": %d, \"global_rank\": %d, \"backend\": \"%s\",\n", (int)getpid(),
-          g->global_ranks[g->rank], g->ops->name);
+          g->ranks[g->rank], g->backend);
   fprintf(f, " \"group\": {\"name\": ");
   json_str(f, g->name);
   fprintf(f, ", \"uid\": \"%016llx\", \"rank\": %d, \"size\": %d, \"ranks\": [",
           (unsigned long long)g->uid, g->rank, g->size);
   for (int i = 0; i < g->size; i++)
-    fprintf(f, "%s%d", i ? ", " : "", g->global_ranks[i]);
+    fprintf(f, "%s%d", i ? ", " : "", g->ranks[i]);
   fprintf(f,
           "]},\n \"next_seq\": %llu, \"recorded\": %llu, \"dropped\": %llu, \"aborted\": %s, "
           "\"abort_reason\": ",
-          (unsigned long long)atomic_load(&g->next_seq), (unsigned long long)t->recorded,
-          (unsigned long long)dropped, atomic_load(&g->aborted) ? "true" : "false");
-  json_str(f, atomic_load(&g->aborted) ? g->abort_reason : "");
+          (unsigned long long)g->next_seq, (unsigned long long)t->recorded,
+          (unsigned long long)dropped, g->aborted ? "true" : "false");
+  json_str(f, g->aborted ? g->abort_reason : "");
   fprintf(f, ",\n \"dumped_us\": %lld,\n \"entries\": [\n", wall_us(tdist__now_ns(), offset));
   uint64_t first = dropped;
   int n = 0;
@@ -154,79 +191,49 @@ static int write_dump(tdist_group_t *g, const tdist__trace_t *t, const char *pat
   return 0;
 }
 
-static void default_path(const tdist_group_t *g, char *path, size_t len) {
+static void default_path(const tdist__trace_meta_t *g, char *path, size_t len) {
   const char *prefix = tdist__param_str("TDIST_TRACE_PREFIX", "/tmp/tdist_trace_");
   int n = snprintf(path, len, "%s", prefix);
+  if (g->job[0] && strcmp(g->job, "-") != 0) /* <prefix><job>.<name>.rank<r>.json */
+    n += snprintf(path + n, len - (size_t)n, "%s.", g->job);
+  if (n >= (int)len) n = (int)len - 1;
   for (const char *c = g->name; *c && n < (int)len - 1; c++)
     path[n++] = (*c == '/' || *c == ' ') ? '_' : *c;
-  snprintf(path + n, len - (size_t)n, ".rank%d.json", g->global_ranks[g->rank]);
+  snprintf(path + n, len - (size_t)n, ".rank%d.json", g->ranks[g->rank]);
 }
 
-void tdist__trace_dump_on_failure(tdist_group_t *g) {
-  if (!g->trace || !tdist__param_TraceOnFailure()) return;
-  char path[512];
-  default_path(g, path, sizeof(path));
-  if (write_dump(g, g->trace, path) != 0)
-    TDIST_WARN(CORE, "flight recorder: %s", tdist_last_error());
-  else
-    TDIST_WARN(CORE, "group '%s' failed; flight recorder written to %s", g->name, path);
-}
-
-struct snap {
-  tdist_group_t *g;
-  tdist__trace_t *copy;
-};
-
-static void snapshot_task(void *arg) {
-  struct snap *s = arg;
-  tdist__trace_t *t = s->g->trace;
-  memcpy(s->copy, t, sizeof(*t) + sizeof(tdist__trace_rec_t) * t->cap);
-}
-
-static int dump_one(tdist_group_t *g, const char *path) {
-  if (!g->trace)
-    return tdist__error(TDIST_ERR_INVALID_STATE,
-                        "trace: the flight recorder is off (TDIST_TRACE_BUFFER_SIZE=0)");
-  size_t bytes = sizeof(tdist__trace_t) + sizeof(tdist__trace_rec_t) * g->trace->cap;
-  struct snap s = {g, tdist__malloc(bytes)};
-  if (!s.copy) return tdist__error(TDIST_ERR_NO_MEMORY, "trace: out of memory");
-  tdist__progress_call(g->progress, snapshot_task, &s);
+int tdist__trace_write(tdist__trace_dump_t *d, const char *path) {
   char def[512];
   if (!path) {
-    default_path(g, def, sizeof(def));
+    default_path(&d->m, def, sizeof(def));
     path = def;
   }
-  int rc = write_dump(g, s.copy, path);
-  tdist__free(s.copy);
+  int rc = write_dump(d, path);
+  dump_free(d);
   return rc;
 }
 
-struct all_req {
-  tdist_progress_t *p;
-  tdist_group_t *list[256];
+/* Worker thread: write a failure dump and say so on stderr, one line,
+ * whatever TDIST_DEBUG says (a person looks for it after a failure). */
+static void write_job(void *arg) {
+  tdist__trace_dump_t *d = arg;
+  char path[512], line[700];
+  default_path(&d->m, path, sizeof(path));
+  int rank = d->m.ranks[d->m.rank];
   int n;
-};
-
-static void list_task(void *arg) {
-  struct all_req *r = arg;
-  for (tdist_group_t *g = tdist__progress_groups(r->p); g && r->n < 256; g = g->pnext)
-    r->list[r->n++] = g;
+  if (tdist__trace_write(d, path) != 0)
+    n = snprintf(line, sizeof(line), "tdist: rank %d: flight recorder not written: %s\n", rank,
+                 tdist_last_error());
+  else
+    n = snprintf(line, sizeof(line), "tdist: rank %d: flight recorder written to %s\n", rank,
+                 path);
+  if (n > (int)sizeof(line) - 1) n = (int)sizeof(line) - 1;
+  ssize_t w = write(2, line, (size_t)n);
+  (void)w;
 }
 
-int tdist_dump_trace(tdist_group_t *g, const char *path) {
-  tdist__error_clear();
-  if (g) return dump_one(g, path);
-  if (path)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "tdist_dump_trace: a path needs a group (NULL dumps every group)");
-  struct all_req r = {.p = NULL, .n = 0};
-  if (tdist__progress_acquire_existing(&r.p) != 0) return 0; /* no group exists */
-  tdist__progress_call(r.p, list_task, &r);
-  int rc = 0;
-  for (int i = 0; i < r.n; i++) {
-    int one = dump_one(r.list[i], NULL);
-    if (one != 0 && rc == 0) rc = one;
-  }
-  tdist__progress_release(r.p);
-  return rc;
+void tdist__trace_dump_on_failure(const tdist__trace_t *t, const tdist__trace_meta_t *m) {
+  if (!t || !tdist__param_TraceOnFailure()) return;
+  tdist__trace_dump_t *d = tdist__trace_snapshot(t, m);
+  if (d) tdist__worker_run(write_job, d);
 }

@@ -1,9 +1,12 @@
 /*
- * trace.h - the flight recorder inside the runtime (internal).
+ * trace.h - the flight recorder inside the runtime (internal; layer 4, above
+ * work, progress and util).
  *
- * A ring of the last N ops of a group, written by the progress thread only
- * (when an op starts and when it finishes); dumps take a snapshot on the
- * progress thread, so no lock is needed. Times are CLOCK_MONOTONIC ns,
+ * A passive ring of the last N ops of a group, written by the progress
+ * thread only (when an op starts and when it finishes). A dump is a
+ * snapshot (the ring and a description of the group, taken on the progress
+ * thread by whoever owns the group) written to a file by another thread: the
+ * progress thread never writes files. Times are CLOCK_MONOTONIC ns,
  * converted to wall-clock microseconds when written, so that files of
  * different hosts line up.
  */
@@ -29,12 +32,36 @@ typedef struct tdist__trace {
   tdist__trace_rec_t recs[];
 } tdist__trace_t;
 
+/* What a dump says about its group, besides the ring. */
+typedef struct tdist__trace_meta {
+  char name[96];
+  char backend[16];
+  char job[64]; /* the job's id ("-": unknown) */
+  uint64_t uid;
+  int rank, size;
+  const int *ranks; /* group rank -> world rank (copied by the snapshot) */
+  uint64_t next_seq;
+  int aborted;
+  char abort_reason[256];
+} tdist__trace_meta_t;
+
+typedef struct tdist__trace_dump tdist__trace_dump_t;
+
 /* Caller thread, at group creation: NULL when TDIST_TRACE_BUFFER_SIZE=0. */
 tdist__trace_t *tdist__trace_new(void);
 /* Progress thread. */
-void tdist__trace_start(tdist_group_t *g, const tdist_work_t *w);
-void tdist__trace_end(tdist_group_t *g, const tdist_work_t *w, int final_state);
-/* Progress thread: write g's dump to its default file (after a failure). */
-void tdist__trace_dump_on_failure(tdist_group_t *g);
+void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w);
+void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w);
+
+/* Progress thread: a copy of the ring and of m, or NULL (no memory). */
+tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist__trace_meta_t *m);
+/* Any thread but the progress thread (it writes a file): write d to `path`
+ * (NULL: the default path, TDIST_TRACE_PREFIX + name + rank) and free it.
+ * 0 or TDIST_ERR_IO (message recorded). */
+int tdist__trace_write(tdist__trace_dump_t *d, const char *path);
+/* Progress thread: after a failure (TDIST_TRACE_ON_FAILURE=1), snapshot t
+ * and have the worker thread write it to the default path, with one line on
+ * stderr saying where. */
+void tdist__trace_dump_on_failure(const tdist__trace_t *t, const tdist__trace_meta_t *m);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * work.c - work handles: the pool, reference counting, the state machine and
- * the public tdist_work_* functions.
+ * the public tdist_work_* functions (layer 3: calls progress and util only).
  *
  * Pool: works are carved from the heap in slabs and never returned to it;
  * released works go back on a free list, so once the pool has grown to the
@@ -8,7 +8,7 @@
  * The free list is a mutex-protected stack: submit and release each take the
  * lock once, uncontended in the common case (tens of ns).
  *
- * State: written only by the progress thread (tdist__work_finish), published
+ * State: written only by the progress thread (tdist__work_publish), published
  * with a release store after status and message; readers use acquire loads,
  * so tdist_work_is_completed is one load.
  */
@@ -22,12 +22,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/group.h"
-#include "core/param.h"
-#include "core/trace.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
 
 #define SLAB_WORKS 64
 
@@ -70,7 +68,7 @@ uint64_t tdist__work_pool_size(void) {
   return n;
 }
 
-tdist_work_t *tdist__work_alloc(tdist_group_t *g) {
+tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   pthread_mutex_lock(&pool_mu);
   if (!pool_free && pool_grow() != 0) {
     pthread_mutex_unlock(&pool_mu);
@@ -80,21 +78,26 @@ tdist_work_t *tdist__work_alloc(tdist_group_t *g) {
   pool_free = w->pool_next;
   pthread_mutex_unlock(&pool_mu);
 
-  /* Reset what a previous use left (mu/cv stay initialised). */
+  /* Reset what a previous use left (mu/cv stay initialised; args and the
+   * backend's part of bop are written by their owners). */
   w->qnode.next = NULL;
-  w->prev = w->next = w->pool_next = NULL;
+  w->dnode.next = NULL;
+  tdist__list_init(&w->inflight);
+  w->pool_next = NULL;
   atomic_store_explicit(&w->refs, 2, memory_order_relaxed);
   atomic_store_explicit(&w->state, TDIST_WORK_QUEUED, memory_order_relaxed);
   w->status = TDIST_ERR_IN_PROGRESS;
+  w->completing = 0;
   w->group = g;
-  w->seq = 0; /* args: written whole by the submitter (ops.c) */
-  w->timeout_ms = 0;
+  w->bop.args = &w->args;
+  w->bop.seq = 0;
+  w->bop.timeout_ms = 0;
+  tdist__list_init(&w->bop.link);
   w->t_enqueue_ns = w->t_start_ns = w->t_end_ns = w->deadline_ns = 0;
   w->waiters = 0;
   w->cb = NULL;
   w->cb_arg = NULL;
   w->cb_state = 0;
-  w->bk = NULL;
   w->msg[0] = '\0';
   return w;
 }
@@ -109,7 +112,7 @@ void tdist__work_unref(tdist_work_t *w) {
   pthread_mutex_unlock(&pool_mu);
 }
 
-static int state_for(int status) {
+int tdist__work_state_for(int status) {
   switch (status) {
   case 0: return TDIST_WORK_COMPLETED;
   case TDIST_ERR_TIMEOUT: return TDIST_WORK_TIMED_OUT;
@@ -119,27 +122,17 @@ static int state_for(int status) {
   }
 }
 
-void tdist__work_finish(tdist_work_t *w, int status, const char *fmt, ...) {
-  tdist_group_t *g = w->group;
-  assert(!tdist__work_done(w));
-  if (status != 0) {
-    int n = snprintf(w->msg, sizeof(w->msg),
-                     "%s seq %llu of group '%s' (rank %d/%d): ", tdist_op_name(w->args.type),
-                     (unsigned long long)w->seq, g->name, g->rank, g->size);
-    if (n < 0 || n >= (int)sizeof(w->msg)) n = 0;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(w->msg + n, sizeof(w->msg) - (size_t)n, fmt, ap);
-    va_end(ap);
-    TDIST_INFO(CORE, "work failed: %s (%s)", w->msg, tdist_err_name(status));
-  }
-  w->t_end_ns = tdist__now_ns();
-  w->status = status; /* read by others only after the state's release store */
-  tdist__trace_end(g, w, state_for(status));
-  if (w->prev || w->next || g->inflight_head == w) tdist__group_inflight_remove(g, w);
+void tdist__work_running(tdist_work_t *w) {
+  w->t_start_ns = tdist__now_ns();
+  atomic_store_explicit(&w->state, TDIST_WORK_RUNNING, memory_order_release);
+}
 
+void tdist__work_publish(tdist_work_t *w) {
+  assert(!tdist__work_done(w));
+  if (!w->t_end_ns) w->t_end_ns = tdist__now_ns();
   pthread_mutex_lock(&w->mu);
-  atomic_store_explicit(&w->state, state_for(status), memory_order_release);
+  /* status and msg were written before: readers see them after this. */
+  atomic_store_explicit(&w->state, tdist__work_state_for(w->status), memory_order_release);
   tdist_work_cb_t cb = NULL;
   if (w->cb_state == 1) {
     cb = w->cb;
@@ -147,10 +140,7 @@ void tdist__work_finish(tdist_work_t *w, int status, const char *fmt, ...) {
   }
   if (w->waiters) pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-
   if (cb) cb(w, w->cb_arg);
-  tdist__group_work_done(g);
-  tdist__work_unref(w);
 }
 
 /* ---- public API --------------------------------------------------------- */
@@ -176,13 +166,13 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *w) {
   return w ? w->args.type : TDIST_OPTYPE_COUNT;
 }
 
-uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->seq : 0; }
+uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->bop.seq : 0; }
 
-/* Wait until done or until the absolute CLOCK_MONOTONIC deadline (ns).
- * Most small ops finish within microseconds, and a futex sleep/wake costs
- * more than that, so first spin: 2 us busy, then yielding the CPU until
- * TDIST_WAIT_SPIN_NS (yielding matters when threads outnumber cores: the
- * progress thread may need this core to finish the op). */
+/* Wait until done or until the absolute CLOCK_MONOTONIC deadline (ns; 0:
+ * none). Most small ops finish within microseconds, and a futex sleep/wake
+ * costs more than that, so first spin: 2 us busy, then yielding the CPU
+ * until TDIST_WAIT_SPIN_NS (yielding matters when threads outnumber cores:
+ * the progress thread may need this core to finish the op). */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   int64_t start = tdist__now_ns(), now = start;
   int64_t spin_end = start + tdist__param_WaitSpinNs();
@@ -195,6 +185,10 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   w->waiters++;
   int timed_out = 0;
   while (!tdist__work_done(w) && !timed_out) {
+    if (!deadline_ns) {
+      pthread_cond_wait(&w->cv, &w->mu);
+      continue;
+    }
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT) timed_out = 1;
   }
@@ -203,29 +197,23 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   return tdist__work_done(w) ? w->status : TDIST_ERR_IN_PROGRESS;
 }
 
-/* With timeout_ms <= 0 the op's own deadline bounds the wait; the watchdog
- * fails the op shortly after it, so allow it a grace period to do so. */
-static int64_t wait_deadline(const tdist_work_t *w, int64_t timeout_ms) {
-  if (timeout_ms > 0) return tdist__now_ns() + timeout_ms * 1000000;
-  return (w->deadline_ns ? w->deadline_ns : tdist__now_ns()) + 5000000000LL;
+/* A wait that could never end: the progress thread (a completion callback)
+ * would wait for itself. */
+static int refuse_on_progress(const char *fn) {
+  return tdist__error(TDIST_ERR_INVALID_STATE,
+                      "%s: blocking wait on the progress thread (from a completion callback); "
+                      "use tdist_work_is_completed or another callback",
+                      fn);
 }
 
+/* timeout_ms <= 0 waits for the op itself: its deadline is enforced by the
+ * watchdog, which finishes it (TIMED_OUT) at the deadline, so the wait always
+ * ends, and never returns while the op still owns the caller's buffers. */
 int tdist_work_wait(tdist_work_t *w, int64_t timeout_ms) {
   if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait: NULL work");
   if (tdist__work_done(w)) return w->status;
-  return wait_until(w, wait_deadline(w, timeout_ms));
-}
-
-int tdist_work_wait_stream(tdist_work_t *w, void *stream) {
-  if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait_stream: NULL work");
-  const tdist__backend_ops_t *ops = w->group->ops;
-  if (!ops->wait_stream)
-    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
-                        "tdist_work_wait_stream: backend '%s' has no streams; use "
-                        "tdist_work_wait",
-                        ops->name);
-  if (tdist__work_done(w) && w->status != 0) return w->status;
-  return ops->wait_stream(w->group, w, stream);
+  if (tdist__progress_on_thread()) return refuse_on_progress("tdist_work_wait");
+  return wait_until(w, timeout_ms > 0 ? tdist__now_ns() + timeout_ms * 1000000 : 0);
 }
 
 int tdist_work_on_complete(tdist_work_t *w, tdist_work_cb_t cb, void *arg) {
@@ -263,8 +251,9 @@ int tdist_wait_all(tdist_work_t *const *works, size_t n, int64_t timeout_ms) {
   for (size_t i = 0; i < n; i++) {
     tdist_work_t *w = works[i];
     if (!w) continue;
-    int rc =
-        tdist__work_done(w) ? w->status : wait_until(w, deadline ? deadline : wait_deadline(w, 0));
+    if (!tdist__work_done(w) && tdist__progress_on_thread())
+      return refuse_on_progress("tdist_wait_all");
+    int rc = tdist__work_done(w) ? w->status : wait_until(w, deadline);
     if (rc == TDIST_ERR_IN_PROGRESS) return rc;
     if (rc != 0 && first_err == 0) first_err = rc;
   }
@@ -273,18 +262,14 @@ int tdist_wait_all(tdist_work_t *const *works, size_t n, int64_t timeout_ms) {
 
 int tdist_wait_any(tdist_work_t *const *works, size_t n, int64_t timeout_ms, size_t *index) {
   size_t live = 0;
-  int64_t own_deadline = 0;
   for (size_t i = 0; works && i < n; i++)
-    if (works[i]) {
-      live++;
-      int64_t d = wait_deadline(works[i], 0);
-      if (!own_deadline || d > own_deadline) own_deadline = d;
-    }
+    if (works[i]) live++;
   if (!live || !index)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_wait_any: no work to wait for");
-  int64_t deadline = timeout_ms > 0 ? tdist__now_ns() + timeout_ms * 1000000 : own_deadline;
+  int64_t deadline = timeout_ms > 0 ? tdist__now_ns() + timeout_ms * 1000000 : 0;
   /* No shared condition variable spans several works: poll with a short
-   * sleep that grows to 1 ms, which bounds the added latency. */
+   * sleep that grows to 1 ms, which bounds the added latency. Without a
+   * timeout each work's own deadline ends the wait (the watchdog). */
   long sleep_ns = 1000;
   for (;;) {
     for (size_t i = 0; i < n; i++)
@@ -292,7 +277,8 @@ int tdist_wait_any(tdist_work_t *const *works, size_t n, int64_t timeout_ms, siz
         *index = i;
         return works[i]->status;
       }
-    if (tdist__now_ns() >= deadline) return TDIST_ERR_IN_PROGRESS;
+    if (tdist__progress_on_thread()) return refuse_on_progress("tdist_wait_any");
+    if (deadline && tdist__now_ns() >= deadline) return TDIST_ERR_IN_PROGRESS;
     struct timespec ts = {0, sleep_ns};
     nanosleep(&ts, NULL);
     if (sleep_ns < 1000000) sleep_ns *= 2;

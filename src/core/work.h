@@ -1,11 +1,17 @@
 /*
- * work.h - work handles inside the runtime (internal).
+ * work.h - work handles inside the runtime (internal; layer 3, above the
+ * progress layer and util).
  *
  * Ownership: a work is created by the submitting thread with two references,
  * the caller's (dropped by tdist_work_release) and the runtime's (dropped by
- * the progress thread after the completion callback ran). It returns to the
- * pool when both are gone. Only the progress thread changes its state, always
- * through tdist__work_finish; other threads only read it.
+ * the progress thread once the work is finished and its callback ran). It
+ * returns to the pool when both are gone.
+ *
+ * State: QUEUED at allocation; RUNNING when the progress thread starts it
+ * (tdist__work_running); terminal when the progress thread publishes it
+ * (tdist__work_publish), which the group layer calls when it finishes a work
+ * (a backend's deferred completion, a failure, a timeout, an abort). Only the
+ * progress thread changes the state; other threads read it (acquire).
  */
 #ifndef TDIST_CORE_WORK_H
 #define TDIST_CORE_WORK_H
@@ -13,45 +19,27 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "core/backend.h"
+#include "core/progress.h"
 #include "tdist/tdist.h"
+#include "util/list.h"
 
-/* A node of the caller -> progress thread queue (works and control tasks). */
-typedef struct tdist__qnode {
-  struct tdist__qnode *next;
-  void (*run)(struct tdist__qnode *node); /* called on the progress thread */
-} tdist__qnode_t;
+struct tdist_group;
 
 #define TDIST__P2P_INLINE 4
-#define TDIST__WORK_BK_INLINE 256
-
-/* The op as the caller described it, after validation. The meaning of count
- * is the public one (per rank block for all_gather, scatter, ...). */
-typedef struct tdist__op_args {
-  tdist_optype_t type;
-  const void *sendbuf;
-  void *recvbuf; /* == sendbuf-equivalent for in-place ops; broadcast: buf */
-  size_t count;
-  tdist_dtype_t dtype;
-  tdist_redop_t redop;
-  double scalar; /* PREMUL_SUM factor */
-  int root;      /* root (rooted collectives) or peer (send/recv), group rank */
-  int tag;
-  void *stream;        /* caller's CUDA stream, or NULL */
-  tdist_p2p_op_t *p2p; /* batch ops (points at p2p_inline or an allocation) */
-  int np2p;
-} tdist__op_args_t;
 
 struct tdist_work {
-  tdist__qnode_t qnode;           /* submission queue link */
-  struct tdist_work *prev, *next; /* group's in-flight list (progress thread) */
-  struct tdist_work *pool_next;   /* free list */
+  tdist__qnode_t qnode;         /* submission queue link (first member) */
+  tdist__qnode_t dnode;         /* deferred completion (progress) */
+  tdist__list_t inflight;       /* group's in-flight list (progress) */
+  struct tdist_work *pool_next; /* free list (pool mutex) */
   _Atomic int refs;
   _Atomic int state; /* tdist_work_state_t, release-stored */
   int status;        /* valid once state is terminal */
-  tdist_group_t *group;
-  uint64_t seq;
-  tdist__op_args_t args;
-  int64_t timeout_ms;
+  int completing;    /* (progress) a completion is queued: status and msg are set */
+  struct tdist_group *group;
+  tdist__op_args_t args; /* (caller) the validated op */
+  tdist__bk_op_t bop;    /* what the backend sees: bop.args == &args */
   int64_t t_enqueue_ns, t_start_ns, t_end_ns, deadline_ns;
 
   /* Completion: waiters block on cv; cb runs once. Guarded by mu. */
@@ -62,42 +50,38 @@ struct tdist_work {
   void *cb_arg;
   int cb_state; /* 0 none, 1 registered, 2 ran */
 
-  /* Backend-private per-op state: bk is the backend's to use; bk_inline is
-   * scratch it may use without allocating. Both are left as they were by the
-   * previous use of the handle: the backend initialises what it reads. */
-  void *bk;
-  _Alignas(16) unsigned char bk_inline[TDIST__WORK_BK_INLINE];
-
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
   char msg[320];
 };
 
-/* Caller thread: a fresh work (refs = 2, state QUEUED) for group g; the
+/* The work that holds a backend op. */
+static inline tdist_work_t *tdist__work_of(tdist__bk_op_t *op) {
+  return tdist__list_entry(op, tdist_work_t, bop);
+}
+
+/* Caller thread: a fresh work (refs = 2, state QUEUED) of group g; the
  * caller fills in w->args whole (they are left as the last use had them). */
-tdist_work_t *tdist__work_alloc(tdist_group_t *g);
+tdist_work_t *tdist__work_alloc(struct tdist_group *g);
 /* Drop one reference; the last returns the work to the pool. Any thread. */
 void tdist__work_unref(tdist_work_t *w);
 
+/* Progress thread: QUEUED -> RUNNING. */
+void tdist__work_running(tdist_work_t *w);
+
 /*
- * Progress thread only: move w to its terminal state. status 0 -> COMPLETED,
- * TDIST_ERR_TIMEOUT -> TIMED_OUT, ABORTED/REMOTE_FAILED -> ABORTED, other
- * negatives -> FAILED. For failures the message is "<op> seq <n> of group
- * '<name>' (rank r/size): <fmt...>". Removes w from its group's in-flight
- * list, wakes waiters, runs the callback and drops the runtime's reference:
- * w must not be used by the caller of this function afterwards.
- * Calling it twice for one work is a bug (asserted).
+ * Progress thread: publish the terminal state for w->status (0 ->
+ * COMPLETED, TIMEOUT -> TIMED_OUT, ABORTED/REMOTE_FAILED -> ABORTED, others
+ * FAILED; w->msg already written), wake the waiters and run the callback.
+ * The caller (group layer) drops the runtime's reference afterwards.
  */
-void tdist__work_finish(tdist_work_t *w, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void tdist__work_publish(tdist_work_t *w);
+
+/* The terminal state a status leads to. */
+int tdist__work_state_for(int status);
 
 static inline int tdist__work_done(const tdist_work_t *w) {
   return atomic_load_explicit(&((tdist_work_t *)w)->state, memory_order_acquire) >=
          TDIST_WORK_COMPLETED;
-}
-
-/* Size in bytes of `count` elements of the work's dtype. */
-static inline size_t tdist__work_bytes(const tdist_work_t *w, size_t count) {
-  return count * tdist_dtype_size(w->args.dtype);
 }
 
 /* Total works ever carved from the heap (benchmark: steady state = flat). */

@@ -14,7 +14,8 @@
  *   gather, scatter, all_to_all   direct, one round
  *   reduce_scatter  ring in segments over a working copy
  *   barrier         dissemination
- * Progress thread (setup runs in post).
+ * Progress thread: setup runs in post, the rounds in the engine; an op
+ * belongs to its group (cpu.h).
  */
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,13 +23,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/error.h"
 #include "cpu/cpu.h"
 
-enum { ALG_NONE, ALG_RD, ALG_RING, ALG_TREE, ALG_CHAIN, ALG_DIRECT };
-
-int cpu_op_reserve(cpu_op_t *op, int n) {
+int tdist__cpu_op_reserve(cpu_op_t *op, int n) {
   if (n <= op->cap) return 0;
   cpu_xfer_t *s = tdist__realloc(op->sends, sizeof(cpu_xfer_t) * (size_t)n);
   if (!s) return TDIST_ERR_NO_MEMORY;
@@ -40,13 +39,13 @@ int cpu_op_reserve(cpu_op_t *op, int n) {
   return 0;
 }
 
-int cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len) {
+int tdist__cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len) {
   cpu_xfer_t *x = &op->sends[op->nsend++];
   *x = (cpu_xfer_t){.op = op, .peer = peer, .ptr = (uint8_t *)ptr, .len = len};
   return 0;
 }
 
-int cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce) {
+int tdist__cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce) {
   cpu_xfer_t *x = &op->recvs[op->nrecv++];
   *x = (cpu_xfer_t){.op = op, .peer = peer, .ptr = ptr, .len = len, .reduce = reduce};
   return 0;
@@ -91,9 +90,9 @@ static int rd_round(cpu_op_t *op, int k) {
   if (k == 0) {
     if (r < 2 * extra) {
       if (r % 2 == 0)
-        cpu_op_send(op, r + 1, op->buf, len);
+        tdist__cpu_op_send(op, r + 1, op->buf, len);
       else
-        cpu_op_recv(op, r - 1, op->buf, len, 1);
+        tdist__cpu_op_recv(op, r - 1, op->buf, len, 1);
     }
     return 0;
   }
@@ -102,16 +101,16 @@ static int rd_round(cpu_op_t *op, int k) {
     if (nr < 0) return 0;
     int pn = nr ^ (1 << (k - 1));
     int p = pn < extra ? pn * 2 + 1 : pn + extra;
-    cpu_op_send(op, p, op->buf, len);
-    cpu_op_recv(op, p, op->buf, len, 1);
+    tdist__cpu_op_send(op, p, op->buf, len);
+    tdist__cpu_op_recv(op, p, op->buf, len, 1);
     return 0;
   }
   if (k == logp + 1) {
     if (r < 2 * extra) {
       if (r % 2)
-        cpu_op_send(op, r - 1, op->buf, len);
+        tdist__cpu_op_send(op, r - 1, op->buf, len);
       else
-        cpu_op_recv(op, r + 1, op->buf, len, 0);
+        tdist__cpu_op_recv(op, r + 1, op->buf, len, 0);
     }
     return 0;
   }
@@ -129,13 +128,13 @@ static int ring_round(cpu_op_t *op, int k) {
   int rc = phase == 0 ? mod(r - step - 2, n) : mod(r - step - 1, n);
   size_t sl = seg_of(op, op->count, sc, j, op->buf, &sp);
   size_t rl = seg_of(op, op->count, rc, j, op->buf, &rp);
-  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
-  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, phase == 0);
+  if (sl) tdist__cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) tdist__cpu_op_recv(op, mod(r - 1, n), rp, rl, phase == 0);
   return 0;
 }
 
 static void avg_finish(cpu_op_t *op) {
-  if (op->redop == TDIST_AVG) cpu_divide(op->buf, op->count, op->dtype, op->size);
+  if (op->redop == TDIST_AVG) tdist__cpu_divide(op->buf, op->count, op->dtype, op->size);
 }
 
 /* ---- reduce_scatter ---------------------------------------------------------------- */
@@ -150,8 +149,8 @@ static int rs_round(cpu_op_t *op, int k) {
   uint8_t *sp, *rp;
   size_t sl = seg_of(op, total, mod(r - step - 1, n), j, op->tmp, &sp);
   size_t rl = seg_of(op, total, mod(r - step - 2, n), j, op->tmp, &rp);
-  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
-  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, 1);
+  if (sl) tdist__cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) tdist__cpu_op_recv(op, mod(r - 1, n), rp, rl, 1);
   return 0;
 }
 
@@ -175,9 +174,9 @@ static int bcast_tree_round(cpu_op_t *op, int k) {
   if (k >= log2_ceil(n)) return 1;
   size_t len = op->count * op->es;
   if (vr < mask) {
-    if (vr + mask < n) cpu_op_send(op, (vr + mask + op->root) % n, op->buf, len);
+    if (vr + mask < n) tdist__cpu_op_send(op, (vr + mask + op->root) % n, op->buf, len);
   } else if (vr < 2 * mask) {
-    cpu_op_recv(op, (vr - mask + op->root) % n, op->buf, len, 0);
+    tdist__cpu_op_recv(op, (vr - mask + op->root) % n, op->buf, len, 0);
   }
   return 0;
 }
@@ -191,11 +190,11 @@ static int bcast_chain_round(cpu_op_t *op, int k) {
   int rs = k - i + 1, ss = k - i;
   if (i > 0 && rs >= 0 && rs < op->nseg) {
     size_t off = (size_t)rs * op->seg, l = len - off < op->seg ? len - off : op->seg;
-    cpu_op_recv(op, (op->rank - 1 + n) % n, op->buf + off, l, 0);
+    tdist__cpu_op_recv(op, (op->rank - 1 + n) % n, op->buf + off, l, 0);
   }
   if (i < n - 1 && ss >= 0 && ss < op->nseg) {
     size_t off = (size_t)ss * op->seg, l = len - off < op->seg ? len - off : op->seg;
-    cpu_op_send(op, (op->rank + 1) % n, op->buf + off, l);
+    tdist__cpu_op_send(op, (op->rank + 1) % n, op->buf + off, l);
   }
   return 0;
 }
@@ -205,9 +204,9 @@ static int reduce_tree_round(cpu_op_t *op, int k) {
   if (k >= log2_ceil(n)) return 1;
   size_t len = op->count * op->es;
   if (vr % (2 * mask) == 0) {
-    if (vr + mask < n) cpu_op_recv(op, (vr + mask + op->root) % n, op->buf, len, 1);
+    if (vr + mask < n) tdist__cpu_op_recv(op, (vr + mask + op->root) % n, op->buf, len, 1);
   } else if (vr % (2 * mask) == mask) {
-    cpu_op_send(op, (vr - mask + op->root) % n, op->buf, len);
+    tdist__cpu_op_send(op, (vr - mask + op->root) % n, op->buf, len);
   }
   return 0;
 }
@@ -223,8 +222,8 @@ static int allgather_direct_round(cpu_op_t *op, int k) {
   size_t len = op->count * op->es;
   for (int j = 0; j < op->size; j++) {
     if (j == op->rank) continue;
-    cpu_op_send(op, j, op->buf + (size_t)op->rank * len, len);
-    cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+    tdist__cpu_op_send(op, j, op->buf + (size_t)op->rank * len, len);
+    tdist__cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
   }
   return 0;
 }
@@ -239,45 +238,45 @@ static int allgather_ring_round(cpu_op_t *op, int k) {
   uint8_t *sp, *rp;
   size_t sl = seg_of(op, total, mod(r - step, n), j, op->buf, &sp);
   size_t rl = seg_of(op, total, mod(r - step - 1, n), j, op->buf, &rp);
-  if (sl) cpu_op_send(op, (r + 1) % n, sp, sl);
-  if (rl) cpu_op_recv(op, mod(r - 1, n), rp, rl, 0);
+  if (sl) tdist__cpu_op_send(op, (r + 1) % n, sp, sl);
+  if (rl) tdist__cpu_op_recv(op, mod(r - 1, n), rp, rl, 0);
   return 0;
 }
 
 static int gather_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = &op->w->args;
+  const tdist__op_args_t *a = op->args;
   if (op->rank != op->root) {
-    cpu_op_send(op, op->root, a->sendbuf, len);
+    tdist__cpu_op_send(op, op->root, a->sendbuf, len);
     return 0;
   }
   for (int j = 0; j < op->size; j++)
-    if (j != op->rank) cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+    if (j != op->rank) tdist__cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
   return 0;
 }
 
 static int scatter_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = &op->w->args;
+  const tdist__op_args_t *a = op->args;
   if (op->rank != op->root) {
-    cpu_op_recv(op, op->root, op->buf, len, 0);
+    tdist__cpu_op_recv(op, op->root, op->buf, len, 0);
     return 0;
   }
   for (int j = 0; j < op->size; j++)
-    if (j != op->rank) cpu_op_send(op, j, (const uint8_t *)a->sendbuf + (size_t)j * len, len);
+    if (j != op->rank) tdist__cpu_op_send(op, j, (const uint8_t *)a->sendbuf + (size_t)j * len, len);
   return 0;
 }
 
 static int alltoall_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const uint8_t *sb = op->w->args.sendbuf;
+  const uint8_t *sb = op->args->sendbuf;
   for (int j = 0; j < op->size; j++) {
     if (j == op->rank) continue;
-    cpu_op_send(op, j, sb + (size_t)j * len, len);
-    cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
+    tdist__cpu_op_send(op, j, sb + (size_t)j * len, len);
+    tdist__cpu_op_recv(op, j, op->buf + (size_t)j * len, len, 0);
   }
   return 0;
 }
@@ -285,8 +284,8 @@ static int alltoall_round(cpu_op_t *op, int k) {
 static int barrier_round(cpu_op_t *op, int k) {
   int n = op->size, mask = 1 << k;
   if (mask >= n) return 1;
-  cpu_op_send(op, (op->rank + mask) % n, NULL, 0);
-  cpu_op_recv(op, mod(op->rank - mask, n), NULL, 0, 0);
+  tdist__cpu_op_send(op, (op->rank + mask) % n, NULL, 0);
+  tdist__cpu_op_recv(op, mod(op->rank - mask, n), NULL, 0, 0);
   return 0;
 }
 
@@ -300,7 +299,7 @@ static int no_round(cpu_op_t *op, int k) { return 1; }
  * their progress threads take turns anyway, and every round costs
  * wake-ups and switches: 2 MiB is faster there (n=4 on 2 CPUs, 16 MiB
  * all_reduce 31.0 -> 27.3 ms, all_gather 67.7 -> 59.0 ms). */
-size_t cpu_seg_bytes(void) {
+size_t tdist__cpu_seg_bytes(void) {
   static _Atomic long cached = -1;
   long v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v >= 0) return (size_t)v;
@@ -318,7 +317,7 @@ size_t cpu_seg_bytes(void) {
 }
 
 static int use_tmp(cpu_op_t *op, size_t bytes) {
-  op->tmp = cpu_buf_get(op->cg->ctx, bytes);
+  op->tmp = tdist__cpu_buf_get(op->cg->ctx, bytes);
   if (!op->tmp) return TDIST_ERR_NO_MEMORY;
   op->tmp_cap = bytes;
   return 0;
@@ -328,21 +327,21 @@ static void copy_in(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memcpy(dst, src, bytes);
 }
 
-int cpu_algo_setup(cpu_op_t *op) {
-  const tdist__op_args_t *a = &op->w->args;
+int tdist__cpu_algo_setup(cpu_op_t *op) {
+  const tdist__op_args_t *a = op->args;
   int n = op->size;
   size_t bytes = op->count * op->es;
-  op->seg = cpu_seg_bytes();
+  op->seg = tdist__cpu_seg_bytes();
   if (op->seg < 4096) op->seg = 4096;
   op->seg -= op->seg % op->es;
   op->buf = a->recvbuf;
   op->round_fn = no_round;
   op->finish_fn = NULL;
-  TDIST_CHECK(cpu_op_reserve(op, n + 1));
+  TDIST_CHECK(tdist__cpu_op_reserve(op, n + 1));
   switch (op->type) {
   case TDIST_OP_ALL_REDUCE:
     copy_in(op->buf, a->sendbuf, bytes);
-    if (op->redop == TDIST_PREMUL_SUM) cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    if (op->redop == TDIST_PREMUL_SUM) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
     op->finish_fn = avg_finish;
     if (n == 1) break;
     if (bytes < (size_t)tdist__param_CpuRingBytes() || op->count < (size_t)n) {
@@ -358,7 +357,7 @@ int cpu_algo_setup(cpu_op_t *op) {
     TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
     copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
     if (op->redop == TDIST_PREMUL_SUM)
-      cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
+      tdist__cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
     op->finish_fn = rs_finish;
     if (n == 1) break;
     op->nseg = nseg_for(op, op->count * (size_t)n);
@@ -379,7 +378,7 @@ int cpu_algo_setup(cpu_op_t *op) {
       op->buf = op->tmp;
     }
     copy_in(op->buf, a->sendbuf, bytes);
-    if (op->redop == TDIST_PREMUL_SUM) cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    if (op->redop == TDIST_PREMUL_SUM) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
     op->finish_fn = reduce_finish;
     if (n > 1) op->round_fn = reduce_tree_round;
     break;

@@ -1,182 +1,221 @@
 /*
- * backend.c - the CPU backend's vtable (tdist__cpu_backend): groups (init,
- * split, shrink, destroy) over the process's connections, posting an op to
- * the round engine (engine.c), and abort.
+ * backend.c - the CPU backend as the core sees it (tdist__cpu_backend, the
+ * contract of core/backend.h): groups (init, split, shrink, destroy) over
+ * the process's connections, posting an op to the engine (engine.c), and
+ * abort.
  *
- * Threads: init/split/shrink/destroy run on the caller's thread and reach the
- * progress thread with tdist__progress_call; post and abort run on the
- * progress thread. A cpu_group_t belongs to its tdist group (g->bstate).
+ * Threads: init/split/shrink/destroy run on the caller's thread and reach
+ * the progress thread with tdist__progress_call; post and abort run on the
+ * progress thread, called by the core at top level, so they may run the
+ * engine (tdist__cpu_run_ready) before returning.
+ *
+ * Ownership: a cpu_group_t is the `state` the core holds for its group. It
+ * is built here on the caller thread from the core's parameters (copies of
+ * rank, size, uid, name, the rank map, and the core's handle for
+ * tdist__bk_fail), handed to the progress thread by register_task, taken
+ * back by unregister_task and freed by destroy. The core's op
+ * (tdist__bk_op_t) is ours from post until we complete it or abort returns;
+ * its engine state is a cpu_op_t from the group's pool, at op->priv.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/error.h"
 #include "cpu/cpu.h"
 
-/* ---- the vtable -------------------------------------------------------------------- */
+/* ---- groups -------------------------------------------------------------------- */
 
-struct reg {
-  cpu_group_t *cg;
-};
-
+/* Progress thread: cg joins its ctx's registry and claims the messages that
+ * arrived before it existed here. */
 static void register_task(void *arg) {
   cpu_group_t *cg = arg;
   cpu_ctx_t *ctx = cg->ctx;
-  cg->next = ctx->groups;
-  if (ctx->groups) ctx->groups->prev = cg;
-  ctx->groups = cg;
-  /* Claim messages that arrived before this group existed here. */
-  for (cpu_ux_t *u = ctx->orphans, *next; u; u = next) {
-    next = u->next;
-    if (u->hdr.uid != cg->g->uid) continue;
-    cpu_ux_unlink(&ctx->orphans, u);
-    cpu_ux_append(&cg->ux, u);
+  tdist__list_push_back(&ctx->groups, &cg->link);
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &ctx->orphans) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if (u->hdr.uid != cg->uid) continue;
+    tdist__list_remove(n);
+    tdist__list_push_back(&cg->ux, n);
   }
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
-    if (c && c->rx_body && c->rx_ux && !c->rx_g && c->rh.uid == cg->g->uid &&
+    if (c && c->rx_body && c->rx_ux && !c->rx_g && c->rh.uid == cg->uid &&
         c->rh.kind != CPU_MSG_ERR)
       c->rx_g = cg; /* the orphan being read now is ours */
   }
 }
 
-static int attach(tdist_group_t *g, cpu_ctx_t *ctx) {
+static void group_free(cpu_group_t *cg) {
+  if (!cg) return;
+  tdist__free(cg->conns);
+  tdist__free(cg->global_ranks);
+  tdist__free(cg->grank);
+  tdist__free(cg);
+}
+
+/* Caller thread: a cpu_group_t for the group p describes, over ctx (whose
+ * reference it takes over), registered on the progress thread. */
+static int attach(const tdist__bk_params_t *p, cpu_ctx_t *ctx, tdist__bk_out_t *out) {
   cpu_group_t *cg = tdist__calloc(1, sizeof(*cg));
-  if (!cg) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-  cg->conns = tdist__calloc((size_t)g->size, sizeof(cpu_conn_t *));
-  if (!cg->conns) {
-    tdist__free(cg);
+  if (cg) {
+    cg->conns = tdist__calloc((size_t)p->size, sizeof(cpu_conn_t *));
+    cg->global_ranks = tdist__calloc((size_t)p->size, sizeof(int));
+    cg->grank = tdist__calloc((size_t)ctx->size, sizeof(int));
+  }
+  if (!cg || !cg->conns || !cg->global_ranks || !cg->grank) {
+    group_free(cg);
     return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
   }
   cg->ctx = ctx;
-  cg->g = g;
-  cpu_cma_group_init(cg);
-  for (int i = 0; i < g->size; i++)
-    cg->conns[i] = i == g->rank ? NULL : ctx->conns[g->global_ranks[i]];
-  g->bstate = cg;
-  tdist__progress_call(g->progress, register_task, cg);
+  cg->bk = p->group;
+  cg->progress = p->progress;
+  cg->rank = p->rank;
+  cg->size = p->size;
+  cg->uid = p->uid;
+  snprintf(cg->name, sizeof(cg->name), "%s", p->name ? p->name : "");
+  for (int w = 0; w < ctx->size; w++)
+    cg->grank[w] = -1;
+  for (int i = 0; i < p->size; i++) {
+    int w = p->global_ranks[i];
+    if (w < 0 || w >= ctx->size) {
+      group_free(cg);
+      return tdist__error(TDIST_ERR_INTERNAL, "cpu: group '%s': rank %d is world rank %d of %d",
+                          p->name, i, w, ctx->size);
+    }
+    cg->global_ranks[i] = w;
+    cg->grank[w] = i;
+    cg->conns[i] = i == p->rank ? NULL : ctx->conns[w];
+  }
+  tdist__list_init(&cg->link);
+  tdist__list_init(&cg->ops);
+  tdist__list_init(&cg->free_ops);
+  tdist__list_init(&cg->ux);
+  tdist__list_init(&cg->precv);
+  tdist__cpu_cma_group_init(cg);
+  tdist__progress_call(cg->progress, register_task, cg);
+  out->state = cg;
+  out->needs_poll = 0; /* sockets and timers wake the loop */
+  out->device = -1;
   return 0;
 }
 
-static int cpu_init(tdist_group_t *g, const void *arg) {
+static int cpu_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   cpu_ctx_t *ctx = NULL;
-  TDIST_CHECK(cpu_ctx_create(g, &ctx));
-  int rc = attach(g, ctx);
-  if (rc) cpu_ctx_release(ctx);
+  TDIST_CHECK(tdist__cpu_ctx_create(p, &ctx));
+  int rc = attach(p, ctx, out);
+  if (rc) tdist__cpu_ctx_release(ctx);
   return rc;
 }
 
 static void ref_task(void *arg) { ((cpu_ctx_t *)arg)->refs++; }
 
-static int cpu_split(tdist_group_t *parent, int color, tdist_group_t *child) {
-  if (!child) return 0;
-  cpu_ctx_t *ctx = ((cpu_group_t *)parent->bstate)->ctx;
-  tdist__progress_call(parent->progress, ref_task, ctx);
-  int rc = attach(child, ctx);
-  if (rc) cpu_ctx_release(ctx);
+/* Members of the child only: it uses the parent's connections (no
+ * communication, so non-members have nothing to do). */
+static int cpu_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+  if (p->color == TDIST__NOCOLOR || !p->group) return 0;
+  cpu_ctx_t *ctx = ((cpu_group_t *)p->parent)->ctx;
+  tdist__progress_call(p->progress, ref_task, ctx);
+  int rc = attach(p, ctx, out);
+  if (rc) tdist__cpu_ctx_release(ctx);
   return rc;
 }
 
 /* Survivors only: the child uses their existing connections; those to the
- * excluded (dead) ranks are simply never used by it. */
-static int cpu_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
-                      tdist_group_t *child) {
-  return cpu_split(parent, 0, child);
+ * excluded (dead) ranks are simply never used by it. The parent may be
+ * aborted: its connections stay open until its ctx goes. */
+static int cpu_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+  return cpu_split(p, out);
 }
 
-static int post_op(tdist_group_t *g, tdist_work_t *w) {
-  cpu_group_t *cg = g->bstate;
-  cpu_op_t *op = cpu_op_get(cg);
+/* ---- post -------------------------------------------------------------------------- */
+
+static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
+  cpu_op_t *op = tdist__cpu_op_get(cg);
   if (!op) return TDIST_ERR_NO_MEMORY;
-  const tdist__op_args_t *a = &w->args;
-  op->w = w;
-  w->bk = op;
+  const tdist__op_args_t *a = bop->args;
+  op->bop = bop;
+  op->args = a;
+  bop->priv = op;
   op->type = a->type;
   op->dtype = a->dtype;
   op->redop = a->redop;
   op->count = a->count;
   op->es = tdist_dtype_size(a->dtype);
   op->root = a->root;
-  op->rank = g->rank;
-  op->size = g->size;
+  op->rank = cg->rank;
+  op->size = cg->size;
   op->p2p = a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV || a->type == TDIST_OP_BATCH_P2P;
-  op->prev = NULL;
-  op->next = NULL;
-  if (!cg->ops) {
-    cg->ops = op;
-  } else {
-    cpu_op_t *t = cg->ops;
-    while (t->next)
-      t = t->next;
-    t->next = op;
-    op->prev = t;
-  }
+  tdist__list_push_back(&cg->ops, &op->link);
   if (op->p2p) {
-    int rc = cpu_post_p2p(cg, op);
-    if (rc < 0 && op->w == w) {
-      /* Some transfers may be queued: fail the group rather than leave them. */
-      tdist__group_fail(cg->g, rc, "cpu: cannot post the point-to-point op");
-    }
+    int rc = tdist__cpu_post_p2p(cg, op);
+    /* Some transfers may be queued: fail the group rather than leave them;
+     * the op stays ours until the abort. */
+    if (rc < 0) tdist__bk_fail(cg->bk, rc, "cpu: cannot post the point-to-point op");
     return 0;
   }
   op->cseq = cg->next_cseq++;
-  int rc = cpu_algo_setup(op);
+  int rc = tdist__cpu_algo_setup(op);
   if (rc < 0) {
-    cpu_op_unlink(op);
-    cpu_op_put(op);
+    tdist__cpu_op_put(op); /* nothing was sent: the core fails the op */
     return rc;
   }
-  /* Peers that already sent this op: check they agree before starting. */
-  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+  /* Peers that already sent this op: check they agree before starting. On
+   * a mismatch (reported) the op waits for the abort. */
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
     if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
-        cpu_check_coll(cg, op, &u->hdr, cpu_grank_of(cg, u->src)))
+        tdist__cpu_check_coll(cg, op, &u->hdr, tdist__cpu_grank_of(cg, u->src)))
       return 0;
-  cpu_advance(op);
+  }
+  tdist__cpu_ready(op); /* round 0 starts in the engine */
   return 0;
 }
 
-static int cpu_post(tdist_group_t *g, tdist_work_t *w) {
-  cpu_ctx_t *ctx = ((cpu_group_t *)g->bstate)->ctx;
-  int rc = post_op(g, w);
+static int cpu_post(void *state, tdist__bk_op_t *bop) {
+  cpu_group_t *cg = state;
+  int rc = post_op(cg, bop);
+  /* Round 0 first: its receives are then posted for the parked messages. */
+  tdist__cpu_run_ready(cg->ctx);
   /* A parked message is for this op (its receive is posted now, so it is
    * read in place), or for a later one, or behind something this op needs:
    * in every case reading goes on (cpu.h, deferred reads). */
-  cpu_ctx_unpark(ctx);
+  tdist__cpu_ctx_unpark(cg->ctx);
+  tdist__cpu_run_ready(cg->ctx);
   return rc;
 }
 
+/* ---- abort and destroy ------------------------------------------------------------- */
+
 /* Stop all of cg's traffic and forget its ops, receives and unexpected
- * messages (progress thread; the core finishes the works). */
+ * messages (progress thread). The core finishes its ops; none of them, nor
+ * their buffers, is touched after this. */
 static void abort_group(cpu_group_t *cg) {
-  tdist_group_t *g = cg->g;
+  tdist__list_t *n;
   cg->aborted = 1;
-  cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
-  for (int i = 0; i < g->size; i++)
-    if (cg->conns[i] && !cg->conns[i]->dead) cpu_conn_forget(cg->conns[i], g->uid);
-  cpu_detach_rx(cg);
-  while (cg->ops) {
-    cpu_op_t *op = cg->ops;
-    cpu_op_unlink(op);
-    cpu_op_put(op);
-  }
-  while (cg->precv)
-    cpu_precv_unlink(cg, cg->precv);
-  while (cg->ux) {
-    cpu_ux_t *u = cg->ux;
-    cpu_ux_unlink(&cg->ux, u);
-    cpu_ux_free(cg->ctx, u);
-  }
+  cg->poisoned = 0;
+  tdist__cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
+  for (int i = 0; i < cg->size; i++)
+    if (cg->conns[i] && !cg->conns[i]->dead) tdist__cpu_conn_forget(cg->conns[i], cg->uid);
+  tdist__cpu_detach_rx(cg);
+  while ((n = tdist__list_first(&cg->ops)))
+    tdist__cpu_op_put(tdist__list_entry(n, cpu_op_t, link)); /* off the ready list too */
+  while ((n = tdist__list_first(&cg->precv)))
+    tdist__list_remove(n);
+  while ((n = tdist__list_first(&cg->ux)))
+    tdist__cpu_ux_free(cg->ctx, tdist__list_entry(n, cpu_ux_t, link));
 }
 
 /* ERR message with text to every other member of cg. It goes in the stream
  * ahead of anything this rank sends later (its goodbye included). */
 static void tell_members(cpu_group_t *cg, int status, const char *text) {
   size_t len = strlen(text);
-  for (int i = 0; i < cg->g->size; i++) {
+  for (int i = 0; i < cg->size; i++) {
     cpu_conn_t *c = cg->conns[i];
     if (!c || c->dead) continue;
-    cpu_msg_t *m = cpu_msg_new();
+    cpu_msg_t *m = tdist__cpu_msg_new();
     char *copy = tdist__malloc(len + 1);
     if (!m || !copy) {
       tdist__free(copy);
@@ -184,15 +223,15 @@ static void tell_members(cpu_group_t *cg, int status, const char *text) {
     }
     memcpy(copy, text, len + 1);
     m->hdr = (cpu_hdr_t){
-        .magic = CPU_MAGIC, .kind = CPU_MSG_ERR, .uid = cg->g->uid, .root = status, .len = len};
+        .magic = CPU_MAGIC, .kind = CPU_MSG_ERR, .uid = cg->uid, .root = status, .len = len};
     m->data = (const uint8_t *)copy;
     m->owned = copy;
-    cpu_send(c, m);
+    tdist__cpu_send(c, m);
   }
 }
 
-static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
-  cpu_group_t *cg = g->bstate;
+static void cpu_abort(void *state, int status, const char *reason, int local) {
+  cpu_group_t *cg = state;
   if (!cg) return;
   abort_group(cg);
   /* A cause of our own (a mismatch, a timeout, an abort on demand, a lost
@@ -201,50 +240,62 @@ static void cpu_abort(tdist_group_t *g, int status, const char *reason) {
    * and a peer would then report only that we left. Same words as the
    * record (monitor.c), whichever arrives first. A cause reported by
    * another rank is not echoed: that rank told everyone. */
-  if (g->abort_local) {
+  if (local) {
     char text[320];
-    snprintf(text, sizeof(text), "rank %d aborted the group: %s", g->rank, reason);
+    snprintf(text, sizeof(text), "rank %d aborted the group: %s", cg->rank, reason);
     tell_members(cg, status, text);
   }
+  /* Writing those may have finished transfers of other groups' ops. */
+  tdist__cpu_run_ready(cg->ctx);
 }
 
+/* Progress thread: cg leaves the registry; its pool is freed. */
 static void unregister_task(void *arg) {
   cpu_group_t *cg = arg;
-  cpu_ctx_t *ctx = cg->ctx;
+  tdist__list_t *n;
   abort_group(cg);
-  if (cg->prev)
-    cg->prev->next = cg->next;
-  else
-    ctx->groups = cg->next;
-  if (cg->next) cg->next->prev = cg->prev;
-  while (cg->free_ops) {
-    cpu_op_t *op = cg->free_ops;
-    cg->free_ops = op->next;
+  tdist__list_remove(&cg->link);
+  while ((n = tdist__list_first(&cg->free_ops))) {
+    tdist__list_remove(n);
+    cpu_op_t *op = tdist__list_entry(n, cpu_op_t, link);
     tdist__free(op->sends);
     tdist__free(op->recvs);
     tdist__free(op);
   }
+  tdist__cpu_run_ready(cg->ctx);
 }
 
-static int cpu_destroy(tdist_group_t *g) {
-  cpu_group_t *cg = g->bstate;
+static int cpu_destroy(void *state) {
+  cpu_group_t *cg = state;
   if (!cg) return 0;
-  tdist__progress_call(g->progress, unregister_task, cg);
+  tdist__progress_call(cg->progress, unregister_task, cg);
   cpu_ctx_t *ctx = cg->ctx;
-  cpu_cma_group_free(cg);
-  tdist__free(cg->conns);
-  tdist__free(cg);
-  g->bstate = NULL;
-  cpu_ctx_release(ctx);
+  tdist__cpu_cma_group_free(cg);
+  group_free(cg);
+  tdist__cpu_ctx_release(ctx);
   return 0;
 }
 
-const tdist__backend_ops_t tdist__cpu_backend = {
-    .name = "cpu",
+/* ---- the backend ---------------------------------------------------------------------- */
+
+static const tdist__backend_ops_t cpu_ops = {
     .init = cpu_init,
     .split = cpu_split,
     .shrink = cpu_shrink,
     .post = cpu_post,
     .abort = cpu_abort,
     .destroy = cpu_destroy,
+};
+
+const tdist__backend_t tdist__cpu_backend = {
+    "cpu",
+    &cpu_ops,
+    {
+        .mem = TDIST__MEM_HOST,
+        .ops = TDIST__ALL_OPS,
+        .dtypes = TDIST__ALL_DTYPES,
+        .redops = TDIST__ALL_REDOPS,
+        .shrink = 1,
+        .stream_wait = 0,
+    },
 };

@@ -21,11 +21,13 @@
  * Buffer lifetime after an abort: a descriptor may be read after its sender
  * gave up on the op (timeout, mismatch, a lost peer) and handed the buffer
  * back to its caller. So each group owns a "live word" in a static table
- * (never unmapped) holding a token; abort overwrites it before the core
- * finishes any work (group.c: mark_aborted), and the receiver reads the word
- * after the payload (a fence between the two reads). A changed word fails
- * the receiver's group with REMOTE_FAILED instead of accepting bytes the
- * sender may have reused.
+ * (never unmapped) holding a token; the backend's abort overwrites it first
+ * thing, and the core calls abort before it finishes any of the group's ops
+ * (inflight.c: mark_aborted), and the receiver reads the word after the
+ * payload (a fence between the two reads). A changed word fails the
+ * receiver's group with REMOTE_FAILED instead of accepting bytes the sender
+ * may have reused. (An op the engine completed is not at risk: its RMA
+ * sends were all ACKed, i.e. read, before it completed.)
  *
  * Unexpected descriptors (the receive is not posted yet) wait in the
  * group's unexpected list without being read; posting the receive reads
@@ -33,9 +35,11 @@
  * staging buffer and ACKed, so a send never waits on its receiver for long
  * (no rendezvous deadlock in send-then-receive patterns).
  *
- * Threads: cpu_cma_hello/probe and the live-word table run on caller threads
- * (setup, group creation and destruction); everything else on the progress
- * thread.
+ * Threads: tdist__cpu_cma_hello/probe and the live-word table run on caller
+ * threads (setup, group creation and destruction); everything else on the
+ * progress thread. Reads and ACKs are part of the transport (cpu.h): they
+ * record finished transfers and report failures (deferred), and never run
+ * the engine; the timer callback is a top-level point that does.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -46,9 +50,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
-#include "core/log.h"
+#include "util/alloc.h"
+#include "util/error.h"
+#include "util/log.h"
 #include "cpu/cpu.h"
 
 /* ---- the probe word and the live words (any thread) ---------------------------- */
@@ -58,7 +62,7 @@ static _Atomic uint64_t probe_word;
 #define LIVE_DEAD 2u /* even: a slot in use by an aborted group; tokens are odd */
 static _Atomic uint64_t live_words[LIVE_SLOTS];
 static _Atomic uint64_t live_next;
-_Atomic uint64_t cpu_cma_reads; /* payloads read across processes (tests, docs) */
+_Atomic uint64_t tdist__cpu_cma_reads; /* payloads read across processes (tests, docs) */
 
 static uint64_t mix(uint64_t x) {
   x ^= x >> 33;
@@ -74,19 +78,19 @@ static uint64_t seed(void) {
   return mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)getpid() << 16);
 }
 
-int cpu_cma_enabled(void) { return tdist__param_CpuCma() != 0; }
+int tdist__cpu_cma_enabled(void) { return tdist__param_CpuCma() != 0; }
 
-void cpu_cma_hello(cpu_cma_hello_t *me) {
+void tdist__cpu_cma_hello(cpu_cma_hello_t *me) {
   uint64_t expect = 0;
   atomic_compare_exchange_strong(&probe_word, &expect, seed() | 1);
   *me = (cpu_cma_hello_t){.pid = (int32_t)getpid(),
-                          .enabled = cpu_cma_enabled(),
+                          .enabled = tdist__cpu_cma_enabled(),
                           .probe = (uint64_t)(uintptr_t)&probe_word,
                           .token = atomic_load(&probe_word)};
 }
 
-int cpu_cma_probe(const cpu_cma_hello_t *peer) {
-  if (!cpu_cma_enabled() || !peer->enabled || peer->pid <= 0) return 0;
+int tdist__cpu_cma_probe(const cpu_cma_hello_t *peer) {
+  if (!tdist__cpu_cma_enabled() || !peer->enabled || peer->pid <= 0) return 0;
   if (peer->pid == (int32_t)getpid()) return 0; /* ranks in one process: not a case we copy */
   uint64_t v = 0;
   struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)peer->probe, sizeof(v)};
@@ -99,9 +103,9 @@ int cpu_cma_probe(const cpu_cma_hello_t *peer) {
   return 1;
 }
 
-void cpu_cma_group_init(cpu_group_t *cg) {
+void tdist__cpu_cma_group_init(cpu_group_t *cg) {
   cg->live = NULL;
-  if (!cpu_cma_enabled()) return;
+  if (!tdist__cpu_cma_enabled()) return;
   uint64_t token = (mix(atomic_fetch_add(&live_next, 1) + seed()) << 2) | 1;
   for (int i = 0; i < LIVE_SLOTS; i++) {
     uint64_t expect = 0;
@@ -111,17 +115,17 @@ void cpu_cma_group_init(cpu_group_t *cg) {
       return;
     }
   }
-  TDIST_INFO(CPU, "cma: %d groups alive, group %016" PRIx64 " sends over TCP", LIVE_SLOTS,
-             cg->g->uid);
+  TDIST_INFO(CPU, "cma: %d groups alive, group '%s' (%016" PRIx64 ") sends over TCP",
+             LIVE_SLOTS, cg->name, cg->uid);
 }
 
-/* Progress thread, in abort: before the core hands any of the group's
- * buffers back to the caller. */
-void cpu_cma_group_abort(cpu_group_t *cg) {
+/* Progress thread, first thing in abort: before the core hands any of the
+ * group's buffers back to the caller. */
+void tdist__cpu_cma_group_abort(cpu_group_t *cg) {
   if (cg->live) atomic_store(cg->live, LIVE_DEAD);
 }
 
-void cpu_cma_group_free(cpu_group_t *cg) {
+void tdist__cpu_cma_group_free(cpu_group_t *cg) {
   if (cg->live) atomic_store(cg->live, 0);
   cg->live = NULL;
 }
@@ -133,7 +137,7 @@ static size_t cma_min(void) {
   return v < 1 ? 1 : (size_t)v;
 }
 
-void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len) {
+void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len) {
   m->data = ptr;
   if (!c->cma_tx || !cg->live || len < cma_min()) return;
   m->desc = (cpu_rma_desc_t){.kind = m->hdr.kind,
@@ -152,13 +156,13 @@ void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *p
 
 static void send_ack(cpu_conn_t *c, uint64_t cookie) {
   if (!c || c->dead) return;
-  cpu_msg_t *m = cpu_msg_new();
+  cpu_msg_t *m = tdist__cpu_msg_new();
   if (!m) {
-    cpu_on_conn_lost(c, "out of memory for an ACK");
+    tdist__cpu_on_conn_lost(c, "out of memory for an ACK");
     return;
   }
   m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC, .kind = CPU_MSG_ACK, .seq = cookie};
-  cpu_send(c, m);
+  tdist__cpu_send(c, m);
 }
 
 /* Copy d's bytes from the peer into dst. 0, or an errno-like code with a
@@ -189,45 +193,51 @@ static int cma_read(cpu_conn_t *c, void *dst, const cpu_rma_desc_t *d, char *why
     *aborted = 1;
     return -1;
   }
-  atomic_fetch_add_explicit(&cpu_cma_reads, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&tdist__cpu_cma_reads, 1, memory_order_relaxed);
   return 0;
 }
 
 static void arm(cpu_ctx_t *ctx, uint64_t ms);
 
-/* A read failed. A sender that is gone fails the group now (-1). A sender
- * that aborted (the live word changed: -2) is failing for a reason of its
- * own, which its ERR message or abort record is about to bring: the
- * transfer is dropped unfinished and the group waits up to CAUSE_MS for
- * that cause before failing with this one (on_timer), so every rank's error
- * names the root cause rather than the rank that gave up first. */
+/* A read failed. A sender that is gone fails the group (-1; reported, the
+ * core aborts it after this I/O step). A sender that aborted (the live word
+ * changed: -2) is failing for a reason of its own, which its ERR message or
+ * abort record is about to bring: the transfer is dropped unfinished and
+ * the group waits up to CAUSE_MS for that cause before failing with this
+ * one (on_timer), so every rank's error names the root cause rather than
+ * the rank that gave up first. */
 #define CAUSE_MS 1000
 static int read_failed(cpu_group_t *cg, int src_world, int aborted, const char *why) {
   if (!cg || cg->aborted) return -1;
   char text[200];
-  snprintf(text, sizeof(text), "rank %d (world rank %d): %s", cpu_grank_of(cg, src_world),
+  snprintf(text, sizeof(text), "rank %d (world rank %d): %s", tdist__cpu_grank_of(cg, src_world),
            src_world, why);
   if (!aborted) {
-    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "%s", text);
+    tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "%s", text);
     return -1;
   }
-  if (!cg->poison_at) {
+  if (!cg->poisoned) {
     cpu_ctx_t *ctx = cg->ctx;
-    cg->poison_at = uv_now(tdist__progress_loop(ctx->progress)) | 1;
+    /* A flag, and the time as is: on_timer compares now >= poison_at +
+     * CAUSE_MS, which cannot wrap (uv_now never goes back). */
+    cg->poisoned = 1;
+    cg->poison_at = uv_now(tdist__progress_loop(ctx->progress));
     snprintf(cg->poison_why, sizeof(cg->poison_why), "%s", text);
     TDIST_INFO(CPU, "cma: %s; waiting for its cause", text);
-    arm(ctx, CAUSE_MS);
+    /* A running timer is due sooner (pending descriptors) and on_timer
+     * re-arms for the poison: moving it to CAUSE_MS would delay those. */
+    if (ctx->rma_timer_on && !uv_is_active((uv_handle_t *)&ctx->rma_timer)) arm(ctx, CAUSE_MS);
   }
   return -2;
 }
 
 static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u);
 
-void cpu_cma_on_desc(cpu_conn_t *c) {
+void tdist__cpu_cma_on_desc(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   cpu_rma_desc_t d = c->rdesc;
   if (d.kind != CPU_MSG_COLL && d.kind != CPU_MSG_P2P) {
-    cpu_on_conn_lost(c, "sent a malformed descriptor");
+    tdist__cpu_on_conn_lost(c, "sent a malformed descriptor");
     return;
   }
   /* Dispatch it as the message it stands for (same matching as over TCP),
@@ -236,7 +246,7 @@ void cpu_cma_on_desc(cpu_conn_t *c) {
   c->rh.len = d.len;
   cpu_rx_clear(c);
   c->rx_rma = 1;
-  cpu_on_header(c);
+  tdist__cpu_on_header(c);
   c->rx_rma = 0;
   if (c->dead) return;
   if (c->rx_x) {
@@ -244,28 +254,29 @@ void cpu_cma_on_desc(cpu_conn_t *c) {
     int aborted;
     if (cma_read(c, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
       cpu_group_t *cg = c->rx_g;
-      if (c->rx_x->reduce) cpu_buf_put(ctx, c->rx_dst);
+      if (c->rx_x->reduce) tdist__cpu_buf_put(ctx, c->rx_dst);
       cpu_rx_clear(c);
-      read_failed(cg, c->peer, aborted, why);
+      read_failed(cg, c->peer, aborted, why); /* the transfer stays undone */
       return;
     }
     send_ack(c, d.cookie);
     if (c->dead) return;
-    cpu_on_payload(c);
+    tdist__cpu_on_payload(c);
   } else if (c->rx_ux) {
     cpu_ux_t *u = c->rx_ux;
     u->rma = 1;
     u->desc = d;
     pending_add(ctx, u);
-    cpu_on_payload(c); /* complete as a descriptor: a posted receive claims it */
+    tdist__cpu_on_payload(c); /* complete as a descriptor: a posted receive claims it */
   } else {
-    /* Discarded (aborted group): nothing will read it. */
+    /* Discarded (aborted group, or a mismatch reported): nothing will read
+     * it. */
     c->rx_g = NULL;
     send_ack(c, d.cookie);
   }
 }
 
-int cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst) {
+int tdist__cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst) {
   cpu_conn_t *c = ctx->conns[u->src];
   char why[120];
   int aborted;
@@ -278,7 +289,7 @@ int cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst) {
   return 0;
 }
 
-void cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u) {
+void tdist__cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u) {
   if (!u->rma) return;
   u->rma = 0;
   ctx->rma_pending--;
@@ -305,23 +316,27 @@ static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u) {
 }
 
 /* Stage u (a pending descriptor): read it into a buffer of ours, ACK.
- * 1: no memory now (tried again later); -1: the read failed (cg failed). */
+ * 1: no memory now (tried again later); <0: the read failed (see
+ * tdist__cpu_cma_fetch), u is no longer pending. */
 static int stage(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u) {
-  uint8_t *buf = cpu_buf_get(ctx, u->desc.len);
+  uint8_t *buf = tdist__cpu_buf_get(ctx, u->desc.len);
   if (!buf) return 1;
-  if (cpu_cma_fetch(ctx, cg, u, buf) != 0) {
-    cpu_buf_put(ctx, buf);
-    return -1;
+  int rc = tdist__cpu_cma_fetch(ctx, cg, u, buf);
+  if (rc != 0) {
+    tdist__cpu_buf_put(ctx, buf);
+    return rc;
   }
   u->data = buf;
   return 0;
 }
 
-/* Stage the old pending descriptors of list *head (group cg, or the
- * orphans when cg is NULL); the earliest deadline of the others in *wait. */
-static void sweep(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t **head, uint64_t now, uint64_t *wait) {
-  for (cpu_ux_t *u = *head, *next; u; u = next) {
-    next = u->next;
+/* Stage the old pending descriptors of list head (group cg, or the orphans
+ * when cg is NULL); the earliest deadline of the others in *wait. */
+static void sweep(cpu_ctx_t *ctx, cpu_group_t *cg, tdist__list_t *head, uint64_t now,
+                  uint64_t *wait) {
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, head) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
     if (!u->rma) continue;
     if (now - u->since < defer_ms()) {
       uint64_t left = u->since + defer_ms() - now;
@@ -333,29 +348,33 @@ static void sweep(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t **head, uint64_t now
     int rc = stage(ctx, cg, u);
     if (rc > 0) {
       *wait = 1;
-    } else if (rc == -1 && cg) {
-      return; /* the group failed and freed its list, u included */
     } else if (rc < 0) {
-      /* Read failed: waiting for the cause (-2), or an orphan whose
-       * sender failed (its group will hear). */
-      cpu_ux_unlink(head, u);
-      cpu_ux_free(ctx, u);
+      /* Read failed: the group's failure is reported or it waits for the
+       * cause (-2); for an orphan, its sender failed (its group will hear).
+       * The message has no bytes: it must never be delivered. */
+      tdist__cpu_ux_free(ctx, u);
     }
   }
 }
 
+/* Timer callback (progress thread, top level). */
 static void on_timer(uv_timer_t *t) {
   cpu_ctx_t *ctx = t->data;
   uint64_t now = uv_now(t->loop), wait = 0;
   int poisoned = 0;
+  tdist__list_t *n;
   sweep(ctx, NULL, &ctx->orphans, now, &wait);
-  for (cpu_group_t *cg = ctx->groups; cg && ctx->rma_pending; cg = cg->next)
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (!ctx->rma_pending) break;
     if (!cg->aborted) sweep(ctx, cg, &cg->ux, now, &wait);
-  for (cpu_group_t *cg = ctx->groups, *next; cg; cg = next) {
-    next = cg->next;
-    if (cg->aborted || !cg->poison_at) continue;
-    if (now - cg->poison_at >= CAUSE_MS) {
-      tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "%s", cg->poison_why);
+  }
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (cg->aborted || !cg->poisoned) continue;
+    if (now >= cg->poison_at + CAUSE_MS) {
+      cg->poisoned = 0; /* reported once; the core aborts the group */
+      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "%s", cg->poison_why);
       continue;
     }
     poisoned = 1;
@@ -363,9 +382,10 @@ static void on_timer(uv_timer_t *t) {
     if (!wait || left < wait) wait = left;
   }
   if (ctx->rma_pending || poisoned) arm(ctx, wait ? wait : 1);
+  tdist__cpu_run_ready(ctx); /* what the ACKs written here finished */
 }
 
-void cpu_cma_start_timer(cpu_ctx_t *ctx) {
+void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx) {
   uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->rma_timer);
   ctx->rma_timer.data = ctx;
   ctx->rma_timer_on = 1;

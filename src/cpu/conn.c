@@ -1,18 +1,21 @@
 /*
  * conn.c - setting up and tearing down the full mesh of connections.
  *
- * Caller thread (inside ops->init of the world group, bounded by the group's
- * timeout): every rank listens on an ephemeral port, publishes "host:port"
- * under its group's store prefix as "cpu/addr/<rank>", reads everyone's
- * address, then connects to every higher rank (retrying until the peer
- * listens) and accepts one connection from every lower rank. A 24-byte
- * handshake (magic, rank, world size, world uid) identifies the connecting
- * rank. Connecting first cannot deadlock: the kernel completes a connection
- * in the listen backlog before accept() is called.
+ * Caller thread (inside the backend's init of the world group, bounded by
+ * the group's timeout): every rank listens on an ephemeral port and trades
+ * "host:port" with every other rank through the group's store view
+ * (tdist__store_allgather, keys "cpu/addr/<rank>"), then connects to every
+ * higher rank (retrying until the peer listens) and accepts one connection
+ * from every lower rank. A 24-byte handshake (magic, rank, world size, world
+ * uid) identifies the connecting rank. Connecting first cannot deadlock: the
+ * kernel completes a connection in the listen backlog before accept() is
+ * called.
  *
  * The sockets then become non-blocking, get TCP_NODELAY and large buffers,
- * and are handed to the progress thread (cpu_conn_start via
- * tdist__progress_call), which owns them from then on.
+ * and are handed to the progress thread (tdist__cpu_conn_start via
+ * tdist__progress_call), which owns them, and the ctx, from then on. The
+ * ctx is freed there once the last group released it and every libuv
+ * handle is closed.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -27,9 +30,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
+#include "store/bootstrap.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
 #include "cpu/cpu.h"
 
 typedef struct {
@@ -49,13 +53,13 @@ static void tune_socket(int fd) {
 
 /* The address other ranks should use: TDIST_CPU_HOST, else loopback when the
  * store is on loopback (single host), else this host's first IPv4 address. */
-static void advertised_host(tdist_group_t *g, char *host, size_t hl) {
+static void advertised_host(tdist_store_t *store, char *host, size_t hl) {
   const char *h = tdist__param_str("TDIST_CPU_HOST", NULL);
   if (h) {
     snprintf(host, hl, "%s", h);
     return;
   }
-  const char *sa = g->store ? tdist_store_address(g->store) : "127.0.0.1:0";
+  const char *sa = store ? tdist_store_address(store) : "127.0.0.1:0";
   if (strncmp(sa, "127.", 4) == 0 || strncmp(sa, "localhost", 9) == 0 ||
       strncmp(sa, "file:", 5) == 0) {
     snprintf(host, hl, "127.0.0.1");
@@ -138,32 +142,28 @@ static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
   }
 }
 
-static int get_addrs(tdist_group_t *g, char **addrs) {
-  int rc = 0, n = g->size;
-  char(*keys)[32] = tdist__calloc((size_t)n, 32);
-  const char **kp = tdist__calloc((size_t)n, sizeof(char *));
+/* Trade addresses: publish `me`, read everyone's (addrs[i], NUL-ended). */
+static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadline_ns,
+                     char **addrs) {
+  int rc = 0, n = p->size;
   void **vals = tdist__calloc((size_t)n, sizeof(void *));
   size_t *lens = tdist__calloc((size_t)n, sizeof(size_t));
-  if (!keys || !kp || !vals || !lens) {
+  if (!vals || !lens) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto done;
   }
-  for (int i = 0; i < n; i++) {
-    snprintf(keys[i], 32, "cpu/addr/%d", i);
-    kp[i] = keys[i];
-  }
-  TDIST_CHECKGOTO(
-      tdist_store_multi_get(g->store, kp, (size_t)n, vals, lens, atomic_load(&g->timeout_ms)), rc,
-      done);
+  int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
+  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL,
+                                         0, vals, lens, left_ms > 0 ? left_ms : 1),
+                  rc, done);
   for (int i = 0; i < n; i++) {
     addrs[i] = tdist__calloc(1, lens[i] + 1);
-    if (addrs[i]) memcpy(addrs[i], vals[i], lens[i]);
-    tdist_store_free(vals[i]);
+    if (addrs[i] && lens[i]) memcpy(addrs[i], vals[i], lens[i]);
     if (!addrs[i]) rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
   }
 done:
-  tdist__free(keys);
-  tdist__free(kp);
+  for (int i = 0; vals && i < n; i++)
+    tdist_store_free(vals[i]);
   tdist__free(vals);
   tdist__free(lens);
   return rc;
@@ -176,14 +176,14 @@ done:
  * pid and, in `enabled`, whether the peer can read this process. */
 static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out) {
   cpu_cma_hello_t mine;
-  cpu_cma_hello(&mine);
+  tdist__cpu_cma_hello(&mine);
   for (int j = 0; j < n; j++)
     if (j != me && io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0) goto fail;
   for (int j = 0; j < n; j++)
     if (j != me && io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0) goto fail;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
-    int32_t ok = cpu_cma_probe(&out[j]);
+    int32_t ok = tdist__cpu_cma_probe(&out[j]);
     if (io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
   }
   for (int j = 0; j < n; j++) {
@@ -208,32 +208,38 @@ static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) 
   c->ctx = ctx;
   c->peer = peer;
   c->fd = fd;
+  c->bye_cause = -1;
+  tdist__list_init(&c->txq);
+  tdist__list_init(&c->acks);
   snprintf(c->addr, sizeof(c->addr), "%s", addr);
   return c;
 }
 
 static void start_all(void *arg) {
   cpu_ctx_t *ctx = arg;
-  cpu_ctx_start_timer(ctx);
-  cpu_cma_start_timer(ctx);
+  tdist__cpu_ctx_start_timer(ctx);
+  tdist__cpu_cma_start_timer(ctx);
   for (int i = 0; i < ctx->size; i++)
-    if (ctx->conns[i]) cpu_conn_start(ctx->conns[i]);
+    if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
 }
 
-int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
-  int rc = 0, lfd = -1, port = 0, n = g->size;
+int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
+  int rc = 0, lfd = -1, port = 0, n = p->size;
   char host[64], me[96];
   char **addrs = NULL;
   int *fds = NULL;
   cpu_cma_hello_t *cma = NULL;
-  int64_t deadline = tdist__now_ns() + atomic_load(&g->timeout_ms) * 1000000;
+  int64_t deadline = tdist__now_ns() + p->timeout_ms * 1000000;
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
   if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-  ctx->rank = g->rank;
+  ctx->rank = p->rank;
   ctx->size = n;
   ctx->lost_peer = -1;
   ctx->refs = 1;
-  ctx->progress = g->progress;
+  ctx->progress = p->progress;
+  tdist__list_init(&ctx->groups);
+  tdist__list_init(&ctx->orphans);
+  tdist__list_init(&ctx->ready);
   ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));
   addrs = tdist__calloc((size_t)n, sizeof(char *));
   fds = tdist__malloc(sizeof(int) * (size_t)n);
@@ -245,39 +251,36 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
   for (int i = 0; i < n; i++)
     fds[i] = -1;
   if (n == 1) goto done;
-  if (!g->store) {
+  if (!p->store) {
     rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu: a store is needed to connect ranks");
     goto fail;
   }
-  advertised_host(g, host, sizeof(host));
+  advertised_host(p->store, host, sizeof(host));
   TDIST_CHECKGOTO(listen_on(host, n, &lfd, &port), rc, fail);
   snprintf(me, sizeof(me), "%s:%d", host, port);
-  char key[32];
-  snprintf(key, sizeof(key), "cpu/addr/%d", g->rank);
-  TDIST_CHECKGOTO(tdist_store_set(g->store, key, me, strlen(me)), rc, fail);
-  TDIST_CHECKGOTO(get_addrs(g, addrs), rc, fail);
+  TDIST_CHECKGOTO(get_addrs(p, me, deadline, addrs), rc, fail);
 
-  hello_t hi = {.magic = CPU_MAGIC, .rank = g->rank, .size = n, .uid = g->uid};
-  for (int j = g->rank + 1; j < n; j++) {
+  hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = n, .uid = p->uid};
+  for (int j = p->rank + 1; j < n; j++) {
     TDIST_CHECKGOTO(connect_to(addrs[j], deadline, &fds[j]), rc, fail);
     if (io_full(fds[j], &hi, sizeof(hi), 1, deadline) != 0) {
       rc = tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, addrs[j]);
       goto fail;
     }
   }
-  for (int k = 0; k < g->rank; k++) {
+  for (int k = 0; k < p->rank; k++) {
     struct pollfd pfd = {.fd = lfd, .events = POLLIN};
     int64_t left_ms = (deadline - tdist__now_ns()) / 1000000;
     if (left_ms <= 0 || poll(&pfd, 1, (int)left_ms) <= 0) {
       rc = tdist__error(TDIST_ERR_TIMEOUT, "cpu: rank %d: %d of %d lower ranks connected to %s",
-                        g->rank, k, g->rank, me);
+                        p->rank, k, p->rank, me);
       goto fail;
     }
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) continue;
     hello_t h;
     if (io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC || h.size != n ||
-        h.uid != g->uid || h.rank < 0 || h.rank >= g->rank || fds[h.rank] >= 0) {
+        h.uid != p->uid || h.rank < 0 || h.rank >= p->rank || fds[h.rank] >= 0) {
       close(fd);
       k--; /* not one of ours (or a stale process): keep waiting */
       continue;
@@ -285,9 +288,9 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
     tune_socket(fd);
     fds[h.rank] = fd;
   }
-  TDIST_CHECKGOTO(cma_exchange(g->rank, n, fds, deadline, cma), rc, fail);
+  TDIST_CHECKGOTO(cma_exchange(p->rank, n, fds, deadline, cma), rc, fail);
   for (int j = 0; j < n; j++) {
-    if (j == g->rank) continue;
+    if (j == p->rank) continue;
     fcntl(fds[j], F_SETFL, fcntl(fds[j], F_GETFL) | O_NONBLOCK);
     ctx->conns[j] = conn_new(ctx, j, fds[j], addrs[j]);
     if (!ctx->conns[j]) {
@@ -298,8 +301,8 @@ int cpu_ctx_create(tdist_group_t *g, cpu_ctx_t **out) {
     ctx->conns[j]->cma_tx = cma[j].enabled; /* here: the peer can read us */
     fds[j] = -1;
   }
-  tdist__progress_call(g->progress, start_all, ctx);
-  TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", g->rank, n, me, n - 1);
+  tdist__progress_call(p->progress, start_all, ctx);
+  TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, n, me, n - 1);
 done:
   if (lfd >= 0) close(lfd);
   for (int i = 0; addrs && i < n; i++)
@@ -332,12 +335,10 @@ fail:
 
 static void ctx_maybe_free(cpu_ctx_t *ctx) {
   if (ctx->refs > 0 || ctx->open_handles > 0) return;
-  while (ctx->orphans) {
-    cpu_ux_t *u = ctx->orphans;
-    ctx->orphans = u->next;
-    cpu_ux_free(ctx, u);
-  }
-  cpu_buf_drain(ctx);
+  tdist__list_t *n;
+  while ((n = tdist__list_first(&ctx->orphans)))
+    tdist__cpu_ux_free(ctx, tdist__list_entry(n, cpu_ux_t, link)); /* unlinks it */
+  tdist__cpu_buf_drain(ctx);
   tdist__free(ctx->conns);
   tdist__free(ctx);
 }
@@ -374,11 +375,11 @@ static void release_task(void *arg) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c) continue;
     ctx->conns[i] = NULL;
-    cpu_conn_close(c); /* says bye, closes the fd, drops queued messages */
+    tdist__cpu_conn_close(c); /* says bye, closes the fd, drops queued messages */
     ctx->open_handles++;
     uv_close((uv_handle_t *)&c->poll, on_closed);
   }
   ctx_maybe_free(ctx);
 }
 
-void cpu_ctx_release(cpu_ctx_t *ctx) { tdist__progress_call(ctx->progress, release_task, ctx); }
+void tdist__cpu_ctx_release(cpu_ctx_t *ctx) { tdist__progress_call(ctx->progress, release_task, ctx); }

@@ -1,27 +1,53 @@
 /*
  * cpu.h - the CPU backend's internals (shared by the files of src/cpu only).
  *
+ * The backend implements core/backend.h (contract v2): it never sees the
+ * core's group or work structs, only the parameters of a new group
+ * (tdist__bk_params_t), the ops it is handed (tdist__bk_op_t) and the core's
+ * services (tdist__bk_complete, tdist__bk_fail, tdist__bk_fail_remote).
+ *
  * Layout:
  *   ctx     one per world group: the full mesh of TCP connections (one per
  *           pair of processes), the registry of groups that use it, the
- *           orphan list (messages for a group not created here yet) and a
- *           cache of staging buffers. Shared by the world and every subgroup
- *           (refcounted); split creates only rank mappings.
+ *           orphan list (messages for a group not created here yet), the
+ *           ready list (ops the engine must advance) and a cache of staging
+ *           buffers. Shared by the world and every subgroup (refcounted);
+ *           split and shrink create only rank mappings.
  *   conn    one connection: a raw non-blocking fd watched by a uv_poll_t on
- *           the progress loop; a send queue of messages written with writev
+ *           the progress loop; a send queue of messages written with sendmsg
  *           straight from the caller's buffers; a receive state machine that
  *           reads headers through a small staging buffer and large payloads
  *           directly into their destination.
- *   group   per-group state (g->bstate): rank -> conn, active ops, unexpected
+ *   group   per-group state (cpu_group_t: the `state` the core passes to
+ *           every vtable entry): rank -> conn, active ops, unexpected
  *           messages, posted point-to-point receives.
- *   op      one collective or p2p op (w->bk). Collectives are written as a
- *           sequence of rounds: round k posts sends and receives (at most one
- *           each way per peer); when all of them are done the next round
- *           starts. Messages are keyed by (group uid, seq, round, source).
+ *   op      one collective or p2p op (cpu_op_t, from the group's pool, found
+ *           from the core's op through bop->priv). Collectives are written
+ *           as a sequence of rounds: round k posts sends and receives (at
+ *           most one each way per peer); when all of them are done the next
+ *           round starts. Messages are keyed by (group uid, seq, round,
+ *           source).
  *
- * Threads: setup (conn.c: listen/connect/handshake) runs on the caller thread
- * inside init. Everything else runs on the progress thread; nothing here
- * blocks. The ctx's teardown goes through tdist__progress_call.
+ * Threads: setup (conn.c: listen, store all-gather, connect, handshake) and
+ * the creation and destruction of a cpu_group_t run on the caller thread
+ * inside init/split/shrink/destroy, and reach the progress thread with
+ * tdist__progress_call. Everything else runs on the progress thread and
+ * never blocks.
+ *
+ * Transport and engine (no re-entry). The transport is the I/O call chains
+ * of io.c, dispatch.c and cma.c: parse -> on_header / on_payload, flush, the
+ * ACK path. It never runs an op's rounds and never completes an op: when a
+ * transfer ends it only decrements op->pending, and at 0 puts the op on
+ * ctx->ready (tdist__cpu_xfer_done). The engine (tdist__cpu_run_ready,
+ * engine.c) pops ready ops and advances each by one step (fold the round's
+ * staged receives, start the next round, or complete the op with
+ * tdist__bk_complete). It runs only from top-level points with no transport
+ * function on the stack: the poll callback (between two reads, and at its
+ * end), post, abort, destroy and the timer callbacks. Failures are reported
+ * with tdist__bk_fail (deferred by the core): until the core calls abort the
+ * group keeps running, and an op whose transfer cannot finish just waits.
+ * Only abort and destroy (called by the core at top level) take ops off the
+ * lists; completion returns an op to the pool from the engine.
  */
 #ifndef TDIST_CPU_CPU_H
 #define TDIST_CPU_CPU_H
@@ -31,9 +57,10 @@
 #include <uv.h>
 
 #include "core/backend.h"
-#include "core/group.h"
-#include "core/param.h"
 #include "core/progress.h"
+#include "util/list.h"
+#include "util/log.h"
+#include "util/param.h"
 
 #define CPU_MAGIC 0x31434454u  /* "TDC1" */
 #define CPU_RX_CAP (64u << 10) /* a connection's receive staging buffer */
@@ -77,7 +104,7 @@ typedef struct cpu_rma_desc {
 } cpu_rma_desc_t;
 
 /* Traded by every pair of ranks at setup (conn.c). */
-typedef struct cpu_cma_hello {
+typedef struct tdist__cpu_cma_hello {
   int32_t pid;
   int32_t enabled; /* TDIST_CPU_CMA on this side */
   uint64_t probe;  /* address of a word holding token */
@@ -89,23 +116,24 @@ typedef struct cpu_conn cpu_conn_t;
 typedef struct cpu_group cpu_group_t;
 typedef struct cpu_op cpu_op_t;
 
-/* A queued outgoing message. data points at the caller's buffer (zero copy)
- * or at `owned` (freed once written). */
+/* A queued outgoing message (progress thread). data points at the caller's
+ * buffer (zero copy) or at `owned` (freed once written). */
 typedef struct cpu_msg {
-  struct cpu_msg *next;
+  tdist__list_t link; /* conn's txq, then (RMA) its acks; or the message pool */
   cpu_hdr_t hdr;
   const uint8_t *data;
   size_t off;   /* bytes of header + payload written so far */
-  cpu_op_t *op; /* told when written; NULL for control messages */
+  cpu_op_t *op; /* its transfer is done when written; NULL for control messages */
   void *owned;
-  uint64_t cookie;     /* RMA: op is told on the ACK with this cookie, and the
-                          written message waits on the conn's `acks` list */
+  uint64_t cookie;     /* RMA: op's transfer is done on the ACK with this
+                          cookie; the written message waits on conn's acks */
   cpu_rma_desc_t desc; /* RMA: the payload on the wire */
 } cpu_msg_t;
 
-/* A message received before anyone wanted it. */
+/* A message received before anyone wanted it (progress thread). */
 typedef struct cpu_ux {
-  struct cpu_ux *next, *prev;
+  tdist__list_t link; /* group's ux list or ctx's orphans; self-linked when
+                         on neither (an ERR message being read) */
   cpu_hdr_t hdr;
   int src;       /* world rank of the sender */
   uint8_t *data; /* hdr.len bytes, from the buffer cache */
@@ -115,9 +143,10 @@ typedef struct cpu_ux {
   uint64_t since; /* uv_now() when the descriptor arrived */
 } cpu_ux_t;
 
-/* One transfer of an op: a send or a receive with one peer. */
+/* One transfer of an op: a send or a receive with one peer. Lives in the
+ * op's sends/recvs arrays (progress thread). */
 typedef struct cpu_xfer {
-  struct cpu_xfer *next, *prev; /* p2p: the group's posted-receive list */
+  tdist__list_t plink; /* p2p receive: the group's posted-receive list */
   cpu_op_t *op;
   int peer; /* group rank */
   uint8_t *ptr;
@@ -135,9 +164,14 @@ typedef struct cpu_xfer {
  * round k (the op is complete). */
 typedef int (*cpu_round_fn)(cpu_op_t *op, int k);
 
+/* An op's engine state. Owned by its group: on the group's free list, or
+ * (from post until completion or abort) on its active list with bop set.
+ * Progress thread only. */
 struct cpu_op {
-  cpu_op_t *next, *prev; /* group's active list / free list */
-  tdist_work_t *w;
+  tdist__list_t link;  /* group's active list (ops) or its pool (free_ops) */
+  tdist__list_t rlink; /* ctx->ready while it waits for the engine */
+  tdist__bk_op_t *bop; /* the core's op (bop->priv == this); NULL in the pool */
+  const tdist__op_args_t *args; /* bop->args */
   cpu_group_t *cg;
   int p2p;       /* 1 for send/recv/batch: no rounds */
   uint64_t cseq; /* collective number (cpu_group_t.next_cseq at post) */
@@ -145,46 +179,55 @@ struct cpu_op {
   void (*finish_fn)(cpu_op_t *op);
   int round;
   int pending; /* transfers of the current round (or p2p op) not done */
-  int advancing;
   int nsend, nrecv, cap;
   cpu_xfer_t *sends, *recvs;
-  /* op parameters, copied from w->args */
+  /* op parameters, copied from args */
   tdist_optype_t type;
   tdist_dtype_t dtype;
   tdist_redop_t redop;
   size_t count, es;
   int root, rank, size;
-  uint8_t *buf;     /* the buffer the algorithm works on */
-  uint8_t *scratch; /* staging for reducing receives (one per round) */
-  size_t scratch_cap;
+  uint8_t *buf; /* the buffer the algorithm works on */
   uint8_t *tmp; /* working copy (reduce non-root, reduce_scatter) */
   size_t tmp_cap;
   /* algorithm state */
-  int alg;
   size_t seg; /* segment bytes (pipelined algorithms) */
   int nseg;   /* segments per chunk */
   int pof2, extra;
 };
 
+/* A group's backend state. The fields above `link` are set on the caller
+ * thread before the group is registered (backend.c: attach) and read-only
+ * afterwards; the others belong to the progress thread. */
 struct cpu_group {
   cpu_ctx_t *ctx;
-  tdist_group_t *g;
-  cpu_group_t *next, *prev; /* ctx registry */
-  cpu_conn_t **conns;       /* group rank -> conn (NULL for self) */
-  cpu_op_t *ops;            /* active ops, oldest first */
-  cpu_op_t *free_ops;
-  cpu_ux_t *ux;       /* unexpected messages, arrival order */
-  cpu_xfer_t *precv;  /* posted p2p receives, post order */
-  uint64_t next_cseq; /* collectives posted so far */
-  int aborted;
-  int failing; /* scratch flag of cpu_on_conn_lost */
-  /* cma.c: this group's slot in the live-word table (NULL: no RMA sends) */
-  _Atomic uint64_t *live;
+  tdist__bk_group_t *bk;      /* the core's handle (tdist__bk_fail) */
+  tdist_progress_t *progress; /* the process's progress thread */
+  int rank, size;             /* in this group */
+  uint64_t uid;
+  char name[96];
+  int *global_ranks;  /* group rank -> world rank (a copy) */
+  int *grank;         /* world rank -> group rank, or -1 (ctx->size entries) */
+  cpu_conn_t **conns; /* group rank -> conn (NULL for self) */
+  _Atomic uint64_t *live; /* cma.c: this group's live word (NULL: no RMA sends) */
   uint64_t live_token;
-  uint64_t poison_at;   /* a sender aborted under a read: fail at +1 s ... */
-  char poison_why[200]; /* ... with this, unless its cause arrives first */
+  /* progress thread */
+  tdist__list_t link;     /* ctx->groups */
+  tdist__list_t ops;      /* active ops (cpu_op_t.link), post order */
+  tdist__list_t free_ops; /* the op pool */
+  tdist__list_t ux;       /* unexpected messages (cpu_ux_t.link), arrival order */
+  tdist__list_t precv;    /* posted p2p receives (cpu_xfer_t.plink), post order */
+  uint64_t next_cseq;     /* collectives posted so far */
+  int aborted;            /* vtable->abort ran: no more traffic */
+  /* cma.c: a sender aborted under a read; fail at poison_at + 1 s with
+   * poison_why, unless its cause arrives first */
+  int poisoned;
+  uint64_t poison_at;
+  char poison_why[200];
 };
 
+/* One connection (progress thread once started; conn.c builds it on the
+ * caller thread during setup). */
 struct cpu_conn {
   cpu_ctx_t *ctx;
   int peer; /* world rank */
@@ -201,14 +244,15 @@ struct cpu_conn {
                          is in rh, its payload waits in the kernel (io.c) */
   uint64_t parked_at; /* uv_now() when parked */
   char addr[80];
-  cpu_msg_t *txq, *txq_tail;
+  tdist__list_t txq; /* cpu_msg_t.link, oldest first */
   /* single copy on one host (cma.c) */
   int32_t pid;          /* the peer's process id */
   int cma_tx;           /* the peer reads our payloads itself: send descriptors */
   uint64_t cookie_next; /* last RMA cookie used */
-  cpu_msg_t *acks;      /* RMA messages written, waiting for their ACK */
+  tdist__list_t acks;   /* RMA messages written, waiting for their ACK, in
+                           write order (usually the order they come back) */
   cpu_rma_desc_t rdesc; /* an arriving descriptor is read here */
-  int rx_rma;           /* dispatching a descriptor (cpu_cma_on_desc) */
+  int rx_rma;           /* dispatching a descriptor (tdist__cpu_cma_on_desc) */
   /* receive */
   uint8_t *rx;
   size_t rx_lo, rx_hi; /* unparsed bytes are rx[rx_lo, rx_hi) */
@@ -232,17 +276,20 @@ static inline void cpu_rx_clear(cpu_conn_t *c) {
   c->rx_g = NULL;
 }
 
+/* Created on the caller thread (conn.c), then owned by the progress thread;
+ * freed there once the last group released it and its handles closed. */
 struct cpu_ctx {
-  int rank, size;
-  int refs; /* groups using it (caller threads, under ctx mutex-free rule:
-               only changed on the progress thread) */
+  int rank, size; /* world */
+  int refs;       /* groups using it (changed on the progress thread only) */
   int open_handles;
   tdist_progress_t *progress;
-  cpu_conn_t **conns; /* world rank -> conn */
-  cpu_group_t *groups;
-  cpu_ux_t *orphans; /* messages for unknown group uids */
-  int lost_peer;     /* world rank of the last peer lost without a goodbye, or
-                        -1; sent in our own goodbye */
+  cpu_conn_t **conns;    /* world rank -> conn */
+  tdist__list_t groups;  /* cpu_group_t.link */
+  tdist__list_t orphans; /* cpu_ux_t.link: messages for unknown group uids */
+  tdist__list_t ready;   /* cpu_op_t.rlink: ops whose round (or p2p op) is
+                            done, for the engine (tdist__cpu_run_ready) */
+  int lost_peer; /* world rank of the last peer lost without a goodbye, or
+                    -1; sent in our own goodbye */
   /* buffer cache */
   struct cpu_buf *bufs;
   size_t cached_bytes;
@@ -260,7 +307,7 @@ struct cpu_ctx {
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
-TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 0) /* 0: cpu_seg_bytes() picks */
+TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 0) /* 0: tdist__cpu_seg_bytes() picks */
 TDIST_PARAM(CpuRingBytes, "TDIST_CPU_ALLREDUCE_RING_BYTES", 256 << 10)
 TDIST_PARAM(CpuBcastChainBytes, "TDIST_CPU_BCAST_CHAIN_BYTES", 256 << 10)
 TDIST_PARAM(CpuAllgatherRingBytes, "TDIST_CPU_ALLGATHER_RING_BYTES", 1 << 20)
@@ -276,119 +323,130 @@ TDIST_PARAM(CpuCma, "TDIST_CPU_CMA", 1)
 TDIST_PARAM(CpuCmaBytes, "TDIST_CPU_CMA_BYTES", 256 << 10)
 
 /* ---- conn.c: setup and teardown ------------------------------------------- */
-/* Caller thread: listen, publish, connect the full mesh, register the polls. */
-int cpu_ctx_create(tdist_group_t *world, cpu_ctx_t **out);
+/* Caller thread: listen, trade addresses over the store, connect the full
+ * mesh, register the polls. p is the world group's. */
+int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out);
 /* Caller thread: drop a group's reference; the last one closes everything. */
-void cpu_ctx_release(cpu_ctx_t *ctx);
+void tdist__cpu_ctx_release(cpu_ctx_t *ctx);
 
 /* ---- io.c: the progress thread's socket work ------------------------------ */
-void cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thread) */
-/* Queue a message; tries to write at once. `op` is told when it is written. */
-void cpu_send(cpu_conn_t *c, cpu_msg_t *m);
-cpu_msg_t *cpu_msg_new(void);
-void cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
+void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thread) */
+/* Queue a message; writes at once if the queue was empty. m->op's transfer
+ * is done when m is written (or ACKed): recorded only (tdist__cpu_xfer_done). */
+void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m);
+cpu_msg_t *tdist__cpu_msg_new(void);
+void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
 /* Drop queued messages of ops of group uid (abort), copying a partly sent one. */
-void cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
+void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
 /* Deferred reads. A rank that is idle (no op active, no receive posted) and
  * sees the header of a large message for an op it has not posted yet leaves
- * the payload in the kernel (cpu_conn_park, from cpu_on_header) rather than
- * copying it twice (into a staging buffer, then into the destination): the
- * caller is usually about to post that op. Any post, the group's abort, a
- * peer's disconnect or TDIST_CPU_DEFER_US dispatches the header again
- * (cpu_ctx_unpark), and the payload then goes straight where it belongs. */
-void cpu_conn_park(cpu_conn_t *c);
-void cpu_conn_unpark(cpu_conn_t *c);
-void cpu_ctx_unpark(cpu_ctx_t *ctx);      /* every parked connection */
-void cpu_ctx_start_timer(cpu_ctx_t *ctx); /* init park_timer (progress thread) */
+ * the payload in the kernel (tdist__cpu_conn_park, from tdist__cpu_on_header)
+ * rather than copying it twice (into a staging buffer, then into the
+ * destination): the caller is usually about to post that op. Any post, the
+ * group's abort, a peer's disconnect or TDIST_CPU_DEFER_US dispatches the
+ * header again (tdist__cpu_ctx_unpark), and the payload then goes straight
+ * where it belongs. */
+void tdist__cpu_conn_park(cpu_conn_t *c);
+void tdist__cpu_conn_unpark(cpu_conn_t *c);
+void tdist__cpu_ctx_unpark(cpu_ctx_t *ctx);      /* every parked connection */
+void tdist__cpu_ctx_start_timer(cpu_ctx_t *ctx); /* init park_timer (progress thread) */
 
-/* RMA message with cookie acked by c's peer: its op is told (io.c). */
-void cpu_conn_acked(cpu_conn_t *c, uint64_t cookie);
+/* RMA message with cookie acked by c's peer: its transfer is done (io.c). */
+void tdist__cpu_conn_acked(cpu_conn_t *c, uint64_t cookie);
 /* Free the send queue and the ACK waiters (the conn is dead). */
-void cpu_conn_free_queues(cpu_conn_t *c);
+void tdist__cpu_conn_free_queues(cpu_conn_t *c);
 
 /* ---- cma.c: single copy between processes of one host ---------------------- */
-int cpu_cma_enabled(void);
-void cpu_cma_hello(cpu_cma_hello_t *me);        /* caller thread, setup */
-int cpu_cma_probe(const cpu_cma_hello_t *peer); /* 1: we can read the peer */
-void cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
-void cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
-void cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
-void cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
+int tdist__cpu_cma_enabled(void);
+void tdist__cpu_cma_hello(cpu_cma_hello_t *me);        /* caller thread, setup */
+int tdist__cpu_cma_probe(const cpu_cma_hello_t *peer); /* 1: we can read the peer */
+void tdist__cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
+void tdist__cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
+void tdist__cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
+void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
  * our memory and len >= TDIST_CPU_CMA_BYTES (m->hdr must be filled). */
-void cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len);
-void cpu_cma_on_desc(cpu_conn_t *c); /* a descriptor arrived in c->rdesc */
+void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr,
+                            size_t len);
+void tdist__cpu_cma_on_desc(cpu_conn_t *c); /* a descriptor arrived in c->rdesc */
 /* Read pending descriptor u into dst and ACK it: 0; -1: the read failed and
- * so did cg; -2: the sender aborted, cg waits for the cause (u is read no
- * more, the transfer never completes). */
-int cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst);
-void cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u); /* never to be read: ACK it */
-extern _Atomic uint64_t cpu_cma_reads;          /* payloads read across processes */
+ * cg's failure is reported; -2: the sender aborted, cg waits for the cause.
+ * u is no longer pending either way (on failure the transfer never
+ * completes; the caller frees u). */
+int tdist__cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst);
+void tdist__cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u); /* never to be read: ACK it */
+extern _Atomic uint64_t tdist__cpu_cma_reads;          /* payloads read across processes */
 
-/* ---- buffer cache (io.c) --------------------------------------------------- */
-void *cpu_buf_get(cpu_ctx_t *ctx, size_t len);
-void cpu_buf_put(cpu_ctx_t *ctx, void *p);
-void cpu_buf_drain(cpu_ctx_t *ctx);
+/* ---- buffer cache (io.c, progress thread) ------------------------------------ */
+void *tdist__cpu_buf_get(cpu_ctx_t *ctx, size_t len);
+void tdist__cpu_buf_put(cpu_ctx_t *ctx, void *p);
+void tdist__cpu_buf_drain(cpu_ctx_t *ctx);
 
-/* ---- dispatch.c: called by io.c --------------------------------------------- */
+/* ---- dispatch.c: the transport's receive side, called by io.c and cma.c ---- */
 /* A header arrived on c; set c->rx_dst/rx_op/rx_x/rx_ux for its payload. */
-void cpu_on_header(cpu_conn_t *c);
+void tdist__cpu_on_header(cpu_conn_t *c);
 /* The payload of the current message is complete. */
-void cpu_on_payload(cpu_conn_t *c);
-/* Connection lost (progress thread). */
-void cpu_on_conn_lost(cpu_conn_t *c, const char *why);
-/* A queued message of op was fully written. */
-void cpu_on_sent(cpu_op_t *op);                /* engine.c */
-void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u); /* engine.c */
+void tdist__cpu_on_payload(cpu_conn_t *c);
+/* Connection lost: reports the failure of the groups that still need the
+ * peer (deferred) and stops all I/O on c. */
+void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why);
 
 /* ---- algos.c ---------------------------------------------------------------- */
 /* Pipeline segment of ring and chain rounds: TDIST_CPU_SEGMENT_BYTES, else
  * 512 KiB, or 2 MiB when this host's ranks (LOCAL_WORLD_SIZE) outnumber
  * its CPUs (docs/cpu-backend.md). */
-size_t cpu_seg_bytes(void);
+size_t tdist__cpu_seg_bytes(void);
 /* Pick the algorithm for op and set round_fn/finish_fn; may allocate tmp. */
-int cpu_algo_setup(cpu_op_t *op);
-/* Add a transfer of the current round (grows the arrays). */
-int cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len);
-int cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce);
-int cpu_op_reserve(cpu_op_t *op, int n);
+int tdist__cpu_algo_setup(cpu_op_t *op);
+/* Add a transfer of the current round (room reserved by algo_setup). */
+int tdist__cpu_op_send(cpu_op_t *op, int peer, const void *ptr, size_t len);
+int tdist__cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce);
+int tdist__cpu_op_reserve(cpu_op_t *op, int n);
 
-/* ---- reduce.c ----------------------------------------------------------------- */
+/* ---- reduce.c (any thread) ------------------------------------------------------ */
 /* dst[i] = dst[i] (op) src[i] for n elements; AVG and PREMUL_SUM reduce as SUM. */
-void cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op);
+void tdist__cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op);
 /* buf[i] *= scalar (PREMUL_SUM input scaling). */
-void cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar);
+void tdist__cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar);
 /* buf[i] /= divisor (AVG; integers truncate toward zero). */
-void cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor);
-float cpu_half_to_float(uint16_t h);
-uint16_t cpu_float_to_half(float f);
-float cpu_bf16_to_float(uint16_t h);
-uint16_t cpu_float_to_bf16(float f);
+void tdist__cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor);
+float tdist__cpu_half_to_float(uint16_t h);
+uint16_t tdist__cpu_float_to_half(float f);
+float tdist__cpu_bf16_to_float(uint16_t h);
+uint16_t tdist__cpu_float_to_bf16(float f);
 
-extern const tdist__backend_ops_t tdist__cpu_backend;
+/* ---- backend.c: the backend as the core's table lists it ------------------------ */
+extern const tdist__backend_t tdist__cpu_backend;
 
-/* ---- engine.c, shared with dispatch.c and backend.c (vtable); progress
+/* ---- engine.c, shared with dispatch.c, cma.c and backend.c; progress
  * thread only. ---- */
-cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
-int cpu_grank_of(const cpu_group_t *cg, int world); /* group rank of a world rank, or -1 */
-void cpu_ux_append(cpu_ux_t **head, cpu_ux_t *u);
-void cpu_ux_unlink(cpu_ux_t **head, cpu_ux_t *u);
-void cpu_detach_rx(cpu_group_t *cg);   /* stop socket reads into cg's buffers */
-cpu_op_t *cpu_op_get(cpu_group_t *cg); /* from the group's free list */
-void cpu_op_put(cpu_op_t *op);         /* back to it */
-void cpu_op_unlink(cpu_op_t *op);      /* off the active list */
-void cpu_advance(cpu_op_t *op);        /* run rounds as far as they can go */
-int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
-void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x);
-int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
-int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
+cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
+/* Group rank of a world rank, or -1. */
+static inline int tdist__cpu_grank_of(const cpu_group_t *cg, int world) {
+  return world >= 0 && world < cg->ctx->size ? cg->grank[world] : -1;
+}
 /* An unexpected message with room for its payload (none when nodata). */
-cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata);
-cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq */
-cpu_xfer_t *cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */
-void cpu_xfer_done(cpu_op_t *op);                     /* a transfer of op finished */
-void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
-cpu_xfer_t *cpu_precv_match(cpu_group_t *cg, int src, int tag); /* posted p2p receive */
-void cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u); /* give u to its receive, if posted */
+cpu_ux_t *tdist__cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata);
+/* Free u, taking it off its list if it is on one. */
+void tdist__cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
+void tdist__cpu_detach_rx(cpu_group_t *cg);   /* stop socket reads into cg's buffers */
+cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg); /* from the group's pool */
+void tdist__cpu_op_put(cpu_op_t *op);         /* off every list, back to the pool */
+/* A transfer of op is done: op->pending--, and at 0 the op goes on the ready
+ * list (once). Records only: safe anywhere in the transport. */
+void tdist__cpu_xfer_done(cpu_op_t *op);
+/* Put op on the ready list if it is not on it. */
+void tdist__cpu_ready(cpu_op_t *op);
+/* The engine: advance the ready ops until none is left. Top-level points
+ * only (cpu.h). */
+void tdist__cpu_run_ready(cpu_ctx_t *ctx);
+int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
+int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
+cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq */
+cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */
+void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
+int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
+cpu_xfer_t *tdist__cpu_precv_match(cpu_group_t *cg, int src, int tag); /* posted p2p receive */
+void tdist__cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u); /* give u to its receive, if posted */
 
 #endif

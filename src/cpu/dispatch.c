@@ -1,17 +1,23 @@
 /*
  * dispatch.c - where an incoming message goes (progress thread, called by
- * io.c): a header picks the receive its payload is read into (a posted
- * round or p2p receive, an unexpected-list buffer, the orphan list, or a
- * parked socket), a finished payload completes its transfer or waits to be
- * claimed, and a lost connection fails the groups that still need the peer.
- * The engine it feeds (rounds, matching) is engine.c.
+ * io.c and cma.c; part of the transport): a header picks the receive its
+ * payload is read into (a posted round or p2p receive, an unexpected-list
+ * buffer, the orphan list, or a parked socket), a finished payload marks
+ * its transfer done or waits to be claimed, and a lost connection reports
+ * the failure of the groups that still need the peer.
+ *
+ * Nothing here runs the engine (cpu.h): a finished transfer only puts its
+ * op on the ready list (tdist__cpu_xfer_done), and failures go through
+ * tdist__bk_fail / tdist__bk_fail_remote, which the core delivers after the
+ * current I/O step. A group whose failure is reported keeps receiving
+ * harmlessly until the core aborts it.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/error.h"
 #include "cpu/cpu.h"
 
 /* ---- dispatch from io.c ----------------------------------------------------------- */
@@ -25,12 +31,15 @@ static int may_park(cpu_ctx_t *ctx, const cpu_hdr_t *h) {
   if (ctx->no_park || !ctx->timer_on || min <= 0 || tdist__param_CpuDeferUs() <= 0) return 0;
   if (min < 2 * CPU_RX_CAP) min = 2 * CPU_RX_CAP; /* more than can be staged */
   if (h->len < (uint64_t)min) return 0;
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next)
-    if (cg->ops || cg->precv) return 0;
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (!tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->precv)) return 0;
+  }
   return 1;
 }
 
-void cpu_on_header(cpu_conn_t *c) {
+void tdist__cpu_on_header(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   const cpu_hdr_t *h = &c->rh;
   if (h->kind == CPU_MSG_BYE) {
@@ -39,55 +48,59 @@ void cpu_on_header(cpu_conn_t *c) {
     return;
   }
   if (h->kind == CPU_MSG_ACK) {
-    cpu_conn_acked(c, h->seq);
+    tdist__cpu_conn_acked(c, h->seq);
     return;
   }
   if (h->kind == CPU_MSG_RMA) {
     if (h->len != sizeof(c->rdesc)) {
-      cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
+      tdist__cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
       return;
     }
-    c->rx_dst = (uint8_t *)&c->rdesc; /* cpu_on_payload -> cpu_cma_on_desc */
+    c->rx_dst = (uint8_t *)&c->rdesc; /* tdist__cpu_on_payload -> tdist__cpu_cma_on_desc */
     return;
   }
-  cpu_group_t *cg = cpu_group_find(ctx, h->uid);
+  cpu_group_t *cg = tdist__cpu_group_find(ctx, h->uid);
   if (h->kind == CPU_MSG_ERR || !cg) {
     /* Errors are read whole; messages of groups not created here yet wait
      * in the orphan list. */
-    cpu_ux_t *u = cpu_ux_new(ctx, h, c->peer, c->rx_rma);
-    if (!u) return;
-    if (h->kind != CPU_MSG_ERR) cpu_ux_append(&ctx->orphans, u);
+    cpu_ux_t *u = tdist__cpu_ux_new(ctx, h, c->peer, c->rx_rma);
+    if (!u) return; /* no memory: the payload is discarded */
+    if (h->kind != CPU_MSG_ERR) tdist__list_push_back(&ctx->orphans, &u->link);
     c->rx_ux = u;
     c->rx_dst = u->data;
     return;
   }
   if (cg->aborted) return; /* discard */
-  int src = cpu_grank_of(cg, c->peer);
+  int src = tdist__cpu_grank_of(cg, c->peer);
   if (src < 0) return;
   c->rx_g = cg;
   if (h->kind == CPU_MSG_COLL) {
-    cpu_op_t *op = cpu_op_find(cg, h->seq);
-    if (op && cpu_check_coll(cg, op, h, src)) return;
+    cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+    if (op && tdist__cpu_check_coll(cg, op, h, src)) return;
     if (op && op->round == (int)h->slot) {
-      cpu_xfer_t *x = cpu_round_recv(op, src);
+      cpu_xfer_t *x = tdist__cpu_round_recv(op, src);
       if (x && x->len == h->len) {
         c->rx_op = op;
         c->rx_x = x;
-        c->rx_dst = x->reduce ? cpu_buf_get(ctx, h->len) : x->ptr;
+        c->rx_dst = x->reduce ? tdist__cpu_buf_get(ctx, h->len) : x->ptr;
         if (c->rx_dst) return;
         c->rx_op = NULL;
         c->rx_x = NULL;
       }
     }
   } else if (h->kind == CPU_MSG_P2P) {
-    cpu_xfer_t *x = cpu_precv_match(cg, src, h->root);
+    cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, h->root);
     /* Only if nothing older from this peer with this tag is waiting. */
     int older = 0;
-    for (cpu_ux_t *u = cg->ux; u && x; u = u->next)
-      if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
+    tdist__list_t *n;
+    if (x)
+      tdist__list_foreach(n, &cg->ux) {
+        cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+        if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
+      }
     if (x && !older) {
-      cpu_precv_unlink(cg, x);
-      if (cpu_check_p2p(cg, x, h, src)) return;
+      tdist__list_remove(&x->plink);
+      if (tdist__cpu_check_p2p(cg, x, h, src)) return;
       c->rx_op = x->op;
       c->rx_x = x;
       c->rx_dst = x->ptr;
@@ -95,34 +108,34 @@ void cpu_on_header(cpu_conn_t *c) {
     }
   }
   if (!c->rx_rma && may_park(ctx, h)) {
-    cpu_conn_park(c);
+    tdist__cpu_conn_park(c);
     return;
   }
-  cpu_ux_t *u = cpu_ux_new(ctx, h, c->peer, c->rx_rma);
+  cpu_ux_t *u = tdist__cpu_ux_new(ctx, h, c->peer, c->rx_rma);
   if (!u) {
-    tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
-    return;
+    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    return; /* the payload is discarded */
   }
-  cpu_ux_append(&cg->ux, u);
+  tdist__list_push_back(&cg->ux, &u->link);
   c->rx_ux = u;
   c->rx_dst = u->data;
 }
 
 static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
-  cpu_group_t *cg = cpu_group_find(c->ctx, u->hdr.uid);
+  cpu_group_t *cg = tdist__cpu_group_find(c->ctx, u->hdr.uid);
   if (cg && !cg->aborted) {
     int status =
         u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
     /* The text names the sender ("rank 1 aborted the group: ..."); the
      * sender published the abort record itself. */
-    tdist__group_fail_remote(cg->g, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
+    tdist__bk_fail_remote(cg->bk, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
   }
-  cpu_ux_free(c->ctx, u);
+  tdist__cpu_ux_free(c->ctx, u);
 }
 
-void cpu_on_payload(cpu_conn_t *c) {
+void tdist__cpu_on_payload(cpu_conn_t *c) {
   if (c->rh.kind == CPU_MSG_RMA) {
-    cpu_cma_on_desc(c);
+    tdist__cpu_cma_on_desc(c);
     return;
   }
   cpu_op_t *op = c->rx_op;
@@ -142,37 +155,43 @@ void cpu_on_payload(cpu_conn_t *c) {
   if (x) {
     if (x->reduce) x->stage = dst;
     x->done = 1;
-    cpu_xfer_done(op);
+    tdist__cpu_xfer_done(op);
     return;
   }
   if (!u) return;
   u->complete = 1;
   if (!cg) return; /* orphan */
   if (u->hdr.kind == CPU_MSG_P2P) {
-    cpu_claim_p2p(cg, u);
+    tdist__cpu_claim_p2p(cg, u);
     return;
   }
-  cpu_op_t *o = cpu_op_find(cg, u->hdr.seq);
+  cpu_op_t *o = tdist__cpu_op_find(cg, u->hdr.seq);
   if (!o || o->round != (int)u->hdr.slot) return;
-  cpu_xfer_t *rx = cpu_round_recv(o, cpu_grank_of(cg, u->src));
-  if (rx) cpu_deliver_ux(cg, o, rx, u);
+  cpu_xfer_t *rx = tdist__cpu_round_recv(o, tdist__cpu_grank_of(cg, u->src));
+  if (rx) tdist__cpu_deliver_ux(cg, o, rx, u);
 }
 
 /* Does group cg still need peer r (group rank) for what it is running? Used
  * after an orderly goodbye: a peer that finished its part of an op may leave
  * before the others finish theirs. */
 static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
-  for (cpu_msg_t *m = c->txq; m; m = m->next)
+  tdist__list_t *n;
+  tdist__list_foreach(n, &c->txq) {
+    const cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
     if (m->op && m->op->cg == cg) return 1;
-  for (cpu_msg_t *m = c->acks; m; m = m->next)
+  }
+  tdist__list_foreach(n, &c->acks) {
+    const cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
     if (m->op && m->op->cg == cg) return 1; /* it has not read our payload */
-  for (cpu_op_t *op = cg->ops; op; op = op->next) {
+  }
+  tdist__list_foreach(n, &cg->ops) {
+    const cpu_op_t *op = tdist__list_entry(n, cpu_op_t, link);
     if (op->p2p) {
       /* Receives not in yet; a p2p op keeps sends and receives alike in
-       * recvs[] (cpu_post_p2p), and sends are covered above. */
-      const tdist__op_args_t *a = &op->w->args;
-      int batch = a->type == TDIST_OP_BATCH_P2P, n = batch ? a->np2p : 1;
-      for (int i = 0; i < n; i++) {
+       * recvs[] (tdist__cpu_post_p2p), and sends are covered above. */
+      const tdist__op_args_t *a = op->args;
+      int batch = a->type == TDIST_OP_BATCH_P2P, np = batch ? a->np2p : 1;
+      for (int i = 0; i < np; i++) {
         int recv = batch ? a->p2p[i].kind == TDIST_P2P_RECV : a->type == TDIST_OP_RECV;
         if (recv && op->recvs[i].peer == r && !op->recvs[i].done) return 1;
       }
@@ -184,15 +203,21 @@ static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
   return 0;
 }
 
-void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
+void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   if (c->dead) return;
   cpu_ctx_t *ctx = c->ctx;
   TDIST_INFO(CPU, "world rank %d (%s) %s", c->peer, c->addr, why);
   if (!c->bye) ctx->lost_peer = c->peer;
-  /* Decide which groups fail before the queue is dropped. */
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    int r = cpu_grank_of(cg, c->peer);
-    cg->failing = r >= 0 && !cg->aborted && needs_peer(cg, r, c);
+  /* Which groups fail is decided before the queues are dropped; the
+   * failures are only queued (the core aborts those groups after this I/O
+   * step), so the loop and the cleanup below run undisturbed. */
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    int r = tdist__cpu_grank_of(cg, c->peer);
+    if (r >= 0 && !cg->aborted && needs_peer(cg, r, c))
+      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r,
+                     c->peer, c->addr, why);
   }
   if (c->parked) {
     c->parked = 0;
@@ -200,19 +225,9 @@ void cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
-  cpu_conn_free_queues(c);
-  if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
+  tdist__cpu_conn_free_queues(c);
+  if (c->rx_x && c->rx_x->reduce && c->rx_dst) tdist__cpu_buf_put(ctx, c->rx_dst);
   c->rx_body = 0;
-  c->rx_dst = NULL;
-  c->rx_op = NULL;
-  c->rx_x = NULL;
-  if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) cpu_ux_free(ctx, c->rx_ux);
-  c->rx_ux = NULL;
-  c->rx_g = NULL;
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next) {
-    if (!cg->failing) continue;
-    cg->failing = 0;
-    tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s",
-                      cpu_grank_of(cg, c->peer), c->peer, c->addr, why);
-  }
+  if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) tdist__cpu_ux_free(ctx, c->rx_ux);
+  cpu_rx_clear(c);
 }

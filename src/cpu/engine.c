@@ -1,46 +1,50 @@
 /*
- * engine.c - the CPU backend's progress-thread engine: ops (rounds,
- * completion), point-to-point matching, unexpected messages and mismatch
- * detection. Message dispatch and peer loss are in dispatch.c, the vtable
- * (groups, post, abort) in backend.c.
+ * engine.c - the CPU backend's engine (progress thread): ops (pool, rounds,
+ * completion), the ready list, unexpected messages, mismatch detection and
+ * point-to-point matching. Message dispatch and peer loss are in
+ * dispatch.c, the vtable (groups, post, abort) in backend.c.
  *
- * Ownership: a cpu_group_t belongs to its tdist group (g->bstate) and is
- * touched only on the progress thread once registered. An op (w->bk) lives
- * on its group's active list from post until completion or abort; abort puts
- * every op back on the group's free list without finishing its work (the
- * core does that), and detaches any socket read that was filling one of the
- * group's buffers.
+ * Ownership: a cpu_group_t is the core's `state` for its group and is
+ * touched only on the progress thread once registered. An op (bop->priv)
+ * lives on its group's active list from post until the engine completes it
+ * or abort forgets it; either returns it to the group's pool. Abort (and
+ * destroy) also take it off the ready list and detach any socket read that
+ * was filling one of the group's buffers; the core finishes the core's ops.
+ *
+ * No re-entry (cpu.h): the transport calls only tdist__cpu_xfer_done,
+ * tdist__cpu_deliver_ux and the matching helpers here, which record progress
+ * and never run rounds; rounds run in tdist__cpu_run_ready, called from
+ * top-level points only, and every failure is reported with tdist__bk_fail
+ * (deferred by the core).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/error.h"
 #include "cpu/cpu.h"
 
-int cpu_grank_of(const cpu_group_t *cg, int world) {
-  for (int i = 0; i < cg->g->size; i++)
-    if (cg->g->global_ranks[i] == world) return i;
-  return -1;
-}
-
-cpu_group_t *cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
-  for (cpu_group_t *cg = ctx->groups; cg; cg = cg->next)
-    if (cg->g->uid == uid) return cg;
+cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (cg->uid == uid) return cg;
+  }
   return NULL;
 }
 
 /* ---- unexpected messages ---------------------------------------------------- */
 
 /* nodata: an RMA descriptor (cma.c), read only when claimed. */
-cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
+cpu_ux_t *tdist__cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
   cpu_ux_t *u = tdist__calloc(1, sizeof(*u));
   if (!u) return NULL;
+  tdist__list_init(&u->link);
   u->hdr = *h;
   u->src = src;
   if (nodata) return u;
-  u->data = cpu_buf_get(ctx, h->len);
+  u->data = tdist__cpu_buf_get(ctx, h->len);
   if (!u->data) {
     tdist__free(u);
     return NULL;
@@ -48,69 +52,53 @@ cpu_ux_t *cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata) {
   return u;
 }
 
-void cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
-  cpu_cma_drop(ctx, u);
-  cpu_buf_put(ctx, u->data);
+void tdist__cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  if (tdist__list_linked(&u->link)) tdist__list_remove(&u->link);
+  tdist__cpu_cma_drop(ctx, u);
+  tdist__cpu_buf_put(ctx, u->data);
   tdist__free(u);
 }
 
-void cpu_ux_append(cpu_ux_t **head, cpu_ux_t *u) {
-  u->next = NULL;
-  u->prev = NULL;
-  if (!*head) {
-    *head = u;
-    return;
-  }
-  cpu_ux_t *t = *head;
-  while (t->next)
-    t = t->next;
-  t->next = u;
-  u->prev = t;
-}
-
-void cpu_ux_unlink(cpu_ux_t **head, cpu_ux_t *u) {
-  if (u->prev)
-    u->prev->next = u->next;
-  else
-    *head = u->next;
-  if (u->next) u->next->prev = u->prev;
-  u->next = u->prev = NULL;
-}
-
 /* Forget any socket read that targets group cg (abort, destroy). */
-void cpu_detach_rx(cpu_group_t *cg) {
+void tdist__cpu_detach_rx(cpu_group_t *cg) {
   cpu_ctx_t *ctx = cg->ctx;
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->rx_body || c->rx_g != cg) continue;
     if (c->parked) {
-      cpu_conn_unpark(c); /* cg is aborted: the payload is discarded */
+      tdist__cpu_conn_unpark(c); /* cg is aborted: the payload is discarded */
       continue;
     }
-    if (c->rx_x && c->rx_x->reduce && c->rx_dst) cpu_buf_put(ctx, c->rx_dst);
+    if (c->rx_x && c->rx_x->reduce && c->rx_dst) tdist__cpu_buf_put(ctx, c->rx_dst);
     cpu_rx_clear(c);
   }
 }
 
 /* ---- ops ------------------------------------------------------------------------ */
 
-cpu_op_t *cpu_op_get(cpu_group_t *cg) {
-  cpu_op_t *op = cg->free_ops;
-  if (op) {
-    cg->free_ops = op->next;
+cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg) {
+  cpu_op_t *op;
+  tdist__list_t *n = tdist__list_first(&cg->free_ops);
+  if (n) {
+    tdist__list_remove(n);
+    op = tdist__list_entry(n, cpu_op_t, link);
   } else {
     op = tdist__calloc(1, sizeof(*op));
     if (!op) return NULL;
-    if (cpu_op_reserve(op, cg->g->size + 1) != 0) {
+    if (tdist__cpu_op_reserve(op, cg->size + 1) != 0) {
+      tdist__free(op->sends);
+      tdist__free(op->recvs);
       tdist__free(op);
       return NULL;
     }
+    tdist__list_init(&op->link);
+    tdist__list_init(&op->rlink);
   }
-  op->next = op->prev = NULL;
   op->cg = cg;
+  op->bop = NULL;
+  op->args = NULL;
   op->round = -1;
   op->pending = 0;
-  op->advancing = 0;
   op->nsend = op->nrecv = 0;
   op->tmp = NULL;
   op->tmp_cap = 0;
@@ -122,51 +110,47 @@ cpu_op_t *cpu_op_get(cpu_group_t *cg) {
 static void release_stages(cpu_op_t *op) {
   for (int i = 0; i < op->nrecv; i++) {
     cpu_xfer_t *x = &op->recvs[i];
-    if (x->reduce && x->done && x->stage) cpu_buf_put(op->cg->ctx, x->stage);
+    if (x->reduce && x->done && x->stage) tdist__cpu_buf_put(op->cg->ctx, x->stage);
     x->stage = NULL;
   }
 }
 
-void cpu_op_put(cpu_op_t *op) {
+void tdist__cpu_op_put(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
+  if (tdist__list_linked(&op->link)) tdist__list_remove(&op->link);
+  if (tdist__list_linked(&op->rlink)) tdist__list_remove(&op->rlink);
   release_stages(op);
-  if (op->tmp) cpu_buf_put(cg->ctx, op->tmp);
+  if (op->tmp) tdist__cpu_buf_put(cg->ctx, op->tmp);
   op->tmp = NULL;
-  op->w = NULL;
+  if (op->bop) op->bop->priv = NULL;
+  op->bop = NULL;
+  op->args = NULL;
   op->nsend = op->nrecv = 0;
-  op->next = cg->free_ops;
-  cg->free_ops = op;
+  tdist__list_push_front(&cg->free_ops, &op->link);
 }
 
-void cpu_op_unlink(cpu_op_t *op) {
-  cpu_group_t *cg = op->cg;
-  if (op->prev)
-    op->prev->next = op->next;
-  else if (cg->ops == op)
-    cg->ops = op->next;
-  if (op->next) op->next->prev = op->prev;
-  op->next = op->prev = NULL;
-}
-
+/* Engine only: the op is done; the core hears after this I/O step. */
 static void op_complete(cpu_op_t *op) {
-  tdist_work_t *w = op->w;
-  cpu_op_unlink(op);
+  tdist__bk_op_t *bop = op->bop;
   if (op->finish_fn) op->finish_fn(op);
-  cpu_op_put(op);
-  tdist__work_finish(w, 0, "ok");
+  tdist__cpu_op_put(op);
+  tdist__bk_complete(bop, 0, "ok");
 }
 
-cpu_op_t *cpu_op_find(cpu_group_t *cg, uint64_t seq) {
-  for (cpu_op_t *op = cg->ops; op; op = op->next)
+cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq) {
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ops) {
+    cpu_op_t *op = tdist__list_entry(n, cpu_op_t, link);
     if (!op->p2p && op->cseq == seq) return op;
+  }
   return NULL;
 }
 
-/* ---- failures -------------------------------------------------------------- */
+/* ---- mismatches ------------------------------------------------------------ */
 
-/* Compare a peer's header with the local op; 1 (and the group failed) if
- * they disagree. */
-int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
+/* Compare a peer's header with the local op; 1 (and the group's failure
+ * reported) if they disagree. The text names both sides. */
+int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
                op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
   int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
@@ -189,60 +173,56 @@ int cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
            " %s%s but rank %d "
            "posted %s count %zu %s%s",
            h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
-           tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->g->rank, tdist_op_name(op->type),
+           tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->rank, tdist_op_name(op->type),
            op->count, tdist_dtype_name(op->dtype), extra_b);
-  tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
+  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
   return 1;
 }
 
-int cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
+int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
   if (h->count == x->count && h->dtype == x->dtype) return 0;
   char text[256];
   snprintf(text, sizeof(text),
            "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but rank %d posted a "
            "receive of count %zu %s",
-           src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->g->rank,
+           src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
            x->count, tdist_dtype_name(x->dtype));
-  tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
+  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
   return 1;
 }
 
-/* ---- the round engine ------------------------------------------------------ */
+/* ---- recording progress (safe anywhere in the transport) --------------------- */
 
-void cpu_xfer_done(cpu_op_t *op) {
-  if (--op->pending > 0) return;
-  if (op->p2p)
-    op_complete(op);
-  else
-    cpu_advance(op);
+void tdist__cpu_ready(cpu_op_t *op) {
+  if (!tdist__list_linked(&op->rlink)) tdist__list_push_back(&op->cg->ctx->ready, &op->rlink);
 }
 
-void cpu_on_sent(cpu_op_t *op) { cpu_xfer_done(op); }
+void tdist__cpu_xfer_done(cpu_op_t *op) {
+  if (--op->pending == 0) tdist__cpu_ready(op);
+}
 
-/* Hand a complete unexpected message to receive x of op, and free it. */
-void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
-  cpu_ux_unlink(&cg->ux, u);
+/* Hand a complete unexpected message to receive x of op, and free it. On a
+ * failure (reported) x stays undone, so op waits for the abort. */
+void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
   if (u->hdr.len != x->len) {
     char text[160];
     snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
-             cpu_grank_of(cg, u->src), u->hdr.len, x->len);
-    cpu_ux_free(cg->ctx, u);
-    tdist__group_fail(cg->g, TDIST_ERR_MISMATCH, "%s", text);
+             tdist__cpu_grank_of(cg, u->src), u->hdr.len, x->len);
+    tdist__cpu_ux_free(cg->ctx, u);
+    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
     return;
   }
   if (u->rma) {
     /* Read from the sender now, into place (or a stage to reduce). */
-    uint8_t *dst = x->reduce ? cpu_buf_get(cg->ctx, x->len) : x->ptr;
+    uint8_t *dst = x->reduce ? tdist__cpu_buf_get(cg->ctx, x->len) : x->ptr;
     if (!dst) {
-      cpu_ux_free(cg->ctx, u);
-      tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+      tdist__cpu_ux_free(cg->ctx, u);
+      tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
       return;
     }
-    tdist_work_t *w = op->w;
-    int rc = cpu_cma_fetch(cg->ctx, cg, u, dst);
-    if (rc != 0 || op->w != w) { /* the group failed */
-      if (x->reduce) cpu_buf_put(cg->ctx, dst);
-      cpu_ux_free(cg->ctx, u);
+    if (tdist__cpu_cma_fetch(cg->ctx, cg, u, dst) != 0) {
+      if (x->reduce) tdist__cpu_buf_put(cg->ctx, dst);
+      tdist__cpu_ux_free(cg->ctx, u);
       return;
     }
     if (x->reduce) x->stage = dst;
@@ -253,8 +233,8 @@ void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
     memcpy(x->ptr, u->data, x->len);
   }
   x->done = 1;
-  cpu_ux_free(cg->ctx, u);
-  cpu_xfer_done(op);
+  tdist__cpu_ux_free(cg->ctx, u);
+  tdist__cpu_xfer_done(op);
 }
 
 /* Receive x of op wants message u, whose payload is still being read from
@@ -262,7 +242,8 @@ void cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
  * receive, the staging buffer is taken over) and the rest of the payload is
  * read straight into the destination. A rank that posts an op a little
  * after its peer sent it (the usual case in a loop of large ops) copies only
- * what arrived in between, not the whole payload. */
+ * what arrived in between, not the whole payload. Engine only: it runs
+ * between two reads of that connection, never inside one. */
 static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
   cpu_conn_t *c = cg->ctx->conns[u->src];
   if (!c || c->dead || !c->rx_body || c->rx_ux != u || u->hdr.len != x->len) return;
@@ -276,140 +257,168 @@ static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) 
   c->rx_op = op;
   c->rx_x = x;
   c->rx_ux = NULL;
-  cpu_ux_unlink(&cg->ux, u);
-  cpu_ux_free(cg->ctx, u);
+  tdist__cpu_ux_free(cg->ctx, u);
 }
 
-cpu_xfer_t *cpu_round_recv(cpu_op_t *op, int src) {
+cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src) {
   for (int i = 0; i < op->nrecv; i++)
     if (op->recvs[i].peer == src && !op->recvs[i].done) return &op->recvs[i];
   return NULL;
 }
 
 static int have_ux(cpu_group_t *cg, uint64_t cseq, int k, int world_src) {
-  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
     if (u->complete && u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == cseq &&
         u->hdr.slot == (uint32_t)k && u->src == world_src)
       return 1;
+  }
   return 0;
 }
 
-void cpu_advance(cpu_op_t *op) {
-  if (op->advancing) return;
-  op->advancing = 1;
+/* ---- the engine -------------------------------------------------------------- */
+
+/* Send x of round k of collective op. */
+static void send_one(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int k) {
+  cpu_conn_t *c = cg->conns[x->peer];
+  cpu_msg_t *m = tdist__cpu_msg_new();
+  if (!m) {
+    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    return; /* x never completes: op waits for the abort */
+  }
+  m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
+                       .kind = CPU_MSG_COLL,
+                       .optype = (uint8_t)op->type,
+                       .dtype = (uint8_t)op->dtype,
+                       .redop = (uint8_t)op->redop,
+                       .uid = cg->uid,
+                       .seq = op->cseq,
+                       .count = op->count,
+                       .slot = (uint32_t)k,
+                       .root = op->root,
+                       .len = x->len};
+  tdist__cpu_msg_payload(c, cg, m, x->ptr, x->len);
+  m->op = op;
+  tdist__cpu_send(c, m); /* may be written (and x done) at once: recorded only */
+}
+
+/* One step of a ready op (its pending count is 0): fold the finished round's
+ * staged receives in, then start the next round or complete the op. A
+ * round that is done at once puts the op back on the ready list. */
+static void advance(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
-  tdist_work_t *w = op->w;
-  while (op->pending == 0) {
-    /* End of the previous round: fold the staged receives in. */
-    for (int i = 0; i < op->nrecv; i++) {
-      cpu_xfer_t *x = &op->recvs[i];
-      if (x->reduce && x->stage) {
-        cpu_reduce(x->ptr, x->stage, x->len / op->es, op->dtype, op->redop);
-        cpu_buf_put(cg->ctx, x->stage);
-        x->stage = NULL;
-      }
+  if (op->p2p) {
+    op_complete(op);
+    return;
+  }
+  for (int i = 0; i < op->nrecv; i++) {
+    cpu_xfer_t *x = &op->recvs[i];
+    if (x->reduce && x->stage) {
+      tdist__cpu_reduce(x->ptr, x->stage, x->len / op->es, op->dtype, op->redop);
+      tdist__cpu_buf_put(cg->ctx, x->stage);
+      x->stage = NULL;
     }
-    op->nsend = op->nrecv = 0;
-    int k = ++op->round;
-    if (op->round_fn(op, k)) {
-      op_complete(op);
+  }
+  op->nsend = op->nrecv = 0;
+  int k = ++op->round;
+  if (op->round_fn(op, k)) {
+    op_complete(op);
+    return;
+  }
+  op->pending = op->nsend + op->nrecv;
+  /* A peer that is gone: what it sent before leaving still counts; a send
+   * to it is dropped (it finished, or it crashed and the others fail). A
+   * receive that can no longer come fails the group; the op then waits
+   * (its count never reaches 0) until the core aborts the group. */
+  for (int i = 0; i < op->nrecv; i++) {
+    cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
+    if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
+      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                     op->recvs[i].peer, pc->peer, pc->addr);
       return;
     }
-    /* A peer that is gone: what it sent before leaving still counts; a send
-     * to it is dropped (it finished, or it crashed and the others fail). */
-    for (int i = 0; i < op->nrecv; i++) {
-      cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
-      if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
-        tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
-                          op->recvs[i].peer, pc->peer, pc->addr);
-        return;
-      }
-    }
-    op->pending = op->nsend + op->nrecv + 1; /* +1: nothing completes the round early */
-    for (int i = 0; i < op->nsend && !cg->aborted && op->w == w; i++) {
-      cpu_xfer_t *x = &op->sends[i];
-      if (cg->conns[x->peer]->dead) {
-        op->pending--;
-        continue;
-      }
-      cpu_msg_t *m = cpu_msg_new();
-      if (!m) {
-        tdist__group_fail(cg->g, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-        return;
-      }
-      m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
-                           .kind = CPU_MSG_COLL,
-                           .optype = (uint8_t)op->type,
-                           .dtype = (uint8_t)op->dtype,
-                           .redop = (uint8_t)op->redop,
-                           .uid = cg->g->uid,
-                           .seq = op->cseq,
-                           .count = op->count,
-                           .slot = (uint32_t)k,
-                           .root = op->root,
-                           .len = x->len};
-      cpu_msg_payload(cg->conns[x->peer], cg, m, x->ptr, x->len);
-      m->op = op;
-      cpu_send(cg->conns[x->peer], m);
-    }
-    if (cg->aborted || op->w != w) return; /* a peer failed under us */
-    /* Messages of this round that arrived early. */
-    for (cpu_ux_t *u = cg->ux, *next; u && op->w == w; u = next) {
-      next = u->next;
-      if (u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq || u->hdr.slot != (uint32_t)k)
-        continue;
-      cpu_xfer_t *x = cpu_round_recv(op, cpu_grank_of(cg, u->src));
-      if (!x) continue;
-      if (u->complete)
-        cpu_deliver_ux(cg, op, x, u);
-      else
-        adopt_ux(cg, op, x, u);
-    }
-    if (cg->aborted || op->w != w) return;
-    op->pending--;
   }
-  op->advancing = 0;
+  for (int i = 0; i < op->nsend; i++) {
+    cpu_xfer_t *x = &op->sends[i];
+    if (cg->conns[x->peer]->dead)
+      op->pending--;
+    else
+      send_one(cg, op, x, k);
+  }
+  /* Messages of this round that arrived early. */
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if (u->hdr.kind != CPU_MSG_COLL || u->hdr.seq != op->cseq || u->hdr.slot != (uint32_t)k)
+      continue;
+    cpu_xfer_t *x = tdist__cpu_round_recv(op, tdist__cpu_grank_of(cg, u->src));
+    if (!x) continue;
+    if (u->complete)
+      tdist__cpu_deliver_ux(cg, op, x, u);
+    else
+      adopt_ux(cg, op, x, u);
+  }
+  if (op->pending == 0) tdist__cpu_ready(op);
+}
+
+void tdist__cpu_run_ready(cpu_ctx_t *ctx) {
+  tdist__list_t *n;
+  while ((n = tdist__list_first(&ctx->ready))) {
+    tdist__list_remove(n);
+    advance(tdist__list_entry(n, cpu_op_t, rlink));
+  }
 }
 
 /* ---- point-to-point ----------------------------------------------------------- */
 
-cpu_xfer_t *cpu_precv_match(cpu_group_t *cg, int src, int tag) {
-  for (cpu_xfer_t *x = cg->precv; x; x = x->next)
+cpu_xfer_t *tdist__cpu_precv_match(cpu_group_t *cg, int src, int tag) {
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->precv) {
+    cpu_xfer_t *x = tdist__list_entry(n, cpu_xfer_t, plink);
     if (x->peer == src && x->tag == tag) return x;
+  }
   return NULL;
 }
 
-void cpu_precv_unlink(cpu_group_t *cg, cpu_xfer_t *x) {
-  if (x->prev)
-    x->prev->next = x->next;
-  else
-    cg->precv = x->next;
-  if (x->next) x->next->prev = x->prev;
-  x->next = x->prev = NULL;
+/* A complete unexpected p2p message: give it to the first matching receive. */
+void tdist__cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
+  int src = tdist__cpu_grank_of(cg, u->src);
+  cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, u->hdr.root);
+  if (!x) return;
+  tdist__list_remove(&x->plink);
+  if (tdist__cpu_check_p2p(cg, x, &u->hdr, src)) return;
+  tdist__cpu_deliver_ux(cg, x->op, x, u);
 }
 
-/* A complete unexpected p2p message: give it to the first matching receive. */
-void cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
-  int src = cpu_grank_of(cg, u->src);
-  cpu_xfer_t *x = cpu_precv_match(cg, src, u->hdr.root);
-  if (!x) return;
-  cpu_precv_unlink(cg, x);
-  if (cpu_check_p2p(cg, x, &u->hdr, src)) return;
-  cpu_deliver_ux(cg, x->op, x, u);
+/* The oldest unexpected p2p message from world rank `world` with `tag`. */
+static cpu_ux_t *p2p_oldest(cpu_group_t *cg, int world, int tag) {
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if (u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == tag) return u;
+  }
+  return NULL;
 }
 
 /* A complete message for receive p is already here. */
 static int p2p_waiting(cpu_group_t *cg, const tdist_p2p_op_t *p) {
-  int world = cg->g->global_ranks[p->peer];
-  for (cpu_ux_t *u = cg->ux; u; u = u->next)
+  int world = cg->global_ranks[p->peer];
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
     if (u->complete && u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag)
       return 1;
+  }
   return 0;
 }
 
-int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
-  tdist_work_t *w = op->w;
-  const tdist__op_args_t *a = &w->args;
+/* Post every transfer of a p2p op (sends and receives alike live in
+ * op->recvs). op->pending counts them; when it reaches 0 the engine
+ * completes the op. A transfer that cannot be made reports the group's
+ * failure and returns: the op then waits for the abort. */
+int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
+  const tdist__op_args_t *a = op->args;
   tdist_p2p_op_t single = {.kind = a->type == TDIST_OP_SEND ? TDIST_P2P_SEND : TDIST_P2P_RECV,
                            .buf = a->recvbuf,
                            .count = a->count,
@@ -418,10 +427,10 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                            .tag = a->tag};
   const tdist_p2p_op_t *list = a->type == TDIST_OP_BATCH_P2P ? a->p2p : &single;
   int n = a->type == TDIST_OP_BATCH_P2P ? a->np2p : 1;
-  TDIST_CHECK(cpu_op_reserve(op, n));
-  op->pending = n + 1;
-  int me = cg->g->global_ranks[cg->g->rank];
-  for (int i = 0; i < n && op->w == w && !cg->aborted; i++) {
+  TDIST_CHECK(tdist__cpu_op_reserve(op, n));
+  op->pending = n;
+  int me = cg->global_ranks[cg->rank];
+  for (int i = 0; i < n; i++) {
     const tdist_p2p_op_t *p = &list[i];
     size_t len = p->count * tdist_dtype_size(p->dtype);
     cpu_xfer_t *x = &op->recvs[i];
@@ -432,59 +441,46 @@ int cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                       .tag = p->tag,
                       .dtype = p->dtype,
                       .count = p->count};
+    tdist__list_init(&x->plink);
     cpu_hdr_t h = {.magic = CPU_MAGIC,
                    .kind = CPU_MSG_P2P,
                    .dtype = (uint8_t)p->dtype,
-                   .uid = cg->g->uid,
+                   .uid = cg->uid,
                    .count = p->count,
                    .root = p->tag,
                    .len = len};
-    if (p->kind == TDIST_P2P_SEND && p->peer == cg->g->rank) {
+    cpu_conn_t *pc = cg->conns[p->peer];
+    if (p->kind == TDIST_P2P_SEND && p->peer == cg->rank) {
       /* To self: a copy queued as if it had arrived. */
-      cpu_ux_t *u = cpu_ux_new(cg->ctx, &h, me, 0);
+      cpu_ux_t *u = tdist__cpu_ux_new(cg->ctx, &h, me, 0);
       if (!u) return TDIST_ERR_NO_MEMORY;
       if (len) memcpy(u->data, p->buf, len);
       u->complete = 1;
-      cpu_ux_append(&cg->ux, u);
-      cpu_claim_p2p(cg, u);
-      if (op->w == w) cpu_xfer_done(op);
-    } else if (cg->conns[p->peer] && cg->conns[p->peer]->dead &&
-               (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
-      cpu_conn_t *pc = cg->conns[p->peer];
-      tdist__group_fail(cg->g, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
-                        p->peer, pc->peer, pc->addr);
+      tdist__list_push_back(&cg->ux, &u->link);
+      tdist__cpu_claim_p2p(cg, u);
+      tdist__cpu_xfer_done(op);
+    } else if (pc && pc->dead && (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
+      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                     p->peer, pc->peer, pc->addr);
       return 0;
     } else if (p->kind == TDIST_P2P_SEND) {
-      cpu_msg_t *m = cpu_msg_new();
+      cpu_msg_t *m = tdist__cpu_msg_new();
       if (!m) return TDIST_ERR_NO_MEMORY;
       m->hdr = h;
-      cpu_msg_payload(cg->conns[p->peer], cg, m, p->buf, len);
+      tdist__cpu_msg_payload(pc, cg, m, p->buf, len);
       m->op = op;
-      cpu_send(cg->conns[p->peer], m);
+      tdist__cpu_send(pc, m);
     } else {
       /* Receive: the oldest matching message already here, else post. */
-      cpu_ux_t *u = cg->ux;
-      int world = cg->g->global_ranks[p->peer];
-      for (; u; u = u->next)
-        if (u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag) break;
+      cpu_ux_t *u = p2p_oldest(cg, cg->global_ranks[p->peer], p->tag);
       if (u && u->complete) {
-        if (cpu_check_p2p(cg, x, &u->hdr, p->peer)) return 0;
-        cpu_deliver_ux(cg, op, x, u);
+        if (tdist__cpu_check_p2p(cg, x, &u->hdr, p->peer)) return 0;
+        tdist__cpu_deliver_ux(cg, op, x, u);
       } else {
-        x->next = NULL;
-        x->prev = NULL;
-        if (!cg->precv) {
-          cg->precv = x;
-        } else {
-          cpu_xfer_t *t = cg->precv;
-          while (t->next)
-            t = t->next;
-          t->next = x;
-          x->prev = t;
-        }
+        tdist__list_push_back(&cg->precv, &x->plink);
       }
     }
   }
-  if (op->w == w && !cg->aborted) cpu_xfer_done(op);
+  if (op->pending == 0) tdist__cpu_ready(op); /* an empty batch */
   return 0;
 }

@@ -1,21 +1,31 @@
 /*
- * io.c - socket I/O on the progress thread, and the staging-buffer cache.
+ * io.c - socket I/O on the progress thread (the transport), and the
+ * staging-buffer cache.
  *
- * Sending: cpu_send appends a message to the connection's queue and flushes
- * at once; flush writes as many queued messages as the socket takes with one
- * sendmsg (header + payload iovecs, payloads straight from the caller's
- * buffers). What does not fit waits for UV_WRITABLE. A message's op is told
- * (cpu_on_sent) once its last byte is in the kernel.
+ * Sending: tdist__cpu_send appends a message to the connection's queue and,
+ * if the queue was empty, flushes at once; flush writes as many queued
+ * messages as the socket takes with one sendmsg (header + payload iovecs,
+ * payloads straight from the caller's buffers). What does not fit waits for
+ * UV_WRITABLE. Once a message's last byte is in the kernel (or, for an RMA
+ * descriptor, once the peer ACKs it) its transfer is recorded done
+ * (tdist__cpu_xfer_done): flush never runs the engine, so it is never
+ * re-entered and no op or group goes away under it.
  *
  * Receiving: bytes are read into a 64 KiB staging buffer and parsed there
  * (several small messages per read() call); a large payload whose
- * destination is known is read directly into it. engine.c decides where a
- * payload goes (cpu_on_header) and what happens when it is complete
- * (cpu_on_payload).
+ * destination is known is read directly into it. dispatch.c decides where a
+ * payload goes (tdist__cpu_on_header) and what happens when it is complete
+ * (tdist__cpu_on_payload).
  *
- * EOF or an error on a socket: cpu_on_conn_lost, which fails every group
- * using that peer. Everything here runs on the progress thread and never
- * blocks (non-blocking fds, level-triggered uv_poll).
+ * The poll callback is a top-level point (cpu.h): between two reads and at
+ * its end it runs the engine (tdist__cpu_run_ready), so a round finished by
+ * one read starts before the next read (its messages are then placed
+ * directly), and its sends go out in the same callback.
+ *
+ * EOF or an error on a socket: tdist__cpu_on_conn_lost, which reports the
+ * failure of every group that still needs that peer. Everything here runs
+ * on the progress thread and never blocks (non-blocking fds,
+ * level-triggered uv_poll).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -24,9 +34,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
-#include "core/log.h"
+#include "util/alloc.h"
+#include "util/error.h"
+#include "util/log.h"
 #include "cpu/cpu.h"
 
 #define RX_CAP CPU_RX_CAP
@@ -35,22 +45,28 @@
 
 /* ---- message pool (progress thread only) ---------------------------------- */
 
-static cpu_msg_t *msg_pool;
+static tdist__list_t msg_pool = {&msg_pool, &msg_pool};
 
-cpu_msg_t *cpu_msg_new(void) {
-  cpu_msg_t *m = msg_pool;
-  if (m)
-    msg_pool = m->next;
-  else
+cpu_msg_t *tdist__cpu_msg_new(void) {
+  tdist__list_t *n = tdist__list_first(&msg_pool);
+  cpu_msg_t *m;
+  if (n) {
+    tdist__list_remove(n);
+    m = tdist__list_entry(n, cpu_msg_t, link);
+  } else {
     m = tdist__malloc(sizeof(*m));
-  if (m) memset(m, 0, sizeof(*m));
+  }
+  if (!m) return NULL;
+  memset(m, 0, sizeof(*m));
+  tdist__list_init(&m->link);
   return m;
 }
 
+/* m must be off every queue. */
 static void msg_free(cpu_msg_t *m) {
   tdist__free(m->owned);
-  m->next = msg_pool;
-  msg_pool = m;
+  m->owned = NULL;
+  tdist__list_push_front(&msg_pool, &m->link);
 }
 
 /* ---- buffer cache (progress thread only) ---------------------------------- */
@@ -61,7 +77,7 @@ struct cpu_buf {
 };
 #define BUF_HDR 64 /* keeps the data 64-byte aligned after the malloc's 16 */
 
-void *cpu_buf_get(cpu_ctx_t *ctx, size_t len) {
+void *tdist__cpu_buf_get(cpu_ctx_t *ctx, size_t len) {
   struct cpu_buf **pp = &ctx->bufs;
   for (; *pp; pp = &(*pp)->next) {
     struct cpu_buf *b = *pp;
@@ -77,7 +93,7 @@ void *cpu_buf_get(cpu_ctx_t *ctx, size_t len) {
   return (uint8_t *)b + BUF_HDR;
 }
 
-void cpu_buf_put(cpu_ctx_t *ctx, void *p) {
+void tdist__cpu_buf_put(cpu_ctx_t *ctx, void *p) {
   if (!p) return;
   struct cpu_buf *b = (struct cpu_buf *)((uint8_t *)p - BUF_HDR);
   if (ctx->cached_bytes + b->cap > (size_t)tdist__param_CpuCacheBytes()) {
@@ -89,7 +105,7 @@ void cpu_buf_put(cpu_ctx_t *ctx, void *p) {
   ctx->cached_bytes += b->cap;
 }
 
-void cpu_buf_drain(cpu_ctx_t *ctx) {
+void tdist__cpu_buf_drain(cpu_ctx_t *ctx) {
   while (ctx->bufs) {
     struct cpu_buf *b = ctx->bufs;
     ctx->bufs = b->next;
@@ -105,7 +121,8 @@ static void on_poll(uv_poll_t *h, int status, int events);
 static void watch(cpu_conn_t *c) {
   if (c->dead) return;
   /* Parked: no reads, but a peer that goes away must still be noticed. */
-  int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) | (c->txq && !c->tx_err ? UV_WRITABLE : 0);
+  int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) |
+           (!tdist__list_empty(&c->txq) && !c->tx_err ? UV_WRITABLE : 0);
   if (ev != c->events) {
     c->events = ev;
     uv_poll_start(&c->poll, ev, on_poll);
@@ -122,13 +139,17 @@ static size_t send_chunk(void) {
   return v < 4096 ? 4096 : (size_t)v;
 }
 
+/* Write what the socket takes. Transport only: a written message's op is
+ * told with tdist__cpu_xfer_done, which records and returns. */
 static void flush(cpu_conn_t *c) {
   const size_t hs = sizeof(cpu_hdr_t), chunk = send_chunk();
-  while (c->txq && !c->dead && !c->tx_err) {
+  while (!tdist__list_empty(&c->txq) && !c->dead && !c->tx_err) {
     struct iovec iov[MAX_IOV];
     int cnt = 0;
     size_t budget = chunk;
-    for (cpu_msg_t *m = c->txq; m && cnt + 2 <= MAX_IOV && budget; m = m->next) {
+    for (tdist__list_t *n = c->txq.next; n != &c->txq && cnt + 2 <= MAX_IOV && budget;
+         n = n->next) {
+      cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
       if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
       size_t poff = m->off > hs ? m->off - hs : 0, left = m->hdr.len - poff;
       if (left > budget) left = budget;
@@ -151,118 +172,109 @@ static void flush(cpu_conn_t *c) {
       }
       char why[96];
       snprintf(why, sizeof(why), "write failed: %s", strerror(errno));
-      cpu_on_conn_lost(c, why);
+      tdist__cpu_on_conn_lost(c, why);
       return;
     }
     size_t left = (size_t)n;
-    while (c->txq) {
-      cpu_msg_t *m = c->txq;
+    tdist__list_t *it;
+    while ((it = tdist__list_first(&c->txq))) {
+      cpu_msg_t *m = tdist__list_entry(it, cpu_msg_t, link);
       size_t rest = hs + m->hdr.len - m->off;
       if (left < rest) {
         m->off += left;
         break;
       }
       left -= rest;
-      c->txq = m->next;
-      if (!c->txq) c->txq_tail = NULL;
+      tdist__list_remove(it);
       cpu_op_t *op = m->op;
       if (m->cookie && op) {
-        /* RMA descriptor: the peer still reads the payload; the op hears
-         * on the ACK (cpu_conn_acked). */
-        m->next = c->acks;
-        c->acks = m;
+        /* RMA descriptor: the peer still reads the payload; the transfer is
+         * done on the ACK (tdist__cpu_conn_acked). */
+        tdist__list_push_back(&c->acks, &m->link);
         continue;
       }
       msg_free(m);
-      if (op) cpu_on_sent(op); /* may queue more on c (appended: we loop) */
-      if (c->dead) return;
+      if (op) tdist__cpu_xfer_done(op);
     }
   }
   watch(c);
 }
 
-void cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
-  m->next = NULL;
-  m->off = 0;
-  if (c->txq_tail)
-    c->txq_tail->next = m;
-  else
-    c->txq = m;
-  c->txq_tail = m;
-  /* Only the head message may be written now; if others are queued the
-   * socket is full (or a flush is running further up the stack). */
-  if (c->txq == m) flush(c);
-}
-
-void cpu_conn_acked(cpu_conn_t *c, uint64_t cookie) {
-  for (cpu_msg_t **pp = &c->acks; *pp; pp = &(*pp)->next) {
-    cpu_msg_t *m = *pp;
-    if (m->cookie != cookie) continue;
-    *pp = m->next;
-    cpu_op_t *op = m->op;
+void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
+  if (c->dead) {
+    /* Callers check first; a message for a dead peer goes nowhere. */
     msg_free(m);
-    if (op) cpu_on_sent(op);
     return;
   }
-  /* Not found: its op was aborted (cpu_conn_forget). */
+  m->off = 0;
+  int idle = tdist__list_empty(&c->txq);
+  tdist__list_push_back(&c->txq, &m->link);
+  /* Only a message at the head may be written now; behind others, the
+   * socket is full and UV_WRITABLE flushes it in turn. */
+  if (idle) flush(c);
+}
+
+void tdist__cpu_conn_acked(cpu_conn_t *c, uint64_t cookie) {
+  tdist__list_t *n;
+  tdist__list_foreach(n, &c->acks) {
+    cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
+    if (m->cookie != cookie) continue;
+    tdist__list_remove(n);
+    cpu_op_t *op = m->op;
+    msg_free(m);
+    if (op) tdist__cpu_xfer_done(op);
+    return;
+  }
+  /* Not found: its op was aborted (tdist__cpu_conn_forget). */
 }
 
 static void drop_acks(cpu_conn_t *c, int all, uint64_t uid) {
-  for (cpu_msg_t **pp = &c->acks; *pp;) {
-    cpu_msg_t *m = *pp;
-    if (all || m->hdr.uid == uid) {
-      *pp = m->next;
-      msg_free(m);
-    } else {
-      pp = &m->next;
-    }
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &c->acks) {
+    cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
+    if (!all && m->hdr.uid != uid) continue;
+    tdist__list_remove(n);
+    msg_free(m);
   }
 }
 
-void cpu_conn_free_queues(cpu_conn_t *c) {
-  while (c->txq) {
-    cpu_msg_t *m = c->txq;
-    c->txq = m->next;
-    msg_free(m);
+void tdist__cpu_conn_free_queues(cpu_conn_t *c) {
+  tdist__list_t *n;
+  while ((n = tdist__list_first(&c->txq))) {
+    tdist__list_remove(n);
+    msg_free(tdist__list_entry(n, cpu_msg_t, link));
   }
-  c->txq_tail = NULL;
   drop_acks(c, 1, 0);
 }
 
-void cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
+void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
   drop_acks(c, 0, uid);
-  cpu_msg_t **pp = &c->txq, *prev = NULL;
-  while (*pp) {
-    cpu_msg_t *m = *pp;
-    if (m->op && m->hdr.uid == uid) {
-      if (m->off > 0) {
-        /* Partly written: the stream must stay whole, so the rest is copied
-         * out of the caller's buffer (which is no longer ours to read). */
-        size_t hs = sizeof(cpu_hdr_t);
-        uint8_t *copy = tdist__malloc(m->hdr.len ? m->hdr.len : 1);
-        if (copy && m->hdr.len) {
-          size_t poff = m->off > hs ? m->off - hs : 0;
-          memcpy(copy + poff, m->data + poff, m->hdr.len - poff);
-        }
-        tdist__free(m->owned);
-        m->owned = copy;
-        m->data = copy;
-        m->op = NULL;
-        if (!copy) {
-          cpu_on_conn_lost(c, "out of memory");
-          return;
-        }
-      } else {
-        *pp = m->next;
-        msg_free(m);
-        continue;
-      }
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &c->txq) {
+    cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
+    if (!m->op || m->hdr.uid != uid) continue;
+    if (m->off == 0) {
+      tdist__list_remove(n);
+      msg_free(m);
+      continue;
     }
-    prev = m;
-    pp = &m->next;
+    /* Partly written: the stream must stay whole, so the rest is copied out
+     * of the caller's buffer (which is no longer ours to read). */
+    size_t hs = sizeof(cpu_hdr_t);
+    uint8_t *copy = tdist__malloc(m->hdr.len ? m->hdr.len : 1);
+    if (copy && m->hdr.len) {
+      size_t poff = m->off > hs ? m->off - hs : 0;
+      memcpy(copy + poff, m->data + poff, m->hdr.len - poff);
+    }
+    tdist__free(m->owned);
+    m->owned = copy;
+    m->data = copy;
+    m->op = NULL;
+    if (!copy) {
+      tdist__cpu_on_conn_lost(c, "out of memory");
+      return;
+    }
   }
-  c->txq_tail = prev;
-  if (!c->txq) c->txq_tail = NULL;
   watch(c);
 }
 
@@ -277,13 +289,13 @@ static int parse(cpu_conn_t *c) {
       memcpy(&c->rh, c->rx + c->rx_lo, hs);
       c->rx_lo += hs;
       if (c->rh.magic != CPU_MAGIC) {
-        cpu_on_conn_lost(c, "sent a malformed message (bad magic)");
+        tdist__cpu_on_conn_lost(c, "sent a malformed message (bad magic)");
         return -1;
       }
       c->rx_body = 1;
       c->rx_got = 0;
       cpu_rx_clear(c);
-      cpu_on_header(c);
+      tdist__cpu_on_header(c);
       if (c->dead) return -1;
       if (c->parked) return 0; /* the staged bytes wait with the rest */
     }
@@ -296,14 +308,19 @@ static int parse(cpu_conn_t *c) {
     }
     if (c->rx_got < c->rh.len) break;
     c->rx_body = 0;
-    cpu_on_payload(c);
+    tdist__cpu_on_payload(c);
     if (c->dead) return -1;
   }
   if (c->rx_lo == c->rx_hi) c->rx_lo = c->rx_hi = 0;
   return 0;
 }
 
+/* Read what c has (at most 64 reads). Between two reads no transport call
+ * is on the stack, so the engine runs there: a round completed by one read
+ * starts before the next, whose messages then find their receive (and a
+ * receive adopted by the engine gets the rest of its payload directly). */
 static void on_readable(cpu_conn_t *c) {
+  cpu_ctx_t *ctx = c->ctx;
   for (int iter = 0; iter < 64 && !c->dead && !c->parked; iter++) {
     ssize_t n;
     if (c->rx_body && c->rx_dst && c->rx_lo == c->rx_hi && c->rh.len - c->rx_got >= DIRECT_MIN) {
@@ -312,7 +329,8 @@ static void on_readable(cpu_conn_t *c) {
         c->rx_got += (size_t)n;
         if (c->rx_got == c->rh.len) {
           c->rx_body = 0;
-          cpu_on_payload(c);
+          tdist__cpu_on_payload(c);
+          tdist__cpu_run_ready(ctx);
         }
         continue;
       }
@@ -326,6 +344,7 @@ static void on_readable(cpu_conn_t *c) {
       if (n > 0) {
         c->rx_hi += (size_t)n;
         if (parse(c) < 0) return;
+        tdist__cpu_run_ready(ctx);
         continue;
       }
     }
@@ -336,28 +355,26 @@ static void on_readable(cpu_conn_t *c) {
       else
         snprintf(why, sizeof(why), "%s",
                  c->bye ? "left (destroyed its group)" : "closed its connection");
-      cpu_on_conn_lost(c, why);
+      tdist__cpu_on_conn_lost(c, why);
       return;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
     char why[96];
     snprintf(why, sizeof(why), "connection failed: %s", strerror(errno));
-    cpu_on_conn_lost(c, why);
+    tdist__cpu_on_conn_lost(c, why);
     return;
   }
 }
 
-static void on_poll(uv_poll_t *h, int status, int events) {
-  cpu_conn_t *c = h->data;
-  if (c->dead) return;
+static void poll_conn(cpu_conn_t *c, int status, int events) {
   int tx_err = c->tx_err; /* a write failed since the last call */
   if (status < 0) {
     /* libuv reports EPOLLERR as UV_EBADF. What the peer sent before it went
      * away is read first (an ERR message names the real cause, e.g. a
      * mismatch, where the peer then closed with our payload unread: RST);
      * the read then meets the socket's error. */
-    if (c->parked) cpu_conn_unpark(c);
+    if (c->parked) tdist__cpu_conn_unpark(c);
     if (!c->dead) on_readable(c);
     if (c->dead) return;
     /* Not met (data left after 64 reads): ask the socket what happened. */
@@ -368,10 +385,10 @@ static void on_poll(uv_poll_t *h, int status, int events) {
       snprintf(why, sizeof(why), "connection failed: %s", strerror(err));
     else
       snprintf(why, sizeof(why), "connection failed: %s", uv_strerror(status));
-    cpu_on_conn_lost(c, why);
+    tdist__cpu_on_conn_lost(c, why);
     return;
   }
-  if (c->parked && (events & UV_DISCONNECT)) cpu_conn_unpark(c); /* read to the EOF */
+  if (c->parked && (events & UV_DISCONNECT)) tdist__cpu_conn_unpark(c); /* read to the EOF */
   /* Reads first, for the same reason: a peer's ERR or BYE is seen before a
    * write to it fails with EPIPE. */
   if (!c->dead && (events & (UV_READABLE | UV_DISCONNECT))) on_readable(c);
@@ -380,8 +397,15 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     /* The write failed before this call and the reads found no EOF. */
     char why[96];
     snprintf(why, sizeof(why), "write failed: %s", strerror(tx_err));
-    cpu_on_conn_lost(c, why);
+    tdist__cpu_on_conn_lost(c, why);
   }
+}
+
+/* The uv_poll callback (progress thread, top level). */
+static void on_poll(uv_poll_t *h, int status, int events) {
+  cpu_conn_t *c = h->data; /* freed only after uv_close (conn.c) */
+  if (!c->dead) poll_conn(c, status, events);
+  tdist__cpu_run_ready(c->ctx); /* what this callback's writes and reads finished */
   /* No tdist__progress_kick here: sockets wake epoll by themselves, and
    * spinning after every message costs more than it saves when ranks share
    * cores (measured in docs/cpu-backend.md). */
@@ -401,22 +425,23 @@ static void on_park_timer(uv_timer_t *t) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->parked) continue;
     if (now - c->parked_at >= defer_ms()) {
-      cpu_conn_unpark(c); /* the caller is busy elsewhere: stage it */
+      tdist__cpu_conn_unpark(c); /* the caller is busy elsewhere: stage it */
     } else {
       uint64_t left = c->parked_at + defer_ms() - now;
       if (!wait || left < wait) wait = left;
     }
   }
   if (ctx->nparked && wait) uv_timer_start(t, on_park_timer, wait, 0);
+  tdist__cpu_run_ready(ctx); /* top level: what the unparked headers finished */
 }
 
-void cpu_ctx_start_timer(cpu_ctx_t *ctx) {
+void tdist__cpu_ctx_start_timer(cpu_ctx_t *ctx) {
   uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->park_timer);
   ctx->park_timer.data = ctx;
   ctx->timer_on = 1;
 }
 
-void cpu_conn_park(cpu_conn_t *c) {
+void tdist__cpu_conn_park(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   c->parked = 1;
   c->parked_at = uv_now(tdist__progress_loop(ctx->progress));
@@ -428,7 +453,7 @@ void cpu_conn_park(cpu_conn_t *c) {
   watch(c);
 }
 
-void cpu_conn_unpark(cpu_conn_t *c) {
+void tdist__cpu_conn_unpark(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   if (!c->parked) return;
   c->parked = 0;
@@ -440,7 +465,7 @@ void cpu_conn_unpark(cpu_conn_t *c) {
    * receive, or goes to the unexpected list, or is discarded (aborted). */
   cpu_rx_clear(c);
   ctx->no_park = 1;
-  cpu_on_header(c);
+  tdist__cpu_on_header(c);
   ctx->no_park = 0;
   /* Staged payload bytes are parsed at the next read: more of the payload
    * (which is larger than the staging buffer) is still in the socket, so
@@ -448,24 +473,24 @@ void cpu_conn_unpark(cpu_conn_t *c) {
   watch(c);
 }
 
-void cpu_ctx_unpark(cpu_ctx_t *ctx) {
+void tdist__cpu_ctx_unpark(cpu_ctx_t *ctx) {
   for (int i = 0; i < ctx->size && ctx->nparked; i++)
-    if (ctx->conns[i]) cpu_conn_unpark(ctx->conns[i]);
+    if (ctx->conns[i]) tdist__cpu_conn_unpark(ctx->conns[i]);
 }
 
-void cpu_conn_start(cpu_conn_t *c) {
+void tdist__cpu_conn_start(cpu_conn_t *c) {
   uv_poll_init(tdist__progress_loop(c->ctx->progress), &c->poll, c->fd);
   c->poll.data = c;
   c->events = UV_READABLE;
   uv_poll_start(&c->poll, UV_READABLE, on_poll);
 }
 
-void cpu_conn_close(cpu_conn_t *c) {
+void tdist__cpu_conn_close(cpu_conn_t *c) {
   if (!c->dead) {
     /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
      * left on purpose (it still fails ops it was running with us). */
     cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
-    if (!c->txq) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (tdist__list_empty(&c->txq)) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_WR);
   }
   if (c->parked) {
@@ -474,7 +499,7 @@ void cpu_conn_close(cpu_conn_t *c) {
   }
   c->dead = 1;
   uv_poll_stop(&c->poll);
-  cpu_conn_free_queues(c);
+  tdist__cpu_conn_free_queues(c);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
 }

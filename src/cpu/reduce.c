@@ -25,7 +25,7 @@ static inline float u2f(uint32_t u) {
   return f;
 }
 
-float cpu_half_to_float(uint16_t h) {
+float tdist__cpu_half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   if (exp == 0x1f) return u2f(sign | 0x7f800000u | (man << 13)); /* inf, nan */
   if (exp == 0) {
@@ -37,7 +37,7 @@ float cpu_half_to_float(uint16_t h) {
   return u2f(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-uint16_t cpu_float_to_half(float f) {
+uint16_t tdist__cpu_float_to_half(float f) {
   uint32_t u = f2u(f), sign = (u >> 16) & 0x8000;
   uint32_t au = u & 0x7fffffffu;
   if (au >= 0x7f800000u) /* inf or nan (keep nan quiet and non-zero) */
@@ -55,9 +55,9 @@ uint16_t cpu_float_to_half(float f) {
   return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
 }
 
-float cpu_bf16_to_float(uint16_t h) { return u2f((uint32_t)h << 16); }
+float tdist__cpu_bf16_to_float(uint16_t h) { return u2f((uint32_t)h << 16); }
 
-uint16_t cpu_float_to_bf16(float f) {
+uint16_t tdist__cpu_float_to_bf16(float f) {
   uint32_t u = f2u(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
   u += 0x7fff + ((u >> 16) & 1);
@@ -111,17 +111,17 @@ static void half_reduce(uint16_t *restrict d, const uint16_t *restrict s, size_t
   for (size_t o = 0; o < n; o += 256) {
     size_t m = n - o < 256 ? n - o : 256;
     for (size_t i = 0; i < m; i++) {
-      a[i] = bf ? cpu_bf16_to_float(d[o + i]) : cpu_half_to_float(d[o + i]);
-      b[i] = bf ? cpu_bf16_to_float(s[o + i]) : cpu_half_to_float(s[o + i]);
+      a[i] = bf ? tdist__cpu_bf16_to_float(d[o + i]) : tdist__cpu_half_to_float(d[o + i]);
+      b[i] = bf ? tdist__cpu_bf16_to_float(s[o + i]) : tdist__cpu_half_to_float(s[o + i]);
     }
     for (size_t i = 0; i < m; i++)
       a[i] = combine(a[i], b[i], op);
     for (size_t i = 0; i < m; i++)
-      d[o + i] = bf ? cpu_float_to_bf16(a[i]) : cpu_float_to_half(a[i]);
+      d[o + i] = bf ? tdist__cpu_float_to_bf16(a[i]) : tdist__cpu_float_to_half(a[i]);
   }
 }
 
-void cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op) {
+void tdist__cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op) {
   switch (dt) {
   case TDIST_INT8: INT_KERNEL(int8_t, uint8_t) break;
   case TDIST_UINT8: INT_KERNEL(uint8_t, uint8_t) break;
@@ -146,7 +146,7 @@ void cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_re
     }                                                                          \
   } while (0)
 
-void cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar) {
+void tdist__cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar) {
   switch (dt) {
   case TDIST_INT8: SCALE_INT(int8_t, INT8_MIN, INT8_MAX); break;
   case TDIST_UINT8: SCALE_INT(uint8_t, 0, UINT8_MAX); break;
@@ -170,8 +170,8 @@ void cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar) {
     int bf = dt == TDIST_BFLOAT16;
     float f = (float)scalar;
     for (size_t i = 0; i < n; i++) {
-      float v = (bf ? cpu_bf16_to_float(b[i]) : cpu_half_to_float(b[i])) * f;
-      b[i] = bf ? cpu_float_to_bf16(v) : cpu_float_to_half(v);
+      float v = (bf ? tdist__cpu_bf16_to_float(b[i]) : tdist__cpu_half_to_float(b[i])) * f;
+      b[i] = bf ? tdist__cpu_float_to_bf16(v) : tdist__cpu_float_to_half(v);
     }
     break;
   }
@@ -186,7 +186,7 @@ void cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar) {
       b[i] = (T)(b[i] / (T)divisor); \
   } while (0)
 
-void cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor) {
+void tdist__cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor) {
   switch (dt) {
   case TDIST_INT8: DIV_INT(int8_t); break;
   case TDIST_UINT8: DIV_INT(uint8_t); break;
@@ -209,8 +209,8 @@ void cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor) {
     uint16_t *b = buf;
     int bf = dt == TDIST_BFLOAT16;
     for (size_t i = 0; i < n; i++) {
-      float v = (bf ? cpu_bf16_to_float(b[i]) : cpu_half_to_float(b[i])) / (float)divisor;
-      b[i] = bf ? cpu_float_to_bf16(v) : cpu_float_to_half(v);
+      float v = (bf ? tdist__cpu_bf16_to_float(b[i]) : tdist__cpu_half_to_float(b[i])) / (float)divisor;
+      b[i] = bf ? tdist__cpu_float_to_bf16(v) : tdist__cpu_float_to_half(v);
     }
     break;
   }

@@ -1,30 +1,44 @@
 /*
  * nccl_backend.h - the NCCL backend's private state (internal to src/nccl/).
  *
- * One tdist__nccl_t per group (g->bstate). It owns the group's communicator,
+ * The backend follows the contract of core/backend.h: it never sees the
+ * core's group or work structs. One tdist__nccl_t per group (the `state` the
+ * core hands back to every vtable entry). It owns the group's communicator,
  * an internal CUDA stream on which every NCCL call of the group is enqueued,
- * and a pool of end events.
+ * a pool of end events, and the FIFO of launched ops.
  *
- * Who touches what:
+ * Threads (who runs what):
+ *   caller threads   init, split, shrink, destroy (nccl_comm.c), submit
+ *                    (nccl_ops.c), wait_stream (nccl_progress.c). They may
+ *                    block, within the group's timeout.
+ *   progress thread  post, poll, abort (nccl_progress.c). Never blocks: poll
+ *                    only trylocks mu; abort locks it, which waits at most one
+ *                    turn of a caller's polling loop (those loops check
+ *                    tdist__bk_aborted on every turn) and makes no blocking
+ *                    NCCL call: ncclCommAbort goes to the worker thread.
+ *   worker thread    (util/worker.h) abort_job: ncclCommAbort of a
+ *                    communicator that abort took out of the state.
+ *
+ * Who owns what:
  *   - mu serialises every NCCL call on `comm` (NCCL is not thread-safe per
- *     communicator) and every change to the event pool: submit and
- *     wait_stream on caller threads, poll and abort on the progress thread,
- *     destroy on the caller. poll only ever trylocks it, so the progress
- *     thread never waits behind a caller that holds it.
- *   - Caller-side loops that wait for ncclInProgress while holding mu check
- *     g->aborted on every turn, so abort's lock waits at most one turn.
+ *     communicator), every change to the event pool and to `inflight`, and
+ *     the fields marked (mu) below.
  *   - `dead` is set (under mu) by abort: no new op may be enqueued, and the
- *     in-flight events may never complete. After a peer failure the
- *     communicator is revoked (ncclCommRevoke) rather than aborted and kept
- *     in `comm` (`revoked`): tdist_group_shrink needs it for ncclCommShrink;
- *     destroy aborts it. After any other failure it was ncclCommAbort'ed and
- *     `comm` is NULL.
+ *     in-flight ops are forgotten (unlinked from `inflight`). After a peer
+ *     failure (TDIST_ERR_REMOTE_FAILED) the communicator is revoked
+ *     (ncclCommRevoke, non-blocking on our non-blocking communicators) rather
+ *     than aborted and kept in `comm` (`revoked`): tdist_group_shrink needs it
+ *     for ncclCommShrink; destroy aborts it. After any other failure abort
+ *     moves it to `doomed`, sets `comm` to NULL and hands it to the worker
+ *     (ncclCommAbort there); `jobs` counts such pending jobs, and destroy
+ *     waits on `idle` until it is 0 before freeing the state.
  *
- * Per-op state lives in w->bk_inline (tdist__nccl_op_t): the end event that
- * the progress thread queries and that tdist_work_wait_stream makes a stream
- * wait on. The event goes back to the pool (under mu) only after the work is
- * finished, so a wait_stream that saw the work unfinished (under mu) always
- * waited on this op's own record.
+ * Per-op state lives in op->scratch (tdist__nccl_op_t): the end event that
+ * poll queries and that wait_stream makes a stream wait on. An op is on
+ * `inflight` from its launch (submit) until poll completes it or abort
+ * forgets it; its event goes back to the pool in the same critical section
+ * that unlinks it, so a wait_stream that finds the op still linked (under
+ * mu) always waits on this op's own record.
  *
  * CUDA and NCCL types stay in this header and out of the public ones.
  */
@@ -34,43 +48,60 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
-#include <stdatomic.h>
+#include <stdint.h>
 
 #include "core/backend.h"
-#include "core/error.h"
-#include "core/group.h"
+#include "util/error.h"
+#include "util/list.h"
+#include "util/log.h"
 
 typedef struct tdist__nccl {
   pthread_mutex_t mu;
-  ncclComm_t comm; /* NULL once destroyed or aborted */
-  int dead;        /* aborted: no new ops (under mu) */
-  int revoked;     /* dead, but comm kept for shrink (peer failure) */
+  pthread_cond_t idle; /* signalled (under mu) when `jobs` drops to 0 */
+  ncclComm_t comm;     /* (mu) NULL once destroyed or aborted */
+  ncclComm_t doomed;   /* (mu) taken out by abort, for the worker's ncclCommAbort */
+  int dead;            /* (mu) aborted: no new ops */
+  int revoked;         /* (mu) dead, but comm kept for shrink (peer failure) */
+  int jobs;            /* (mu) worker jobs not yet finished on this state */
+
+  /* Set at creation (caller thread), then read-only. */
+  tdist__bk_group_t *group; /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
+  char name[64];            /* the group's name, for messages and the NCCL config */
+  int64_t timeout_ms;       /* the group's timeout at creation: bounds destroy */
   int device;
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
-  cudaEvent_t start_ev; /* recorded on the caller's stream, waited by `stream` */
+  cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
-  /* Event pool (under mu): `all` holds every event created (destroyed at
-   * destroy), `free` the ones not attached to a live work. Grows only when
-   * empty, so steady state allocates nothing. */
+  /* (mu) Launched ops (tdist__bk_op_t.link), in launch order = stream order. */
+  tdist__list_t inflight;
+
+  /* Event pool (mu): `all` holds every event created (destroyed at destroy),
+   * `free` the ones not attached to a launched op. Grows only when empty, so
+   * steady state allocates nothing. */
   cudaEvent_t *all, *free;
   int nall, nfree, cap;
 } tdist__nccl_t;
 
-/* What an op keeps in w->bk_inline. */
+/* What an op keeps in op->scratch (initialised by submit, under mu). */
 typedef struct tdist__nccl_op {
-  cudaEvent_t end;
+  cudaEvent_t end; /* (mu) this op's end event, from the pool */
+  int posted;      /* (progress) post ran: poll may complete the op */
+  int completed;   /* (mu) poll completed it (unlinked, not forgotten by abort) */
 } tdist__nccl_op_t;
 
-_Static_assert(sizeof(tdist__nccl_op_t) <= TDIST__WORK_BK_INLINE, "bk_inline too small");
+_Static_assert(sizeof(tdist__nccl_op_t) <= TDIST__BK_SCRATCH, "op scratch too small");
 
-static inline tdist__nccl_op_t *tdist__nccl_op(tdist_work_t *w) {
-  return (tdist__nccl_op_t *)(void *)w->bk_inline;
+static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
+  return (tdist__nccl_op_t *)(void *)op->scratch;
 }
+
+/* The backend as the core's table lists it (nccl_comm.c). */
+extern const tdist__backend_t tdist__nccl_backend;
 
 /* Error conversion at the boundary: the tdist code, with the library's own
  * text (and, for NCCL, ncclGetLastError of the communicator) recorded with
- * tdist__error for tdist_last_error(). `what` names the call. */
+ * tdist__error for tdist_last_error(). `what` names the call. Any thread. */
 int tdist__nccl_err(ncclComm_t comm, ncclResult_t r, const char *what);
 int tdist__cuda_err(cudaError_t e, const char *what);
 
@@ -95,14 +126,13 @@ int tdist__cuda_err(cudaError_t e, const char *what);
 /*
  * Caller thread, mu held (or comm private to the caller): poll
  * ncclCommGetAsyncError(comm) until it leaves ncclInProgress, for at most
- * timeout_ms. Gives up early when `g` (may be NULL) gets aborted.
+ * timeout_ms. Gives up early when group `g` (may be NULL) gets aborted.
  * Returns 0, TDIST_ERR_NCCL_ERROR (the async error), TDIST_ERR_TIMEOUT or
- * TDIST_ERR_ABORTED; the message is recorded and names `what` and the group.
+ * TDIST_ERR_ABORTED; the message is recorded and names `what` and the group
+ * `gname`.
  */
-int tdist__nccl_wait_ready(ncclComm_t comm, tdist_group_t *g, const char *what, int64_t timeout_ms);
-
-/* A non-blocking config named after the group. */
-void tdist__nccl_config(ncclConfig_t *cfg, const tdist_group_t *g);
+int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+                           const char *what, int64_t timeout_ms);
 
 /* Mappings (return -1 for values NCCL lacks). */
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out);
@@ -112,16 +142,19 @@ int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out);
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev);
 void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 
-/* Vtable entries, one file each side (nccl_comm.c, nccl_ops.c, nccl_progress.c). */
-int tdist__nccl_init(tdist_group_t *g, const void *arg);
-int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child);
-int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
-                       tdist_group_t *child);
-int tdist__nccl_destroy(tdist_group_t *g);
-int tdist__nccl_submit(tdist_group_t *g, tdist_work_t *w);
-int tdist__nccl_post(tdist_group_t *g, tdist_work_t *w);
-int tdist__nccl_poll(tdist_group_t *g);
-void tdist__nccl_abort(tdist_group_t *g, int status, const char *reason);
-int tdist__nccl_wait_stream(tdist_group_t *g, tdist_work_t *w, void *stream);
+/* Vtable entries (core/backend.h), by file:
+ *   nccl_comm.c     init, split, shrink, destroy       (caller thread)
+ *   nccl_ops.c      submit                             (caller thread)
+ *   nccl_progress.c post, poll, abort                  (progress thread)
+ *                   wait_stream                        (caller thread) */
+int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+int tdist__nccl_destroy(void *state);
+int tdist__nccl_submit(void *state, tdist__bk_op_t *op);
+int tdist__nccl_post(void *state, tdist__bk_op_t *op);
+int tdist__nccl_poll(void *state);
+void tdist__nccl_abort(void *state, int status, const char *reason, int local);
+int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream);
 
 #endif

@@ -1,22 +1,29 @@
 /*
  * nccl_comm.c - communicator life cycle of the NCCL backend: init (unique id
- * through the group's store), split (ncclCommSplit), destroy (finalize, then
- * destroy, abort on failure), and the backend's vtable.
+ * from rank 0 through the group's store), split (ncclCommSplit), shrink
+ * (ncclCommShrink), destroy (finalize, then destroy, abort on failure), and
+ * the backend's description for the core's table.
  *
- * Threads: everything here runs on the caller's thread (backend.h). Every
- * communicator is created non-blocking (config.blocking = 0), so no NCCL call
- * here can hang the caller: ncclInProgress is polled with
- * ncclCommGetAsyncError under the group's timeout (tdist__nccl_wait_ready).
+ * Threads: everything here runs on a caller thread (core/backend.h) and may
+ * block within the group's timeout. Every communicator is created
+ * non-blocking (config.blocking = 0), so no NCCL call here can hang the
+ * caller: ncclInProgress is polled with ncclCommGetAsyncError under the
+ * timeout (tdist__nccl_wait_ready). The ncclCommAbort calls here (a failed
+ * creation, a revoked communicator at destroy) run on the caller thread too;
+ * only the progress thread's abort hands its ncclCommAbort to the worker
+ * (nccl_progress.c), and destroy waits for that job before freeing.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/param.h"
 #include "nccl/nccl_backend.h"
+#include "store/bootstrap.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/param.h"
 
 /* How long a ncclInProgress poll sleeps between two checks (µs): short, as
  * init and enqueue usually finish within microseconds to milliseconds. */
@@ -33,8 +40,8 @@ int tdist__cuda_err(cudaError_t e, const char *what) {
                       cudaGetErrorName(e));
 }
 
-int tdist__nccl_wait_ready(ncclComm_t comm, tdist_group_t *g, const char *what,
-                           int64_t timeout_ms) {
+int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+                           const char *what, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
   int64_t sleep_ns = tdist__param_NcclPollSleepUs() * 1000;
   for (;;) {
@@ -43,14 +50,15 @@ int tdist__nccl_wait_ready(ncclComm_t comm, tdist_group_t *g, const char *what,
     if (r != ncclSuccess) return tdist__nccl_err(comm, r, "ncclCommGetAsyncError");
     if (st == ncclSuccess) return 0;
     if (st != ncclInProgress)
-      return tdist__error(TDIST_ERR_NCCL_ERROR, "%s for group '%s': %s: %s", what,
-                          g ? g->name : "?", ncclGetErrorString(st), ncclGetLastError(comm));
-    if (g && atomic_load(&g->aborted))
-      return tdist__error(TDIST_ERR_ABORTED, "%s for group '%s': group aborted: %s", what, g->name,
-                          g->abort_reason);
+      return tdist__error(TDIST_ERR_NCCL_ERROR, "%s for group '%s': %s: %s", what, gname,
+                          ncclGetErrorString(st), ncclGetLastError(comm));
+    /* The progress thread's abort waits for mu, which our caller holds:
+     * give up at once so it waits at most one turn. */
+    if (g && tdist__bk_aborted(g))
+      return tdist__error(TDIST_ERR_ABORTED, "%s for group '%s': group aborted", what, gname);
     if (tdist__now_ns() >= deadline)
       return tdist__error(TDIST_ERR_TIMEOUT, "%s for group '%s' timed out after %lld ms", what,
-                          g ? g->name : "?", (long long)timeout_ms);
+                          gname, (long long)timeout_ms);
     if (sleep_ns > 0) {
       struct timespec ts = {0, (long)sleep_ns};
       nanosleep(&ts, NULL);
@@ -58,10 +66,11 @@ int tdist__nccl_wait_ready(ncclComm_t comm, tdist_group_t *g, const char *what,
   }
 }
 
-void tdist__nccl_config(ncclConfig_t *cfg, const tdist_group_t *g) {
+/* A non-blocking config named `name` (copied by NCCL during init). */
+static void nccl_config(ncclConfig_t *cfg, const char *name) {
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
   c.blocking = 0;
-  c.commName = g->name; /* copied by NCCL during init */
+  c.commName = name;
   *cfg = c;
 }
 
@@ -80,7 +89,8 @@ fail:
   return rc;
 }
 
-/* Release what state_setup and the event pool made; comm must be gone. */
+/* Release what state_setup and the event pool made; comm must be gone and no
+ * worker job pending. */
 static void state_free(tdist__nccl_t *nc) {
   if (!nc) return;
   if (nc->device >= 0) cudaSetDevice(nc->device);
@@ -93,17 +103,35 @@ static void state_free(tdist__nccl_t *nc) {
   if (nc->stream) cudaStreamDestroy(nc->stream);
   tdist__free(nc->all);
   tdist__free(nc->free);
+  pthread_cond_destroy(&nc->idle);
   pthread_mutex_destroy(&nc->mu);
   tdist__free(nc);
 }
 
-static int state_new(int device, tdist__nccl_t **out) {
+static int state_new(int device, const tdist__bk_params_t *p, tdist__nccl_t **out) {
   tdist__nccl_t *nc = tdist__calloc(1, sizeof(*nc));
   if (!nc) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate NCCL group state");
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* destroy's timed wait */
+  pthread_cond_init(&nc->idle, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&nc->mu, NULL);
+  tdist__list_init(&nc->inflight);
   nc->device = device;
+  nc->group = p->group;
+  nc->timeout_ms = p->timeout_ms;
+  snprintf(nc->name, sizeof(nc->name), "%s", p->name ? p->name : "?");
   *out = nc;
   return 0;
+}
+
+/* Publish nc, with its communicator, as the new group's state. */
+static void state_publish(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
+  nc->comm = comm;
+  out->state = nc;
+  out->needs_poll = 1;
+  out->device = nc->device;
 }
 
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev) {
@@ -151,60 +179,69 @@ static int pick_device(const tdist_init_opts_t *o) {
   return 0;
 }
 
-/* Rank 0 makes the unique id and publishes it in the group's store. */
-static int exchange_id(tdist_group_t *g, ncclUniqueId *id) {
+/* Rank 0 makes the unique id; everyone reads rank 0's through the group's
+ * store (rank 0 waits for nobody: its `from` list is empty). */
+static int exchange_id(const tdist__bk_params_t *p, const char *gname, ncclUniqueId *id) {
   int rc = 0;
-  void *val = NULL;
-  size_t len = 0;
-  if (g->rank == 0) {
-    NCCLCHECKGOTO(ncclGetUniqueId(id), NULL, rc, fail);
-    if (g->size > 1)
-      TDIST_CHECKGOTO(tdist_store_set(g->store, "nccl_id", id, sizeof(*id)), rc, fail);
-    return 0;
+  static const int from[1] = {0};
+  void **vals = NULL;
+  size_t *lens = NULL;
+  if (p->rank == 0) NCCLCHECKGOTO(ncclGetUniqueId(id), NULL, rc, out);
+  if (p->size == 1) return 0;
+  vals = tdist__calloc((size_t)p->size, sizeof(*vals));
+  lens = tdist__calloc((size_t)p->size, sizeof(*lens));
+  if (!vals || !lens) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': NCCL id exchange: out of memory", gname);
+    goto out;
   }
-  TDIST_CHECKGOTO(tdist_store_get(g->store, "nccl_id", &val, &len, atomic_load(&g->timeout_ms)), rc,
-                  fail);
-  if (len != sizeof(*id)) {
-    rc = tdist__error(TDIST_ERR_PROTOCOL, "group '%s': NCCL unique id of %zu bytes (want %zu)",
-                      g->name, len, sizeof(*id));
-    goto fail;
+  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "nccl_id", p->rank, p->size,
+                                         p->rank == 0 ? id : NULL, sizeof(*id), from,
+                                         p->rank == 0 ? 0 : 1, vals, lens, p->timeout_ms),
+                  rc, out);
+  if (p->rank != 0) {
+    if (!vals[0] || lens[0] != sizeof(*id)) {
+      rc = tdist__error(TDIST_ERR_PROTOCOL, "group '%s': NCCL unique id of %zu bytes (want %zu)",
+                        gname, lens[0], sizeof(*id));
+      goto out;
+    }
+    memcpy(id, vals[0], sizeof(*id));
   }
-  memcpy(id, val, sizeof(*id));
-fail:
-  tdist_store_free(val);
+out:
+  if (vals) tdist_store_free(vals[0]);
+  tdist__free(vals);
+  tdist__free(lens);
   return rc;
 }
 
-/* Poll a freshly created communicator (init or split) to readiness. On
+/* Poll a freshly created communicator (init, split, shrink) to readiness. On
  * failure the caller aborts it, so no NCCL thread is left behind. */
-static int comm_ready(ncclComm_t comm, tdist_group_t *g, const char *what) {
-  int rc = tdist__nccl_wait_ready(comm, g, what, atomic_load(&g->timeout_ms));
+static int comm_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+                      const char *what, int64_t timeout_ms) {
+  int rc = tdist__nccl_wait_ready(comm, g, gname, what, timeout_ms);
   if (rc != 0) TDIST_WARN(NCCL, "%s", tdist_last_error());
   return rc;
 }
 
-int tdist__nccl_init(tdist_group_t *g, const void *arg) {
+int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   int rc = 0;
   tdist__nccl_t *nc = NULL;
   ncclUniqueId id;
   ncclConfig_t cfg;
   ncclComm_t comm = NULL;
-  if (g->size > 1 && !g->store)
+  if (p->size > 1 && !p->store)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "nccl: group '%s' of %d ranks has no store",
-                        g->name, g->size);
-  TDIST_CHECKGOTO(state_new(pick_device(arg), &nc), rc, fail);
+                        p->name, p->size);
+  TDIST_CHECKGOTO(state_new(pick_device(p->init_opts), p, &nc), rc, fail);
   CUDACHECKGOTO(cudaSetDevice(nc->device), rc, fail);
-  TDIST_CHECKGOTO(exchange_id(g, &id), rc, fail);
-  tdist__nccl_config(&cfg, g);
-  NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, g->size, id, g->rank, &cfg), comm, rc, fail);
-  TDIST_CHECKGOTO(comm_ready(comm, g, "ncclCommInitRankConfig"), rc, fail);
+  TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
+  nccl_config(&cfg, nc->name);
+  NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, p->size, id, p->rank, &cfg), comm, rc, fail);
+  TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, "ncclCommInitRankConfig", p->timeout_ms),
+                  rc, fail);
   TDIST_CHECKGOTO(state_setup(nc), rc, fail);
-  nc->comm = comm;
-  g->device = nc->device;
-  g->bstate = nc;
-  g->needs_poll = 1;
-  TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", g->name, g->rank,
-             g->size, nc->device);
+  state_publish(nc, comm, out);
+  TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", nc->name,
+             p->rank, p->size, nc->device);
   return 0;
 fail:
   if (comm) ncclCommAbort(comm);
@@ -212,42 +249,46 @@ fail:
   return rc;
 }
 
-/* A new communicator (split or shrink) becomes child's backend state; on
- * failure it is aborted and nc freed. */
-static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist_group_t *child) {
+/* A new communicator (split or shrink) becomes the child's state; on failure
+ * it is aborted and nc freed. */
+static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
   int rc = state_setup(nc);
   if (rc != 0) {
     ncclCommAbort(comm);
     state_free(nc);
     return rc;
   }
-  nc->comm = comm;
-  child->device = nc->device;
-  child->bstate = nc;
-  child->needs_poll = 1;
+  state_publish(nc, comm, out);
   return 0;
+}
+
+/* The child's device: the parent's, as the core reports it. */
+static int child_device(const tdist__bk_params_t *p, const tdist__nccl_t *pn) {
+  return p->device >= 0 ? p->device : pn->device;
 }
 
 /* ---- split ---------------------------------------------------------------------- */
 
-int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child) {
+/* Collective over the parent: non-members (TDIST__NOCOLOR) call ncclCommSplit
+ * with NCCL_SPLIT_NOCOLOR and leave out->state NULL. */
+int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   int rc = 0;
-  tdist__nccl_t *pn = parent->bstate, *nc = NULL;
+  tdist__nccl_t *pn = p->parent, *nc = NULL;
   ncclComm_t comm = NULL;
   ncclConfig_t cfg;
-  int member = color != TDIST__NOCOLOR && child;
-  int key = member ? child->rank : parent->rank;
-  if (member) TDIST_CHECKGOTO(state_new(pn->device, &nc), rc, fail);
-  tdist__nccl_config(&cfg, member ? child : parent);
+  int member = p->color != TDIST__NOCOLOR;
+  int key = member ? p->rank : p->parent_rank;
+  if (member) TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
+  nccl_config(&cfg, member ? nc->name : pn->name);
   pthread_mutex_lock(&pn->mu);
   if (pn->dead || !pn->comm) {
     pthread_mutex_unlock(&pn->mu);
     rc = tdist__error(TDIST_ERR_ABORTED, "split of group '%s': its communicator was aborted",
-                      parent->name);
+                      pn->name);
     goto fail;
   }
   cudaSetDevice(pn->device);
-  ncclResult_t r = ncclCommSplit(pn->comm, member ? color : NCCL_SPLIT_NOCOLOR, key, &comm, &cfg);
+  ncclResult_t r = ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, &comm, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = tdist__nccl_err(pn->comm, r, "ncclCommSplit");
     pthread_mutex_unlock(&pn->mu);
@@ -255,10 +296,12 @@ int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child) {
   }
   /* The new communicator (members) and the parent (everyone) are both in
    * progress until the split is done. */
-  if (comm) rc = comm_ready(comm, member ? child : parent, "ncclCommSplit");
+  if (comm)
+    rc = member ? comm_ready(comm, p->group, nc->name, "ncclCommSplit", p->timeout_ms)
+                : comm_ready(comm, pn->group, pn->name, "ncclCommSplit", p->timeout_ms);
   if (rc == 0)
-    rc = tdist__nccl_wait_ready(pn->comm, parent, "ncclCommSplit (parent)",
-                                atomic_load(&parent->timeout_ms));
+    rc = tdist__nccl_wait_ready(pn->comm, pn->group, pn->name, "ncclCommSplit (parent)",
+                                p->timeout_ms);
   pthread_mutex_unlock(&pn->mu);
   if (rc != 0) goto fail;
   if (!member) {
@@ -267,10 +310,10 @@ int tdist__nccl_split(tdist_group_t *parent, int color, tdist_group_t *child) {
   }
   if (!comm) {
     rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommSplit gave no communicator to rank %d of '%s'",
-                      child->rank, child->name);
+                      p->rank, nc->name);
     goto fail;
   }
-  return adopt(nc, comm, child);
+  return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);
   state_free(nc);
@@ -279,41 +322,41 @@ fail:
 
 /* ---- shrink (survivors only, after a peer failure) ----------------------------- */
 
-int tdist__nccl_shrink(tdist_group_t *parent, const int *exclude, int nexclude,
-                       tdist_group_t *child) {
+int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   int rc = 0;
-  tdist__nccl_t *pn = parent->bstate, *nc = NULL;
+  tdist__nccl_t *pn = p->parent, *nc = NULL;
   ncclComm_t comm = NULL;
   ncclConfig_t cfg;
-  TDIST_CHECKGOTO(state_new(pn->device, &nc), rc, fail);
-  tdist__nccl_config(&cfg, child);
+  TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
+  nccl_config(&cfg, nc->name);
   pthread_mutex_lock(&pn->mu);
   if (!pn->comm) {
     pthread_mutex_unlock(&pn->mu);
     rc = tdist__error(TDIST_ERR_ABORTED,
                       "shrink of group '%s': its communicator was aborted, not revoked (only a "
                       "peer failure leaves one to shrink)",
-                      parent->name);
+                      pn->name);
     goto fail;
   }
   cudaSetDevice(pn->device);
-  /* A revoked communicator must be quiescent first; a live one (shrinking
-   * without a failure seen here) has its ongoing work terminated by NCCL. */
+  /* A revoked communicator must be quiescent first (the parent is aborted,
+   * so no abort check); a live one (shrinking without a failure seen here)
+   * has its ongoing work terminated by NCCL. */
   if (pn->revoked)
-    rc = tdist__nccl_wait_ready(pn->comm, NULL, "ncclCommRevoke", atomic_load(&parent->timeout_ms));
+    rc = tdist__nccl_wait_ready(pn->comm, NULL, pn->name, "ncclCommRevoke", p->timeout_ms);
   if (rc == 0) {
-    ncclResult_t r = ncclCommShrink(pn->comm, (int *)exclude, nexclude, &comm, &cfg,
+    ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, &comm, &cfg,
                                     pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
     if (r != ncclSuccess && r != ncclInProgress)
       rc = tdist__nccl_err(pn->comm, r, "ncclCommShrink");
     else if (comm)
-      rc = comm_ready(comm, child, "ncclCommShrink");
+      rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
     else
       rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
   }
   pthread_mutex_unlock(&pn->mu);
   if (rc != 0) goto fail;
-  return adopt(nc, comm, child);
+  return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);
   state_free(nc);
@@ -322,49 +365,97 @@ fail:
 
 /* ---- destroy -------------------------------------------------------------------- */
 
-int tdist__nccl_destroy(tdist_group_t *g) {
+/* mu held: wait until the worker finished every ncclCommAbort job of nc, up
+ * to nc->timeout_ms (<= 0: no bound). */
+static int wait_jobs(tdist__nccl_t *nc) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t ns = (int64_t)ts.tv_nsec + (nc->timeout_ms > 0 ? nc->timeout_ms : 0) * 1000000;
+  ts.tv_sec += (time_t)(ns / 1000000000);
+  ts.tv_nsec = (long)(ns % 1000000000);
+  while (nc->jobs > 0) {
+    if (nc->timeout_ms <= 0) {
+      pthread_cond_wait(&nc->idle, &nc->mu);
+    } else if (pthread_cond_timedwait(&nc->idle, &nc->mu, &ts) == ETIMEDOUT && nc->jobs > 0) {
+      return tdist__error(TDIST_ERR_TIMEOUT,
+                          "group '%s': ncclCommAbort still running after %lld ms; its state is "
+                          "left allocated",
+                          nc->name, (long long)nc->timeout_ms);
+    }
+  }
+  return 0;
+}
+
+int tdist__nccl_destroy(void *state) {
   int rc = 0;
-  tdist__nccl_t *nc = g->bstate;
+  tdist__nccl_t *nc = state;
   if (!nc) return 0;
   pthread_mutex_lock(&nc->mu);
+  rc = wait_jobs(nc);
+  if (rc != 0) {
+    /* The job still uses nc: leak it rather than free it under the job. */
+    pthread_mutex_unlock(&nc->mu);
+    TDIST_WARN(NCCL, "%s", tdist_last_error());
+    return rc;
+  }
   if (nc->comm && !nc->dead) {
     cudaSetDevice(nc->device);
     ncclResult_t r = ncclCommFinalize(nc->comm);
     if (r != ncclSuccess && r != ncclInProgress)
       rc = tdist__nccl_err(nc->comm, r, "ncclCommFinalize");
     else
-      rc = tdist__nccl_wait_ready(nc->comm, NULL, "ncclCommFinalize", atomic_load(&g->timeout_ms));
+      rc = tdist__nccl_wait_ready(nc->comm, NULL, nc->name, "ncclCommFinalize", nc->timeout_ms);
     if (rc == 0) {
       r = ncclCommDestroy(nc->comm);
       if (r != ncclSuccess && r != ncclInProgress) {
         rc = tdist__nccl_err(NULL, r, "ncclCommDestroy");
-        TDIST_WARN(NCCL, "group '%s': %s", g->name, tdist_last_error());
+        TDIST_WARN(NCCL, "group '%s': %s", nc->name, tdist_last_error());
       }
     } else {
-      TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator", g->name, tdist_last_error());
+      TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator", nc->name, tdist_last_error());
       ncclCommAbort(nc->comm);
     }
-    nc->comm = NULL;
   } else if (nc->comm) { /* revoked: finalize is not allowed, abort frees it */
     cudaSetDevice(nc->device);
     ncclCommAbort(nc->comm);
-    nc->comm = NULL;
   }
+  nc->comm = NULL;
+  nc->dead = 1; /* a late abort finds nothing to do */
   pthread_mutex_unlock(&nc->mu);
-  g->bstate = NULL;
   state_free(nc);
   return rc;
 }
 
-const tdist__backend_ops_t tdist__nccl_backend = {
-    .name = "nccl",
+/* ---- the backend ------------------------------------------------------------------ */
+
+static const tdist__backend_ops_t nccl_ops = {
     .init = tdist__nccl_init,
     .split = tdist__nccl_split,
+    .shrink = tdist__nccl_shrink,
     .submit = tdist__nccl_submit,
     .post = tdist__nccl_post,
     .poll = tdist__nccl_poll,
     .abort = tdist__nccl_abort,
     .destroy = tdist__nccl_destroy,
     .wait_stream = tdist__nccl_wait_stream,
-    .shrink = tdist__nccl_shrink,
+};
+
+#define BIT(x) (1u << (x))
+
+const tdist__backend_t tdist__nccl_backend = {
+    "nccl",
+    &nccl_ops,
+    {
+        .mem = TDIST__MEM_DEVICE,
+        .ops = TDIST__ALL_OPS,
+        /* What tdist__nccl_dtype maps. */
+        .dtypes = BIT(TDIST_INT8) | BIT(TDIST_UINT8) | BIT(TDIST_INT32) | BIT(TDIST_INT64) |
+                  BIT(TDIST_FLOAT16) | BIT(TDIST_BFLOAT16) | BIT(TDIST_FLOAT32) |
+                  BIT(TDIST_FLOAT64),
+        /* tdist__nccl_redop, plus PREMUL_SUM made per op (nccl_ops.c). */
+        .redops = BIT(TDIST_SUM) | BIT(TDIST_PROD) | BIT(TDIST_MIN) | BIT(TDIST_MAX) |
+                  BIT(TDIST_AVG) | BIT(TDIST_PREMUL_SUM),
+        .shrink = 1,
+        .stream_wait = 1,
+    },
 };

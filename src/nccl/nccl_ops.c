@@ -1,15 +1,18 @@
 /*
  * nccl_ops.c - launching ops on the NCCL backend (caller thread).
  *
- * submit runs on the thread that called the op, after ops.c validated it,
- * with the group's mutex held for every CUDA/NCCL call:
+ * submit (core/backend.h) runs on the thread that called the op, after the
+ * core validated it against the capabilities, with the group's mutex held
+ * for every CUDA/NCCL call:
  *
  *   caller stream:   ... user work ... [start_ev]
  *   internal stream:  wait(start_ev) -> NCCL kernel(s) -> [end event]
  *
  * so data produced on the caller's stream before the call is honoured, and
  * the end event marks completion. The end event comes from the group's pool
- * and is kept in w->bk_inline until the progress thread sees it complete.
+ * and is kept in op->scratch; the op goes on the state's FIFO (`inflight`,
+ * under mu) in launch order, where the progress thread's poll finds it
+ * (nccl_progress.c). post, on the progress thread, only marks it posted.
  *
  * Non-blocking communicators may answer an enqueue with ncclInProgress; the
  * op is then being enqueued in the background and no other NCCL call may be
@@ -18,7 +21,7 @@
  */
 #include <string.h>
 
-#include "core/alloc.h"
+#include "util/alloc.h"
 #include "nccl/nccl_backend.h"
 
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out) {
@@ -135,25 +138,33 @@ static int op_uses_redop(tdist_optype_t t) {
   return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER;
 }
 
-int tdist__nccl_submit(tdist_group_t *g, tdist_work_t *w) {
+int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   int rc = 0;
-  tdist__nccl_t *nc = g->bstate;
-  const tdist__op_args_t *a = &w->args;
+  tdist__nccl_t *nc = state;
+  tdist__nccl_op_t *no = tdist__nccl_op(op);
+  const tdist__op_args_t *a = op->args;
   ncclDataType_t dt = ncclFloat32;
-  ncclRedOp_t op = ncclSum;
+  ncclRedOp_t rop = ncclSum;
   int premul = 0;
   cudaEvent_t end = NULL;
+  /* The core checked the capabilities; these guard the mapping itself. */
   if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
       tdist__nccl_dtype(a->dtype, &dt) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: dtype %s", tdist_dtype_name(a->dtype));
   if (op_uses_redop(a->type) && a->redop != TDIST_PREMUL_SUM &&
-      tdist__nccl_redop(a->redop, &op) != 0)
+      tdist__nccl_redop(a->redop, &rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
 
   pthread_mutex_lock(&nc->mu);
+  /* Ours from here (backend.h: left as the handle's previous use had them). */
+  tdist__list_init(&op->link);
+  op->priv = NULL;
+  no->end = NULL;
+  no->posted = 0;
+  no->completed = 0;
   if (nc->dead || !nc->comm) {
     rc = tdist__error(TDIST_ERR_ABORTED, "nccl: the communicator of group '%s' was aborted",
-                      g->name);
+                      nc->name);
     goto out;
   }
   CUDACHECKGOTO(cudaSetDevice(nc->device), rc, out);
@@ -166,25 +177,34 @@ int tdist__nccl_submit(tdist_group_t *g, tdist_work_t *w) {
      * non-blocking comm, once the enqueue finished). */
     _Alignas(8) unsigned char scalar[8];
     premul_scalar(a->dtype, a->scalar, scalar);
-    NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&op, scalar, dt, ncclScalarHostImmediate, nc->comm),
+    NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, nc->comm),
                   nc->comm, rc, fail);
     premul = 1;
   }
-  ncclResult_t r = launch(nc, a, dt, op);
+  ncclResult_t r = launch(nc, a, dt, rop);
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = tdist__nccl_err(nc->comm, r, tdist_op_name(a->type));
     goto fail;
   }
   if (r == ncclInProgress)
-    TDIST_CHECKGOTO(tdist__nccl_wait_ready(nc->comm, g, tdist_op_name(a->type), w->timeout_ms), rc,
-                    fail);
+    TDIST_CHECKGOTO(tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
+                                           op->timeout_ms),
+                    rc, fail);
   CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, fail);
-  tdist__nccl_op(w)->end = end;
+  /* Launched: on the FIFO in launch order, which is stream order. */
+  no->end = end;
   end = NULL;
+  tdist__list_push_back(&nc->inflight, &op->link);
 fail:
   if (premul) {
-    ncclResult_t d = ncclRedOpDestroy(op, nc->comm);
-    if (d != ncclSuccess && rc == 0) rc = tdist__nccl_err(nc->comm, d, "ncclRedOpDestroy");
+    ncclResult_t d = ncclRedOpDestroy(rop, nc->comm);
+    if (d != ncclSuccess && rc == 0) {
+      rc = tdist__nccl_err(nc->comm, d, "ncclRedOpDestroy");
+      /* Not submitted after all: take it back off the FIFO. */
+      tdist__list_remove(&op->link);
+      end = no->end;
+      no->end = NULL;
+    }
   }
   if (end) tdist__nccl_event_put(nc, end);
 out:

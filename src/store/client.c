@@ -7,10 +7,11 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_TIMEOUT_MS 600000
@@ -77,6 +78,20 @@ int tdist_store_prefix(tdist_store_t *base, const char *prefix, tdist_store_t **
 
 int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out) {
   return tdist_store_prefix(s->root, "", out);
+}
+
+int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t **out) {
+  const tdist_store_t *r = s->root;
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT | TDIST_STORE_FIELD_TOKEN,
+                          .timeout_ms = timeout_ms,
+                          .token = r->token};
+  if (strncmp(r->address, "file:", 5) == 0) return tdist_store_open_file(r->address + 5, &o, out);
+  const char *colon = strrchr(r->address, ':');
+  if (!colon)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store: bad address '%s'", r->address);
+  char host[256];
+  snprintf(host, sizeof(host), "%.*s", (int)(colon - r->address), r->address);
+  return tdist_store_connect(host, atoi(colon + 1), &o, out);
 }
 
 /* ---- encoding ---------------------------------------------------------------- */

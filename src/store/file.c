@@ -24,9 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
 #include "store/kv.h"
 #include "store/store_impl.h"
 

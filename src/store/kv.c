@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/alloc.h"
+#include "util/alloc.h"
 
 /* ---- buffers ---------------------------------------------------------------- */
 

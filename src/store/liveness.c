@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/log.h"
-#include "core/param.h"
+#include "util/alloc.h"
+#include "util/log.h"
+#include "util/param.h"
 
 TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
 

@@ -1,9 +1,10 @@
 /*
- * rendezvous.c - tdist_init_process_group: find rank, world size, timeout and
- * a store from opts and the environment (env://, tcp://, file://, or a given
- * store), host the store server on rank 0 when asked, check that no two
- * processes claim one rank, wait until every rank arrived, then create the
- * world group with tdist__group_create.
+ * rendezvous.c - the part of tdist_init_process_group below the core (it
+ * uses only the store and util): find rank, world size, timeout and a store
+ * from opts and the environment (env://, tcp://, file://, or a given store),
+ * host the store server on rank 0 when asked, check that no two processes
+ * claim one rank, wait until every rank arrived. core/init.c then creates the
+ * world group.
  *
  * Keys (under "tdist/rdzv/"): "rank/<r>" holds the claiming process's id
  * (compare_set, so a second claimant sees someone else's id: duplicate RANK);
@@ -12,8 +13,8 @@
  * ranks that ran tdist__rendezvous_cleanup.
  *
  * The hosted server and the rendezvous store handle live in a process-global
- * record until tdist__rendezvous_cleanup() (called by the core when the world
- * group is destroyed): every rank adds to "left"; rank 0 then waits, bounded
+ * record until tdist__rendezvous_cleanup() (called by the core's runtime
+ * context when the last group of the world is gone): every rank adds to "left"; rank 0 then waits, bounded
  * by the timeout, until all ranks have left before stopping the server.
  *
  * Threads: the caller's; the record is guarded by a mutex.
@@ -22,15 +23,16 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/group.h"
-#include "core/param.h"
 #include "store/rendezvous.h"
 #include "store/store_impl.h"
 #include "tdist/group.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
 
 #define RDZV_PREFIX "tdist/rdzv/"
 
@@ -145,8 +147,36 @@ static int resolve_addr(const char *method, char *host, size_t hl, int *port) {
   return 0;
 }
 
+/* The job's id: TDIST_JOB_ID when a launcher set one, else the first rank's
+ * proposal for this round ("job/<round>": the same on every rank, new for
+ * every job even on a long-lived store). */
+static int agree_job(tdist_store_t *v, int64_t round, char *job, size_t jl) {
+  const char *env = tdist__env_raw("TDIST_JOB_ID");
+  if (env) {
+    snprintf(job, jl, "%s", env);
+    tdist__job_id_clean(job);
+    return 0;
+  }
+  char key[64], mine[64], host[32] = "?";
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gethostname(host, sizeof(host) - 1);
+  for (char *c = host; *c; c++)
+    if (*c == '.') *c = '\0';
+  snprintf(mine, sizeof(mine), "%s-%d-%lld", host, (int)getpid(), (long long)ts.tv_sec);
+  snprintf(key, sizeof(key), "job/%" PRId64, round);
+  void *cur = NULL;
+  size_t cl = 0;
+  TDIST_CHECK(tdist_store_compare_set(v, key, NULL, 0, mine, strlen(mine), &cur, &cl));
+  snprintf(job, jl, "%.*s", (int)cl, (const char *)cur);
+  tdist_store_free(cur);
+  tdist__job_id_clean(job);
+  return 0;
+}
+
 /* Claim our rank, count in, wait for the round to complete. */
-static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms) {
+static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, char *job,
+                      size_t jl) {
   char key[64], me[128], host[64] = "?";
   gethostname(host, sizeof(host) - 1);
   snprintf(me, sizeof(me), "%s:%d", host, (int)getpid());
@@ -168,6 +198,7 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms) 
   TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
   int64_t round = (arrived - 1) / size;
   snprintf(key, sizeof(key), "go/%" PRId64, round);
+  TDIST_CHECK(agree_job(v, round, job, jl));
   if (arrived == (round + 1) * size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
   const char *k = key;
   int rc = tdist_store_wait(v, &k, 1, timeout_ms);
@@ -226,7 +257,7 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
     goto fail;
   }
   TDIST_CHECKGOTO(tdist_store_prefix(root, RDZV_PREFIX, &view), rc, fail);
-  TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout), rc, fail);
+  TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout, out->job, sizeof(out->job)), rc, fail);
   TDIST_INFO(INIT, "rank %d of %d joined on %s", rank, size, tdist_store_address(root));
   rdzv.server = srv;
   rdzv.store = view;
@@ -238,35 +269,16 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   out->rank = rank;
   out->size = size;
   out->timeout_ms = timeout;
+  out->store_host = (m & TDIST_INIT_FIELD_STORE) && o->store ? -1
+                    : strncmp(method, "file://", 7) == 0  ? -1
+                    : host_store                          ? 0
+                                                          : -1;
   return 0;
 fail:
   pthread_mutex_unlock(&rdzv_mu);
   tdist_store_release(view);
   tdist_store_release(root);
   tdist_store_server_stop(srv);
-  return rc;
-}
-
-int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **world) {
-  tdist__error_clear();
-  const tdist_init_opts_t *o = opts;
-  uint64_t m = o ? o->mask : 0;
-  if (!world) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_init_process_group: NULL");
-  *world = NULL;
-  const char *backend = (m & TDIST_INIT_FIELD_BACKEND) && o->backend
-                            ? o->backend
-                            : tdist__param_str("TDIST_BACKEND", "cpu");
-  const tdist__backend_ops_t *ops = tdist__backend_find(backend);
-  if (!ops)
-    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend '%s' is not built into this library",
-                        backend);
-  const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
-  tdist__rdzv_t r;
-  TDIST_CHECK(tdist__rendezvous_join(o, &r));
-  /* One timeout for the store and the group's ops. */
-  int rc = tdist__group_create(ops, r.rank, r.size, name, r.store, r.timeout_ms, o, world);
-  tdist_store_release(r.store); /* the group holds its own reference */
-  if (rc) tdist__rendezvous_cleanup();
   return rc;
 }
 

@@ -1,6 +1,6 @@
 /*
- * rendezvous.h - the hook the core calls when the world group goes away
- * (internal).
+ * rendezvous.h - joining a world over the store, and leaving it (internal;
+ * the store layer: it calls only the store and util).
  */
 #ifndef TDIST_STORE_RENDEZVOUS_H
 #define TDIST_STORE_RENDEZVOUS_H
@@ -13,6 +13,10 @@ typedef struct tdist__rdzv {
   tdist_store_t *store; /* the root store (a reference owned by the caller) */
   int rank, size;
   int64_t timeout_ms; /* the one timeout for the store and the world group */
+  int store_host;     /* world rank that hosts the store server (0), or -1 (a
+                         launcher, tdist-store, a file, the caller's store) */
+  char job[64];       /* the job's id: TDIST_JOB_ID, else one agreed on the store
+                         for this rendezvous round (flight-recorder dumps carry it) */
 } tdist__rdzv_t;
 
 /*

@@ -19,22 +19,24 @@
  * Nothing polls. While blocked, a connection keeps reading (so a disconnect
  * is seen and its waiters are freed) but runs no further frames.
  *
- * Extension point (issue 7, rank liveness): conn_close() is the single place
- * a connection ends, and HELLO is where a client identifies itself; a
- * keepalive/close hook belongs there.
+ * Liveness (liveness.h): every write of a heartbeat key is reported to the
+ * dead-rank detector with its connection, and conn_close(), the single place
+ * a connection ends, reports the close, so a rank whose connection drops
+ * without a "bye" is declared dead at once.
  *
  * Threads: start/stop/port/num_keys on any thread; everything else on the
  * server thread. stop wakes the loop with a uv_async.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <uv.h>
 
-#include "core/alloc.h"
-#include "core/error.h"
-#include "core/param.h"
+#include "util/alloc.h"
+#include "util/error.h"
+#include "util/param.h"
 #include "store/kv.h"
 #include "store/liveness.h"
 
@@ -80,12 +82,49 @@ struct tdist_store_server {
   char *token;
   int port;
   tdist__live_t *live; /* dead-rank detector, or NULL */
+  /* WARN lines about clients, rate-limited (warn_client): at most
+   * WARN_BURST per WARN_WINDOW_MS, then one summary of what was held back. */
+  uint64_t warn_window_start;
+  int warn_in_window, warn_held;
   conn_t *current;     /* connection whose request is executing */
   int stopping;
   _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
 };
 
 static void conn_process(conn_t *c);
+
+#define WARN_BURST 10
+#define WARN_WINDOW_MS 10000
+
+/* A WARN line about a client (refused, malformed, dropped). An
+ * unauthenticated client that reconnects in a loop must not fill the log:
+ * past WARN_BURST lines in a window the lines are counted, and the first
+ * line of the next window says how many were held back. */
+static void warn_client(struct tdist_store_server *srv, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void warn_client(struct tdist_store_server *srv, const char *fmt, ...) {
+  uint64_t now = uv_now(&srv->loop);
+  if (now - srv->warn_window_start >= WARN_WINDOW_MS) {
+    if (srv->warn_held)
+      TDIST_WARN(STORE, "store server: %d more client warnings held back in the last %d s",
+                 srv->warn_held, WARN_WINDOW_MS / 1000);
+    srv->warn_window_start = now;
+    srv->warn_in_window = 0;
+    srv->warn_held = 0;
+  }
+  if (srv->warn_in_window >= WARN_BURST) {
+    srv->warn_held++;
+    return;
+  }
+  srv->warn_in_window++;
+  char line[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  TDIST_WARN(STORE, "store server: %s%s", line,
+             srv->warn_in_window == WARN_BURST ? " (further client warnings are counted)" : "");
+}
 
 /* ---- waiters ---------------------------------------------------------------- */
 
@@ -165,10 +204,10 @@ static void on_handle_closed(uv_handle_t *h) {
   tdist__free(c);
 }
 
-/* The one place a connection ends (see the issue-7 note above). */
+/* The one place a connection ends (see the liveness note above). */
 static void conn_close(conn_t *c, const char *why) {
   if (c->closing) return;
-  if (why) TDIST_WARN(STORE, "store server: closing connection from %s: %s", c->peer, why);
+  if (why) warn_client(c->srv, "closing connection from %s: %s", c->peer, why);
   c->closing = 1;
   conn_unwait(c);
   struct tdist_store_server *srv = c->srv;
@@ -254,7 +293,7 @@ static int handle_hello(conn_t *c, const uint8_t *body, size_t n, const char **w
       r.off != r.n)
     return *why = "malformed handshake", -1;
   if (ver != TDIST__STORE_VERSION) {
-    TDIST_WARN(STORE, "store server: client %s speaks protocol %u, server %u", c->peer, ver,
+    warn_client(c->srv, "client %s speaks protocol %u, server %u", c->peer, ver,
                TDIST__STORE_VERSION);
     reply_status(c, TDIST__ST_VERSION, TDIST__STORE_VERSION);
     return 1;
@@ -265,7 +304,7 @@ static int handle_hello(conn_t *c, const uint8_t *body, size_t n, const char **w
   for (size_t i = 0; i < wl && i < tl; i++)
     diff |= (unsigned)(want[i] ^ tok[i]);
   if (want && diff) {
-    TDIST_WARN(STORE, "store server: client %s refused: wrong or missing token", c->peer);
+    warn_client(c->srv, "client %s refused: wrong or missing token", c->peer);
     reply_status(c, TDIST__ST_AUTH, 0);
     return 1;
   }

@@ -40,11 +40,24 @@ struct tdist_store {
   size_t plen;
   int64_t timeout_ms; /* default for calls given <= 0 */
   char address[280];  /* "host:port" or "file:path" */
+  char *token;        /* root of a TCP store: the token it connected with, or NULL */
+  _Atomic int broken; /* root: the connection was closed by a failed call */
 };
 
 /* A new reference to the root of `s` with no prefix (for the core's
  * store-wide keys: the dead set, heartbeats, abort records). */
 int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out);
+
+/* A new root store talking to the same server (or file) as s, with the
+ * same token: a second connection for a thread that waits long (the
+ * monitor). Caller thread. */
+int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t **out);
+
+/* 1 while the connection of s's root still works (a failed call, such as
+ * a reply that never came, closes it for good). Any thread. */
+static inline int tdist__store_alive(const tdist_store_t *s) {
+  return !atomic_load_explicit(&((tdist_store_t *)s->root)->broken, memory_order_relaxed);
+}
 
 /* Initialise the common part of a new root store (refs = 1). */
 void tdist__store_init_root(tdist_store_t *s, const tdist__store_vt_t *vt, int64_t timeout_ms);

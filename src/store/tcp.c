@@ -21,10 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/alloc.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/param.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
 #include "store/store_impl.h"
 
 /* Extra time a waiting request gets beyond its server-side timeout before the
@@ -116,6 +116,7 @@ static void tcp_close(tdist_store_t *s) {
   tcp_store_t *t = (tcp_store_t *)s;
   if (t->fd >= 0) close(t->fd);
   pthread_mutex_destroy(&t->mu);
+  tdist__free(t->base.token);
   tdist__free(t);
 }
 
@@ -138,6 +139,7 @@ static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep
   if (rc) {
     close(t->fd);
     t->fd = -1;
+    atomic_store_explicit(&s->broken, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&t->mu);
   if (rc == 0) return 0;
@@ -267,6 +269,11 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
   }
   tdist__store_init_root(&t->base, &tcp_vt, timeout);
   snprintf(t->base.address, sizeof(t->base.address), "%s:%d", host, port);
+  if (token && *token && !(t->base.token = tdist__strdup(token))) {
+    close(fd);
+    tdist__free(t);
+    return tdist__error(TDIST_ERR_NO_MEMORY, "store connect: out of memory");
+  }
   pthread_mutex_init(&t->mu, NULL);
   t->fd = fd;
   TDIST_TRACE(STORE, "connected to store %s after %d attempt(s)", t->base.address, attempts);

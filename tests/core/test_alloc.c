@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "core/alloc.h"
+#include "util/alloc.h"
 #include "core/work.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"

@@ -6,7 +6,7 @@
 
 #include <cmocka.h>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "tdist/tdist.h"
 
 static void every_code_has_a_name_and_message(void **state) {

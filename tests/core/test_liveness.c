@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "core/clock.h"
+#include "util/clock.h"
 #include "core/group.h"
 #include "mp.h"
 #include "tb_world.h"

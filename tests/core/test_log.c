@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "core/log.h"
-#include "core/param.h"
+#include "util/log.h"
+#include "util/param.h"
 #include "mp.h"
 
 TDIST_PARAM(TestKnob, "TDIST_TEST_KNOB", 5)

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "core/clock.h"
+#include "util/clock.h"
 #include "core/group.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"

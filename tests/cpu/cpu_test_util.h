@@ -43,8 +43,8 @@ static inline double get_el(const void *buf, tdist_dtype_t dt, size_t i) {
   case TDIST_UINT8: return ((const uint8_t *)buf)[i];
   case TDIST_INT32: return ((const int32_t *)buf)[i];
   case TDIST_INT64: return (double)((const int64_t *)buf)[i];
-  case TDIST_FLOAT16: return cpu_half_to_float(((const uint16_t *)buf)[i]);
-  case TDIST_BFLOAT16: return cpu_bf16_to_float(((const uint16_t *)buf)[i]);
+  case TDIST_FLOAT16: return tdist__cpu_half_to_float(((const uint16_t *)buf)[i]);
+  case TDIST_BFLOAT16: return tdist__cpu_bf16_to_float(((const uint16_t *)buf)[i]);
   case TDIST_FLOAT32: return ((const float *)buf)[i];
   case TDIST_FLOAT64: return ((const double *)buf)[i];
   default: return 0;
@@ -57,8 +57,8 @@ static inline void set_el(void *buf, tdist_dtype_t dt, size_t i, double v) {
   case TDIST_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
   case TDIST_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
   case TDIST_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case TDIST_FLOAT16: ((uint16_t *)buf)[i] = cpu_float_to_half((float)v); break;
-  case TDIST_BFLOAT16: ((uint16_t *)buf)[i] = cpu_float_to_bf16((float)v); break;
+  case TDIST_FLOAT16: ((uint16_t *)buf)[i] = tdist__cpu_float_to_half((float)v); break;
+  case TDIST_BFLOAT16: ((uint16_t *)buf)[i] = tdist__cpu_float_to_bf16((float)v); break;
   case TDIST_FLOAT32: ((float *)buf)[i] = (float)v; break;
   case TDIST_FLOAT64: ((double *)buf)[i] = v; break;
   default: break;

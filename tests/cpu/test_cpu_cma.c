@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/clock.h"
+#include "util/clock.h"
 #include "cpu_test_util.h"
 
 struct shared {
@@ -81,7 +81,7 @@ static int engaged(int rank, int n, void *arg) {
   int from = (rank + n - 1) % n;
   for (size_t i = 0; i < cnt; i++)
     MP_CHECK(b[i] == (float)(from * 3 + (int)(i % 577)));
-  uint64_t reads = atomic_load(&cpu_cma_reads);
+  uint64_t reads = atomic_load(&tdist__cpu_cma_reads);
   const char *env = getenv("TDIST_CPU_CMA");
   int off = env && strcmp(env, "0") == 0;
   fprintf(stderr, "[rank %d] cma %s: %llu cross-process reads\n", rank, off ? "off" : "on",

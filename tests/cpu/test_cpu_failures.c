@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
-#include "core/clock.h"
+#include "util/clock.h"
 #include "cpu_test_util.h"
 
 struct shared {

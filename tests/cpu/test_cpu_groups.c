@@ -2,7 +2,8 @@
  * test_cpu_groups.c - subgroups over the world's connections: two disjoint
  * groups running different collectives at the same time, a group with ranks
  * renumbered, a non-member passing through, 2x2 (n=4) and 2x3 (n=6) meshes,
- * and a mesh whose product is not the world size being refused.
+ * a mesh whose product is not the world size being refused, and ranks that
+ * disagree on a new group's members failing at once with MISMATCH.
  */
 #include "cpu_test_util.h"
 
@@ -115,6 +116,26 @@ static int mesh(tdist_group_t *w, int rank, int n, int d0, int d1) {
   return 0;
 }
 
+/* Ranks that pass different member lists to tdist_new_group fail at once,
+ * every one of them, with MISMATCH naming both lists; the parent goes on. */
+static int disagree(tdist_group_t *w, int rank, int n) {
+  static const int a[] = {0, 1}, b[] = {0, 1, 2};
+  tdist_group_t *g = NULL;
+  int rc = tdist_new_group(w, rank == 0 ? a : b, rank == 0 ? 2 : 3, NULL, &g);
+  if (rc != TDIST_ERR_MISMATCH)
+    fprintf(stderr, "rank %d: new_group -> %s: %s\n", rank, tdist_err_name(rc), tdist_last_error());
+  MP_CHECK(rc == TDIST_ERR_MISMATCH && g == NULL);
+  MP_CHECK(strstr(tdist_last_error(), "[0,1]") && strstr(tdist_last_error(), "[0,1,2]"));
+  float x[4];
+  fill_rank(x, 4, rank);
+  MP_CHECK_RC(tdist_all_reduce(w, x, x, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  int all[8];
+  for (int i = 0; i < n; i++)
+    all[i] = i;
+  MP_CHECK(check_sum(x, 4, all, n) == 0);
+  return 0;
+}
+
 static int child(int rank, int n, void *arg) {
   tdist_group_t *w = NULL;
   MP_CHECK_RC(cpu_test_init(*(int *)arg, rank, n, 60000, &w));
@@ -125,6 +146,7 @@ static int child(int rank, int n, void *arg) {
     if (mesh(w, rank, n, 2, 3)) return 1;
   }
   if (renumbered_and_nonmember(w, rank, n)) return 1;
+  if (disagree(w, rank, n)) return 1;
   MP_CHECK_RC(tdist_group_destroy(w));
   return 0;
 }

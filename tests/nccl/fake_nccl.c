@@ -169,7 +169,22 @@ static struct ncclComm *comm_new(int rank, int nranks, int busy) {
   return NULL;
 }
 
-/* Entry/exit of a call on a communicator: rule checks. Called without mu. */
+/* The library's own (core/progress.h): 1 on its progress thread. */
+int tdist__progress_on_thread(void);
+
+/* Calls that may block (communicator creation, finalize, destroy, abort)
+ * must never run on the progress thread: ncclCommAbort after an abort goes
+ * to the worker thread. Any thread; without mu. */
+static void not_on_progress(const char *name) {
+  if (tdist__progress_on_thread()) {
+    fprintf(stderr, "fake_nccl: %s on the progress thread\n", name);
+    atomic_fetch_add(&violations, 1);
+  }
+}
+
+/* Entry/exit of a call on a communicator: rule checks. Called without mu.
+ * The ncclCommAbort of an aborted group arrives on the library's worker
+ * thread: these checks are atomic or under mu, so any thread may call. */
 static void enter(struct ncclComm *c, const char *name) {
   if (!c) return;
   if (atomic_fetch_add(&c->in_call, 1) != 0) {
@@ -217,6 +232,7 @@ ncclResult_t __wrap_ncclGetUniqueId(ncclUniqueId *id) {
 
 ncclResult_t __wrap_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                            ncclConfig_t *cfg) {
+  not_on_progress("ncclCommInitRankConfig");
   pthread_mutex_lock(&mu);
   int ok = strncmp(id.internal, "FAKEID pid ", 11) == 0;
   init_id_ok = ok;
@@ -229,6 +245,7 @@ ncclResult_t __wrap_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUni
 
 ncclResult_t __wrap_ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *cfg) {
+  not_on_progress("ncclCommSplit");
   enter(comm, "ncclCommSplit");
   pthread_mutex_lock(&mu);
   if (!cfg || cfg->blocking != 0) atomic_fetch_add(&violations, 1);
@@ -241,6 +258,7 @@ ncclResult_t __wrap_ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
 
 ncclResult_t __wrap_ncclCommShrink(ncclComm_t comm, int *excl, int nexcl, ncclComm_t *newcomm,
                                    ncclConfig_t *cfg, int flags) {
+  not_on_progress("ncclCommShrink");
   enter(comm, "ncclCommShrink");
   pthread_mutex_lock(&mu);
   if (!cfg || cfg->blocking != 0 || comm->dead) atomic_fetch_add(&violations, 1);
@@ -279,6 +297,7 @@ ncclResult_t __wrap_ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st) {
 }
 
 ncclResult_t __wrap_ncclCommFinalize(ncclComm_t comm) {
+  not_on_progress("ncclCommFinalize");
   enter(comm, "ncclCommFinalize");
   pthread_mutex_lock(&mu);
   logc("ncclCommFinalize", comm, NULL, NULL, 0, 0, 0);
@@ -289,6 +308,7 @@ ncclResult_t __wrap_ncclCommFinalize(ncclComm_t comm) {
 }
 
 static ncclResult_t end_comm(ncclComm_t comm, const char *name) {
+  not_on_progress(name);
   enter(comm, name);
   pthread_mutex_lock(&mu);
   logc(name, comm, NULL, NULL, 0, 0, 0);

@@ -11,8 +11,10 @@
  *     ncclInProgress after init, split, finalize or an enqueue, when an
  *     asynchronous error appears, and whether end events ever complete;
  *   - check the backend's rules: no NCCL call on a communicator after it was
- *     aborted or destroyed, and never two threads inside calls on the same
- *     communicator at once (fake_violations() counts breaches).
+ *     aborted or destroyed, never two threads inside calls on the same
+ *     communicator at once, and no call that may block (init, split,
+ *     shrink, finalize, destroy, abort) on the library's progress thread
+ *     (fake_violations() counts breaches).
  *
  * All objects (communicators, streams, events) live in static arrays, so the
  * fake itself allocates nothing. Any thread may call anything here; one mutex
@@ -69,7 +71,8 @@ fake_call_t fake_log_get(int i);
 int fake_count(const char *name);
 /* Index of the first call named `name` at or after `from`, or -1. */
 int fake_find(const char *name, int from);
-/* Breaches of the rules above (calls on dead comms, concurrent calls). */
+/* Breaches of the rules above (calls on dead comms, concurrent calls,
+ * blocking calls on the progress thread). */
 int fake_violations(void);
 /* The unique id the fake communicator of this process was initialised with
  * matched the one ncclGetUniqueId produced on rank 0 (1), or not (0). */

@@ -7,15 +7,18 @@
 #define TDIST_TEST_NCCL_UTIL_H
 
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 #include "fake_nccl.h"
 #include "mp.h"
 #include "tdist/tdist.h"
 
-/* core/backend.c refers to the backend weakly, which does not pull its
- * objects out of the static library: this strong reference does. */
-__attribute__((used)) static const tdist__backend_ops_t *const nt_nccl_backend_ref =
+/* The backend (src/nccl/nccl_comm.c). A reference from the test itself pulls
+ * its objects out of the static library whatever the core's table does. */
+extern const tdist__backend_t tdist__nccl_backend;
+__attribute__((used)) static const tdist__backend_t *const nt_nccl_backend_ref =
     &tdist__nccl_backend;
 
 /* Caller thread: world group of `size` ranks, this one `rank`, rank 0 hosting
@@ -50,6 +53,22 @@ static inline int nt_last(const char *name) {
   while ((i = fake_find(name, i + 1)) >= 0)
     r = i;
   return r;
+}
+
+/* The number of calls named `name` once it reaches `n`, or what it is after
+ * timeout_ms: for calls made on another thread (ncclCommAbort runs on the
+ * library's worker thread after an abort). */
+static inline int nt_wait_count(const char *name, int n, int timeout_ms) {
+  for (int waited = 0; fake_count(name) < n && waited < timeout_ms; waited++)
+    usleep(1000);
+  return fake_count(name);
+}
+
+/* Milliseconds on a monotonic clock. */
+static inline long long nt_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 #endif

@@ -6,6 +6,12 @@
  *   - an end event that never completes times out: TIMEOUT for that op,
  *     ABORTED for the others, ncclCommAbort exactly once;
  *   - tdist_group_abort aborts the communicator once; later ops are refused;
+ *   - an abort while a caller waits out an enqueue in progress (holding the
+ *     group's mutex) ends that wait at once, without stalling the progress
+ *     thread until the op's timeout;
+ *   In all of these ncclCommAbort runs on the library's worker thread (the
+ *   fake counts a violation if it runs on the progress thread), so the
+ *   tests wait for the call (nt_wait_count) rather than expect it at once;
  *   - ncclInProgress during init and split is polled to success, or to the
  *     timeout (then the new communicator is aborted);
  *   - split passes color/key for members and NCCL_SPLIT_NOCOLOR for the
@@ -13,6 +19,7 @@
  *     went through the store;
  *   - destroy finalizes, then destroys; a finalize that never ends aborts.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,7 +61,7 @@ static void test_async_error_mid_flight(void **state) {
     assert_non_null(strstr(m, "all_reduce seq"));
   }
   assert_int_equal(tdist_work_status(w[0]), 0);
-  assert_int_equal(fake_count("ncclCommAbort"), 1);
+  assert_int_equal(nt_wait_count("ncclCommAbort", 1, 5000), 1);
   assert_true(tdist_group_is_aborted(g));
   for (int i = 0; i < 3; i++)
     tdist_work_release(w[i]);
@@ -81,6 +88,7 @@ static void test_event_never_completes(void **state) {
   assert_int_equal(tdist_work_state(a), TDIST_WORK_TIMED_OUT);
   assert_int_equal(tdist_work_wait(b, 5000), TDIST_ERR_ABORTED);
   assert_non_null(strstr(tdist_work_error_message(b), "timed out"));
+  assert_int_equal(nt_wait_count("ncclCommAbort", 1, 5000), 1);
   usleep(200 * 1000); /* more watchdog ticks: still one abort */
   assert_int_equal(fake_count("ncclCommAbort"), 1);
   /* The stream cannot be waited on any more: the work reports its failure. */
@@ -102,11 +110,50 @@ static void test_group_abort(void **state) {
   assert_int_equal(tdist_group_abort(g, "test says stop"), 0);
   assert_int_equal(tdist_work_wait(w, 5000), TDIST_ERR_ABORTED);
   assert_non_null(strstr(tdist_work_error_message(w), "test says stop"));
-  assert_int_equal(fake_count("ncclCommAbort"), 1);
+  assert_int_equal(nt_wait_count("ncclCommAbort", 1, 5000), 1);
   assert_int_equal(tdist_group_abort(g, "again"), 0);
+  usleep(50 * 1000); /* time for a second job, were there one */
   assert_int_equal(fake_count("ncclCommAbort"), 1);
   tdist_work_release(w);
   tdist_group_destroy(g);
+  assert_int_equal(fake_violations(), 0);
+}
+
+/* A caller thread stuck in submit: the enqueue answered ncclInProgress and
+ * the communicator never leaves it, so the caller polls it holding the
+ * group's mutex until the op's timeout (20 s here). */
+static tdist_group_t *stuck_group;
+static void *stuck_submit(void *arg) {
+  long rc = tdist_all_reduce(stuck_group, buf, buf, 8, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  return (void *)rc;
+}
+
+static void test_abort_during_enqueue(void **state) {
+  tdist_group_t *g = world1(20000);
+  fake_script_t sc = {.enqueue_returns_inprogress = 1, .enqueue_busy = -1};
+  fake_set_script(&sc);
+  stuck_group = g;
+  pthread_t th;
+  pthread_create(&th, NULL, stuck_submit, NULL);
+  for (int i = 0; i < 5000 && fake_count("ncclAllReduce") == 0; i++)
+    usleep(1000);
+  assert_int_equal(fake_count("ncclAllReduce"), 1);
+  usleep(20 * 1000); /* the caller is in its polling loop */
+  long long t0 = nt_now_ms();
+  /* The progress thread's abort waits for the mutex the caller holds: the
+   * caller sees the group aborted on its next turn and lets go. */
+  assert_int_equal(tdist_group_abort(g, "stop the stuck enqueue"), 0);
+  void *r;
+  pthread_join(th, &r);
+  assert_true((long)r != 0);
+  assert_int_equal(nt_wait_count("ncclCommAbort", 1, 5000), 1);
+  assert_true(nt_now_ms() - t0 < 5000);
+  /* Not launched: no end event recorded after the enqueue. */
+  assert_int_equal(fake_find("cudaEventRecord", fake_find("ncclAllReduce", 0)), -1);
+  fake_script_t none = {0};
+  fake_set_script(&none);
+  tdist_group_destroy(g);
+  assert_int_equal(fake_count("ncclCommAbort"), 1);
   assert_int_equal(fake_violations(), 0);
 }
 
@@ -264,6 +311,7 @@ int main(void) {
       cmocka_unit_test(test_async_error_mid_flight),
       cmocka_unit_test(test_event_never_completes),
       cmocka_unit_test(test_group_abort),
+      cmocka_unit_test(test_abort_during_enqueue),
       cmocka_unit_test(test_init_in_progress),
       cmocka_unit_test(test_init_timeout),
       cmocka_unit_test(test_split_in_progress_and_timeout),

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/alloc.h"
+#include "util/alloc.h"
 #include "store/kv.h"
 
 typedef struct {

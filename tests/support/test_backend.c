@@ -1,109 +1,144 @@
 /*
  * test_backend.c - see test_backend.h. post/poll/abort run on the progress
- * thread; the held list is the progress thread's.
+ * thread; a group's list of ops in flight (op->link) is the progress
+ * thread's.
  */
 #include "test_backend.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/group.h"
 #include "core/progress.h"
 
+typedef struct tb_state {
+  tdist__bk_group_t *group;
+  tdist__list_t ops; /* (progress) ops posted and not finished */
+} tb_state_t;
+
 static atomic_int mode = TB_COMPLETE;
 static atomic_int fail_code = TDIST_ERR_INTERNAL;
-static atomic_int aborts, posts;
+static atomic_int aborts, posts, destroys, inits;
 
 void tb_set_mode(tb_mode_t m) { atomic_store(&mode, (int)m); }
 void tb_set_fail_code(int code) { atomic_store(&fail_code, code); }
 int tb_abort_count(void) { return atomic_load(&aborts); }
 int tb_post_count(void) { return atomic_load(&posts); }
+int tb_destroy_count(void) { return atomic_load(&destroys); }
+int tb_init_count(void) { return atomic_load(&inits); }
 
-static int tb_init(tdist_group_t *g, const void *arg) {
-  (void)arg;
-  g->needs_poll = 1; /* poll is only called while work is in flight */
+static int make(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+  if (p->color == TDIST__NOCOLOR) return 0;
+  tb_state_t *s = calloc(1, sizeof(*s));
+  if (!s) return TDIST_ERR_NO_MEMORY;
+  s->group = p->group;
+  tdist__list_init(&s->ops);
+  out->state = s;
+  out->needs_poll = 1; /* poll is only called while work is in flight */
+  atomic_fetch_add(&inits, 1);
   return 0;
 }
 
-static int tb_split(tdist_group_t *parent, int color, tdist_group_t *child) {
-  if (child) child->needs_poll = 1;
-  return 0;
-}
-
-static int tb_shrink(tdist_group_t *parent, const int *exclude, int n, tdist_group_t *child) {
-  child->needs_poll = 1;
-  return 0;
-}
-
-static int tb_submit(tdist_group_t *g, tdist_work_t *w) {
+static int tb_submit(void *state, tdist__bk_op_t *op) {
   int m = atomic_load(&mode);
-  memcpy(w->bk_inline, &m, sizeof(m));
+  memcpy(op->scratch, &m, sizeof(m));
   return 0;
 }
 
-static int work_mode(const tdist_work_t *w) {
+static int op_mode(const tdist__bk_op_t *op) {
   int m;
-  memcpy(&m, w->bk_inline, sizeof(m));
+  memcpy(&m, op->scratch, sizeof(m));
   return m;
 }
 
-static int tb_post(tdist_group_t *g, tdist_work_t *w) {
+static int tb_post(void *state, tdist__bk_op_t *op) {
+  tb_state_t *s = state;
   atomic_fetch_add(&posts, 1);
-  switch (work_mode(w)) {
-  case TB_COMPLETE: tdist__work_finish(w, 0, "ok"); return 0;
+  switch (op_mode(op)) {
+  case TB_COMPLETE: tdist__bk_complete(op, 0, "ok"); return 0;
   case TB_FAIL: {
     int code = atomic_load(&fail_code);
-    tdist__work_finish(w, code, "test backend failed the op as told (%s)", tdist_err_name(code));
+    tdist__bk_complete(op, code, "test backend failed the op as told (%s)", tdist_err_name(code));
     return 0;
   }
-  default: return 0; /* POLL, STALL and HELD stay in flight */
+  default: /* POLL, STALL and HELD stay in flight */
+    tdist__list_push_back(&s->ops, &op->link);
+    return 0;
   }
 }
 
-static int tb_poll(tdist_group_t *g) {
+/* Complete every op of s in `which` mode. */
+static int complete_mode(tb_state_t *s, int which) {
   int n = 0;
-  tdist_work_t *w = g->inflight_head;
-  while (w) {
-    tdist_work_t *next = w->next;
-    if (work_mode(w) == TB_POLL) {
-      tdist__work_finish(w, 0, "ok");
-      n++;
-    }
-    w = next;
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &s->ops) {
+    tdist__bk_op_t *op = tdist__list_entry(it, tdist__bk_op_t, link);
+    if (op_mode(op) != which) continue;
+    tdist__list_remove(&op->link);
+    tdist__bk_complete(op, 0, "ok");
+    n++;
   }
   return n;
 }
 
-static void tb_abort(tdist_group_t *g, int status, const char *reason) {
+static int tb_poll(void *state) { return complete_mode(state, TB_POLL); }
+
+static void tb_abort(void *state, int status, const char *reason, int local) {
+  tb_state_t *s = state;
   atomic_fetch_add(&aborts, 1);
+  while (!tdist__list_empty(&s->ops))
+    tdist__list_remove(tdist__list_first(&s->ops)); /* forgotten: the core finishes them */
 }
 
-static int tb_destroy(tdist_group_t *g) { return 0; }
+static int tb_destroy(void *state) {
+  atomic_fetch_add(&destroys, 1);
+  free(state);
+  return 0;
+}
 
-const tdist__backend_ops_t tb_backend = {
-    .name = "test",
-    .init = tb_init,
-    .split = tb_split,
+static const tdist__backend_ops_t tb_ops = {
+    .init = make,
+    .split = make,
+    .shrink = make,
     .submit = tb_submit,
     .post = tb_post,
     .poll = tb_poll,
     .abort = tb_abort,
     .destroy = tb_destroy,
-    .shrink = tb_shrink,
+};
+
+const tdist__backend_t tb_backend = {
+    .name = "test",
+    .ops = &tb_ops,
+    .caps = {.mem = TDIST__MEM_HOST,
+             .ops = TDIST__ALL_OPS,
+             .dtypes = TDIST__ALL_DTYPES,
+             .redops = TDIST__ALL_REDOPS,
+             .shrink = 1,
+             .stream_wait = 0},
+};
+
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+static void do_register(void) { tdist__backend_register(&tb_backend); }
+void tb_register(void) { pthread_once(&reg_once, do_register); }
+
+struct release_req {
+  tb_state_t *s;
 };
 
 static void release_task(void *arg) {
-  tdist_group_t *g = arg;
-  tdist_work_t *w = g->inflight_head;
-  while (w) {
-    tdist_work_t *next = w->next;
-    if (work_mode(w) == TB_HELD) tdist__work_finish(w, 0, "ok");
-    w = next;
-  }
+  struct release_req *r = arg;
+  complete_mode(r->s, TB_HELD);
 }
 
-void tb_release_held(tdist_group_t *g) { tdist__progress_call(g->progress, release_task, g); }
+void tb_release_held(tdist_group_t *g) {
+  struct release_req r = {g->bstate};
+  tdist__progress_call(g->ctx->progress, release_task, &r);
+}
 
 int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g) {
+  tb_register();
   return tdist__group_create(&tb_backend, rank, size, "world", NULL, timeout_ms, NULL, g);
 }

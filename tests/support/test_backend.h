@@ -2,8 +2,13 @@
  * test_backend.h - a backend for tests and the overhead benchmark that moves
  * no data and completes, fails, stalls or holds work on command.
  *
+ * It is written against the backend contract alone (core/backend.h) and
+ * joins the library's table with tdist__backend_register: the proof that a
+ * backend is added without touching a core file. Its name is "test", so
+ * TDIST_BACKEND=test works once tb_register() ran.
+ *
  * The mode is read when an op is submitted (caller thread) and kept in the
- * work, so changing it affects only later ops.
+ * op, so changing it affects only later ops.
  */
 #ifndef TDIST_TEST_BACKEND_H
 #define TDIST_TEST_BACKEND_H
@@ -18,8 +23,10 @@ typedef enum tb_mode {
   TB_HELD,         /* finish when tb_release_held() is called */
 } tb_mode_t;
 
-extern const tdist__backend_ops_t tb_backend;
+extern const tdist__backend_t tb_backend;
 
+/* Add "test" to the library's backend table (idempotent). */
+void tb_register(void);
 void tb_set_mode(tb_mode_t mode);
 void tb_set_fail_code(int code);
 /* Finish every held work of group g successfully (runs on the progress thread). */
@@ -27,6 +34,8 @@ void tb_release_held(tdist_group_t *g);
 /* Counters since process start. */
 int tb_abort_count(void);
 int tb_post_count(void);
+int tb_destroy_count(void);
+int tb_init_count(void);
 /* Create a world group of `size` ranks (this process is `rank`) with no store. */
 int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g);
 

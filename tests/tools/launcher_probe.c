@@ -14,6 +14,11 @@
  *   fail R CODE         rank R exits CODE after 0.2 s; others wait for SIGTERM
  *   kill9 R             rank R kills itself with SIGKILL; others wait
  *   ignore-term R       rank R exits 1; the others ignore SIGTERM
+ *   late-exit R MS DIR  like a tdist job whose ranks dump after a failure:
+ *                       once every other rank is waiting, rank R exits 3;
+ *                       the others learn it (through the store), take MS
+ *                       ms (writing their dump), create DIR/done.<rank>
+ *                       and exit 1
  *   wait-signal         print "ready", then report SIGUSR1 and exit 0 on
  *                       SIGTERM/SIGINT ("got SIGxxx")
  *
@@ -162,6 +167,29 @@ int main(int argc, char **argv) {
     tdist_store_add(s, "ignoring", 1, &n);
     sleep(60);
     return 9;
+  }
+  if (!strcmp(mode, "late-exit") && argc > 4) {
+    tdist_store_t *s = NULL;
+    tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+    if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) return 8;
+    int64_t n = 0;
+    if (rank == atoi(argv[2])) {
+      while (n < size - 1 && tdist_store_add(s, "waiting", 0, &n) == 0)
+        usleep(10000);
+      tdist_store_set(s, "failed", "", 0);
+      tdist_store_release(s);
+      return 3;
+    }
+    const char *key = "failed";
+    tdist_store_add(s, "waiting", 1, &n);
+    if (tdist_store_wait(s, &key, 1, 20000)) return 9;
+    usleep((useconds_t)atoi(argv[3]) * 1000);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/done.%d", argv[4], rank);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs("done\n", f) < 0 || fclose(f)) return 10;
+    tdist_store_release(s);
+    return 1;
   }
   if (!strcmp(mode, "wait-signal")) {
     signal(SIGUSR1, on_sig);

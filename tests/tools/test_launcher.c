@@ -4,8 +4,9 @@
  * Each test runs the built tdistrun on launcher_probe (TDISTRUN and PROBE are
  * paths given by CMake) and checks the ranks' environment, the store the
  * launcher hosts, the "[rank r] " prefixing, fail-fast on an exit code, on
- * SIGKILL and with a rank that ignores SIGTERM, signal forwarding, and a
- * two-node job made of two launchers on this machine.
+ * SIGKILL and with a rank that ignores SIGTERM, the dump grace that lets the
+ * other ranks finish writing before they are stopped, signal forwarding, and
+ * a two-node job made of two launchers on this machine.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -51,6 +53,20 @@ static void test_env(void **state) {
     assert_true(atoi(pr) > 1);
   }
   assert_int_equal(ru_count_lines(p.out, "[rank ", "hosted=1 backend=cpu"), 3);
+  ru_free(&p);
+
+  /* An inherited TDIST_BACKEND reaches the ranks; --backend overrides it. */
+  char *argv2[] = {TDISTRUN, "-n", "2", PROBE, "env", NULL};
+  char *env2[] = {"TDIST_BACKEND=nccl", NULL};
+  ru_run(&p, argv2, env2, RUN_TIMEOUT);
+  if (p.code) dump(&p);
+  assert_int_equal(p.code, 0);
+  assert_int_equal(ru_count_lines(p.out, "[rank ", "hosted=1 backend=nccl"), 2);
+  ru_free(&p);
+  char *argv3[] = {TDISTRUN, "-n", "2", "--backend", "cpu", PROBE, "env", NULL};
+  ru_run(&p, argv3, env2, RUN_TIMEOUT);
+  assert_int_equal(p.code, 0);
+  assert_int_equal(ru_count_lines(p.out, "[rank ", "hosted=1 backend=cpu"), 2);
   ru_free(&p);
 }
 
@@ -127,9 +143,65 @@ static void test_fail_exit_code(void **state) {
   if (p.code != 3) dump(&p);
   assert_int_equal(p.code, 3);
   assert_non_null(strstr(p.err, "tdistrun: rank 2 exited with code 3\n"));
+  /* They do not exit by themselves: SIGTERM once the dump grace is over. */
+  assert_non_null(strstr(p.err, "2 ranks still running after the 1 s dump grace: sending SIGTERM"));
   assert_int_equal(ru_count_lines(p.out, "[rank 0] ", "TERM"), 1);
   assert_int_equal(ru_count_lines(p.out, "[rank 1] ", "TERM"), 1);
   ru_free(&p);
+}
+
+/* Run "late-exit": rank 0 exits 3 once ranks 1 and 2 wait; they then take
+ * 300 ms (as a rank writing its flight-recorder dump) before they create
+ * their done file and exit 1. Returns how many done files were written. */
+static int run_late_exit(const char *opt, const char *val, char *const *env) {
+  char dir[] = "/tmp/tdist_launcher_XXXXXX", cmd[96], path[96];
+  assert_non_null(mkdtemp(dir));
+  char *argv[16];
+  int k = 0;
+  argv[k++] = TDISTRUN;
+  argv[k++] = "-n";
+  argv[k++] = "3";
+  if (opt) argv[k++] = (char *)opt;
+  if (val) argv[k++] = (char *)val;
+  argv[k++] = PROBE;
+  argv[k++] = "late-exit";
+  argv[k++] = "0";
+  argv[k++] = "300";
+  argv[k++] = dir;
+  argv[k] = NULL;
+  ru_proc_t p;
+  ru_run(&p, argv, env, RUN_TIMEOUT);
+  int done = 0;
+  for (int r = 1; r < 3; r++) {
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/done.%d", dir, r);
+    done += stat(path, &st) == 0 && st.st_size == 5;
+  }
+  /* Either way the first failure decides and is the last line; the ranks
+   * that exit 1 in the dump grace are not reported as failures. */
+  const char *want = "tdistrun: rank 0 exited with code 3\n", *last = strstr(p.err, want);
+  if (p.code != 3 || !last || last[strlen(want)] != '\0' ||
+      ru_count_lines(p.err, "tdistrun: rank 0 ", "stopping the other ranks") != 1 ||
+      ru_count_lines(p.err, "tdistrun: rank ", "exited with code 1") != 0)
+    dump(&p), done = -1;
+  printf("late-exit %s %s %s: %d done files after %.2f s\n", opt ? opt : "", val ? val : "",
+         env ? env[0] : "", done, p.seconds);
+  ru_free(&p);
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+  return done;
+}
+
+/* After a failure the other ranks first get the dump grace (1000 ms by
+ * default) to exit by themselves, so their 300 ms of writing completes; with
+ * no dump grace they are stopped before. Only completion is checked, never
+ * durations (a loaded machine is slow). */
+static void test_dump_grace(void **state) {
+  assert_int_equal(run_late_exit(NULL, NULL, NULL), 2);
+  assert_int_equal(run_late_exit("--dump-grace", "0", NULL), 0);
+  char *env0[] = {"TDIST_DUMP_GRACE_MS=0", NULL};
+  assert_int_equal(run_late_exit(NULL, NULL, env0), 0);
+  assert_int_equal(run_late_exit("--dump-grace", "5000", env0), 2); /* the option wins */
 }
 
 /* kill -9 of a rank: the same, with the signal named. */
@@ -262,6 +334,15 @@ static void test_usage(void **state) {
   assert_int_equal(ru_run(&p, a2, NULL, RUN_TIMEOUT), 2);
   assert_non_null(strstr(p.err, "--master-addr and --master-port"));
   ru_free(&p);
+  char *a4[] = {TDISTRUN, "-n", "2", "--dump-grace", "-1", PROBE, "env", NULL};
+  assert_int_equal(ru_run(&p, a4, NULL, RUN_TIMEOUT), 2);
+  assert_non_null(strstr(p.err, "--dump-grace '-1'"));
+  ru_free(&p);
+  char *a5[] = {TDISTRUN, "-n", "1", PROBE, "env", NULL};
+  char *e5[] = {"TDIST_DUMP_GRACE_MS=soon", NULL};
+  assert_int_equal(ru_run(&p, a5, e5, RUN_TIMEOUT), 2);
+  assert_non_null(strstr(p.err, "TDIST_DUMP_GRACE_MS 'soon'"));
+  ru_free(&p);
   char *a3[] = {TDISTRUN, "-n", "1", "/nonexistent/prog", NULL};
   assert_int_equal(ru_run(&p, a3, NULL, RUN_TIMEOUT), 1);
   assert_non_null(strstr(p.err, "/nonexistent/prog"));
@@ -270,15 +351,11 @@ static void test_usage(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_env),
-      cmocka_unit_test(test_store),
-      cmocka_unit_test(test_prefix),
-      cmocka_unit_test(test_fail_exit_code),
-      cmocka_unit_test(test_fail_kill9),
-      cmocka_unit_test(test_fail_grace_kill),
-      cmocka_unit_test(test_signal_forwarding),
-      cmocka_unit_test(test_two_nodes),
-      cmocka_unit_test(test_usage),
+      cmocka_unit_test(test_env),        cmocka_unit_test(test_store),
+      cmocka_unit_test(test_prefix),     cmocka_unit_test(test_fail_exit_code),
+      cmocka_unit_test(test_fail_kill9), cmocka_unit_test(test_fail_grace_kill),
+      cmocka_unit_test(test_dump_grace), cmocka_unit_test(test_signal_forwarding),
+      cmocka_unit_test(test_two_nodes),  cmocka_unit_test(test_usage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
  * runtime write it on failure. The parent then runs the tdist-trace
  * executable on the dumps and checks its exit status, the seq and ranks its
  * report names, and the Chrome file (valid JSON, event counts, via python3).
- * Finally damaged files: truncated, garbage, a bad middle line, a cut header.
+ * Then damaged files: truncated, garbage, a bad middle line, a cut header.
+ * Finally dumps of several jobs in one directory (copies of real dumps with
+ * their "job" member edited): refused unless --job picks one.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -125,6 +127,8 @@ static void ok(void **state) {
   scenario(OK);
   snprintf(out, sizeof(out), "%s/chrome.json", dir);
   assert_int_equal(tool(&p, "-o", out, "--prefix", dir), 0);
+  /* Groups without a store (the test backend's) know no job. */
+  assert_non_null(strstr(p.out, "job - (unknown): 4 dumps\n"));
   assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
   assert_non_null(strstr(p.out, "rank 3 (group rank 3, "));
   assert_non_null(strstr(p.out, "last completed seq 4, next seq 5"));
@@ -184,6 +188,10 @@ static void timeout(void **state) {
   scenario(TIMEOUT);
   snprintf(out, sizeof(out), "%s/chrome.json", dir);
   snprintf(prefix, sizeof(prefix), "%s/auto_", dir); /* written by the runtime */
+  /* Job "-": the default name has no job in it. */
+  char name[128];
+  snprintf(name, sizeof(name), "%sworld.rank3.json", prefix);
+  assert_int_equal(access(name, R_OK), 0);
   assert_int_equal(tool(&p, "-o", out, "--prefix", prefix), 1);
   assert_non_null(
       strstr(p.out, "failure: seq 3 all_reduce: ranks 0-3 timed_out (TDIST_ERR_TIMEOUT"));
@@ -307,6 +315,141 @@ static void damaged(void **state) {
   ru_free(&p);
 }
 
+/* The contents of a file (malloc'd, NUL-terminated). */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *ms = open_memstream(&text, &len);
+  int c;
+  while ((c = fgetc(f)) != EOF)
+    fputc(c, ms);
+  fclose(f);
+  fclose(ms);
+  return text;
+}
+
+/* Write `text` as dir/name with its "job" member set to the string `job`
+ * ("#V": the raw JSON value V; NULL: no member), in place of the member it
+ * has, else right after "version". */
+static void write_with_job(const char *name, const char *text, const char *job) {
+  const char *v = strstr(text, "\"version\": 1");
+  assert_non_null(v);
+  const char *head = v + strlen("\"version\": 1"), *rest = head;
+  if (!strncmp(rest, ", \"job\": \"", 10)) rest = strchr(rest + 10, '"') + 1;
+  char *out = NULL;
+  size_t len = 0;
+  FILE *ms = open_memstream(&out, &len);
+  fprintf(ms, "%.*s", (int)(head - text), text);
+  if (job && job[0] == '#')
+    fprintf(ms, ", \"job\": %s", job + 1);
+  else if (job)
+    fprintf(ms, ", \"job\": \"%s\"", job);
+  fputs(rest, ms);
+  fclose(ms);
+  write_file(name, NULL, 0, out, len);
+  free(out);
+}
+
+/* Dumps of three jobs in one directory: "-" (the test backend's), an earlier
+ * job that diverged at seq 3 on rank 2, and a later one without a problem.
+ * The world group's uid is the same in every job, so mixed they would make
+ * one group with two dumps per rank (and blame the wrong one): refused;
+ * --job analyses one job. */
+static void jobs(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char path[128], *old[4], *cur[4];
+  const char *a = "vm-100-1700000000", *b = "vm-200-1700000300";
+  scenario(DIVERGE);
+  for (int r = 0; r < 4; r++) {
+    snprintf(path, sizeof(path), "%s/world.rank%d.json", dir, r);
+    old[r] = slurp(path);
+  }
+  scenario(OK); /* leaves world.rank*.json, job "-" */
+  for (int r = 0; r < 4; r++) {
+    char name[96];
+    snprintf(path, sizeof(path), "%s/world.rank%d.json", dir, r);
+    cur[r] = slurp(path);
+    snprintf(name, sizeof(name), "tdist_trace_%s.world.rank%d.json", a, r);
+    write_with_job(name, old[r], a);
+    snprintf(name, sizeof(name), "tdist_trace_%s.world.rank%d.json", b, r);
+    write_with_job(name, cur[r], b);
+  }
+  snprintf(path, sizeof(path), "%s/tdist_trace_%s.world.rank3.json", dir, b);
+  char *t = slurp(path); /* the member was replaced (or added), not doubled */
+  assert_non_null(strstr(t, "{\"version\": 1, \"job\": \"vm-200-1700000300\", \"host\": "));
+  free(t);
+  /* All of them: refused, naming each job and its file count; no report. */
+  assert_int_equal(tool(&p, dir, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "the dumps are of 3 jobs"));
+  assert_non_null(strstr(p.err, "  job -: 4 files, "));
+  assert_non_null(strstr(p.err, "  job vm-100-1700000000: 4 files, "));
+  assert_non_null(strstr(p.err, "  job vm-200-1700000300: 4 files, "));
+  assert_non_null(strstr(p.err, "pick one with --job ID"));
+  assert_null(strstr(p.out, "verdict"));
+  assert_null(strstr(p.out, "problem"));
+  ru_free(&p);
+  /* Explicit files of two jobs: refused too. */
+  char fa[128], fb[128];
+  snprintf(fa, sizeof(fa), "%s/tdist_trace_%s.world.rank0.json", dir, a);
+  snprintf(fb, sizeof(fb), "%s/tdist_trace_%s.world.rank1.json", dir, b);
+  assert_int_equal(tool(&p, fa, fb, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "the dumps are of 2 jobs"));
+  assert_non_null(strstr(p.err, "  job vm-100-1700000000: 1 file, "));
+  ru_free(&p);
+  /* --job picks one; the others are skipped with a note. */
+  assert_int_equal(tool(&p, "--job", b, dir, NULL), 0);
+  assert_non_null(strstr(p.out, "job vm-200-1700000300: 4 dumps\n"));
+  assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
+  assert_null(strstr(p.out, "two dumps of group"));
+  assert_non_null(strstr(p.err, "note: --job vm-200-1700000300: skipping 8 dumps of other jobs: "));
+  assert_non_null(strstr(p.err, "vm-100-1700000000 (4 files)"));
+  assert_non_null(strstr(p.err, "- (4 files)"));
+  ru_free(&p);
+  assert_int_equal(tool(&p, "--job", a, "--prefix", dir), 1);
+  assert_non_null(strstr(p.out, "job vm-100-1700000000: 4 dumps\n"));
+  assert_non_null(strstr(p.out, "first problem: group 'world' seq 3 (all_reduce): ranks [2] "
+                                "diverge"));
+  ru_free(&p);
+  assert_int_equal(tool(&p, "--job", "-", dir, NULL), 0);
+  assert_non_null(strstr(p.out, "job - (unknown): 4 dumps\n"));
+  ru_free(&p);
+  assert_int_equal(tool(&p, "--job", "nosuch", dir, NULL), 2);
+  assert_non_null(strstr(p.err, "no dump of job 'nosuch' (found: "));
+  ru_free(&p);
+  /* A dump without the member (an older writer) is of job "-". */
+  snprintf(path, sizeof(path), "%s/world.rank0.json", dir);
+  write_with_job("world.rank0.json", cur[0], NULL);
+  t = slurp(path);
+  assert_null(strstr(t, "\"job\""));
+  free(t);
+  assert_int_equal(tool(&p, "--job", "-", dir, NULL), 0);
+  assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
+  ru_free(&p);
+  /* A bad job id is rejected like any bad value. */
+  write_with_job("world.rank0.json", cur[0], "");
+  assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "world.rank0.json:1: \"job\": empty job id"));
+  ru_free(&p);
+  write_with_job("world.rank0.json", cur[0], "#42");
+  assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "world.rank0.json:1: expected a string"));
+  ru_free(&p);
+  write_with_job("world.rank0.json", cur[0], "a\\u0007b");
+  assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "world.rank0.json:1: \"job\": character 0x07 in the job id"));
+  ru_free(&p);
+  write_with_job("world.rank0.json", cur[0],
+                 "0123456789012345678901234567890123456789012345678901234567890123");
+  assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "world.rank0.json:1: \"job\" is too long"));
+  ru_free(&p);
+  for (int r = 0; r < 4; r++)
+    free(old[r]), free(cur[r]);
+}
+
 /* A killed writer leaves any prefix of its file: cut rank 2's dump every 23
  * bytes; the tool must report (0: entries kept) or reject the file (2), never
  * crash nor call the cut a problem of the job. */
@@ -346,7 +489,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ok),           cmocka_unit_test(stall),   cmocka_unit_test(divergence),
       cmocka_unit_test(timeout),      cmocka_unit_test(dropped), cmocka_unit_test(damaged),
-      cmocka_unit_test(cut_anywhere),
+      cmocka_unit_test(cut_anywhere), cmocka_unit_test(jobs),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[128];

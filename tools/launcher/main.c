@@ -2,8 +2,8 @@
  * tdistrun - start the ranks of a tdist job on this node (docs/launcher.md).
  *
  *   tdistrun -n N [--nnodes M --node-rank R] [--master-addr A] [--master-port P]
- *            [--backend cpu|nccl] [--grace S] [--external-store] [--no-prefix]
- *            [--no-fail-fast] [--] prog args...
+ *            [--backend cpu|nccl] [--grace S] [--dump-grace MS] [--external-store]
+ *            [--no-prefix] [--no-fail-fast] [--] prog args...
  *
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
  * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
@@ -44,7 +44,8 @@ typedef struct opts {
   int nproc, nnodes, node_rank, master_port, external_store, prefix, keep_going;
   const char *master_addr, *backend;
   double grace_s;
-  char **argv; /* the rank program and its arguments */
+  int dump_grace_ms; /* -1: not given (TDIST_DUMP_GRACE_MS, else 1000) */
+  char **argv;       /* the rank program and its arguments */
 } opts_t;
 
 static void usage(FILE *f) {
@@ -56,6 +57,10 @@ static void usage(FILE *f) {
              "  --master-port P         store port (default: a free one; required if M > 1)\n"
              "  --backend B             exported as TDIST_BACKEND (cpu or nccl)\n"
              "  --grace S               seconds between SIGTERM and SIGKILL (default 3)\n"
+             "  --dump-grace MS         after a rank fails, milliseconds the others get to\n"
+             "                          exit on their own and write their flight-recorder\n"
+             "                          dumps before SIGTERM (default: TDIST_DUMP_GRACE_MS,\n"
+             "                          else 1000; 0: SIGTERM at once)\n"
              "  --external-store        a store server already runs at A:P; do not host one\n"
              "  --no-prefix             do not prefix output lines with \"[rank r] \"\n"
              "  --no-fail-fast          a failed rank does not stop the others; exit non-zero\n"
@@ -75,7 +80,7 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
 }
 
 static int parse_args(int argc, char **argv, opts_t *o) {
-  *o = (opts_t){.nproc = 0, .nnodes = 1, .grace_s = 3, .prefix = 1};
+  *o = (opts_t){.nproc = 0, .nnodes = 1, .grace_s = 3, .dump_grace_ms = -1, .prefix = 1};
   int i;
   for (i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -115,6 +120,8 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       rc = parse_int(a, v, 1, 65535, &o->master_port);
     } else if (!strcmp(a, "--backend")) {
       o->backend = v;
+    } else if (!strcmp(a, "--dump-grace")) {
+      rc = parse_int(a, v, 0, 3600000, &o->dump_grace_ms);
     } else if (!strcmp(a, "--grace")) {
       char *end;
       o->grace_s = strtod(v, &end);
@@ -158,6 +165,11 @@ static int parse_args(int argc, char **argv, opts_t *o) {
     fprintf(stderr, "tdistrun: --external-store needs --master-port\n");
     return -1;
   }
+  if (o->dump_grace_ms < 0) {
+    const char *e = getenv("TDIST_DUMP_GRACE_MS");
+    o->dump_grace_ms = 1000;
+    if (e && *e && parse_int("TDIST_DUMP_GRACE_MS", e, 0, 3600000, &o->dump_grace_ms)) return -1;
+  }
   return 0;
 }
 
@@ -193,8 +205,9 @@ static int is_local_addr(const char *addr) {
 
 /* The variables tdistrun sets; inherited copies are dropped. */
 static const char *const own_vars[] = {
-    "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED", "TDIST_BACKEND",    NULL};
+    "RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED",
+    NULL};
 
 static int is_own_var(const char *kv) {
   for (const char *const *v = own_vars; *v; v++) {
@@ -226,10 +239,13 @@ static char **rank_env(const opts_t *o, int local, const char *addr, int port) {
   PUT("MASTER_ADDR=%s", addr);
   PUT("MASTER_PORT=%d", port);
   PUT("TDIST_STORE_HOSTED=1");
+  /* --backend wins over an inherited TDIST_BACKEND, which is kept otherwise
+   * (TDIST_BACKEND=nccl tdistrun ... runs on nccl). */
   if (o->backend) PUT("TDIST_BACKEND=%s", o->backend);
 #undef PUT
   for (size_t i = 0; i < n; i++)
-    if (!is_own_var(environ[i])) env[k++] = strdup(environ[i]);
+    if (!is_own_var(environ[i]) && !(o->backend && !strncmp(environ[i], "TDIST_BACKEND=", 14)))
+      env[k++] = strdup(environ[i]);
   for (size_t i = 0; i < k; i++)
     if (!env[i]) return NULL; /* out of memory: the process exits anyway */
   return env;
@@ -289,6 +305,7 @@ int main(int argc, char **argv) {
   coord_t coord = {.node_rank = o.node_rank};
   trun_job_t job = {.nlocal = o.nproc,
                     .grace_s = o.grace_s,
+                    .dump_grace_s = o.dump_grace_ms / 1000.0,
                     .prefix = o.prefix,
                     .keep_going = o.keep_going,
                     .sigfd = -1};

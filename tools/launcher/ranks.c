@@ -2,6 +2,11 @@
  * ranks.c - start the ranks, relay their output, forward signals, fail fast
  * (or, with --no-fail-fast, let the others go on and report at the end).
  *
+ * Fail fast: after the first failure the other ranks get a dump grace to exit
+ * by themselves (a tdist rank notices a peer's failure within milliseconds,
+ * writes its flight-recorder dump and usually exits with an error); killing
+ * them at once lost those dumps. Then SIGTERM, then SIGKILL after grace_s.
+ *
  * Ownership: the job (trun_job_t) and its ranks belong to main.c; this file
  * fills in pids, pipes and the outcome. All of it runs on the launcher's main
  * thread; between fork and exec the child only calls async-signal-safe
@@ -215,11 +220,37 @@ int trun_spawn(trun_job_t *job, char *const *argv, char **const *envs) {
   return 0;
 }
 
+/* The deadlines of a job being stopped (0 = none). */
+typedef struct deadlines {
+  double term_at; /* end of the dump grace: SIGTERM the ranks still running */
+  double kill_at; /* SIGKILL the ranks still running */
+} deadlines_t;
+
 /* Begin stopping every running rank with `sig`; SIGKILL follows at deadline. */
-static void stop_all(trun_job_t *job, int sig, double *kill_at) {
+static void stop_all(trun_job_t *job, int sig, deadlines_t *dl) {
   for (int i = 0; i < job->nlocal; i++)
     signal_rank(&job->ranks[i], sig);
-  if (*kill_at == 0) *kill_at = now_s() + job->grace_s;
+  dl->term_at = 0; /* the dump grace, if any, is over */
+  if (dl->kill_at == 0) dl->kill_at = now_s() + job->grace_s;
+}
+
+/* A rank failed (here or on another node; `what` says which): stop `whom`,
+ * the others. They usually notice the failure within milliseconds, write their
+ * flight-recorder dumps from a background thread and exit by themselves, so
+ * they first get the dump grace to do so; SIGTERM then goes to those still
+ * running. */
+static void fail_stop(trun_job_t *job, const char *what, const char *whom, deadlines_t *dl) {
+  if (job->dump_grace_s > 0) {
+    fprintf(stderr,
+            "tdistrun: %s; stopping %s (%g s to exit on their own and write their dumps, "
+            "then SIGTERM, SIGKILL after %g s)\n",
+            what, whom, job->dump_grace_s, job->grace_s);
+    dl->term_at = now_s() + job->dump_grace_s;
+    return;
+  }
+  fprintf(stderr, "tdistrun: %s; stopping %s (SIGTERM, SIGKILL after %g s)\n", what, whom,
+          job->grace_s);
+  stop_all(job, SIGTERM, dl);
 }
 
 /* 1 once the job is being stopped (a second stop signal then kills at once). */
@@ -229,7 +260,7 @@ static int stopping(const trun_job_t *job) {
 
 /* Reap exited ranks; the first failure (not one we caused) stops the rest,
  * unless keep_going: then each failure is only reported. */
-static int reap(trun_job_t *job, double *kill_at) {
+static int reap(trun_job_t *job, deadlines_t *dl) {
   int running = 0;
   for (int i = 0; i < job->nlocal; i++) {
     trun_rank_t *r = &job->ranks[i];
@@ -248,7 +279,7 @@ static int reap(trun_job_t *job, double *kill_at) {
     r->pid = 0;
     int failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (!failed || r->stopped || stopping(job)) continue;
-    char why[96];
+    char why[96], what[160];
     trun_describe_status(st, why, sizeof(why));
     if (job->fail_rank < 0) {
       job->fail_rank = r->global_rank;
@@ -259,11 +290,8 @@ static int reap(trun_job_t *job, double *kill_at) {
               r->global_rank, why);
       continue;
     }
-    fprintf(stderr,
-            "tdistrun: rank %d %s; stopping the other ranks (SIGTERM, SIGKILL after "
-            "%g s)\n",
-            r->global_rank, why, job->grace_s);
-    stop_all(job, SIGTERM, kill_at);
+    snprintf(what, sizeof(what), "rank %d %s", r->global_rank, why);
+    fail_stop(job, what, "the other ranks", dl);
   }
   return running;
 }
@@ -273,12 +301,13 @@ int trun_supervise(trun_job_t *job) {
   struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof(*pfd));
   trun_stream_t **who = calloc((size_t)(2 * n + 1), sizeof(*who));
   trun_rank_t **owner = calloc((size_t)(2 * n + 1), sizeof(*owner));
-  double kill_at = 0, next_tick = now_s() + 0.25;
+  deadlines_t dl = {0, 0};
+  double next_tick = now_s() + 0.25;
   int running = n, killed = 0;
   job->fail_rank = -1;
   if (!pfd || !who || !owner) {
     fprintf(stderr, "tdistrun: out of memory\n");
-    stop_all(job, SIGKILL, &kill_at);
+    stop_all(job, SIGKILL, &dl);
     job->interrupt_sig = SIGKILL;
   }
   while (pfd && who && owner && running > 0) {
@@ -293,9 +322,12 @@ int trun_supervise(trun_job_t *job) {
         pfd[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
       }
     }
-    /* SIGCHLD wakes us for exits; the short timeout covers ticks, the kill
-     * deadline, and a SIGCHLD coalesced with one already handled. */
-    int rc = poll(pfd, (nfds_t)np, 250);
+    /* SIGCHLD wakes us for exits; the short timeout covers ticks, the
+     * deadlines, and a SIGCHLD coalesced with one already handled. */
+    double wait_s = 0.25, t0 = now_s();
+    if (dl.term_at > 0 && dl.term_at - t0 < wait_s) wait_s = dl.term_at - t0;
+    if (dl.kill_at > 0 && !killed && dl.kill_at - t0 < wait_s) wait_s = dl.kill_at - t0;
+    int rc = poll(pfd, (nfds_t)np, wait_s > 0 ? (int)(wait_s * 1000) + 1 : 0);
     if (rc < 0 && errno != EINTR) break;
     for (int k = 1; k < np; k++)
       if (pfd[k].revents) pump(job, owner[k], who[k]);
@@ -309,25 +341,41 @@ int trun_supervise(trun_job_t *job) {
         continue;
       }
       char name[32];
+      if (dl.term_at > 0) {
+        /* In the dump grace nothing was sent yet: forward this one now. */
+        fprintf(stderr,
+                "tdistrun: got %s during the dump grace: forwarding it to the ranks "
+                "(SIGKILL after %g s)\n",
+                trun_signame(sig, name, sizeof(name)), job->grace_s);
+        if (!job->interrupt_sig) job->interrupt_sig = sig;
+        stop_all(job, sig, &dl);
+        continue;
+      }
       if (stopping(job)) {
         /* Already stopping: a second signal kills at once. */
         fprintf(stderr, "tdistrun: %s while stopping: killing the ranks\n",
                 trun_signame(sig, name, sizeof(name)));
         if (!job->interrupt_sig) job->interrupt_sig = sig;
-        stop_all(job, SIGKILL, &kill_at);
+        stop_all(job, SIGKILL, &dl);
         killed = 1;
         continue;
       }
       job->interrupt_sig = sig;
       fprintf(stderr, "tdistrun: got %s: forwarding it to the ranks (SIGKILL after %g s)\n",
               trun_signame(sig, name, sizeof(name)), job->grace_s);
-      stop_all(job, sig, &kill_at);
+      stop_all(job, sig, &dl);
     }
-    running = reap(job, &kill_at);
+    running = reap(job, &dl);
     double t = now_s();
-    if (running > 0 && kill_at > 0 && t >= kill_at && !killed) {
+    if (running > 0 && dl.term_at > 0 && t >= dl.term_at) {
+      fprintf(stderr,
+              "tdistrun: %d rank%s still running after the %g s dump grace: sending SIGTERM\n",
+              running, running == 1 ? "" : "s", job->dump_grace_s);
+      stop_all(job, SIGTERM, &dl);
+    }
+    if (running > 0 && dl.kill_at > 0 && t >= dl.kill_at && !killed) {
       fprintf(stderr, "tdistrun: ranks still running after %g s: sending SIGKILL\n", job->grace_s);
-      stop_all(job, SIGKILL, &kill_at);
+      stop_all(job, SIGKILL, &dl);
       killed = 1;
     }
     if (running > 0 && job->tick && t >= next_tick) {
@@ -338,8 +386,7 @@ int trun_supervise(trun_job_t *job) {
           fprintf(stderr, "tdistrun: %s; this node's ranks go on (--no-fail-fast)\n",
                   job->remote_msg);
         } else {
-          fprintf(stderr, "tdistrun: %s; stopping this node's ranks\n", job->remote_msg);
-          stop_all(job, SIGTERM, &kill_at);
+          fail_stop(job, job->remote_msg, "this node's ranks", &dl);
         }
       }
     }

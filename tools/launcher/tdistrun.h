@@ -46,10 +46,13 @@ typedef struct trun_job {
   /* set by the caller */
   int nlocal; /* ranks started by this launcher */
   trun_rank_t *ranks;
-  double grace_s; /* time between SIGTERM and SIGKILL when stopping */
-  int prefix;     /* 1: prefix every output line with "[rank r] " */
-  int keep_going; /* --no-fail-fast: a failed rank (here or on another node)
-                     does not stop the others; the first is reported at the end */
+  double grace_s;      /* time between SIGTERM and SIGKILL when stopping */
+  double dump_grace_s; /* after a failure, time the other ranks get to exit on
+                          their own (writing their flight-recorder dumps)
+                          before SIGTERM; 0 = SIGTERM at once */
+  int prefix;          /* 1: prefix every output line with "[rank r] " */
+  int keep_going;      /* --no-fail-fast: a failed rank (here or on another node)
+                          does not stop the others; the first is reported at the end */
   trun_tick_fn tick;
   void *tick_arg;
   int sigfd; /* signalfd of the handled signals (trun_signals_block) */
@@ -76,7 +79,10 @@ int trun_spawn(trun_job_t *job, char *const *argv, char **const *envs);
 /* Relay output and wait for every rank. The first rank to exit non-zero or by
  * a signal, a signal received by the launcher, or a tick that reports a
  * remote failure stops the others: the signal (SIGTERM for a failure) goes
- * to every running rank, and after grace_s seconds SIGKILL. With keep_going
+ * to every running rank, and after grace_s seconds SIGKILL. A failure (local
+ * or remote) first leaves the others dump_grace_s seconds to exit on their
+ * own - they notice it too and write their flight-recorder dumps - before
+ * the SIGTERM; a signal to the launcher ends that wait. With keep_going
  * only the launcher's signals stop ranks; failures are printed as they
  * happen and the first one decides the exit code once all ranks ended. Returns the
  * launcher's exit code: 0 if every rank exited 0, the failed rank's code (or

@@ -7,7 +7,9 @@
  * object per line (',' after all but the last), then ` ]}`. Values never
  * span lines, so each line is parsed on its own, and an error names the file
  * and line. Unknown keys are skipped (any JSON value), known keys must have
- * the right type, the required ones must be there.
+ * the right type, the required ones must be there. "job" is optional (dumps
+ * written before it existed; job "-"), but when present it must be a valid
+ * job id.
  *
  * Truncation: a writer killed mid-dump leaves a prefix of the file. A bad or
  * cut last line, or a missing closing ` ]}`, is a warning: the entries read
@@ -352,9 +354,21 @@ static int group_member(lx_t *lx, const char *k, void *obj) {
   return skip(lx, 0);
 }
 
+/* "job": 1..TT_JOB_MAX printable ASCII characters, no '"' (it is part of the
+ * default file name and of the tool's messages). */
+static int job_id(lx_t *lx, tt_dump_t *d) {
+  if (str_into(lx, "job", d->job, sizeof(d->job))) return -1;
+  if (!d->job[0]) return FAIL(lx, "\"job\": empty job id");
+  for (const char *c = d->job; *c; c++)
+    if (*c < 0x20 || *c > 0x7e || *c == '"')
+      return FAIL(lx, "\"job\": character 0x%02x in the job id", (unsigned char)*c);
+  return 0;
+}
+
 static int header_member(lx_t *lx, const char *k, struct hdr_ctx *c) {
   tt_dump_t *d = c->d;
   if (!strcmp(k, "version")) return c->seen |= H_VERSION, num(lx, k, 1, &d->version);
+  if (!strcmp(k, "job")) return job_id(lx, d);
   if (!strcmp(k, "host")) return str_into(lx, k, d->host, sizeof(d->host));
   if (!strcmp(k, "pid")) return c->seen |= H_PID, num(lx, k, 1, &d->pid);
   if (!strcmp(k, "global_rank")) return c->seen |= H_GRANK, num(lx, k, 1, &d->global_rank);
@@ -387,6 +401,7 @@ static int header_check(lx_t *lx, struct hdr_ctx *c) {
   if (d->next_seq < 0 || d->recorded < 0 || d->dropped < 0 || d->dropped > d->recorded)
     return FAIL(lx, "inconsistent next_seq / recorded / dropped");
   if (!d->group_name) return FAIL(lx, "no group name");
+  if (!d->job[0]) memcpy(d->job, "-", 2); /* dumps written before the member existed */
   if (!d->abort_reason && !(d->abort_reason = strdup(""))) return FAIL(lx, "out of memory");
   return 0;
 }

@@ -2,6 +2,9 @@
  * report.c - group the dumps by group uid, check membership, print the
  * per-group report and the final verdict (tt_analyze).
  *
+ * The dumps are all of one job (tdist_trace.c leaves the others out); the
+ * report's first line names it.
+ *
  * Membership: the first dump of a uid is the reference; a dump whose group
  * name, size or ranks list differs is reported and left out (two dumps that
  * disagree about who is in the group cannot be compared op by op). Two dumps
@@ -156,9 +159,15 @@ int tt_analyze(tt_dump_t **dumps, int n, const char *only, FILE *out) {
   tt_group_t *groups = calloc((size_t)(n ? n : 1), sizeof(*groups));
   int ngroups = 0, nsel = 0, rc = TT_EXIT_BAD_INPUT;
   if (!groups) goto fail;
+  for (int i = 0; i < n; i++)
+    nsel += tt_group_selected(dumps[i], only);
+  if (nsel) { /* all dumps are of one job (tdist_trace.c) */
+    const char *job = dumps[0]->job;
+    fprintf(out, "job %s%s: %d dump%s\n\n", job, strcmp(job, "-") ? "" : " (unknown)", nsel,
+            nsel == 1 ? "" : "s");
+  }
   for (int i = 0; i < n; i++) {
     if (!tt_group_selected(dumps[i], only)) continue;
-    nsel++;
     if (add_dump(groups, &ngroups, dumps[i], out)) goto fail;
   }
   if (!nsel) {

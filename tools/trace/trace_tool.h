@@ -10,7 +10,7 @@
  *   analyze.c  groups dumps by group uid, checks membership, finds the first
  *              divergence / stall / failure of each group, prints the report.
  *   chrome.c   writes the Chrome trace-event JSON file.
- *   tdist_trace.c  command line, file discovery, exit codes.
+ *   tdist_trace.c  command line, file discovery, one job at a time, exit codes.
  *
  * Ownership: every tt_dump_t and what it points to is heap memory owned by
  * the dump list in main(); tt_dump_free releases one dump.
@@ -26,6 +26,9 @@ enum { TT_EXIT_OK = 0, TT_EXIT_PROBLEM = 1, TT_EXIT_BAD_INPUT = 2 };
 
 /* Longest accepted ranks list (group size) in a dump. */
 #define TT_MAX_GROUP_SIZE (1 << 20)
+
+/* Longest job id ("job" header member): printable ASCII without '"'. */
+#define TT_JOB_MAX 63
 
 /* One record of the ring, as written in the "entries" array. */
 typedef struct tt_entry {
@@ -44,6 +47,7 @@ typedef struct tt_entry {
 typedef struct tt_dump {
   char *path;
   int64_t version, pid, global_rank;
+  char job[TT_JOB_MAX + 1]; /* the job's id; "-" when unknown or not in the file */
   char host[128];
   char backend[32];
   char *group_name;
@@ -93,7 +97,8 @@ int tt_walk(tt_group_t *g, FILE *out);
 void tt_rank_list(const tt_group_t *g, const int *gr, int n, char *buf, size_t len);
 
 /* report.c: analyse the dumps (only groups named or with uid `only_group`
- * when not NULL), print the report to `out`. Returns TT_EXIT_OK when no
+ * when not NULL), print the report to `out`. The dumps must all be of one
+ * job (main() sees to it); the report's first line names it. Returns TT_EXIT_OK when no
  * problem was found, TT_EXIT_PROBLEM otherwise, or TT_EXIT_BAD_INPUT when
  * no dump matched `only_group`. */
 int tt_analyze(tt_dump_t **dumps, int n, const char *only_group, FILE *out);

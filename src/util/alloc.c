@@ -6,7 +6,7 @@
  * it is, is never replaced or mixed with ours: memory from tdist__malloc must
  * be freed with tdist__free and nothing else.
  */
-#include "core/alloc.h"
+#include "util/alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

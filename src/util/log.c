@@ -3,7 +3,7 @@
  * lines are formatted into a stack buffer and written with one write(2) so
  * lines of different threads and processes do not interleave.
  */
-#include "core/log.h"
+#include "util/log.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "core/param.h"
+#include "util/param.h"
 
 _Atomic int tdist__log_level_ = -1;
 unsigned tdist__log_subsys_ = TDIST_SUB_ALL;

@@ -3,7 +3,7 @@
  * tdist__param_str can return stable pointers, and so that each setting is
  * logged once.
  */
-#include "core/param.h"
+#include "util/param.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -12,18 +12,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/log.h"
+#include "util/log.h"
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define MAX_STR_PARAMS 64
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   const char *name; /* static string of the caller */
   const char *value;
 } strs[MAX_STR_PARAMS];
 static int nstrs;
 
-int64_t tdist__param_load(const char *name, int64_t dflt) {
+/* Integer settings already read: one entry per name for the whole process
+ * (TDIST_PARAM's per-function cache is only the fast path), so a setting used
+ * by several files is read and logged once. */
+#define MAX_INT_PARAMS 128
+static struct {
+  const char *name;
+  int64_t value;
+} ints[MAX_INT_PARAMS];
+static int nints;
+
+static int64_t parse_int(const char *name, int64_t dflt) {
   const char *s = getenv(name);
   if (!s || !*s) return dflt;
   char *end = NULL;
@@ -35,6 +46,33 @@ int64_t tdist__param_load(const char *name, int64_t dflt) {
   }
   if (v != dflt) TDIST_INFO(CORE, "%s set by environment to %lld", name, v);
   return (int64_t)v;
+}
+
+int64_t tdist__param_load(const char *name, int64_t dflt) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < nints; i++)
+    if (strcmp(ints[i].name, name) == 0) {
+      int64_t v = ints[i].value;
+      pthread_mutex_unlock(&lock);
+      return v;
+    }
+  pthread_mutex_unlock(&lock);
+  /* Parsed (and logged) outside the lock: logging reads settings too. Two
+   * threads racing on a first read may both parse; only one entry is kept. */
+  int64_t v = parse_int(name, dflt);
+  pthread_mutex_lock(&lock);
+  int i;
+  for (i = 0; i < nints; i++)
+    if (strcmp(ints[i].name, name) == 0) break;
+  if (i == nints && nints < MAX_INT_PARAMS) {
+    ints[nints].name = name;
+    ints[nints].value = v;
+    nints++;
+  } else if (i < nints) {
+    v = ints[i].value;
+  }
+  pthread_mutex_unlock(&lock);
+  return v;
 }
 
 const char *tdist__param_str(const char *name, const char *dflt) {
@@ -86,4 +124,14 @@ int tdist__oversubscribed(void) {
 const char *tdist__env_raw(const char *name) {
   const char *s = getenv(name);
   return (s && *s) ? s : NULL;
+}
+
+void tdist__job_id_clean(char *s) {
+  size_t o = 0;
+  for (size_t i = 0; s[i] && o < 63; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    s[o++] = (ch < 0x21 || ch > 0x7e || ch == '"' || ch == '\\' || ch == '/') ? '_' : (char)ch;
+  }
+  s[o] = '\0';
+  if (o == 0) strcpy(s, "-");
 }

@@ -10,8 +10,8 @@
  * Each line: "host:pid:tid TDIST LEVEL [SUBSYS] message". The settings are
  * read once, on the first log call. Any thread may log.
  */
-#ifndef TDIST_CORE_LOG_H
-#define TDIST_CORE_LOG_H
+#ifndef TDIST_UTIL_LOG_H
+#define TDIST_UTIL_LOG_H
 
 #include <stdatomic.h>
 

@@ -10,8 +10,8 @@
  *
  * Thread safety: all functions may be called from any thread.
  */
-#ifndef TDIST_CORE_ALLOC_H
-#define TDIST_CORE_ALLOC_H
+#ifndef TDIST_UTIL_ALLOC_H
+#define TDIST_UTIL_ALLOC_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -9,8 +9,8 @@
  *
  * Thread safety: any thread; the first read wins a benign race (same value).
  */
-#ifndef TDIST_CORE_PARAM_H
-#define TDIST_CORE_PARAM_H
+#ifndef TDIST_UTIL_PARAM_H
+#define TDIST_UTIL_PARAM_H
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -33,6 +33,11 @@ const char *tdist__env_raw(const char *name);
  * so the spin settings default to 0. Read once.
  */
 int tdist__oversubscribed(void);
+
+/* Make s (NUL-terminated, in place) a job id that is safe in a file name
+ * and a JSON string: printable ASCII without '"', '\\' or '/', at most 63
+ * characters, "-" when nothing is left. */
+void tdist__job_id_clean(char *s);
 
 /* `dflt`, or 0 on an oversubscribed host (the spin settings' default). */
 #define TDIST_SPIN_DEFAULT(dflt) (tdist__oversubscribed() ? 0 : (dflt))

@@ -14,10 +14,10 @@
  *     TDIST_CHECK(store_get(...));
  *     TDIST_CHECKGOTO(connect_peers(...), rc, fail);
  */
-#ifndef TDIST_CORE_ERROR_H
-#define TDIST_CORE_ERROR_H
+#ifndef TDIST_UTIL_ERROR_H
+#define TDIST_UTIL_ERROR_H
 
-#include "core/log.h"
+#include "util/log.h"
 #include "tdist/errors.h"
 
 int tdist__error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

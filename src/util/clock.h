@@ -1,6 +1,6 @@
 /* clock.h - monotonic time (internal). Any thread. */
-#ifndef TDIST_CORE_CLOCK_H
-#define TDIST_CORE_CLOCK_H
+#ifndef TDIST_UTIL_CLOCK_H
+#define TDIST_UTIL_CLOCK_H
 
 #include <stdint.h>
 #include <time.h>

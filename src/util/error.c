@@ -2,7 +2,7 @@
  * error.c - the error table's strings, the thread-local last-error text, and
  * the small name tables of the public types (dtypes, reductions, ops).
  */
-#include "core/error.h"
+#include "util/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,0 +1,438 @@
+/*
+ * inflight.c - the group layer on the progress thread: starting works,
+ * delivering the backends' deferred completions and failures, aborting,
+ * timeouts (the watchdog ticker), the pollers, the group registry, and the
+ * monitor's handlers.
+ *
+ * Threads: everything here runs on the progress thread, except the monitor
+ * handlers (monitor thread, which reach the progress thread through
+ * tdist__progress_call) and tdist__bk_aborted (any thread).
+ *
+ * A backend's completion (tdist__bk_complete) writes the status and message
+ * into the work and queues its dnode on the progress thread's deferred queue;
+ * a backend's failure (tdist__bk_fail) records the first cause in the group
+ * and queues its fail_node. Both are delivered after the I/O step that made
+ * them, so a user callback, an abort or a failure never runs inside a
+ * backend's call chain.
+ */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/group.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/param.h"
+
+TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
+
+/* ---- finishing a work --------------------------------------------------------- */
+
+/* "<op> seq <n> of group '<name>' (rank r/size): " + text into w->msg. */
+static void set_message(tdist_work_t *w, int status, const char *fmt, va_list ap) {
+  tdist_group_t *g = w->group;
+  w->status = status;
+  if (status == 0) {
+    w->msg[0] = '\0';
+    return;
+  }
+  int n = snprintf(w->msg, sizeof(w->msg), "%s seq %" PRIu64 " of group '%s' (rank %d/%d): ",
+                   tdist_op_name(w->args.type), w->bop.seq, g->name, g->rank, g->size);
+  if (n < 0 || n >= (int)sizeof(w->msg)) n = 0;
+  vsnprintf(w->msg + n, sizeof(w->msg) - (size_t)n, fmt, ap);
+  TDIST_INFO(CORE, "work failed: %s (%s)", w->msg, tdist_err_name(status));
+}
+
+/* Finish w now: off the in-flight list, recorded, published (waiters woken,
+ * callback run), accounted; the runtime's reference dropped. */
+static void finish(tdist_work_t *w) {
+  tdist_group_t *g = w->group;
+  if (tdist__list_linked(&w->inflight)) tdist__list_remove(&w->inflight);
+  w->t_end_ns = tdist__now_ns();
+  tdist__trace_end(g->trace, w);
+  tdist__work_publish(w);
+  if (atomic_fetch_sub(&g->pending, 1) == 1) {
+    pthread_mutex_lock(&g->mu);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+  }
+  tdist__work_unref(w);
+}
+
+static void finish_fmt(tdist_work_t *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void finish_fmt(tdist_work_t *w, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_message(w, status, fmt, ap);
+  va_end(ap);
+  finish(w);
+}
+
+static void deliver_completion(tdist__qnode_t *node) {
+  finish(tdist__list_entry(node, tdist_work_t, dnode));
+}
+
+void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...) {
+  tdist_work_t *w = tdist__work_of(op);
+  assert(!w->completing && !tdist__work_done(w));
+  va_list ap;
+  va_start(ap, fmt);
+  set_message(w, status, fmt, ap);
+  va_end(ap);
+  w->completing = 1;
+  w->dnode.run = deliver_completion;
+  tdist__progress_defer(w->group->ctx->progress, &w->dnode);
+}
+
+/* ---- aborting ------------------------------------------------------------------ */
+
+static void trace_meta(tdist_group_t *g, tdist__trace_meta_t *m) {
+  memset(m, 0, sizeof(*m));
+  snprintf(m->name, sizeof(m->name), "%s", g->name);
+  snprintf(m->backend, sizeof(m->backend), "%s", g->bk->name);
+  snprintf(m->job, sizeof(m->job), "%s", g->ctx->job);
+  m->uid = g->uid;
+  m->rank = g->rank;
+  m->size = g->size;
+  m->ranks = g->global_ranks;
+  m->next_seq = atomic_load(&g->next_seq);
+  m->aborted = atomic_load(&g->aborted);
+  snprintf(m->abort_reason, sizeof(m->abort_reason), "%s", g->abort_reason);
+}
+
+/* Mark g aborted and stop its backend; 0 if it already was aborted. */
+static int mark_aborted(tdist_group_t *g, int status, const char *reason, int local) {
+  /* Only the progress thread aborts, so no race between writers; readers on
+   * other threads see `aborted` only after the status and reason (release). */
+  if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) return 0;
+  g->abort_status = status;
+  snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
+  atomic_store_explicit(&g->aborted, 1, memory_order_release);
+  TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
+  if (g->bstate && g->bk->ops->abort) g->bk->ops->abort(g->bstate, status, reason, local);
+  if (local) tdist__monitor_publish(g->ctx->monitor, g->uid, status, reason);
+  return 1;
+}
+
+/* Finish everything in flight (but what the backend already completed: it
+ * keeps its own status), then have the flight recorder written. */
+static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &g->inflight) {
+    tdist_work_t *w = tdist__list_entry(it, tdist_work_t, inflight);
+    if (w->completing) continue;
+    finish_fmt(w, status, "%s", reason);
+  }
+  tdist__trace_meta_t m;
+  trace_meta(g, &m);
+  tdist__trace_dump_on_failure(g->trace, &m);
+}
+
+void tdist__group_abort_now(tdist_group_t *g, int status, int local, const char *fmt, ...) {
+  char reason[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof(reason), fmt, ap);
+  va_end(ap);
+  if (mark_aborted(g, status, reason, local)) fail_inflight(g, status, reason);
+}
+
+static void deliver_failure(tdist__qnode_t *node) {
+  tdist_group_t *g = tdist__list_entry(node, tdist_group_t, fail_node);
+  g->fail_queued = 0;
+  tdist__group_abort_now(g, g->fail_status, g->fail_local, "%s", g->fail_reason);
+}
+
+static void bk_fail_v(tdist__bk_group_t *h, int status, int local, const char *fmt, va_list ap) {
+  tdist_group_t *g = (tdist_group_t *)h;
+  if (atomic_load(&g->aborted) || g->fail_queued) return; /* the first cause wins */
+  g->fail_queued = 1;
+  g->fail_status = status;
+  g->fail_local = local;
+  vsnprintf(g->fail_reason, sizeof(g->fail_reason), fmt, ap);
+  g->fail_node.run = deliver_failure;
+  tdist__progress_defer(g->ctx->progress, &g->fail_node);
+}
+
+void tdist__bk_fail(tdist__bk_group_t *h, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  bk_fail_v(h, status, 1, fmt, ap);
+  va_end(ap);
+}
+
+void tdist__bk_fail_remote(tdist__bk_group_t *h, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  bk_fail_v(h, status, 0, fmt, ap);
+  va_end(ap);
+}
+
+int tdist__bk_aborted(const tdist__bk_group_t *h) {
+  return atomic_load(&((tdist_group_t *)h)->aborted);
+}
+
+void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
+  char reason[256];
+  int64_t waited_ms = (tdist__now_ns() - w->t_enqueue_ns) / 1000000;
+  snprintf(reason, sizeof(reason), "%s seq %" PRIu64 " timed out after %lld ms%s%s",
+           tdist_op_name(w->args.type), w->bop.seq, (long long)waited_ms, diag ? "; " : "",
+           diag ? diag : "");
+  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, 1)) return;
+  if (!w->completing)
+    finish_fmt(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
+               (long long)waited_ms, (long long)w->bop.timeout_ms, diag ? "; " : "",
+               diag ? diag : "");
+  char why[300];
+  snprintf(why, sizeof(why), "group aborted because %s", reason);
+  fail_inflight(g, TDIST_ERR_ABORTED, why);
+}
+
+/* ---- starting a work and the watchdog ---------------------------------------------- */
+
+void tdist__group_start_work(tdist__qnode_t *node) {
+  tdist_work_t *w = tdist__list_entry(node, tdist_work_t, qnode);
+  tdist_group_t *g = w->group;
+  if (atomic_load(&g->aborted)) {
+    finish_fmt(w, g->abort_status, "group was aborted before the op started: %s",
+               g->abort_reason);
+    return;
+  }
+  tdist__work_running(w);
+  tdist__list_push_back(&g->inflight, &w->inflight);
+  tdist__trace_start(g->trace, w);
+  tdist__progress_ticker_arm(g->ctx->progress);
+  int rc = g->bk->ops->post(g->bstate, &w->bop);
+  if (rc < 0 && !w->completing && !tdist__work_done(w))
+    finish_fmt(w, rc, "backend '%s' could not start the op: %s", g->bk->name, tdist_strerror(rc));
+}
+
+int tdist__group_watchdog(tdist__ticker_t *t) {
+  tdist__ctx_t *ctx = tdist__list_entry(t, tdist__ctx_t, watchdog);
+  int64_t now = tdist__now_ns();
+  int busy = 0;
+  tdist__list_t *gi;
+  tdist__list_foreach(gi, &ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(gi, tdist_group_t, ctx_link);
+    tdist__list_t *it;
+    tdist__list_foreach(it, &g->inflight) {
+      tdist_work_t *w = tdist__list_entry(it, tdist_work_t, inflight);
+      if (w->completing || !w->deadline_ns || now < w->deadline_ns) continue;
+      /* Before failing, let the monitor learn from the store which ranks
+       * never reached this op (bounded: past the grace, fail without it). */
+      int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
+      if (g->size > 1 && ctx->monitor && in_grace &&
+          (g->diag_pending || tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq))) {
+        g->diag_pending = 1;
+        break;
+      }
+      tdist__group_timeout(g, w, NULL);
+      break; /* the group's list was emptied by the abort */
+    }
+    if (!tdist__list_empty(&g->inflight)) busy = 1;
+  }
+  return busy;
+}
+
+/* ---- registry and pollers ------------------------------------------------------ */
+
+static int group_poll(tdist__poller_t *pl, int *busy) {
+  tdist_group_t *g = tdist__list_entry(pl, tdist_group_t, poller);
+  *busy = 0;
+  if (tdist__list_empty(&g->inflight) || atomic_load(&g->aborted)) return 0;
+  int n = g->bk->ops->poll(g->bstate);
+  *busy = !tdist__list_empty(&g->inflight);
+  return n;
+}
+
+void tdist__group_register_task(void *arg) {
+  tdist_group_t *g = arg;
+  tdist__list_push_back(&g->ctx->groups, &g->ctx_link);
+  if (g->needs_poll && g->bk->ops->poll) {
+    g->poller.fn = group_poll;
+    tdist__progress_poller_add(g->ctx->progress, &g->poller);
+  }
+  g->registered = 1;
+}
+
+void tdist__group_unregister_task(void *arg) {
+  tdist_group_t *g = arg;
+  if (!g->registered) return;
+  tdist__progress_poller_remove(g->ctx->progress, &g->poller);
+  tdist__list_remove(&g->ctx_link);
+  g->registered = 0;
+  /* A failure still queued for a group that goes away is moot. */
+  if (g->fail_queued) {
+    tdist__progress_undefer(g->ctx->progress, &g->fail_node);
+    g->fail_queued = 0;
+  }
+}
+
+/* ---- the monitor's handlers (monitor thread -> progress thread) ------------------- */
+
+static int group_rank_of(const tdist_group_t *g, int world_rank) {
+  for (int i = 0; i < g->size; i++)
+    if (g->global_ranks[i] == world_rank) return i;
+  return -1;
+}
+
+struct record_req {
+  tdist__ctx_t *ctx;
+  const tdist__mon_record_t *r;
+};
+
+/* Abort the local copies of the groups a record names. */
+static void record_task(void *arg) {
+  struct record_req *q = arg;
+  const tdist__mon_record_t *r = q->r;
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &q->ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
+    if (atomic_load(&g->aborted)) continue;
+    if (r->dead) {
+      int gr = group_rank_of(g, r->rank);
+      if (gr >= 0 && gr != g->rank)
+        tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, 0,
+                               "rank %d (world rank %d) failed: the store declared it dead: %s",
+                               gr, r->rank, r->reason);
+    } else if (g->uid == r->uid) {
+      int gr = group_rank_of(g, r->rank);
+      tdist__group_abort_now(g, r->status, 0, "rank %d aborted the group: %s",
+                             gr >= 0 ? gr : r->rank, r->reason);
+    }
+  }
+}
+
+static void on_record(void *arg, const tdist__mon_record_t *r) {
+  struct record_req q = {arg, r};
+  tdist__progress_call(((tdist__ctx_t *)arg)->progress, record_task, &q);
+}
+
+struct snap_req {
+  tdist__ctx_t *ctx;
+  char *buf;
+  size_t cap, len;
+};
+
+/* "uid:next_seq ..." of every group, the heartbeat's value. */
+static void snap_task(void *arg) {
+  struct snap_req *s = arg;
+  tdist__list_t *it;
+  s->len = 0;
+  tdist__list_foreach(it, &s->ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
+    int n = snprintf(s->buf + s->len, s->cap - s->len, "%016" PRIx64 ":%" PRIu64 " ", g->uid,
+                     (uint64_t)atomic_load(&g->next_seq));
+    if (n < 0 || (size_t)n >= s->cap - s->len) break;
+    s->len += (size_t)n;
+  }
+}
+
+static size_t snapshot(void *arg, char *buf, size_t cap) {
+  struct snap_req s = {arg, buf, cap, 0};
+  tdist__progress_call(((tdist__ctx_t *)arg)->progress, snap_task, &s);
+  return s.len;
+}
+
+struct members_req {
+  tdist__ctx_t *ctx;
+  uint64_t uid;
+  int *rank, *size, *ranks, cap, found;
+  char *name;
+  size_t name_len;
+};
+
+static void members_task(void *arg) {
+  struct members_req *q = arg;
+  tdist__list_t *it;
+  tdist__list_foreach(it, &q->ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
+    if (g->uid != q->uid) continue;
+    q->found = 1;
+    *q->rank = g->rank;
+    *q->size = g->size < q->cap ? g->size : q->cap;
+    memcpy(q->ranks, g->global_ranks, sizeof(int) * (size_t)*q->size);
+    snprintf(q->name, q->name_len, "%s", g->name);
+    return;
+  }
+}
+
+static int members(void *arg, uint64_t uid, int *rank, int *size, int *ranks, int cap, char *name,
+                   size_t name_len) {
+  struct members_req q = {arg, uid, rank, size, ranks, cap, 0, name, name_len};
+  tdist__progress_call(((tdist__ctx_t *)arg)->progress, members_task, &q);
+  return q.found;
+}
+
+struct verdict_req {
+  tdist__ctx_t *ctx;
+  uint64_t uid, seq;
+  const char *text;
+};
+
+static void verdict_task(void *arg) {
+  struct verdict_req *v = arg;
+  tdist__list_t *it;
+  tdist__list_foreach(it, &v->ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
+    if (g->uid != v->uid) continue;
+    g->diag_pending = 0;
+    tdist__list_t *wi;
+    tdist__list_foreach(wi, &g->inflight) {
+      tdist_work_t *w = tdist__list_entry(wi, tdist_work_t, inflight);
+      if (w->bop.seq == v->seq && !w->completing) {
+        tdist__group_timeout(g, w, v->text);
+        return;
+      }
+    }
+  }
+}
+
+static void on_verdict(void *arg, uint64_t uid, uint64_t seq, const char *text) {
+  struct verdict_req v = {arg, uid, seq, text};
+  tdist__progress_call(((tdist__ctx_t *)arg)->progress, verdict_task, &v);
+}
+
+struct lost_req {
+  tdist__ctx_t *ctx;
+  int64_t silent_ms;
+  const char *address;
+};
+
+/* The store stopped answering. Served by a rank's process (rank 0 under
+ * init_process_group): that process is stopped or hung, and no death can be
+ * declared without the store, so every group holding it fails now, naming
+ * it, rather than at its op timeout. Served by another process (a launcher,
+ * tdist-store): no rank is to blame; collectives go on over their own
+ * connections, and what needs the store (shrink, new NCCL groups) fails. */
+static void lost_task(void *arg) {
+  struct lost_req *q = arg;
+  int host = q->ctx->store_host;
+  if (host < 0) {
+    TDIST_WARN(CORE, "the store at %s has not answered for %lld ms; groups go on without it",
+               q->address, (long long)q->silent_ms);
+    return;
+  }
+  tdist__list_t *it, *tmp;
+  tdist__list_foreach_safe(it, tmp, &q->ctx->groups) {
+    tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
+    int gr = group_rank_of(g, host);
+    if (atomic_load(&g->aborted) || gr < 0 || gr == g->rank) continue;
+    tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, 0,
+                           "rank %d (world rank %d) failed: it hosts the store (%s), which has "
+                           "not answered for %lld ms (stopped or hung)",
+                           gr, host, q->address, (long long)q->silent_ms);
+  }
+}
+
+static void on_store_lost(void *arg, int64_t silent_ms, const char *address) {
+  struct lost_req q = {arg, silent_ms, address};
+  tdist__progress_call(((tdist__ctx_t *)arg)->progress, lost_task, &q);
+}
+
+const tdist__mon_handlers_t tdist__group_mon_handlers = {
+    .arg = NULL, .on_record = on_record, .snapshot = snapshot, .members = members,
+    .on_verdict = on_verdict, .on_store_lost = on_store_lost};

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""check_layers.py - fail when a lower layer of libtdist calls a higher one.
+
+The layers (docs/architecture.md), bottom first; each may call only its own
+layer and the ones below it:
+
+    util      src/util/                 allocation, logging, settings, errors, lists, worker
+    store     src/store/                TCP/file store, prefix views, liveness, rendezvous
+    progress  src/core/progress.c       the loop, the queues, pollers, tickers
+    work      src/core/work.c           the pool, the states, waiting
+    trace     src/core/trace.c          the flight recorder's ring
+    group     src/core/{context,group,inflight,monitor}.c
+    backend   src/cpu/, src/nccl/       through core/backend.h only
+    ops       src/core/{ops,mesh,shrink}.c
+    init      src/core/init.c           init_process_group, the backend table
+
+Three checks:
+  0. every global symbol the library defines starts with tdist_ (public) or
+     tdist__ (internal), so a static link cannot collide with user code;
+  1. symbols: every undefined symbol of an object that another object of the
+     library defines must come from the same layer or a lower one (nm);
+     a backend may not call another backend;
+  2. includes: a file may include only headers of its layer or lower ones;
+     backends see the core only through core/backend.h and core/progress.h.
+
+Usage: check_layers.py --objects DIR --src DIR   (exit 0 clean, 1 violations)
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+ORDER = ["util", "store", "progress", "work", "trace", "group", "backend", "ops", "init"]
+RANK = {name: i for i, name in enumerate(ORDER)}
+
+CORE_FILES = {
+    "progress": "progress", "work": "work", "trace": "trace",
+    "context": "group", "group": "group", "inflight": "group", "monitor": "group",
+    "ops": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
+    # headers
+    "backend": "work",  # the contract's types; its functions are checked by symbol
+}
+
+
+def layer_of(path):
+    """Layer of a source or header path relative to src/ (e.g. core/group.c)."""
+    parts = path.replace("\\", "/").split("/")
+    folder, base = parts[0], os.path.splitext(os.path.splitext(parts[-1])[0])[0]
+    if folder == "util":
+        return "util"
+    if folder == "store":
+        return "store"
+    if folder in ("cpu", "nccl"):
+        return "backend"
+    if folder == "core":
+        return CORE_FILES.get(base)
+    return None
+
+
+def nm_symbols(obj):
+    out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[0] == "U":
+            undefined.add(f[1])
+        elif len(f) == 3 and f[1] in "TDBRCVW" and f[1].isupper():
+            defined.add(f[2])
+    return defined, undefined
+
+
+def check_symbols(objdir):
+    objs = {}
+    for root, _, files in os.walk(objdir):
+        for name in files:
+            if name.endswith(".o"):
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, objdir)
+                rel = rel[rel.index("src/") + 4:] if "src/" in rel else rel
+                objs[rel] = full
+    if not objs:
+        print(f"check_layers: no objects under {objdir}")
+        return ["no objects"]
+    owner = {}
+    info = {}
+    for rel, full in objs.items():
+        d, u = nm_symbols(full)
+        info[rel] = (d, u)
+        for s in d:
+            owner[s] = rel
+    bad = []
+    # Hygiene: a static link must not collide with the user's symbols.
+    for rel, (defined, _) in sorted(info.items()):
+        for s in sorted(defined):
+            if not s.startswith("tdist_"):
+                bad.append(f"{rel} defines global symbol {s}: internal ones start with tdist__")
+    for rel, (_, undef) in sorted(info.items()):
+        me = layer_of(rel)
+        if me is None:
+            bad.append(f"{rel}: not assigned to a layer")
+            continue
+        for s in sorted(undef):
+            if s not in owner:
+                continue
+            other = owner[s]
+            them = layer_of(other)
+            if them is None:
+                continue
+            if RANK[them] > RANK[me]:
+                bad.append(f"{rel} ({me}) calls {s} of {other} ({them}), a higher layer")
+            elif me == "backend" and them == "backend" and other.split("/")[0] != rel.split("/")[0]:
+                bad.append(f"{rel} calls {s} of another backend ({other})")
+    return bad
+
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+BACKEND_MAY_SEE = {"core/backend.h", "core/progress.h"}
+
+
+def check_includes(srcdir):
+    bad = []
+    for root, _, files in os.walk(srcdir):
+        for name in files:
+            if not name.endswith((".c", ".h")):
+                continue
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, srcdir)
+            me = layer_of(rel)
+            if me is None:
+                bad.append(f"{rel}: not assigned to a layer")
+                continue
+            text = open(full, encoding="utf-8", errors="replace").read()
+            for inc in INCLUDE.findall(text):
+                if inc.startswith("tdist/"):
+                    continue  # the public API: anyone
+                them = layer_of(inc)
+                if them is None:
+                    continue  # a file-local header (e.g. cpu/cpu.h is "backend")
+                if me == "backend" and inc.startswith("core/") and inc not in BACKEND_MAY_SEE:
+                    bad.append(f"{rel} includes {inc}: backends see the core only through "
+                               f"{', '.join(sorted(BACKEND_MAY_SEE))}")
+                elif RANK[them] > RANK[me]:
+                    bad.append(f"{rel} ({me}) includes {inc} ({them}), a higher layer")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--objects", required=True, help="the tdist_obj object directory")
+    ap.add_argument("--src", required=True, help="the src/ directory")
+    a = ap.parse_args()
+    bad = check_symbols(a.objects) + check_includes(a.src)
+    for b in bad:
+        print("layering violation:", b)
+    print(f"check_layers: {len(bad)} violation(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
