@@ -6,7 +6,7 @@
 set -euo pipefail
 pkgs="build-essential cmake ninja-build pkg-config python3 libuv1-dev libjemalloc-dev"
 if [ "${1:-}" = "test" ]; then
-  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev"
+  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng"
 fi
 missing=""
 for p in $pkgs; do

@@ -59,9 +59,9 @@ int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
     for (int i = 0; i < dims[d]; i++)
       members[i] = first + i * stride[d];
     tdist_group_opts_t o = {0};
-    char name[96];
+    char name[256]; /* cut to a group name's 95 characters by the group */
     if (opts) o = *opts;
-    snprintf(name, sizeof(name), "%.48s/mesh%s.d%d.%d",
+    snprintf(name, sizeof(name), "%.48s/mesh%.60s.d%d.%d",
              (opts && (opts->mask & TDIST_GROUP_FIELD_NAME) && opts->name) ? opts->name
                                                                            : parent->name,
              shape, d, first);

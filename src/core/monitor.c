@@ -180,15 +180,15 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
     behind++;
   }
-  char verdict[320];
+  char verdict[480];
   if (!found)
     verdict[0] = '\0';
   else if (behind)
-    snprintf(verdict, sizeof(verdict), "rank%s %s of group '%s' had not reached seq %" PRIu64,
+    snprintf(verdict, sizeof(verdict), "rank%s %.255s of group '%.95s' had not reached seq %" PRIu64,
              behind > 1 ? "s" : "", text, mb->name, seq);
   else
     snprintf(verdict, sizeof(verdict),
-             "every rank of group '%s' had reached seq %" PRIu64 " (stuck in the backend)",
+             "every rank of group '%.95s' had reached seq %" PRIu64 " (stuck in the backend)",
              mb->name, seq);
   m->h.on_verdict(m->h.arg, uid, seq, verdict[0] ? verdict : NULL);
   tdist__free(mb);

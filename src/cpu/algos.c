@@ -265,7 +265,8 @@ static int scatter_round(cpu_op_t *op, int k) {
     return 0;
   }
   for (int j = 0; j < op->size; j++)
-    if (j != op->rank) tdist__cpu_op_send(op, j, (const uint8_t *)a->sendbuf + (size_t)j * len, len);
+    if (j != op->rank)
+      tdist__cpu_op_send(op, j, (const uint8_t *)a->sendbuf + (size_t)j * len, len);
   return 0;
 }
 

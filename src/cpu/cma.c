@@ -115,8 +115,8 @@ void tdist__cpu_cma_group_init(cpu_group_t *cg) {
       return;
     }
   }
-  TDIST_INFO(CPU, "cma: %d groups alive, group '%s' (%016" PRIx64 ") sends over TCP",
-             LIVE_SLOTS, cg->name, cg->uid);
+  TDIST_INFO(CPU, "cma: %d groups alive, group '%s' (%016" PRIx64 ") sends over TCP", LIVE_SLOTS,
+             cg->name, cg->uid);
 }
 
 /* Progress thread, first thing in abort: before the core hands any of the
@@ -137,7 +137,8 @@ static size_t cma_min(void) {
   return v < 1 ? 1 : (size_t)v;
 }
 
-void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr, size_t len) {
+void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr,
+                            size_t len) {
   m->data = ptr;
   if (!c->cma_tx || !cg->live || len < cma_min()) return;
   m->desc = (cpu_rma_desc_t){.kind = m->hdr.kind,

@@ -153,8 +153,8 @@ static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadli
     goto done;
   }
   int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
-  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL,
-                                         0, vals, lens, left_ms > 0 ? left_ms : 1),
+  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL, 0,
+                                         vals, lens, left_ms > 0 ? left_ms : 1),
                   rc, done);
   for (int i = 0; i < n; i++) {
     addrs[i] = tdist__calloc(1, lens[i] + 1);
@@ -382,4 +382,6 @@ static void release_task(void *arg) {
   ctx_maybe_free(ctx);
 }
 
-void tdist__cpu_ctx_release(cpu_ctx_t *ctx) { tdist__progress_call(ctx->progress, release_task, ctx); }
+void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
+  tdist__progress_call(ctx->progress, release_task, ctx);
+}

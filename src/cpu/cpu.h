@@ -168,9 +168,9 @@ typedef int (*cpu_round_fn)(cpu_op_t *op, int k);
  * (from post until completion or abort) on its active list with bop set.
  * Progress thread only. */
 struct cpu_op {
-  tdist__list_t link;  /* group's active list (ops) or its pool (free_ops) */
-  tdist__list_t rlink; /* ctx->ready while it waits for the engine */
-  tdist__bk_op_t *bop; /* the core's op (bop->priv == this); NULL in the pool */
+  tdist__list_t link;           /* group's active list (ops) or its pool (free_ops) */
+  tdist__list_t rlink;          /* ctx->ready while it waits for the engine */
+  tdist__bk_op_t *bop;          /* the core's op (bop->priv == this); NULL in the pool */
   const tdist__op_args_t *args; /* bop->args */
   cpu_group_t *cg;
   int p2p;       /* 1 for send/recv/batch: no rounds */
@@ -206,9 +206,9 @@ struct cpu_group {
   int rank, size;             /* in this group */
   uint64_t uid;
   char name[96];
-  int *global_ranks;  /* group rank -> world rank (a copy) */
-  int *grank;         /* world rank -> group rank, or -1 (ctx->size entries) */
-  cpu_conn_t **conns; /* group rank -> conn (NULL for self) */
+  int *global_ranks;      /* group rank -> world rank (a copy) */
+  int *grank;             /* world rank -> group rank, or -1 (ctx->size entries) */
+  cpu_conn_t **conns;     /* group rank -> conn (NULL for self) */
   _Atomic uint64_t *live; /* cma.c: this group's live word (NULL: no RMA sends) */
   uint64_t live_token;
   /* progress thread */
@@ -288,8 +288,8 @@ struct cpu_ctx {
   tdist__list_t orphans; /* cpu_ux_t.link: messages for unknown group uids */
   tdist__list_t ready;   /* cpu_op_t.rlink: ops whose round (or p2p op) is
                             done, for the engine (tdist__cpu_run_ready) */
-  int lost_peer; /* world rank of the last peer lost without a goodbye, or
-                    -1; sent in our own goodbye */
+  int lost_peer;         /* world rank of the last peer lost without a goodbye, or
+                            -1; sent in our own goodbye */
   /* buffer cache */
   struct cpu_buf *bufs;
   size_t cached_bytes;

@@ -92,12 +92,13 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
     cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, h->root);
     /* Only if nothing older from this peer with this tag is waiting. */
     int older = 0;
-    tdist__list_t *n;
-    if (x)
+    if (x) {
+      tdist__list_t *n;
       tdist__list_foreach(n, &cg->ux) {
         cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
         if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
       }
+    }
     if (x && !older) {
       tdist__list_remove(&x->plink);
       if (tdist__cpu_check_p2p(cg, x, h, src)) return;
@@ -216,8 +217,8 @@ void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
     int r = tdist__cpu_grank_of(cg, c->peer);
     if (r >= 0 && !cg->aborted && needs_peer(cg, r, c))
-      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r,
-                     c->peer, c->addr, why);
+      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
+                     c->addr, why);
   }
   if (c->parked) {
     c->parked = 0;

@@ -490,7 +490,8 @@ void tdist__cpu_conn_close(cpu_conn_t *c) {
     /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
      * left on purpose (it still fails ops it was running with us). */
     cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
-    if (tdist__list_empty(&c->txq)) (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (tdist__list_empty(&c->txq))
+      (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_WR);
   }
   if (c->parked) {

@@ -209,7 +209,8 @@ void tdist__cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor) {
     uint16_t *b = buf;
     int bf = dt == TDIST_BFLOAT16;
     for (size_t i = 0; i < n; i++) {
-      float v = (bf ? tdist__cpu_bf16_to_float(b[i]) : tdist__cpu_half_to_float(b[i])) / (float)divisor;
+      float v =
+          (bf ? tdist__cpu_bf16_to_float(b[i]) : tdist__cpu_half_to_float(b[i])) / (float)divisor;
       b[i] = bf ? tdist__cpu_float_to_bf16(v) : tdist__cpu_float_to_half(v);
     }
     break;

@@ -102,9 +102,9 @@ static struct {
   int verbose, keep, strict_latency, strict_store_host;
 } opt = {.load = 1};
 
-/* 40 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
+/* 30 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
  * hang path). */
-static int guard_s = 40 * SOAK_SCALE;
+static int guard_s = 30 * SOAK_SCALE;
 
 static double now_s(void) {
   struct timespec ts;
@@ -846,7 +846,7 @@ static void summary(void) {
     for (int i = 0; i < 8 && s->codes[i][0]; i++)
       printf(" %s %d", s->codes[i], s->code_count[i]);
     printf("\n");
-    qsort(s->lat, s->nlat, sizeof(double), cmp_double);
+    if (s->nlat) qsort(s->lat, s->nlat, sizeof(double), cmp_double);
     if (s->nlat)
       printf("  %-22s p50 %.1f, p99 %.1f, max %.1f (%zu samples; bound %.0f, %d over)\n",
              "detection latency ms", pct(s->lat, s->nlat, 0.5), pct(s->lat, s->nlat, 0.99),
