@@ -23,7 +23,9 @@ Three checks:
   2. includes: a file may include only headers of its layer or lower ones;
      backends see the core only through core/backend.h and core/progress.h.
 
-Usage: check_layers.py --objects DIR --src DIR   (exit 0 clean, 1 violations)
+Usage: check_layers.py --src DIR OBJECT...   (exit 0 clean, 1 violations)
+CMake passes the library's objects ($<TARGET_OBJECTS:tdist_obj>), so stale
+objects left in a build tree are never read.
 """
 import argparse
 import os
@@ -70,18 +72,14 @@ def nm_symbols(obj):
     return defined, undefined
 
 
-def check_symbols(objdir):
+def check_symbols(objects):
     objs = {}
-    for root, _, files in os.walk(objdir):
-        for name in files:
-            if name.endswith(".o"):
-                full = os.path.join(root, name)
-                rel = os.path.relpath(full, objdir)
-                rel = rel[rel.index("src/") + 4:] if "src/" in rel else rel
-                objs[rel] = full
+    for full in objects:
+        rel = full.replace("\\", "/")
+        rel = rel[rel.rindex("/src/") + 5:] if "/src/" in rel else os.path.basename(rel)
+        objs[rel] = full
     if not objs:
-        print(f"check_layers: no objects under {objdir}")
-        return ["no objects"]
+        return ["no objects given"]
     owner = {}
     info = {}
     for rel, full in objs.items():
@@ -147,8 +145,8 @@ def check_includes(srcdir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--objects", required=True, help="the tdist_obj object directory")
     ap.add_argument("--src", required=True, help="the src/ directory")
+    ap.add_argument("objects", nargs="+", help="the library's object files")
     a = ap.parse_args()
     bad = check_symbols(a.objects) + check_includes(a.src)
     for b in bad:

@@ -147,8 +147,11 @@ typedef struct tdist__backend_ops {
    * completed (0 lets the core back off). */
   int (*poll)(void *state);
 
-  /* Progress thread. See the abort contract above. `local`: the cause is
-   * this rank's own (the backend may tell the other members itself). */
+  /* Progress thread. See the abort contract above. `local`: tell the other
+   * members the cause in the backend's own stream, ahead of anything this
+   * rank sends later (its goodbye): the cause was found on this rank, or
+   * learnt from the store, which the others may not have read yet. 0: the
+   * cause came from another member, which told everyone. */
   void (*abort)(void *state, int status, const char *reason, int local);
 
   /* Caller thread, once no op of the group is in flight (finished or

@@ -405,7 +405,7 @@ struct abort_req {
 
 static void abort_task(void *arg) {
   struct abort_req *r = arg;
-  tdist__group_abort_now(r->g, r->status, 1, r->fmt, r->reason);
+  tdist__group_abort_now(r->g, r->status, 3, r->fmt, r->reason); /* found here: tell, publish */
 }
 
 int tdist_group_destroy(tdist_group_t *g) {

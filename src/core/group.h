@@ -138,9 +138,11 @@ uint64_t tdist__mix64(uint64_t h, uint64_t v);
 
 /* Queue node run for a submitted work: start it on its backend. */
 void tdist__group_start_work(tdist__qnode_t *node);
-/* Abort g because of `status`: mark it, call the backend's abort, tell the
- * other ranks when `local`, finish every work in flight. Idempotent. */
-void tdist__group_abort_now(tdist_group_t *g, int status, int local, const char *fmt, ...)
+/* Abort g because of `status`: mark it, call the backend's abort, spread the
+ * cause (`spread`: 1 the backend tells the members, 2 an abort record is
+ * published, 3 both: a cause found on this rank), finish every work in
+ * flight. Idempotent. */
+void tdist__group_abort_now(tdist_group_t *g, int status, int spread, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* w passed its deadline: finish it with TIMEOUT, abort the rest. `diag`
  * (may be NULL) says which ranks had not reached the op. */

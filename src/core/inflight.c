@@ -103,8 +103,16 @@ static void trace_meta(tdist_group_t *g, tdist__trace_meta_t *m) {
   snprintf(m->abort_reason, sizeof(m->abort_reason), "%s", g->abort_reason);
 }
 
+/* How an abort's cause spreads: TELL, the backend tells the other members in
+ * its own stream (ahead of a goodbye, so none of them names this rank as the
+ * cause for leaving); PUBLISH, an abort record goes to the store. A cause
+ * found here does both; one learnt from the store (a death record, a silent
+ * store) only TELLs, since another member may not have read the store yet;
+ * one told by another member (its ERR message) neither. */
+enum { SPREAD_TELL = 1, SPREAD_PUBLISH = 2, SPREAD_LOCAL = 3 };
+
 /* Mark g aborted and stop its backend; 0 if it already was aborted. */
-static int mark_aborted(tdist_group_t *g, int status, const char *reason, int local) {
+static int mark_aborted(tdist_group_t *g, int status, const char *reason, int spread) {
   /* Only the progress thread aborts, so no race between writers; readers on
    * other threads see `aborted` only after the status and reason (release). */
   if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) return 0;
@@ -112,8 +120,9 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int lo
   snprintf(g->abort_reason, sizeof(g->abort_reason), "%s", reason);
   atomic_store_explicit(&g->aborted, 1, memory_order_release);
   TDIST_WARN(CORE, "group '%s' (rank %d/%d) aborted: %s", g->name, g->rank, g->size, reason);
-  if (g->bstate && g->bk->ops->abort) g->bk->ops->abort(g->bstate, status, reason, local);
-  if (local) tdist__monitor_publish(g->ctx->monitor, g->uid, status, reason);
+  if (g->bstate && g->bk->ops->abort)
+    g->bk->ops->abort(g->bstate, status, reason, (spread & SPREAD_TELL) != 0);
+  if (spread & SPREAD_PUBLISH) tdist__monitor_publish(g->ctx->monitor, g->uid, status, reason);
   return 1;
 }
 
@@ -131,19 +140,20 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   tdist__trace_dump_on_failure(g->trace, &m);
 }
 
-void tdist__group_abort_now(tdist_group_t *g, int status, int local, const char *fmt, ...) {
+void tdist__group_abort_now(tdist_group_t *g, int status, int spread, const char *fmt, ...) {
   char reason[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(reason, sizeof(reason), fmt, ap);
   va_end(ap);
-  if (mark_aborted(g, status, reason, local)) fail_inflight(g, status, reason);
+  if (mark_aborted(g, status, reason, spread)) fail_inflight(g, status, reason);
 }
 
 static void deliver_failure(tdist__qnode_t *node) {
   tdist_group_t *g = tdist__list_entry(node, tdist_group_t, fail_node);
   g->fail_queued = 0;
-  tdist__group_abort_now(g, g->fail_status, g->fail_local, "%s", g->fail_reason);
+  tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s",
+                         g->fail_reason);
 }
 
 static void bk_fail_v(tdist__bk_group_t *h, int status, int local, const char *fmt, va_list ap) {
@@ -181,7 +191,7 @@ void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
   snprintf(reason, sizeof(reason), "%s seq %" PRIu64 " timed out after %lld ms%s%s",
            tdist_op_name(w->args.type), w->bop.seq, (long long)waited_ms, diag ? "; " : "",
            diag ? diag : "");
-  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, 1)) return;
+  if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, SPREAD_LOCAL)) return;
   if (!w->completing)
     finish_fmt(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
                (long long)waited_ms, (long long)w->bop.timeout_ms, diag ? "; " : "",
@@ -295,7 +305,7 @@ static void record_task(void *arg) {
     if (r->dead) {
       int gr = group_rank_of(g, r->rank);
       if (gr >= 0 && gr != g->rank)
-        tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, 0,
+        tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, SPREAD_TELL,
                                "rank %d (world rank %d) failed: the store declared it dead: %s",
                                gr, r->rank, r->reason);
     } else if (g->uid == r->uid) {
@@ -421,7 +431,7 @@ static void lost_task(void *arg) {
     tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
     int gr = group_rank_of(g, host);
     if (atomic_load(&g->aborted) || gr < 0 || gr == g->rank) continue;
-    tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, 0,
+    tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, SPREAD_TELL,
                            "rank %d (world rank %d) failed: it hosts the store (%s), which has "
                            "not answered for %lld ms (stopped or hung)",
                            gr, host, q->address, (long long)q->silent_ms);

@@ -208,22 +208,26 @@ static void run_diagnoses(tdist__monitor_t *m) {
 /* Keep the connection usable and notice a store that stopped answering.
  * Returns 1 when the store can be called this round. */
 static int store_check(tdist__monitor_t *m) {
-  int64_t now = tdist__now_ms();
   if (tdist__store_alive(m->conn)) return 1;
-  tdist_store_t *fresh = NULL;
-  if (tdist__store_reconnect(m->conn, STORE_CALL_MS, &fresh) == 0) {
-    tdist_store_release(m->conn);
-    m->conn = fresh;
-    m->last_ok_ms = tdist__now_ms();
-    TDIST_INFO(CORE, "monitor: store connection reopened");
-    return 1;
-  }
-  int64_t silent = now - m->last_ok_ms, limit = tdist__param_HeartbeatTimeoutMs();
+  int64_t silent = tdist__now_ms() - m->last_ok_ms, limit = tdist__param_HeartbeatTimeoutMs();
   if (!m->store_lost && limit > 0 && silent > limit) {
     m->store_lost = 1;
     TDIST_WARN(CORE, "monitor: the store at %s has not answered for %lld ms",
                tdist_store_address(m->conn), (long long)silent);
     m->h.on_store_lost(m->h.arg, silent, tdist_store_address(m->conn));
+  }
+  /* A reconnect attempt ends by the time the store would count as lost. */
+  int64_t budget = limit > 0 && !m->store_lost ? limit - silent : STORE_CALL_MS;
+  if (budget > STORE_CALL_MS) budget = STORE_CALL_MS;
+  if (budget < 50) budget = 50;
+  tdist_store_t *fresh = NULL;
+  if (tdist__store_reconnect(m->conn, budget, &fresh) == 0) {
+    tdist_store_release(m->conn);
+    m->conn = fresh;
+    m->conn->timeout_ms = STORE_CALL_MS;
+    m->last_ok_ms = tdist__now_ms();
+    TDIST_INFO(CORE, "monitor: store connection reopened");
+    return 1;
   }
   return 0;
 }
@@ -238,7 +242,7 @@ static void *monitor_main(void *arg) {
       int stop = m->stop;
       pthread_mutex_unlock(&m->mu);
       if (stop) break;
-      struct timespec ts = {0, (long)interval * 1000000};
+      struct timespec ts = {0, 20 * 1000000}; /* the reconnect attempt waited already */
       nanosleep(&ts, NULL);
       continue;
     }

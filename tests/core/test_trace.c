@@ -86,6 +86,10 @@ static void recorder(void **state) {
   unlink(auto_path);
   assert_int_equal(tdist_group_abort(g, "test says stop"), 0);
   assert_int_equal(tdist_work_wait(w, 5000), TDIST_ERR_ABORTED);
+  /* Written by the worker thread (the progress thread writes no file): it
+   * appears shortly after the failure. */
+  for (int i = 0; i < 500 && access(auto_path, F_OK) != 0; i++)
+    usleep(10000);
   t = slurp(auto_path);
   assert_non_null(t);
   assert_non_null(

@@ -247,6 +247,51 @@ static void batch_of_many_p2p_ops(void **state) {
   tdist_work_release(w);
 }
 
+/* A completion callback runs on the progress thread: a blocking call there
+ * would wait for itself. Each one fails at once with INVALID_STATE, leaves
+ * nothing behind, and the group is destroyed promptly afterwards. */
+struct cb_probe {
+  tdist_group_t *g;
+  tdist_work_t *other;
+  int wait_rc, sync_rc, destroy_rc, waitall_rc;
+  atomic_int ran;
+};
+
+static void blocking_cb(tdist_work_t *w, void *arg) {
+  struct cb_probe *p = arg;
+  float x[2] = {0};
+  p->wait_rc = tdist_work_wait(p->other, 0);
+  p->waitall_rc = tdist_wait_all(&p->other, 1, 0);
+  p->sync_rc = tdist_all_reduce(p->g, x, x, 2, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  p->destroy_rc = tdist_group_destroy(p->g);
+  atomic_store(&p->ran, 1);
+}
+
+static void blocking_calls_from_callback_fail_at_once(void **state) {
+  tdist_group_t *grp;
+  assert_int_equal(tb_group_create(0, 1, 60000, &grp), 0);
+  tb_set_mode(TB_HELD);
+  struct cb_probe p = {.g = grp};
+  tdist_work_t *w;
+  assert_int_equal(tdist_barrier(grp, NULL, &w), 0);
+  assert_int_equal(tdist_barrier(grp, NULL, &p.other), 0);
+  assert_int_equal(tdist_work_on_complete(w, blocking_cb, &p), 0);
+  int64_t t0 = tdist__now_ms();
+  tb_release_held(grp);
+  while (!atomic_load(&p.ran) && tdist__now_ms() - t0 < 5000)
+    usleep(1000);
+  assert_true(atomic_load(&p.ran));
+  assert_int_equal(p.wait_rc, TDIST_ERR_INVALID_STATE);
+  assert_int_equal(p.waitall_rc, TDIST_ERR_INVALID_STATE);
+  assert_int_equal(p.sync_rc, TDIST_ERR_INVALID_STATE);
+  assert_int_equal(p.destroy_rc, TDIST_ERR_INVALID_STATE);
+  assert_int_equal(tdist_work_wait(p.other, 5000), 0); /* released with the first */
+  tdist_work_release(w);
+  tdist_work_release(p.other);
+  assert_int_equal(tdist_group_destroy(grp), 0);
+  assert_true(tdist__now_ms() - t0 < 5000); /* no op was left to time out */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(complete_now, reset_mode),
@@ -260,6 +305,7 @@ int main(void) {
       cmocka_unit_test_setup(wait_all_and_any, reset_mode),
       cmocka_unit_test_setup(bad_arguments_are_refused, reset_mode),
       cmocka_unit_test_setup(batch_of_many_p2p_ops, reset_mode),
+      cmocka_unit_test_setup(blocking_calls_from_callback_fail_at_once, reset_mode),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,6 +9,10 @@
  *   stopped   rank 2 SIGSTOPs itself: the survivors' op fails at its short
  *             timeout (TIMEOUT, or ABORTED/REMOTE_FAILED when the core's
  *             liveness check is faster), then rank 0 kills it.
+ *   host_stopped  rank 0, which hosts the store, SIGSTOPs itself: nothing
+ *             can declare it dead, but the survivors' monitors find the store
+ *             silent for the heartbeat timeout and fail their op (long
+ *             timeout) with REMOTE_FAILED naming rank 0 as the store's host.
  */
 #include <signal.h>
 #include <sys/mman.h>
@@ -136,12 +140,46 @@ static int stopped(int rank, int n, void *arg) {
   return 0;
 }
 
+#define HOST_HB_TIMEOUT_MS 1500
+
+static int host_stopped(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  sh->pids[rank] = getpid();
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "200", 1);
+  setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "1500", 1);
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 30000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  if (rank == 0) raise(SIGSTOP);
+  float v[1000] = {0};
+  int64_t t0 = tdist__now_ms();
+  int rc = tdist_all_reduce(g, v, v, 1000, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  int64_t dt = tdist__now_ms() - t0;
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  fprintf(stderr, "[rank %d] store host stopped -> %s after %lld ms: %s\n", rank,
+          tdist_err_name(rc), (long long)dt, msg);
+  MP_CHECK(rc == TDIST_ERR_REMOTE_FAILED);
+  MP_CHECK(strstr(msg, "rank 0 (world rank 0)") && strstr(msg, "hosts the store"));
+  /* The bound promised is the heartbeat timeout plus about a second; the
+   * check allows more for a loaded machine (the figure is printed above). */
+  MP_CHECK(dt < HOST_HB_TIMEOUT_MS + 4000);
+  if (rank == 1) {
+    kill(sh->pids[0], SIGKILL);
+    kill(sh->pids[0], SIGCONT);
+  }
+  tdist_group_destroy(g);
+  return 0;
+}
+
 static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_dead) {
   int codes[3];
   sh->port = tdist_mp_free_port();
   tdist_mp_run_codes(3, fn, sh, 60, codes);
-  int ok =
-      codes[0] == 0 && codes[1] == 0 && (expect_dead ? codes[2] == 128 + SIGKILL : codes[2] == 0);
+  int victim = fn == host_stopped ? 0 : 2;
+  int ok = 1;
+  for (int r = 0; r < 3; r++)
+    ok = ok && (r == victim && expect_dead ? codes[r] == 128 + SIGKILL : codes[r] == 0);
   printf("cpu_failures %s: %s (exit codes %d %d %d)\n", name, ok ? "ok" : "FAILED", codes[0],
          codes[1], codes[2]);
   return ok ? 0 : 1;
@@ -155,5 +193,6 @@ int main(void) {
   fails += run("stopped", stopped, sh, 1);
   sh->stagger_ms = 700;
   fails += run("stopped_staggered", stopped, sh, 1);
+  fails += run("host_stopped", host_stopped, sh, 1);
   return fails ? 1 : 0;
 }

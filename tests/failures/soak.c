@@ -8,7 +8,8 @@
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
- * a victim (rank 0 one time in three), the iteration and delay of the fault,
+ * a victim (rank 0 one time in three), the iteration and delay (0..1 ms or
+ * 0..20 ms after submitting its op) of the fault,
  * the sizes of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
  *   host0     fork/exec by this driver, rank 0 hosts the store;
  *   extstore  fork/exec, an external tdist-store (TDIST_STORE_HOSTED=1);
@@ -139,7 +140,10 @@ static plan_t plan_make(uint64_t seed) {
   if (opt.launcher > 0) p.mode = M_TDISTRUN;
   if (opt.launcher < 0 && p.mode == M_TDISTRUN) p.mode = fork_mode;
   p.fault_it = (int)(splitmix(&s) % 5);
-  p.delay_us = (long)(splitmix(&s) % 20000);
+  /* half the time within 1 ms of the submission (the op in flight), else up
+   * to 20 ms (often between ops) */
+  uint64_t d = splitmix(&s);
+  p.delay_us = (long)((d >> 1) % (d & 1 ? 1000 : 20000));
   p.size_seed = splitmix(&s);
   return p;
 }
@@ -152,7 +156,7 @@ static int store_lost(const plan_t *p) { return p->mode == M_HOST0 && p->victim 
 /* ---- what the ranks said ------------------------------------------------------------ */
 
 typedef struct {
-  int report, shrink, done, fault, killed_victim, wrong, errors;
+  int report, shrink, done, fault, inflight, killed_victim, wrong, errors;
   int rc, failed_it, ok_before, shrink_size, layout_ok;
   double latency, since, shrink_ms;
   char code[48], shrink_code[48], allreduce[16];
@@ -221,6 +225,7 @@ static void parse(const char *out, obs_t *obs, int n) {
           o->wrong++;
         } else if (!strncmp(w, "fault ", 6)) {
           o->fault++;
+          o->inflight = (int)fnum(w, end, "inflight=", 0);
         } else if (!strncmp(w, "killed stopped victim", 21)) {
           o->killed_victim++;
         } else if (!strncmp(w, "done ", 5)) {
@@ -283,6 +288,7 @@ enum { P_NAME, P_CODE, P_RESULT, P_SHRINK, P_HANG, P_OTHER, P_SLOW, P_COUNT };
 
 typedef struct {
   int trials, failed, by_mode[M_COUNT], victim0, store_lost, reports;
+  int mid_op, large_op; /* faults with the victim's op in flight; on a >= 256 KiB op */
   int problems[P_COUNT];
   double *lat;
   size_t nlat, cap;
@@ -692,6 +698,8 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
   ks->trials++;
   ks->by_mode[p->mode]++;
   ks->victim0 += p->victim == 0;
+  ks->mid_op += obs[p->victim].inflight > 0;
+  ks->large_op += p->fault_it % 2; /* odd iterations: 256 KiB .. 8 MiB */
   judge(p, obs, codes, p->mode == M_TDISTRUN && nprocs ? procs[0].code : -2, hang,
         err, &res->v, ks);
   if (have_store && sanitizer_report(store.err))
@@ -722,9 +730,10 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     if (ll >= sizeof(lats)) break;
   }
   printf("soak trial %ld seed 0x%016" PRIx64 ": %s n=%d victim=%d %s it=%d delay=%ldus: %s "
-         "(%.1f s, latency ms %s%s)\n",
+         "(%.1f s, latency ms %s%s%s)\n",
          index, p->seed, kind_names[p->kind], p->n, p->victim, mode_names[p->mode], p->fault_it,
          p->delay_us, res->ok ? "ok" : hang ? "HANG" : "FAILED", res->seconds, lats,
+         obs[p->victim].inflight ? ", op in flight" : "",
          store_lost(p) ? ", store host lost" : "");
   if (res->v.len) printf("%s", res->v.text);
   if (!res->ok || opt.verbose) {
@@ -842,6 +851,8 @@ static void summary(void) {
            "store host lost: %d\n",
            "trials", s->trials, s->failed, s->by_mode[M_HOST0], s->by_mode[M_EXTSTORE],
            s->by_mode[M_TDISTRUN], s->victim0, s->store_lost);
+    printf("  %-22s %d with the victim's op in flight, %d on a >= 256 KiB op (single copy)\n",
+           "faults", s->mid_op, s->large_op);
     printf("  %-22s %d:", "survivor reports", s->reports);
     for (int i = 0; i < 8 && s->codes[i][0]; i++)
       printf(" %s %d", s->codes[i], s->code_count[i]);
