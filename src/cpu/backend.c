@@ -158,8 +158,12 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
   op->cseq = cg->next_cseq++;
   int rc = tdist__cpu_algo_setup(op);
   if (rc < 0) {
-    tdist__cpu_op_put(op); /* nothing was sent: the core fails the op */
-    return rc;
+    /* This rank cannot take part in collective #cseq, which the others run:
+     * the group is broken (and no rank's numbering drifts). The op stays on
+     * the list until the abort. */
+    tdist__bk_fail(cg->bk, rc, "cpu: cannot start collective #%llu: %s",
+                   (unsigned long long)op->cseq, tdist_strerror(rc));
+    return 0;
   }
   /* Peers that already sent this op: check they agree before starting. On
    * a mismatch (reported) the op waits for the abort. */

@@ -218,6 +218,15 @@ struct cpu_group {
   tdist__list_t ux;       /* unexpected messages (cpu_ux_t.link), arrival order */
   tdist__list_t precv;    /* posted p2p receives (cpu_xfer_t.plink), post order */
   uint64_t next_cseq;     /* collectives posted so far */
+  /* The last CPU_DONE_RING collectives that completed here, by cseq %
+   * CPU_DONE_RING: a message that arrives for one of them was sent by a rank
+   * that ran a different op (a root or a count it disagrees on), which a
+   * correct run never does (every send meets a receive of the same op). */
+  struct cpu_done {
+    uint64_t cseq, count;
+    int32_t root;
+    uint8_t type, dtype, redop, valid;
+  } done[64];
   int aborted;            /* vtable->abort ran: no more traffic */
   /* cma.c: a sender aborted under a read; fail at poison_at + 1 s with
    * poison_why, unless its cause arrives first */
@@ -441,6 +450,10 @@ void tdist__cpu_ready(cpu_op_t *op);
  * only (cpu.h). */
 void tdist__cpu_run_ready(cpu_ctx_t *ctx);
 int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
+/* A COLL message for collective h->seq, which is not running here: if it
+ * completed here, the sender disagreed with it; fail the group (MISMATCH)
+ * and return 1. 0 when h->seq was not posted here yet. */
+int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src);
 int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
 cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq */
 cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */

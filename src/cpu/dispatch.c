@@ -77,6 +77,7 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   if (h->kind == CPU_MSG_COLL) {
     cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
     if (op && tdist__cpu_check_coll(cg, op, h, src)) return;
+    if (!op && tdist__cpu_check_done(cg, h, src)) return; /* read and discarded */
     if (op && op->round == (int)h->slot) {
       cpu_xfer_t *x = tdist__cpu_round_recv(op, src);
       if (x && x->len == h->len) {

@@ -129,12 +129,53 @@ void tdist__cpu_op_put(cpu_op_t *op) {
   tdist__list_push_front(&cg->free_ops, &op->link);
 }
 
-/* Engine only: the op is done; the core hears after this I/O step. */
+#define DONE_RING ((int)(sizeof(((cpu_group_t *)0)->done) / sizeof(((cpu_group_t *)0)->done[0])))
+
+/* Engine only: the op is done; the core hears after this I/O step. A
+ * collective is remembered (tdist__cpu_check_done), and a message of it
+ * that arrived early and is still unclaimed means a peer ran another op. */
 static void op_complete(cpu_op_t *op) {
   tdist__bk_op_t *bop = op->bop;
+  cpu_group_t *cg = op->cg;
   if (op->finish_fn) op->finish_fn(op);
+  if (!op->p2p) {
+    struct cpu_done *d = &cg->done[op->cseq % DONE_RING];
+    *d = (struct cpu_done){.cseq = op->cseq,
+                           .count = op->count,
+                           .root = op->root,
+                           .type = (uint8_t)op->type,
+                           .dtype = (uint8_t)op->dtype,
+                           .redop = (uint8_t)op->redop,
+                           .valid = 1};
+    tdist__list_t *n;
+    tdist__list_foreach(n, &cg->ux) {
+      cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+      if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
+          tdist__cpu_check_done(cg, &u->hdr, tdist__cpu_grank_of(cg, u->src)))
+        break;
+    }
+  }
   tdist__cpu_op_put(op);
   tdist__bk_complete(bop, 0, "ok");
+}
+
+int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src) {
+  if (h->seq >= cg->next_cseq) return 0; /* not posted here yet */
+  const struct cpu_done *d = &cg->done[h->seq % DONE_RING];
+  if (d->valid && d->cseq == h->seq) {
+    cpu_op_t ran = {.type = (tdist_optype_t)d->type,
+                    .dtype = (tdist_dtype_t)d->dtype,
+                    .redop = (tdist_redop_t)d->redop,
+                    .count = d->count,
+                    .root = d->root};
+    if (tdist__cpu_check_coll(cg, &ran, h, src)) return 1;
+  }
+  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH,
+                 "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
+                 " root %d for it, which had completed on rank %d without that message",
+                 h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count, (int)h->root,
+                 cg->rank);
+  return 1;
 }
 
 cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq) {

@@ -140,6 +140,32 @@ static int stopped(int rank, int n, void *arg) {
   return 0;
 }
 
+/* Ranks that disagree on a root: rank 2 broadcasts from root 1, the others
+ * from root 0. A rank
+ * whose op completed before the disagreement reached it fails its next op;
+ * every rank ends with MISMATCH naming a root, none keeps running silently. */
+static int roots(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 20000, &g));
+  int32_t v[64], all[3 * 64];
+  for (int i = 0; i < 64; i++)
+    v[i] = rank;
+  int rc = tdist_broadcast(g, v, 64, TDIST_INT32, rank == 2 ? 1 : 0, NULL, NULL);
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  if (rc == 0) { /* completed here: the group must fail at once after */
+    rc = tdist_all_reduce(g, v, v, 64, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  }
+  fprintf(stderr, "[rank %d] broadcast roots 0/0/1 -> %s: %s\n", rank, tdist_err_name(rc), msg);
+  MP_CHECK(rc == TDIST_ERR_MISMATCH);
+  MP_CHECK(strstr(msg, "root") != NULL);
+  tdist_group_destroy(g);
+  (void)all;
+  return 0;
+}
+
 #define HOST_HB_TIMEOUT_MS 1500
 
 static int host_stopped(int rank, int n, void *arg) {
@@ -194,5 +220,6 @@ int main(void) {
   sh->stagger_ms = 700;
   fails += run("stopped_staggered", stopped, sh, 1);
   fails += run("host_stopped", host_stopped, sh, 1);
+  fails += run("roots", roots, sh, 0);
   return fails ? 1 : 0;
 }
