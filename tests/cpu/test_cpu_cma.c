@@ -6,9 +6,10 @@
  *               (the cross-process read counter moves) and match a local
  *               reference; with TDIST_CPU_CMA=0 the counter stays at 0 and
  *               the same results come over TCP.
- *   eager       a large send whose receive is posted 300 ms later completes
- *               long before that post (the receiver stages it after
- *               TDIST_CPU_DEFER_US), and the data arrives intact.
+ *   eager       a large send completes before its receive is posted (the
+ *               receiver posts only once the send completed, and stages the
+ *               payload after TDIST_CPU_DEFER_US), and the data arrives
+ *               intact.
  *   exchange    both ranks send a large message to each other, wait for the
  *               send, then receive: no rendezvous deadlock.
  *   aborted     the sender aborts its group and overwrites its buffer before
@@ -107,7 +108,12 @@ static int eager(int rank, int n, void *arg) {
     atomic_store(&sh->sent_ms, tdist__now_ms());
     memset(v, 0x5a, cnt * 4); /* the send is complete: the buffer is ours again */
   } else {
-    msleep(300);
+    /* Post the receive only once the send has completed (or after 20 s, when
+     * it never would without the receive: then the check below fails). No
+     * fixed sleep: under a sanitizer or a loaded machine the sender may need
+     * far longer than any guess to get there. */
+    for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->sent_ms) && tdist__now_ms() - t0 < 20000;)
+      msleep(5);
     atomic_store(&sh->posted_ms, tdist__now_ms());
     memset(v, 0, cnt * 4);
     MP_CHECK_RC(tdist_recv(g, v, cnt, TDIST_INT32, 1, NULL));
@@ -116,7 +122,7 @@ static int eager(int rank, int n, void *arg) {
     int64_t sent = atomic_load(&sh->sent_ms), posted = atomic_load(&sh->posted_ms);
     fprintf(stderr, "eager: send completed %lld ms before the receive was posted\n",
             (long long)(posted - sent));
-    MP_CHECK(sent > 0 && sent < posted);
+    MP_CHECK(sent > 0 && sent <= posted);
   }
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
   MP_CHECK_RC(tdist_group_destroy(g));
@@ -164,10 +170,15 @@ static int aborted(int rank, int n, void *arg) {
     int rc = tdist_work_wait(w, -1);
     MP_CHECK(rc != 0);
     memset(v, 0xee, cnt * 4); /* the failed send handed the buffer back */
+    atomic_store(&sh->sent_ms, tdist__now_ms()); /* tell rank 0: reused */
     tdist_work_release(w);
-    msleep(400);
+    for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->posted_ms) && tdist__now_ms() - t0 < 20000;)
+      msleep(5);
   } else {
-    msleep(200);
+    /* Only once the sender has aborted and reused its buffer (no fixed
+     * sleep: a loaded machine may take longer than any guess). */
+    for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->sent_ms) && tdist__now_ms() - t0 < 20000;)
+      msleep(5);
     memset(v, 0, cnt * 4);
     int rc = tdist_recv(g, v, cnt, TDIST_INT32, 1, NULL);
     fprintf(stderr, "aborted: the receive returned %s: %s\n", tdist_err_name(rc),
@@ -175,6 +186,7 @@ static int aborted(int rank, int n, void *arg) {
     /* Failed, whatever it holds (a failed op's buffer is undefined): it
      * must never complete with bytes the sender reused. */
     MP_CHECK(rc != 0);
+    atomic_store(&sh->posted_ms, tdist__now_ms());
   }
   tdist_group_destroy(g);
   free(v);

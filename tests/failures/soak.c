@@ -63,11 +63,13 @@
 /* Sanitizer builds run the ranks several times slower. */
 #if defined(__SANITIZE_THREAD__)
 #define SOAK_SCALE 3
+#define SOAK_TSAN 1
 #elif defined(__SANITIZE_ADDRESS__)
 #define SOAK_SCALE 2
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define SOAK_SCALE 3
+#define SOAK_TSAN 1
 #elif __has_feature(address_sanitizer)
 #define SOAK_SCALE 2
 #endif
@@ -588,12 +590,25 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
   snprintf(env[k++], 64, "TDIST_TIMEOUT_MS=%d", TIMEOUT_MS);
   snprintf(env[k++], 64, "SOAK_SKIP_TIMEOUT_MS=%d", SKIP_TIMEOUT_MS);
   snprintf(env[k++], 64, "SOAK_SCALE=%d", SOAK_SCALE);
+#ifdef SOAK_TSAN
+  /* TSan's _exit sleeps atexit_sleep_ms (1 s) before exiting: the `exit`
+   * victim would seem to die 1 s after its fault time. */
+  static char tsan_env[600];
+  const char *tso = getenv("TSAN_OPTIONS");
+  snprintf(tsan_env, sizeof(tsan_env), "TSAN_OPTIONS=%s%satexit_sleep_ms=0", tso ? tso : "",
+           tso && *tso ? ":" : "");
+  char *tsan_entry = tsan_env;
+#else
+  char *tsan_entry = NULL;
+#endif
   int nbase = k;
   for (int r = 0; r <= MAX_N; r++) {
     for (int i = 0; i < nbase; i++)
       envp[r][i] = env[i];
-    envp[r][nbase] = NULL;
+    envp[r][nbase] = tsan_entry;
+    envp[r][nbase + 1] = NULL;
   }
+  if (tsan_entry) nbase++;
   char kind_s[32], victim_s[16], it_s[16], delay_s[24], size_s[32], n_s[16];
   snprintf(kind_s, sizeof(kind_s), "%s", kind_names[p->kind]);
   snprintf(victim_s, sizeof(victim_s), "%d", p->victim);
