@@ -20,9 +20,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tdistConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist)
 
+# No CUDA or NCCL path: the NCCL backend opens them at run time.
 set(TDIST_PC_LIBS_PRIVATE "-lpthread")
-if(TDIST_HAVE_NCCL)
-  string(APPEND TDIST_PC_LIBS_PRIVATE " ${TDIST_NCCL_LIB} ${TDIST_CUDART_LIB}")
+if(CMAKE_DL_LIBS)
+  string(APPEND TDIST_PC_LIBS_PRIVATE " -l${CMAKE_DL_LIBS}")
 endif()
 # Relocatable: the prefix is found from the .pc file's own directory
 # (<prefix>/<libdir>/pkgconfig), so an install anywhere works.

@@ -20,18 +20,14 @@
 #include "util/param.h"
 
 extern const tdist__backend_t tdist__cpu_backend;
-#ifdef TDIST_HAVE_NCCL
-extern const tdist__backend_t tdist__nccl_backend;
-#endif
+extern const tdist__backend_t tdist__nccl_backend; /* always built: NCCL is opened at run time */
 
 #define MAX_BACKENDS 8
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static const tdist__backend_t *table[MAX_BACKENDS] = {
     &tdist__cpu_backend,
-#ifdef TDIST_HAVE_NCCL
     &tdist__nccl_backend,
-#endif
 };
 
 const tdist__backend_t *tdist__backend_find(const char *name) {

@@ -40,17 +40,19 @@
  * that unlinks it, so a wait_stream that finds the op still linked (under
  * mu) always waits on this op's own record.
  *
- * CUDA and NCCL types stay in this header and out of the public ones.
+ * CUDA and NCCL types stay in this header (and nccl_api.h) and out of the
+ * public ones. NCCL and the CUDA runtime are not linked: every call goes
+ * through the function table tdist__nccl_fn (the NC macro), filled by
+ * tdist__nccl_load (nccl_lib.c) on the first init of a group.
  */
 #ifndef TDIST_NCCL_BACKEND_H
 #define TDIST_NCCL_BACKEND_H
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <pthread.h>
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "nccl/nccl_api.h"
 #include "util/error.h"
 #include "util/list.h"
 #include "util/log.h"
@@ -95,6 +97,110 @@ _Static_assert(sizeof(tdist__nccl_op_t) <= TDIST__BK_SCRATCH, "op scratch too sm
 static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
   return (tdist__nccl_op_t *)(void *)op->scratch;
 }
+
+/* ---- the loaded libraries (nccl_lib.c) ------------------------------------------ */
+
+/* Required calls: every NCCL release from TDIST__NCCL_MIN_VERSION has them.
+ * X(name) */
+#define TDIST__NCCL_REQUIRED(X)                                                             \
+  X(ncclGetErrorString) X(ncclGetLastError) X(ncclGetUniqueId) X(ncclCommInitRankConfig)  \
+  X(ncclCommSplit) X(ncclCommGetAsyncError) X(ncclCommFinalize) X(ncclCommDestroy)         \
+  X(ncclCommAbort) X(ncclRedOpCreatePreMulSum) X(ncclRedOpDestroy) X(ncclGroupStart)       \
+  X(ncclGroupEnd) X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) X(ncclAllGather)         \
+  X(ncclReduceScatter) X(ncclSend) X(ncclRecv)
+
+/* Newer calls, looked up one by one: a missing one (NULL) fails only the
+ * call that needs it. X(name, major, minor): the release that added it. */
+#define TDIST__NCCL_OPTIONAL(X)                                                              \
+  X(ncclCommShrink, 2, 27) X(ncclCommRevoke, 2, 28) X(ncclAlltoAll, 2, 28) X(ncclGather, 2, 28) \
+  X(ncclScatter, 2, 28)
+
+/* The CUDA runtime calls (all in CUDA 11.2 and later). */
+#define TDIST__CUDART_REQUIRED(X)                                                            \
+  X(cudaGetErrorString) X(cudaGetErrorName) X(cudaGetLastError) X(cudaGetDeviceCount)       \
+  X(cudaSetDevice) X(cudaPointerGetAttributes) X(cudaStreamCreateWithFlags)                 \
+  X(cudaStreamDestroy) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord)   \
+  X(cudaEventQuery) X(cudaStreamWaitEvent) X(cudaMallocAsync) X(cudaFreeAsync)              \
+  X(cudaMemsetAsync)
+
+/*
+ * The minimum NCCL: 2.18.0. The backend cannot do without non-blocking
+ * communicators with ncclCommGetAsyncError/ncclCommFinalize (2.14),
+ * ncclGetLastError (2.13), ncclCommSplit (2.18) and PreMulSum/ncclAvg/bf16
+ * (2.10/2.11); 2.18 is the first release with all of them. Newer calls are
+ * optional (TDIST__NCCL_OPTIONAL): shrink needs 2.27, revoke, gather,
+ * scatter and all_to_all need 2.28.
+ */
+#define TDIST__NCCL_MIN_VERSION TDIST__NCCL_VERSION(2, 18, 0)
+
+#define TDIST__NCCL_FIELD_(name) tdist__##name##_fn name;
+#define TDIST__NCCL_FIELD_OPT_(name, maj, min) tdist__##name##_fn name;
+typedef struct tdist__nccl_api {
+  TDIST__NCCL_REQUIRED(TDIST__NCCL_FIELD_)
+  TDIST__NCCL_OPTIONAL(TDIST__NCCL_FIELD_OPT_)
+  TDIST__CUDART_REQUIRED(TDIST__NCCL_FIELD_)
+  int version;          /* ncclGetVersion's code, e.g. 22809 */
+  char version_str[16]; /* "2.28.9" */
+} tdist__nccl_api_t;
+
+/* Filled once by tdist__nccl_load, then read-only. */
+extern tdist__nccl_api_t tdist__nccl_fn;
+#define NC tdist__nccl_fn
+
+/* Calls keep their library names in the sources: each goes through the
+ * table (an optional one must be checked with TDIST__NCCL_NEED first). */
+#define ncclGetErrorString(...) tdist__nccl_fn.ncclGetErrorString(__VA_ARGS__)
+#define ncclGetLastError(...) tdist__nccl_fn.ncclGetLastError(__VA_ARGS__)
+#define ncclGetUniqueId(...) tdist__nccl_fn.ncclGetUniqueId(__VA_ARGS__)
+#define ncclCommInitRankConfig(...) tdist__nccl_fn.ncclCommInitRankConfig(__VA_ARGS__)
+#define ncclCommSplit(...) tdist__nccl_fn.ncclCommSplit(__VA_ARGS__)
+#define ncclCommGetAsyncError(...) tdist__nccl_fn.ncclCommGetAsyncError(__VA_ARGS__)
+#define ncclCommFinalize(...) tdist__nccl_fn.ncclCommFinalize(__VA_ARGS__)
+#define ncclCommDestroy(...) tdist__nccl_fn.ncclCommDestroy(__VA_ARGS__)
+#define ncclCommAbort(...) tdist__nccl_fn.ncclCommAbort(__VA_ARGS__)
+#define ncclRedOpCreatePreMulSum(...) tdist__nccl_fn.ncclRedOpCreatePreMulSum(__VA_ARGS__)
+#define ncclRedOpDestroy(...) tdist__nccl_fn.ncclRedOpDestroy(__VA_ARGS__)
+#define ncclGroupStart(...) tdist__nccl_fn.ncclGroupStart(__VA_ARGS__)
+#define ncclGroupEnd(...) tdist__nccl_fn.ncclGroupEnd(__VA_ARGS__)
+#define ncclAllReduce(...) tdist__nccl_fn.ncclAllReduce(__VA_ARGS__)
+#define ncclBroadcast(...) tdist__nccl_fn.ncclBroadcast(__VA_ARGS__)
+#define ncclReduce(...) tdist__nccl_fn.ncclReduce(__VA_ARGS__)
+#define ncclAllGather(...) tdist__nccl_fn.ncclAllGather(__VA_ARGS__)
+#define ncclReduceScatter(...) tdist__nccl_fn.ncclReduceScatter(__VA_ARGS__)
+#define ncclSend(...) tdist__nccl_fn.ncclSend(__VA_ARGS__)
+#define ncclRecv(...) tdist__nccl_fn.ncclRecv(__VA_ARGS__)
+#define ncclCommShrink(...) tdist__nccl_fn.ncclCommShrink(__VA_ARGS__)
+#define ncclCommRevoke(...) tdist__nccl_fn.ncclCommRevoke(__VA_ARGS__)
+#define ncclAlltoAll(...) tdist__nccl_fn.ncclAlltoAll(__VA_ARGS__)
+#define ncclGather(...) tdist__nccl_fn.ncclGather(__VA_ARGS__)
+#define ncclScatter(...) tdist__nccl_fn.ncclScatter(__VA_ARGS__)
+#define cudaGetErrorString(...) tdist__nccl_fn.cudaGetErrorString(__VA_ARGS__)
+#define cudaGetErrorName(...) tdist__nccl_fn.cudaGetErrorName(__VA_ARGS__)
+#define cudaGetLastError(...) tdist__nccl_fn.cudaGetLastError(__VA_ARGS__)
+#define cudaGetDeviceCount(...) tdist__nccl_fn.cudaGetDeviceCount(__VA_ARGS__)
+#define cudaSetDevice(...) tdist__nccl_fn.cudaSetDevice(__VA_ARGS__)
+#define cudaPointerGetAttributes(...) tdist__nccl_fn.cudaPointerGetAttributes(__VA_ARGS__)
+#define cudaStreamCreateWithFlags(...) tdist__nccl_fn.cudaStreamCreateWithFlags(__VA_ARGS__)
+#define cudaStreamDestroy(...) tdist__nccl_fn.cudaStreamDestroy(__VA_ARGS__)
+#define cudaEventCreateWithFlags(...) tdist__nccl_fn.cudaEventCreateWithFlags(__VA_ARGS__)
+#define cudaEventDestroy(...) tdist__nccl_fn.cudaEventDestroy(__VA_ARGS__)
+#define cudaEventRecord(...) tdist__nccl_fn.cudaEventRecord(__VA_ARGS__)
+#define cudaEventQuery(...) tdist__nccl_fn.cudaEventQuery(__VA_ARGS__)
+#define cudaStreamWaitEvent(...) tdist__nccl_fn.cudaStreamWaitEvent(__VA_ARGS__)
+#define cudaMallocAsync(...) tdist__nccl_fn.cudaMallocAsync(__VA_ARGS__)
+#define cudaFreeAsync(...) tdist__nccl_fn.cudaFreeAsync(__VA_ARGS__)
+#define cudaMemsetAsync(...) tdist__nccl_fn.cudaMemsetAsync(__VA_ARGS__)
+
+/* Caller thread: open NCCL and the CUDA runtime (once per process; later
+ * calls return the first outcome). 0, or TDIST_ERR_NOT_SUPPORTED with a
+ * message for the user ("backend 'nccl': libnccl.so.2 not found; ..."). */
+int tdist__nccl_load(void);
+
+/* The error for a missing optional call `fn`, added in NCCL maj.min:
+ * TDIST_ERR_NOT_SUPPORTED naming the version found and the one needed. */
+int tdist__nccl_missing(const char *what, const char *fn, int maj, int min);
+#define TDIST__NCCL_NEED(what, fn, maj, min) \
+  (NC.fn ? 0 : tdist__nccl_missing((what), #fn, (maj), (min)))
 
 /* The backend as the core's table lists it (nccl_comm.c). */
 extern const tdist__backend_t tdist__nccl_backend;

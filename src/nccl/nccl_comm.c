@@ -1,6 +1,7 @@
 /*
- * nccl_comm.c - communicator life cycle of the NCCL backend: init (unique id
- * from rank 0 through the group's store), split (ncclCommSplit), shrink
+ * nccl_comm.c - communicator life cycle of the NCCL backend: init (opens
+ * NCCL and the CUDA runtime on first use, nccl_lib.c; checks the device;
+ * unique id from rank 0 through the group's store), split (ncclCommSplit), shrink
  * (ncclCommShrink), destroy (finalize, then destroy, abort on failure), and
  * the backend's description for the core's table.
  *
@@ -179,6 +180,26 @@ static int pick_device(const tdist_init_opts_t *o) {
   return 0;
 }
 
+/* A driver and a device `device` are there: the user's words for what is
+ * missing rather than the first CUDA call's error code. */
+static int check_device(int device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: leave no error for the next call */
+    return tdist__error(TDIST_ERR_CUDA_ERROR, "backend 'nccl': no CUDA device: %s",
+                        cudaGetErrorString(e));
+  }
+  if (n <= 0)
+    return tdist__error(TDIST_ERR_CUDA_ERROR, "backend 'nccl': no CUDA device: none found");
+  if (device >= n)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "backend 'nccl': CUDA device %d out of range: this machine has %d (the "
+                        "device is the options' device, else LOCAL_RANK)",
+                        device, n);
+  return 0;
+}
+
 /* Rank 0 makes the unique id; everyone reads rank 0's through the group's
  * store (rank 0 waits for nobody: its `from` list is empty). */
 static int exchange_id(const tdist__bk_params_t *p, const char *gname, ncclUniqueId *id) {
@@ -231,7 +252,10 @@ int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   if (p->size > 1 && !p->store)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "nccl: group '%s' of %d ranks has no store",
                         p->name, p->size);
-  TDIST_CHECKGOTO(state_new(pick_device(p->init_opts), p, &nc), rc, fail);
+  TDIST_CHECK(tdist__nccl_load());
+  int device = pick_device(p->init_opts);
+  TDIST_CHECK(check_device(device));
+  TDIST_CHECKGOTO(state_new(device, p, &nc), rc, fail);
   CUDACHECKGOTO(cudaSetDevice(nc->device), rc, fail);
   TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
   nccl_config(&cfg, nc->name);
@@ -327,6 +351,7 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   tdist__nccl_t *pn = p->parent, *nc = NULL;
   ncclComm_t comm = NULL;
   ncclConfig_t cfg;
+  TDIST_CHECK(TDIST__NCCL_NEED("tdist_group_shrink", ncclCommShrink, 2, 27));
   TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, nc->name);
   pthread_mutex_lock(&pn->mu);

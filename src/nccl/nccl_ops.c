@@ -134,6 +134,54 @@ static ncclResult_t launch(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDat
   }
 }
 
+/* The newer NCCL calls an op needs: 0, or the error naming the versions. */
+static int check_available(tdist_optype_t t) {
+  switch (t) {
+  case TDIST_OP_GATHER: return TDIST__NCCL_NEED("gather", ncclGather, 2, 28);
+  case TDIST_OP_SCATTER: return TDIST__NCCL_NEED("scatter", ncclScatter, 2, 28);
+  case TDIST_OP_ALL_TO_ALL: return TDIST__NCCL_NEED("all_to_all", ncclAlltoAll, 2, 28);
+  default: return 0;
+  }
+}
+
+/* An NCCL group moves device memory: refuse a plain host pointer here, with
+ * a message, rather than let the kernel fault. Managed and page-locked host
+ * memory are device-accessible and pass. NULL (nothing to move) passes. */
+static int check_device_ptr(const tdist__nccl_t *nc, const void *ptr, const char *what,
+                            tdist_optype_t t) {
+  struct cudaPointerAttributes at;
+  if (!ptr) return 0;
+  memset(&at, 0, sizeof(at));
+  cudaError_t e = cudaPointerGetAttributes(&at, ptr);
+  if (e != cudaSuccess) {
+    /* Older runtimes answer cudaErrorInvalidValue for host memory. */
+    cudaGetLastError();
+    if (e != cudaErrorInvalidValue) return tdist__cuda_err(e, "cudaPointerGetAttributes");
+    at.type = cudaMemoryTypeUnregistered;
+  }
+  if (at.type == cudaMemoryTypeUnregistered)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "backend 'nccl': %s of %s on group '%s' is host memory (%p); an NCCL "
+                        "group needs CUDA device memory (use a CPU group for host buffers)",
+                        what, tdist_op_name(t), nc->name, ptr);
+  return 0;
+}
+
+static int check_buffers(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+  if (a->type == TDIST_OP_BARRIER) return 0;
+  if (a->type == TDIST_OP_BATCH_P2P) {
+    for (int i = 0; i < a->np2p; i++)
+      if (a->p2p[i].count > 0)
+        TDIST_CHECK(check_device_ptr(nc, a->p2p[i].buf, "a buffer", a->type));
+    return 0;
+  }
+  if (a->count == 0) return 0;
+  if (a->type != TDIST_OP_RECV) TDIST_CHECK(check_device_ptr(nc, a->sendbuf, "sendbuf", a->type));
+  if (a->type != TDIST_OP_SEND && a->recvbuf != a->sendbuf)
+    TDIST_CHECK(check_device_ptr(nc, a->recvbuf, "recvbuf", a->type));
+  return 0;
+}
+
 static int op_uses_redop(tdist_optype_t t) {
   return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER;
 }
@@ -154,6 +202,9 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   if (op_uses_redop(a->type) && a->redop != TDIST_PREMUL_SUM &&
       tdist__nccl_redop(a->redop, &rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
+
+  TDIST_CHECK(check_available(a->type));
+  TDIST_CHECK(check_buffers(nc, a));
 
   pthread_mutex_lock(&nc->mu);
   /* Ours from here (backend.h: left as the handle's previous use had them). */

@@ -132,7 +132,12 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
     tdist__list_t *l;
     while ((l = tdist__list_first(&nc->inflight)) != NULL)
       tdist__list_remove(l);
-    if (nc->comm && status == TDIST_ERR_REMOTE_FAILED) {
+    if (nc->comm && status == TDIST_ERR_REMOTE_FAILED && !NC.ncclCommRevoke) {
+      /* NCCL before 2.28: no revoke, so nothing left to shrink. */
+      TDIST_WARN(NCCL, "group '%s': NCCL %s has no ncclCommRevoke (2.28); aborting", nc->name,
+                 NC.version_str);
+      job = 1;
+    } else if (nc->comm && status == TDIST_ERR_REMOTE_FAILED) {
       /* A peer is gone: stop the in-flight ops but keep the communicator,
        * so the survivors can ncclCommShrink it (tdist_group_shrink). */
       cudaSetDevice(nc->device);

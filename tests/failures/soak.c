@@ -8,9 +8,9 @@
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
- * a victim (rank 0 one time in three), the iteration and delay (0..1 ms or
- * 0..20 ms after submitting its op) of the fault,
- * the sizes of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
+ * a victim (rank 0 one time in three), the iteration and the delay of the
+ * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
+ * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
  *   host0     fork/exec by this driver, rank 0 hosts the store;
  *   extstore  fork/exec, an external tdist-store (TDIST_STORE_HOSTED=1);
  *   tdistrun  tdistrun --no-fail-fast (the launcher hosts the store).
@@ -83,7 +83,7 @@
 #define HB_TIMEOUT_MS 1500
 #define SKIP_TIMEOUT_MS 1500
 #define TIMEOUT_MS (6000 * (SOAK_SCALE > 1 ? 2 : 1)) /* rendezvous, store, group ops */
-#define GUARD_S guard_s /* a trial still running after it: a hang */
+#define GUARD_S guard_s                              /* a trial still running after it: a hang */
 
 /* Detection bounds (informational unless --strict-latency). */
 #define KILL_BOUND_MS 1000.0
@@ -234,8 +234,8 @@ static void parse(const char *out, obs_t *obs, int n) {
           o->done++;
         } else if (!strncmp(w, "error ", 6)) {
           if (!o->errors++) {
-            size_t k = (size_t)(end - w) < sizeof(o->error) - 1 ? (size_t)(end - w)
-                                                                 : sizeof(o->error) - 1;
+            size_t k =
+                (size_t)(end - w) < sizeof(o->error) - 1 ? (size_t)(end - w) : sizeof(o->error) - 1;
             memcpy(o->error, w, k);
             o->error[k] = '\0';
           }
@@ -334,7 +334,8 @@ static void problem(verdict_t *v, int what, const char *fmt, ...) {
   v->len += (size_t)snprintf(v->text + v->len, sizeof(v->text) - v->len, "  - ");
   int k = vsnprintf(v->text + v->len, sizeof(v->text) - v->len, fmt, ap);
   va_end(ap);
-  if (k > 0) v->len = v->len + (size_t)k < sizeof(v->text) ? v->len + (size_t)k : sizeof(v->text) - 1;
+  if (k > 0)
+    v->len = v->len + (size_t)k < sizeof(v->text) ? v->len + (size_t)k : sizeof(v->text) - 1;
   if (v->len + 1 < sizeof(v->text)) v->text[v->len++] = '\n', v->text[v->len] = '\0';
 }
 
@@ -365,10 +366,10 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
     ks->reports++;
     add_code(ks, o->code);
     /* the code */
-    int code_ok = p->kind == K_SKIP ? !strcmp(o->code, "TDIST_ERR_TIMEOUT") ||
-                                          !strcmp(o->code, "TDIST_ERR_ABORTED")
-                                    : !strcmp(o->code, "TDIST_ERR_REMOTE_FAILED") ||
-                                          !strcmp(o->code, "TDIST_ERR_ABORTED");
+    int code_ok =
+        p->kind == K_SKIP
+            ? !strcmp(o->code, "TDIST_ERR_TIMEOUT") || !strcmp(o->code, "TDIST_ERR_ABORTED")
+            : !strcmp(o->code, "TDIST_ERR_REMOTE_FAILED") || !strcmp(o->code, "TDIST_ERR_ABORTED");
     if (!code_ok)
       problem(v, P_CODE, "rank %d: wrong code %s at it %d (fault at it %d): %s", r, o->code,
               o->failed_it, p->fault_it, o->msg);
@@ -379,8 +380,9 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
         for (int s = 0; s < n && k > 0; s++)
           others += s != V && behind[s];
         if (k < 0 || !behind[V] || others)
-          problem(v, P_NAME, "rank %d: %s does not name rank %d alone as not having reached the "
-                             "op: %s",
+          problem(v, P_NAME,
+                  "rank %d: %s does not name rank %d alone as not having reached the "
+                  "op: %s",
                   r, o->code, V, o->msg);
       } else {
         int others = 0;
@@ -411,14 +413,15 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
       /* expected to fail with an error; a success must still be right */
       if (!strcmp(o->shrink_code, "TDIST_SUCCESS") &&
           (!o->layout_ok || strcmp(o->allreduce, "ok") != 0))
-        problem(v, P_SHRINK, "rank %d: shrink (store host lost) %s: size %d, all_reduce %s: %s",
-                r, o->shrink_code, o->shrink_size, o->allreduce, o->shrink_msg);
+        problem(v, P_SHRINK, "rank %d: shrink (store host lost) %s: size %d, all_reduce %s: %s", r,
+                o->shrink_code, o->shrink_size, o->allreduce, o->shrink_msg);
     } else if (strcmp(o->shrink_code, "TDIST_SUCCESS") != 0 || o->shrink_size != expect ||
                !o->layout_ok || strcmp(o->allreduce, "ok") != 0) {
-      problem(v, P_SHRINK, "rank %d: shrink %s after %.0f ms, size %d (expected %d), layout %s, "
-                           "all_reduce %s: %s",
-              r, o->shrink_code, o->shrink_ms, o->shrink_size, expect,
-              o->layout_ok ? "ok" : "bad", o->allreduce, o->shrink_msg);
+      problem(v, P_SHRINK,
+              "rank %d: shrink %s after %.0f ms, size %d (expected %d), layout %s, "
+              "all_reduce %s: %s",
+              r, o->shrink_code, o->shrink_ms, o->shrink_size, expect, o->layout_ok ? "ok" : "bad",
+              o->allreduce, o->shrink_msg);
     }
     if (!o->done && !hang) problem(v, P_OTHER, "rank %d: never said done", r);
   }
@@ -438,7 +441,8 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
   } else if (!hang) {
     for (int r = 0; r < n; r++) {
       int want = r == V ? victim_code : 0;
-      if (codes[r] != want) problem(v, P_OTHER, "rank %d exited %d, expected %d", r, codes[r], want);
+      if (codes[r] != want)
+        problem(v, P_OTHER, "rank %d exited %d, expected %d", r, codes[r], want);
     }
   }
   if (sanitizer_report(all_err)) problem(v, P_OTHER, "a sanitizer reported (see stderr)");
@@ -521,8 +525,8 @@ static void hang_report(const char *dir, const plan_t *p) {
     if (!pid || !have_gdb || (p->kind == K_STOP && r == p->victim)) continue;
     char pids[16];
     snprintf(pids, sizeof(pids), "%d", (int)pid);
-    char *argv[] = {"/usr/bin/timeout", "10", gdb, "-batch", "-nx", "-p", pids,
-                    "-ex", "thread apply all bt", NULL};
+    char *argv[] = {"/usr/bin/timeout",    "10", gdb, "-batch", "-nx", "-p", pids, "-ex",
+                    "thread apply all bt", NULL};
     ru_proc_t g;
     ru_run(&g, argv, NULL, 20);
     printf("---- rank %d (pid %s) stacks:\n", r, pids);
@@ -626,8 +630,8 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     port = tdist_mp_free_port();
   }
   if (p->mode == M_TDISTRUN) {
-    char *argv[] = {TDISTRUN, "-n", n_s,    "--no-fail-fast", SOAK_RANK, kind_s, victim_s,
-                    it_s,     delay_s, size_s, dir,             NULL};
+    char *argv[] = {TDISTRUN, "-n", n_s,     "--no-fail-fast", SOAK_RANK, kind_s,
+                    victim_s, it_s, delay_s, size_s,           dir,       NULL};
     if (ru_start(&procs[0], argv, envp[MAX_N]) == 0) nprocs = 1;
   } else if (port > 0) {
     for (int r = 0; r < p->n; r++) {
@@ -715,8 +719,8 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
   ks->victim0 += p->victim == 0;
   ks->mid_op += obs[p->victim].inflight > 0;
   ks->large_op += p->fault_it % 2; /* odd iterations: 256 KiB .. 8 MiB */
-  judge(p, obs, codes, p->mode == M_TDISTRUN && nprocs ? procs[0].code : -2, hang,
-        err, &res->v, ks);
+  judge(p, obs, codes, p->mode == M_TDISTRUN && nprocs ? procs[0].code : -2, hang, err, &res->v,
+        ks);
   if (have_store && sanitizer_report(store.err))
     problem(&res->v, P_OTHER, "a sanitizer reported in tdist-store");
   if (sanitizer_report(out) && !res->v.count[P_OTHER])
@@ -747,8 +751,11 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
   printf("soak trial %ld seed 0x%016" PRIx64 ": %s n=%d victim=%d %s it=%d delay=%ldus: %s "
          "(%.1f s, latency ms %s%s%s)\n",
          index, p->seed, kind_names[p->kind], p->n, p->victim, mode_names[p->mode], p->fault_it,
-         p->delay_us, res->ok ? "ok" : hang ? "HANG" : "FAILED", res->seconds, lats,
-         obs[p->victim].inflight ? ", op in flight" : "",
+         p->delay_us,
+         res->ok ? "ok"
+         : hang  ? "HANG"
+                 : "FAILED",
+         res->seconds, lats, obs[p->victim].inflight ? ", op in flight" : "",
          store_lost(p) ? ", store host lost" : "");
   if (res->v.len) printf("%s", res->v.text);
   if (!res->ok || opt.verbose) {
@@ -887,7 +894,8 @@ static void summary(void) {
   printf("\n");
 }
 
-/* ---- main -------------------------------------------------------------------------------------- */
+/* ---- main --------------------------------------------------------------------------------------
+ */
 
 static void usage(void) {
   fprintf(stderr, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
@@ -930,8 +938,8 @@ int main(int argc, char **argv) {
   if (!seed_given) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t s = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
-                 ((uint64_t)getpid() << 32);
+    uint64_t s =
+        ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
     opt.seed = splitmix(&s);
   }
   const char *g = getenv("SOAK_GUARD_S");
@@ -941,8 +949,10 @@ int main(int argc, char **argv) {
          "heartbeat %d/%d ms, timeout %d ms, skip op timeout %d ms\n",
          opt.seed, opt.trials > 0 ? "trials" : "seconds",
          opt.trials > 0 ? (double)opt.trials : opt.seconds, opt.load ? "on" : "off",
-         opt.launcher > 0 ? "only" : opt.launcher < 0 ? "never" : "random", SOAK_SCALE, GUARD_S,
-         HB_INTERVAL_MS, HB_TIMEOUT_MS, TIMEOUT_MS, SKIP_TIMEOUT_MS);
+         opt.launcher > 0   ? "only"
+         : opt.launcher < 0 ? "never"
+                            : "random",
+         SOAK_SCALE, GUARD_S, HB_INTERVAL_MS, HB_TIMEOUT_MS, TIMEOUT_MS, SKIP_TIMEOUT_MS);
   if (opt.load) load_start();
   double t0 = now_s();
   long trials = 0, passed = 0, failed = 0, hangs = 0;

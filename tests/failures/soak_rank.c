@@ -77,7 +77,7 @@ enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_COUNT };
 static const char *const kind_names[K_COUNT] = {"kill9", "stop", "exit", "skip", "callback_crash"};
 
 #define MAX_RANKS 16
-#define SHRUNK_SMALL 1003u          /* floats, TCP path */
+#define SHRUNK_SMALL 1003u            /* floats, TCP path */
 #define SHRUNK_LARGE ((1u << 18) + 3) /* floats, just over 1 MiB: single copy */
 #define SHRUNK_TINY 2u
 
@@ -159,8 +159,8 @@ static uint64_t splitmix(uint64_t *s) {
  * iterations, 256 KiB .. 8 MiB on odd ones; the same on every rank. */
 static size_t count_of(int it) {
   uint64_t s = size_seed ^ ((uint64_t)(it + 1) * 0xd1b54a32d192ed03ull);
-  unsigned lo = it % 2 ? 18 : 3, hi = it % 2 ? 23 : 18; /* log2 of bytes */
-  unsigned e = lo + (unsigned)(splitmix(&s) % (hi - lo));  /* [2^e, 2^(e+1)) */
+  unsigned lo = it % 2 ? 18 : 3, hi = it % 2 ? 23 : 18;   /* log2 of bytes */
+  unsigned e = lo + (unsigned)(splitmix(&s) % (hi - lo)); /* [2^e, 2^(e+1)) */
   size_t bytes = ((size_t)1 << e) + (size_t)(splitmix(&s) % ((uint64_t)1 << e));
   if (it % 2 && bytes > (8u << 20)) bytes = 8u << 20;
   size_t count = bytes / 4;
@@ -187,8 +187,8 @@ static int check_sum(tdist_group_t *g, const float *v, size_t count, int salt, c
     for (int r = 0; r < n; r++)
       want += gen(world[r], i, salt);
     if (v[i] != want) {
-      say("SOAK rank %d wrong_result phase=%s it=%d count=%zu elem=%zu got=%g want=%g\n", me,
-             phase, it, count, i, (double)v[i], (double)want);
+      say("SOAK rank %d wrong_result phase=%s it=%d count=%zu elem=%zu got=%g want=%g\n", me, phase,
+          it, count, i, (double)v[i], (double)want);
       wrong_results++;
       return 1;
     }
@@ -231,7 +231,7 @@ static void wait_all(const char *prefix, int64_t bound_ms, int all) {
 
 static void fault_line(int inflight) {
   say("SOAK rank %d fault %s it=%d delay_us=%ld inflight=%d\n", me, kind_names[kind], fault_it,
-         delay_us, inflight);
+      delay_us, inflight);
   fflush(stdout);
 }
 
@@ -249,8 +249,8 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
     sleep_us(delay_us);
     int rc = tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, &w);
     if (rc != 0) {
-      say("SOAK rank %d error callback_crash: all_reduce returned %s: %s\n", me,
-             tdist_err_name(rc), tdist_last_error());
+      say("SOAK rank %d error callback_crash: all_reduce returned %s: %s\n", me, tdist_err_name(rc),
+          tdist_last_error());
       fflush(stdout);
       _exit(3);
     }
@@ -266,14 +266,14 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
     while (mono_us() - t0 < 20000000LL * scale)
       sleep_us(10000);
     say("SOAK rank %d error the completion callback never ran (status %s)\n", me,
-           tdist_err_name(tdist_work_status(w)));
+        tdist_err_name(tdist_work_status(w)));
     fflush(stdout);
     _exit(3);
   }
   int rc = tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, &w);
   if (rc != 0) {
     say("SOAK rank %d error fault op: all_reduce returned %s: %s\n", me, tdist_err_name(rc),
-           tdist_last_error());
+        tdist_last_error());
     fflush(stdout);
     _exit(3);
   }
@@ -281,17 +281,14 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
   fault_line(!tdist_work_is_completed(w));
   put_num("fault_time", mono_us());
   switch (kind) {
-  case K_KILL9:
-    kill(getpid(), SIGKILL);
-    break;
+  case K_KILL9: kill(getpid(), SIGKILL); break;
   case K_STOP:
     raise(SIGSTOP);
     /* Only a SIGCONT without the SIGKILL (a harness bug) gets here. */
     say("SOAK rank %d error continued: nobody killed the stopped victim\n", me);
     fflush(stdout);
     _exit(3);
-  case K_EXIT:
-    _exit(0);
+  case K_EXIT: _exit(0);
   }
   for (;;)
     pause();
@@ -422,8 +419,8 @@ static void shrink_and_go_on(tdist_group_t *g, int aborted) {
     }
   }
   say("SOAK rank %d shrink rc=%s ms=%.1f size=%d rank=%d layout=%s allreduce=%s msg=%s\n", me,
-         tdist_err_name(rc), ms, rc == 0 ? tdist_group_size(s) : -1,
-         rc == 0 ? tdist_group_rank(s) : -1, layout, ar, err);
+      tdist_err_name(rc), ms, rc == 0 ? tdist_group_size(s) : -1,
+      rc == 0 ? tdist_group_rank(s) : -1, layout, ar, err);
   fflush(stdout);
   char name[48];
   snprintf(name, sizeof(name), "shrunk.%d", me);
@@ -497,7 +494,7 @@ int main(int argc, char **argv) {
   int rc = tdist_init_process_group(&o, &g);
   if (rc) {
     say("SOAK rank %d error init failed: %s: %s\n", world_rank, tdist_err_name(rc),
-           tdist_last_error());
+        tdist_last_error());
     return 1;
   }
   me = tdist_group_rank(g);
@@ -522,9 +519,9 @@ int main(int argc, char **argv) {
     snprintf(s.msg, sizeof(s.msg), "no op failed in %d iterations", s.ok_before);
   }
   say("SOAK rank %d report kind=%s victim=%d code=%s rc=%d fault_it=%d failed_it=%d "
-         "ok_before=%d wrong_results=%d latency_ms=%.1f since_submit_ms=%.1f store_lost=%d msg=%s\n",
-         me, kind_names[kind], victim, tdist_err_name(s.rc), s.rc, fault_it, s.failed_it,
-         s.ok_before, wrong_results, lat, since, store_lost, s.msg);
+      "ok_before=%d wrong_results=%d latency_ms=%.1f since_submit_ms=%.1f store_lost=%d msg=%s\n",
+      me, kind_names[kind], victim, tdist_err_name(s.rc), s.rc, fault_it, s.failed_it, s.ok_before,
+      wrong_results, lat, since, store_lost, s.msg);
   fflush(stdout);
   snprintf(name, sizeof(name), "reported.%d", me);
   put_num(name, 1);
@@ -535,6 +532,6 @@ int main(int argc, char **argv) {
   int64_t t0 = mono_us();
   int drc = tdist_group_destroy(g);
   say("SOAK rank %d done destroy_ms=%.1f (%s)\n", me, (double)(mono_us() - t0) / 1000.0,
-         tdist_err_name(drc));
+      tdist_err_name(drc));
   return 0;
 }

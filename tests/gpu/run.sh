@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh - build tdist with NCCL and run the GPU checks and the
+# tests/gpu/run.sh - build tdist with the GPU programs and run the GPU checks and the
 # benchmark on a machine with a GPU. From the repository root:
 #   tests/gpu/run.sh [BUILD_DIR]          (default build-gpu)
 # On the lent GPU machine (deps from .device/, see docs/nccl-backend.md):
@@ -16,9 +16,9 @@ cd "$root"
 nvidia-smi > "$logs/nvidia-smi.txt" 2>&1 || true
 
 echo "== configure + build ($build)"
-cmake -S . -B "$build" -DTDIST_WITH_NCCL=ON -DTDIST_BUILD_GPU_TESTS=ON \
+cmake -S . -B "$build" -DTDIST_BUILD_GPU_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$logs/configure.log" 2>&1 &&
-  cmake --build "$build" -j"$(nproc)" --target tdist_gpu_nccl tdist_bench_nccl nccl_ops \
+  cmake --build "$build" -j"$(nproc)" --target tdist_gpu_nccl tdist_bench_nccl nccl_ops nccl_load nccl_load_old \
     nccl_errors nccl_threads > "$logs/build.log" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
@@ -26,7 +26,7 @@ if [ $rc -ne 0 ]; then
 fi
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
-echo "== wrapped unit tests (no GPU needed)"
+echo "== fake-NCCL unit tests (no GPU needed)"
 (cd "$build" && ctest -L nccl --output-on-failure) > "$logs/ctest-nccl.log" 2>&1
 tail -3 "$logs/ctest-nccl.log"
 

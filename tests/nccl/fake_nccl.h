@@ -1,10 +1,14 @@
 /*
- * fake_nccl.h - a scripted stand-in for NCCL and the CUDA runtime, linked in
- * place of the real calls with the linker's --wrap (see CMakeLists.txt).
+ * fake_nccl.h - a scripted stand-in for NCCL and the CUDA runtime: the shared
+ * library libfake_nccl.so (see CMakeLists.txt), which exports the real
+ * NCCL/CUDA names (ncclAllReduce, cudaEventRecord, ...).
  *
- * The backend under test calls ncclAllReduce, cudaEventRecord...; the linker
- * sends those calls to __wrap_ncclAllReduce, __wrap_cudaEventRecord... in
- * fake_nccl.c, which never touch a GPU. They:
+ * The tests point TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY at it, so the
+ * backend opens it through its real loading code (src/nccl/nccl_lib.c). The
+ * test programs are linked against the same library for the scripting API
+ * below: dlopen of an already loaded library returns that instance, so the
+ * backend's calls and the test's queries see one state. Its calls never touch
+ * a GPU. They:
  *   - record every call in a log (name, comm, stream, event, two integers),
  *     so a test can check what was called, with what, and in which order;
  *   - follow a script (fake_script_t) that says how long a communicator stays
@@ -15,6 +19,8 @@
  *     communicator at once, and no call that may block (init, split,
  *     shrink, finalize, destroy, abort) on the library's progress thread
  *     (fake_violations() counts breaches).
+ * Built with -DFAKE_NCCL_OLD (libfake_nccl_old.so) it is NCCL 2.27.0 without
+ * the 2.28 calls (ncclCommRevoke, ncclAlltoAll, ncclGather, ncclScatter).
  *
  * All objects (communicators, streams, events) live in static arrays, so the
  * fake itself allocates nothing. Any thread may call anything here; one mutex
@@ -23,8 +29,9 @@
 #ifndef TDIST_TEST_FAKE_NCCL_H
 #define TDIST_TEST_FAKE_NCCL_H
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include <stddef.h>
+
+#include "nccl/nccl_api.h" /* the backend's own declarations of the types */
 
 typedef enum { FAKE_EV_AUTO = 0, FAKE_EV_MANUAL } fake_ev_mode_t;
 
@@ -55,6 +62,15 @@ void fake_set_async_error(ncclResult_t err, const char *text);
  * created (its end events; n < 0: all of them). Events recorded on callers'
  * streams (start events) are never queried and are left alone. */
 void fake_complete_events(int n);
+
+/* cudaGetDeviceCount answers `err` (cudaSuccess: `n` devices; 1 after
+ * fake_reset). */
+void fake_set_devices(int n, cudaError_t err);
+
+/* cudaPointerGetAttributes calls [p, p + len) plain host memory
+ * (cudaMemoryTypeUnregistered); every other pointer is device memory. One
+ * range at a time; len 0 clears it. */
+void fake_mark_host(const void *p, size_t len);
 
 /* One logged call. */
 typedef struct fake_call {

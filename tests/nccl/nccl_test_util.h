@@ -1,5 +1,5 @@
 /*
- * nccl_test_util.h - helpers shared by the wrapped NCCL backend tests: a world
+ * nccl_test_util.h - helpers shared by the NCCL backend tests: a world
  * group on backend "nccl" over a real TCP store (NCCL and CUDA themselves are
  * the fake of fake_nccl.c), and log queries.
  */

@@ -1,6 +1,6 @@
 /*
  * test_nccl_errors.c - the NCCL backend's control paths, with NCCL and CUDA
- * scripted by fake_nccl.c (linked with --wrap):
+ * scripted by fake_nccl.c (loaded as libfake_nccl.so):
  *   - an asynchronous error appearing mid-flight fails exactly the pending
  *     works, with NCCL's error text, and aborts the communicator once;
  *   - an end event that never completes times out: TIMEOUT for that op,

@@ -1,6 +1,6 @@
 /*
  * test_nccl_ops.c - what the NCCL backend enqueues for each op, with NCCL and
- * CUDA replaced by the scripted fake (fake_nccl.c, linked with --wrap):
+ * CUDA replaced by the scripted fake (fake_nccl.c, loaded as libfake_nccl.so):
  *   - stream order: start event recorded on the caller's stream, waited by the
  *     internal stream, then the NCCL call on the internal stream, then the end
  *     event recorded there;

@@ -1,5 +1,5 @@
 /*
- * test_nccl_shrink.c - recovery on the NCCL backend (wrapped NCCL/CUDA, real
+ * test_nccl_shrink.c - recovery on the NCCL backend (fake NCCL/CUDA, real
  * processes and a real TCP store): rank 2 of 3 is killed; the store declares
  * it dead; the survivors' communicator is revoked (ncclCommRevoke, not
  * aborted, so it can be shrunk); tdist_group_shrink calls ncclCommShrink
