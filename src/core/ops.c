@@ -15,11 +15,19 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/memkind.h"
+
+/* Set while validating one call: the group's backend takes host memory only
+ * (its caps), so a device pointer is refused (util/memkind.h). Caller
+ * thread. */
+static _Thread_local const tdist_group_t *host_only;
 
 /* The group can run an op of `type`: it exists, is not aborted, and its
  * backend declares the op. */
 static int check_group(tdist_group_t *g, tdist_optype_t type, const char *fn) {
+  host_only = NULL;
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", fn);
+  if (!(g->bk->caps.mem & TDIST__MEM_DEVICE)) host_only = g;
   if (atomic_load(&g->aborted)) /* the cause's code: ABORTED, REMOTE_FAILED, MISMATCH... */
     return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s", fn, g->name,
                         g->abort_reason);
@@ -63,6 +71,11 @@ static int check_buf(const void *buf, size_t count, const char *what, const char
   if (!buf && count)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn, what,
                         count);
+  if (host_only && count && tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: %s (%p) is CUDA device memory, but group '%s' runs on backend '%s', "
+                        "which takes host memory (use an NCCL group for device buffers)",
+                        fn, what, buf, host_only->name, host_only->bk->name);
   return 0;
 }
 

@@ -263,4 +263,7 @@ int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream);
 
+/* util/memkind.h's classifier (nccl_ops.c), registered by tdist__nccl_load. */
+int tdist__nccl_memkind(const void *ptr);
+
 #endif

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "nccl/nccl_backend.h"
+#include "util/memkind.h"
 #include "util/param.h"
 
 tdist__nccl_api_t tdist__nccl_fn;
@@ -145,6 +146,8 @@ int tdist__nccl_load(void) {
   if (load_state == 0) {
     load_rc = load_locked();
     load_state = load_rc == 0 ? 1 : -1;
+    /* From now on ops.c can tell device pointers given to CPU groups. */
+    if (load_rc == 0) tdist__memkind_set(tdist__nccl_memkind);
     if (load_rc) TDIST_WARN(NCCL, "%s", load_msg);
   }
   int rc = load_rc;

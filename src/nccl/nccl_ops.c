@@ -23,6 +23,7 @@
 
 #include "util/alloc.h"
 #include "nccl/nccl_backend.h"
+#include "util/memkind.h"
 
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out) {
   switch (dt) {
@@ -142,6 +143,19 @@ static int check_available(tdist_optype_t t) {
   case TDIST_OP_ALL_TO_ALL: return TDIST__NCCL_NEED("all_to_all", ncclAlltoAll, 2, 28);
   default: return 0;
   }
+}
+
+/* The classifier util/memkind.h asks (registered once CUDA is loaded): device
+ * memory, as opposed to memory a CPU group can read directly. Managed memory
+ * counts as host: the CPU can touch it. */
+int tdist__nccl_memkind(const void *ptr) {
+  struct cudaPointerAttributes at;
+  memset(&at, 0, sizeof(at));
+  if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* host memory on older runtimes */
+    return TDIST__MEMKIND_HOST;
+  }
+  return at.type == cudaMemoryTypeDevice ? TDIST__MEMKIND_DEVICE : TDIST__MEMKIND_HOST;
 }
 
 /* An NCCL group moves device memory: refuse a plain host pointer here, with

@@ -96,6 +96,24 @@ static void test_host_pointer_refused(void **state) {
   assert_int_equal(fake_violations(), 0);
 }
 
+/* Once CUDA is loaded in the process, a device pointer given to a CPU group
+ * is refused up front (the CPU backend would read it as host memory). */
+static void test_device_pointer_on_cpu_group(void **state) {
+  fake_reset();
+  tdist_group_t *g = NULL;
+  assert_int_equal(world("nccl", 0, &g), 0); /* loads the (fake) runtime */
+  assert_int_equal(tdist_group_destroy(g), 0);
+  assert_int_equal(world("cpu", -1, &g), 0);
+  fake_mark_host(hostbuf, sizeof(hostbuf));
+  assert_int_equal(tdist_all_reduce(g, buf, buf, 8, TDIST_FLOAT32, TDIST_SUM, NULL, NULL),
+                   TDIST_ERR_INVALID_ARGUMENT);
+  has(tdist_last_error(), "is CUDA device memory");
+  has(tdist_last_error(), "backend 'cpu'");
+  assert_int_equal(tdist_all_reduce(g, hostbuf, hostbuf, 8, TDIST_FLOAT32, TDIST_SUM, NULL, NULL),
+                   0);
+  assert_int_equal(tdist_group_destroy(g), 0);
+}
+
 /* ---- old ------------------------------------------------------------------------------ */
 
 static void test_old_nccl(void **state) {
@@ -154,6 +172,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_no_device),
         cmocka_unit_test(test_device_out_of_range),
         cmocka_unit_test(test_host_pointer_refused),
+        cmocka_unit_test(test_device_pointer_on_cpu_group),
     };
     return cmocka_run_group_tests(t, NULL, NULL);
   }
