@@ -16,7 +16,9 @@
  * zero poll timeout), and the check callback, which libuv runs right after
  * the I/O step, runs them until the FIFO is empty. So what a backend
  * completes inside a socket callback is delivered after that callback
- * returned, in the same loop iteration.
+ * returned, in the same loop iteration. Where the progress layer itself
+ * called into a backend (a post from the submission queue, a poller), it
+ * delivers as soon as that call returned.
  *
  * Tickers: one timer, every TDIST_WATCHDOG_MS while a ticker is armed and
  * says it is still busy (the group layer's op deadlines).
@@ -178,6 +180,10 @@ static void progress_round(tdist_progress_t *p) {
   int n = drain(p);
   if (p->stopping) return;
   n += poll_all(p, &busy);
+  /* The posts and polls above have returned: what they completed can be
+   * delivered now, without waiting for the check phase (and the epoll call
+   * before it) to come round. */
+  n += run_deferred(p);
   if (n) p->last_activity_ns = now;
   int64_t spin_ns = (busy ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
   if (now - p->last_activity_ns < spin_ns || p->defer_head) {
@@ -231,7 +237,10 @@ static void on_check(uv_check_t *h) {
 
 static void on_async(uv_async_t *h) {
   tdist_progress_t *p = h->data;
-  if (drain(p)) tdist__progress_kick(p);
+  if (drain(p)) {
+    run_deferred(p); /* the posts returned: deliver what they completed */
+    tdist__progress_kick(p);
+  }
 }
 
 /* ---- tickers ----------------------------------------------------------------- */
