@@ -95,28 +95,9 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-/* DIR/<name>: a number written by one rank, read by another. */
-static void put_num(const char *name, int64_t v) {
-  char path[320], tmp[330];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) return;
-  fprintf(f, "%lld\n", (long long)v);
-  fclose(f);
-  rename(tmp, path); /* readers never see half a number */
-}
-
-static int64_t get_num(const char *name) {
-  char path[320];
-  long long v = -1;
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  if (fscanf(f, "%lld", &v) != 1) v = -1;
-  fclose(f);
-  return v;
-}
+/* DIR/<name>: numbers shared between ranks (faults.h). */
+static void put_num(const char *name, int64_t v) { fault_put_num(dir, name, v); }
+static int64_t get_num(const char *name) { return fault_get_num(dir, name); }
 
 /* Input element i of world rank r: small integers, so float sums are exact
  * in any order. */

@@ -42,4 +42,33 @@
 #define FAULT_STOP_BOUND_MS (FAULT_HB_TIMEOUT_MS + 1000)
 #define FAULT_SKIP_BOUND_MS (FAULT_SKIP_OP_TIMEOUT_MS + 2500) /* from the survivor's submit */
 
+/* DIR/<name>: a number written by one rank and read by another (fault_rank
+ * and soak_rank). Written through a rename, so a reader never sees half a
+ * number; -1 when absent. */
+#include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static inline void fault_put_num(const char *dir, const char *name, int64_t v) {
+  char path[320], tmp[340];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f, "%lld\n", (long long)v);
+  fclose(f);
+  rename(tmp, path);
+}
+
+static inline int64_t fault_get_num(const char *dir, const char *name) {
+  char path[320];
+  long long v = -1;
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  if (fscanf(f, "%lld", &v) != 1) v = -1;
+  fclose(f);
+  return v;
+}
+
 #endif

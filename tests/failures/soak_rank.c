@@ -71,6 +71,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "faults.h"
 #include "tdist/tdist.h"
 
 enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_COUNT };
@@ -124,29 +125,9 @@ static void sleep_us(long us) {
   }
 }
 
-/* DIR/<name>: a number written by one rank, read by another (rename: a
- * reader never sees half a number). */
-static void put_num(const char *name, int64_t v) {
-  char path[320], tmp[340];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) return;
-  fprintf(f, "%lld\n", (long long)v);
-  fclose(f);
-  rename(tmp, path);
-}
-
-static int64_t get_num(const char *name) {
-  char path[320];
-  long long v = -1;
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  if (fscanf(f, "%lld", &v) != 1) v = -1;
-  fclose(f);
-  return v;
-}
+/* DIR/<name>: numbers shared between ranks (faults.h). */
+static void put_num(const char *name, int64_t v) { fault_put_num(dir, name, v); }
+static int64_t get_num(const char *name) { return fault_get_num(dir, name); }
 
 static uint64_t splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
