@@ -94,20 +94,20 @@ typedef struct tdist__bk_op {
 
 /* What a group is made from (init, split, shrink). (caller) thread. */
 typedef struct tdist__bk_params {
-  tdist__bk_group_t *group;          /* the new group's handle (NULL: split non-member) */
-  struct tdist_progress *progress;   /* the process's progress thread */
-  int rank, size;                    /* in the new group */
-  const int *global_ranks;           /* new group rank -> world rank */
-  uint64_t uid;                      /* the same on every rank of the group */
-  const char *name;                  /* the group's name */
-  tdist_store_t *store;              /* a prefix view private to the group, or NULL */
-  int64_t timeout_ms;                /* bound for every blocking step */
-  int device;                        /* parent's device (split, shrink), else -1 */
+  tdist__bk_group_t *group;           /* the new group's handle (NULL: split non-member) */
+  struct tdist_progress *progress;    /* the process's progress thread */
+  int rank, size;                     /* in the new group */
+  const int *global_ranks;            /* new group rank -> world rank */
+  uint64_t uid;                       /* the same on every rank of the group */
+  const char *name;                   /* the group's name */
+  tdist_store_t *store;               /* a prefix view private to the group, or NULL */
+  int64_t timeout_ms;                 /* bound for every blocking step */
+  int device;                         /* parent's device (split, shrink), else -1 */
   const tdist_init_opts_t *init_opts; /* init: the caller's options, or NULL */
-  void *parent;                      /* split, shrink: the parent's backend state */
-  int parent_rank;                   /* split, shrink: this process's rank in the parent */
-  int color;                         /* split: TDIST__NOCOLOR for non-members */
-  const int *exclude;                /* shrink: parent ranks left out (dead) */
+  void *parent;                       /* split, shrink: the parent's backend state */
+  int parent_rank;                    /* split, shrink: this process's rank in the parent */
+  int color;                          /* split: TDIST__NOCOLOR for non-members */
+  const int *exclude;                 /* shrink: parent ranks left out (dead) */
   int nexclude;
 } tdist__bk_params_t;
 
@@ -167,12 +167,12 @@ typedef struct tdist__backend_ops {
 enum { TDIST__MEM_HOST = 1u << 0, TDIST__MEM_DEVICE = 1u << 1 };
 
 typedef struct tdist__caps {
-  unsigned mem;       /* TDIST__MEM_* */
-  uint32_t ops;       /* bit (1u << tdist_optype_t) per op it runs */
-  uint32_t dtypes;    /* bit per tdist_dtype_t */
-  uint32_t redops;    /* bit per tdist_redop_t */
-  int shrink;         /* vtable->shrink works */
-  int stream_wait;    /* vtable->wait_stream works */
+  unsigned mem;    /* TDIST__MEM_* */
+  uint32_t ops;    /* bit (1u << tdist_optype_t) per op it runs */
+  uint32_t dtypes; /* bit per tdist_dtype_t */
+  uint32_t redops; /* bit per tdist_redop_t */
+  int shrink;      /* vtable->shrink works */
+  int stream_wait; /* vtable->wait_stream works */
 } tdist__caps_t;
 
 #define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)

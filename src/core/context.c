@@ -120,17 +120,7 @@ struct snaps {
 static void snap_group(struct snaps *s, tdist_group_t *g) {
   if (s->n == s->cap || !g->trace) return;
   tdist__trace_meta_t m;
-  memset(&m, 0, sizeof(m));
-  snprintf(m.name, sizeof(m.name), "%s", g->name);
-  snprintf(m.backend, sizeof(m.backend), "%s", g->bk->name);
-  snprintf(m.job, sizeof(m.job), "%s", g->ctx->job);
-  m.uid = g->uid;
-  m.rank = g->rank;
-  m.size = g->size;
-  m.ranks = g->global_ranks;
-  m.next_seq = atomic_load(&g->next_seq);
-  m.aborted = atomic_load(&g->aborted);
-  snprintf(m.abort_reason, sizeof(m.abort_reason), "%s", g->abort_reason);
+  tdist__group_trace_meta(g, &m);
   tdist__trace_dump_t *d = tdist__trace_snapshot(g->trace, &m);
   if (d) s->d[s->n++] = d;
 }
@@ -145,7 +135,8 @@ static void snap_task(void *arg) {
   tdist__list_t *ci, *gi;
   tdist__list_foreach(ci, &all_ctx) {
     tdist__ctx_t *ctx = tdist__list_entry(ci, tdist__ctx_t, link);
-    tdist__list_foreach(gi, &ctx->groups) snap_group(s, tdist__list_entry(gi, tdist_group_t, ctx_link));
+    tdist__list_foreach(gi, &ctx->groups)
+        snap_group(s, tdist__list_entry(gi, tdist_group_t, ctx_link));
   }
 }
 

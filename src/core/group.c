@@ -202,7 +202,8 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
     child->parent_ranks[i] = members[i];
     child->global_ranks[i] = parent->global_ranks[members[i]];
   }
-  if (parent->store) TDIST_CHECKGOTO(tdist_store_prefix(parent->store, store_tag, &child->store), rc, fail);
+  if (parent->store)
+    TDIST_CHECKGOTO(tdist_store_prefix(parent->store, store_tag, &child->store), rc, fail);
   *out = child;
   return 0;
 fail:
@@ -260,7 +261,8 @@ static int agree_members(tdist_group_t *parent, unsigned idx, int color, const i
   char *mine = tdist__malloc(cap);
   void **vals = tdist__calloc((size_t)size, sizeof(void *));
   size_t *lens = tdist__calloc((size_t)size, sizeof(size_t));
-  int *lists = tdist__calloc((size_t)size * (size_t)size, sizeof(int)), *cnt = tdist__calloc((size_t)size, sizeof(int));
+  int *lists = tdist__calloc((size_t)size * (size_t)size, sizeof(int)),
+      *cnt = tdist__calloc((size_t)size, sizeof(int));
   if (!mine || !vals || !lens || !lists || !cnt || list_text(mine, cap, color, members, n) < 0) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "new group of '%s': out of memory", parent->name);
     goto out;

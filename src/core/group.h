@@ -27,16 +27,16 @@
 
 typedef struct tdist__ctx {
   _Atomic int refs;
-  tdist_progress_t *progress;  /* (caller) a reference */
-  tdist_store_t *root;         /* (caller) the whole store, or NULL */
-  int world_rank;              /* (caller) */
-  int rendezvous;              /* (caller) end the rendezvous at teardown */
-  char job[64];                /* (caller) the job's id ("-": unknown), in every dump */
-  int store_host;              /* (caller) world rank hosting the store server, or -1 */
-  tdist__monitor_t *monitor;   /* (caller) NULL without a store */
-  tdist__list_t groups;        /* (progress) registered groups */
-  tdist__ticker_t watchdog;    /* (progress) op deadlines */
-  tdist__list_t link;          /* (progress) on the list of live contexts */
+  tdist_progress_t *progress; /* (caller) a reference */
+  tdist_store_t *root;        /* (caller) the whole store, or NULL */
+  int world_rank;             /* (caller) */
+  int rendezvous;             /* (caller) end the rendezvous at teardown */
+  char job[64];               /* (caller) the job's id ("-": unknown), in every dump */
+  int store_host;             /* (caller) world rank hosting the store server, or -1 */
+  tdist__monitor_t *monitor;  /* (caller) NULL without a store */
+  tdist__list_t groups;       /* (progress) registered groups */
+  tdist__ticker_t watchdog;   /* (progress) op deadlines */
+  tdist__list_t link;         /* (progress) on the list of live contexts */
 } tdist__ctx_t;
 
 struct tdist_group {
@@ -153,6 +153,8 @@ void tdist__group_register_task(void *g);
 void tdist__group_unregister_task(void *g);
 /* The monitor's handlers for ctx (context.c starts the monitor with them). */
 extern const tdist__mon_handlers_t tdist__group_mon_handlers;
+/* Progress thread: what a flight-recorder dump says about g. */
+void tdist__group_trace_meta(const tdist_group_t *g, tdist__trace_meta_t *m);
 /* Any thread: the ticker function of a context's watchdog. */
 int tdist__group_watchdog(tdist__ticker_t *t);
 

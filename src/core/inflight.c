@@ -38,8 +38,9 @@ static void set_message(tdist_work_t *w, int status, const char *fmt, va_list ap
     w->msg[0] = '\0';
     return;
   }
-  int n = snprintf(w->msg, sizeof(w->msg), "%s seq %" PRIu64 " of group '%s' (rank %d/%d): ",
-                   tdist_op_name(w->args.type), w->bop.seq, g->name, g->rank, g->size);
+  int n = snprintf(w->msg, sizeof(w->msg),
+                   "%s seq %" PRIu64 " of group '%s' (rank %d/%d): ", tdist_op_name(w->args.type),
+                   w->bop.seq, g->name, g->rank, g->size);
   if (n < 0 || n >= (int)sizeof(w->msg)) n = 0;
   vsnprintf(w->msg + n, sizeof(w->msg) - (size_t)n, fmt, ap);
   TDIST_INFO(CORE, "work failed: %s (%s)", w->msg, tdist_err_name(status));
@@ -89,7 +90,7 @@ void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...) {
 
 /* ---- aborting ------------------------------------------------------------------ */
 
-static void trace_meta(tdist_group_t *g, tdist__trace_meta_t *m) {
+void tdist__group_trace_meta(const tdist_group_t *g, tdist__trace_meta_t *m) {
   memset(m, 0, sizeof(*m));
   snprintf(m->name, sizeof(m->name), "%s", g->name);
   snprintf(m->backend, sizeof(m->backend), "%s", g->bk->name);
@@ -98,8 +99,8 @@ static void trace_meta(tdist_group_t *g, tdist__trace_meta_t *m) {
   m->rank = g->rank;
   m->size = g->size;
   m->ranks = g->global_ranks;
-  m->next_seq = atomic_load(&g->next_seq);
-  m->aborted = atomic_load(&g->aborted);
+  m->next_seq = atomic_load(&((tdist_group_t *)g)->next_seq);
+  m->aborted = atomic_load(&((tdist_group_t *)g)->aborted);
   snprintf(m->abort_reason, sizeof(m->abort_reason), "%s", g->abort_reason);
 }
 
@@ -136,7 +137,7 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
     finish_fmt(w, status, "%s", reason);
   }
   tdist__trace_meta_t m;
-  trace_meta(g, &m);
+  tdist__group_trace_meta(g, &m);
   tdist__trace_dump_on_failure(g->trace, &m);
 }
 
@@ -152,8 +153,7 @@ void tdist__group_abort_now(tdist_group_t *g, int status, int spread, const char
 static void deliver_failure(tdist__qnode_t *node) {
   tdist_group_t *g = tdist__list_entry(node, tdist_group_t, fail_node);
   g->fail_queued = 0;
-  tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s",
-                         g->fail_reason);
+  tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s", g->fail_reason);
 }
 
 static void bk_fail_v(tdist__bk_group_t *h, int status, int local, const char *fmt, va_list ap) {
@@ -207,8 +207,7 @@ void tdist__group_start_work(tdist__qnode_t *node) {
   tdist_work_t *w = tdist__list_entry(node, tdist_work_t, qnode);
   tdist_group_t *g = w->group;
   if (atomic_load(&g->aborted)) {
-    finish_fmt(w, g->abort_status, "group was aborted before the op started: %s",
-               g->abort_reason);
+    finish_fmt(w, g->abort_status, "group was aborted before the op started: %s", g->abort_reason);
     return;
   }
   tdist__work_running(w);
@@ -306,8 +305,8 @@ static void record_task(void *arg) {
       int gr = group_rank_of(g, r->rank);
       if (gr >= 0 && gr != g->rank)
         tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, SPREAD_TELL,
-                               "rank %d (world rank %d) failed: the store declared it dead: %s",
-                               gr, r->rank, r->reason);
+                               "rank %d (world rank %d) failed: the store declared it dead: %s", gr,
+                               r->rank, r->reason);
     } else if (g->uid == r->uid) {
       int gr = group_rank_of(g, r->rank);
       tdist__group_abort_now(g, r->status, 0, "rank %d aborted the group: %s",
@@ -443,6 +442,9 @@ static void on_store_lost(void *arg, int64_t silent_ms, const char *address) {
   tdist__progress_call(((tdist__ctx_t *)arg)->progress, lost_task, &q);
 }
 
-const tdist__mon_handlers_t tdist__group_mon_handlers = {
-    .arg = NULL, .on_record = on_record, .snapshot = snapshot, .members = members,
-    .on_verdict = on_verdict, .on_store_lost = on_store_lost};
+const tdist__mon_handlers_t tdist__group_mon_handlers = {.arg = NULL,
+                                                         .on_record = on_record,
+                                                         .snapshot = snapshot,
+                                                         .members = members,
+                                                         .on_verdict = on_verdict,
+                                                         .on_store_lost = on_store_lost};

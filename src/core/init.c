@@ -98,11 +98,11 @@ const char *tdist_version_string(void) {
     size_t len = 0;
     pthread_mutex_lock(&table_mu);
     for (int i = 0; i < MAX_BACKENDS && table[i]; i++)
-      len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "",
-                              table[i]->name);
+      len +=
+          (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "", table[i]->name);
     pthread_mutex_unlock(&table_mu);
-    snprintf(buf, sizeof(buf), "%d.%d.%d (backends: %s)", TDIST_VERSION_MAJOR,
-             TDIST_VERSION_MINOR, TDIST_VERSION_PATCH, names);
+    snprintf(buf, sizeof(buf), "%d.%d.%d (backends: %s)", TDIST_VERSION_MAJOR, TDIST_VERSION_MINOR,
+             TDIST_VERSION_PATCH, names);
   }
   return buf;
 }

@@ -59,8 +59,8 @@ void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const
   if (!m) return;
   pthread_mutex_lock(&m->mu);
   if (m->nq < QUEUE_MAX)
-    snprintf(m->queue[m->nq++], sizeof(m->queue[0]), "%016" PRIx64 " %d %d %s", uid,
-             m->world_rank, status, reason);
+    snprintf(m->queue[m->nq++], sizeof(m->queue[0]), "%016" PRIx64 " %d %d %s", uid, m->world_rank,
+             status, reason);
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -184,8 +184,9 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   if (!found)
     verdict[0] = '\0';
   else if (behind)
-    snprintf(verdict, sizeof(verdict), "rank%s %.255s of group '%.95s' had not reached seq %" PRIu64,
-             behind > 1 ? "s" : "", text, mb->name, seq);
+    snprintf(verdict, sizeof(verdict),
+             "rank%s %.255s of group '%.95s' had not reached seq %" PRIu64, behind > 1 ? "s" : "",
+             text, mb->name, seq);
   else
     snprintf(verdict, sizeof(verdict),
              "every rank of group '%.95s' had reached seq %" PRIu64 " (stuck in the backend)",

@@ -225,8 +225,7 @@ static void write_job(void *arg) {
     n = snprintf(line, sizeof(line), "tdist: rank %d: flight recorder not written: %s\n", rank,
                  tdist_last_error());
   else
-    n = snprintf(line, sizeof(line), "tdist: rank %d: flight recorder written to %s\n", rank,
-                 path);
+    n = snprintf(line, sizeof(line), "tdist: rank %d: flight recorder written to %s\n", rank, path);
   if (n > (int)sizeof(line) - 1) n = (int)sizeof(line) - 1;
   ssize_t w = write(2, line, (size_t)n);
   (void)w;

@@ -227,7 +227,7 @@ struct cpu_group {
     int32_t root;
     uint8_t type, dtype, redop, valid;
   } done[64];
-  int aborted;            /* vtable->abort ran: no more traffic */
+  int aborted; /* vtable->abort ran: no more traffic */
   /* cma.c: a sender aborted under a read; fail at poison_at + 1 s with
    * poison_why, unless its cause arrives first */
   int poisoned;

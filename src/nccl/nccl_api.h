@@ -133,7 +133,7 @@ typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarRes
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define TDIST__NCCL_CONFIG_MAGIC 0xcafebeefu
-#define TDIST__NCCL_VERSION(x, y, z) ((x) * 10000 + (y) * 100 + (z))
+#define TDIST__NCCL_VERSION(x, y, z) ((x)*10000 + (y)*100 + (z))
 
 typedef struct {
   size_t size;
@@ -157,14 +157,14 @@ typedef struct {
 
 /* What NCCL_CONFIG_INITIALIZER of NCCL 2.28 gives: the layout's size, the
  * magic, the layout's version, and every field undefined (NCCL's default). */
-#define NCCL_CONFIG_INITIALIZER                                                              \
-  {                                                                                          \
-    sizeof(ncclConfig_t), TDIST__NCCL_CONFIG_MAGIC, TDIST__NCCL_VERSION(2, 28, 0),           \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                                         \
+#define NCCL_CONFIG_INITIALIZER                                                    \
+  {                                                                                \
+    sizeof(ncclConfig_t), TDIST__NCCL_CONFIG_MAGIC, TDIST__NCCL_VERSION(2, 28, 0), \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,       \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                               \
   }
 
 typedef ncclResult_t (*tdist__ncclGetVersion_fn)(int *version);
@@ -177,8 +177,7 @@ typedef ncclResult_t (*tdist__ncclCommInitRankConfig_fn)(ncclComm_t *comm, int n
 typedef ncclResult_t (*tdist__ncclCommSplit_fn)(ncclComm_t comm, int color, int key,
                                                 ncclComm_t *newcomm, ncclConfig_t *cfg);
 typedef ncclResult_t (*tdist__ncclCommShrink_fn)(ncclComm_t comm, int *exclude, int nexclude,
-                                                 ncclComm_t *newcomm, ncclConfig_t *cfg,
-                                                 int flags);
+                                                 ncclComm_t *newcomm, ncclConfig_t *cfg, int flags);
 typedef ncclResult_t (*tdist__ncclCommRevoke_fn)(ncclComm_t comm, int flags);
 typedef ncclResult_t (*tdist__ncclCommGetAsyncError_fn)(ncclComm_t comm, ncclResult_t *st);
 typedef ncclResult_t (*tdist__ncclCommFinalize_fn)(ncclComm_t comm);
@@ -197,22 +196,20 @@ typedef ncclResult_t (*tdist__ncclAllReduce_fn)(const void *sb, void *rb, size_t
 typedef ncclResult_t (*tdist__ncclBroadcast_fn)(const void *sb, void *rb, size_t n,
                                                 ncclDataType_t dt, int root, ncclComm_t c,
                                                 cudaStream_t s);
-typedef ncclResult_t (*tdist__ncclReduce_fn)(const void *sb, void *rb, size_t n,
-                                             ncclDataType_t dt, ncclRedOp_t op, int root,
-                                             ncclComm_t c, cudaStream_t s);
+typedef ncclResult_t (*tdist__ncclReduce_fn)(const void *sb, void *rb, size_t n, ncclDataType_t dt,
+                                             ncclRedOp_t op, int root, ncclComm_t c,
+                                             cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclAllGather_fn)(const void *sb, void *rb, size_t n,
                                                 ncclDataType_t dt, ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclReduceScatter_fn)(const void *sb, void *rb, size_t n,
-                                                    ncclDataType_t dt, ncclRedOp_t op,
-                                                    ncclComm_t c, cudaStream_t s);
+                                                    ncclDataType_t dt, ncclRedOp_t op, ncclComm_t c,
+                                                    cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclAlltoAll_fn)(const void *sb, void *rb, size_t n,
                                                ncclDataType_t dt, ncclComm_t c, cudaStream_t s);
-typedef ncclResult_t (*tdist__ncclGather_fn)(const void *sb, void *rb, size_t n,
-                                             ncclDataType_t dt, int root, ncclComm_t c,
-                                             cudaStream_t s);
-typedef ncclResult_t (*tdist__ncclScatter_fn)(const void *sb, void *rb, size_t n,
-                                              ncclDataType_t dt, int root, ncclComm_t c,
-                                              cudaStream_t s);
+typedef ncclResult_t (*tdist__ncclGather_fn)(const void *sb, void *rb, size_t n, ncclDataType_t dt,
+                                             int root, ncclComm_t c, cudaStream_t s);
+typedef ncclResult_t (*tdist__ncclScatter_fn)(const void *sb, void *rb, size_t n, ncclDataType_t dt,
+                                              int root, ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclSend_fn)(const void *b, size_t n, ncclDataType_t dt, int peer,
                                            ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclRecv_fn)(void *b, size_t n, ncclDataType_t dt, int peer,
