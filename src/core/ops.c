@@ -17,17 +17,10 @@
 #include "util/error.h"
 #include "util/memkind.h"
 
-/* Set while validating one call: the group's backend takes host memory only
- * (its caps), so a device pointer is refused (util/memkind.h). Caller
- * thread. */
-static _Thread_local const tdist_group_t *host_only;
-
 /* The group can run an op of `type`: it exists, is not aborted, and its
  * backend declares the op. */
 static int check_group(tdist_group_t *g, tdist_optype_t type, const char *fn) {
-  host_only = NULL;
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", fn);
-  if (!(g->bk->caps.mem & TDIST__MEM_DEVICE)) host_only = g;
   if (atomic_load(&g->aborted)) /* the cause's code: ABORTED, REMOTE_FAILED, MISMATCH... */
     return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s", fn, g->name,
                         g->abort_reason);
@@ -67,15 +60,19 @@ static int check_rank(const tdist_group_t *g, int r, const char *what, const cha
   return 0;
 }
 
-static int check_buf(const void *buf, size_t count, const char *what, const char *fn) {
+/* A buffer of `count` elements: not NULL, and not CUDA device memory when
+ * g's backend takes host memory only (util/memkind.h). */
+static int check_buf(const tdist_group_t *g, const void *buf, size_t count, const char *what,
+                     const char *fn) {
   if (!buf && count)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn, what,
                         count);
-  if (host_only && count && tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
+  if (count && !(g->bk->caps.mem & TDIST__MEM_DEVICE) &&
+      tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                         "%s: %s (%p) is CUDA device memory, but group '%s' runs on backend '%s', "
                         "which takes host memory (use an NCCL group for device buffers)",
-                        fn, what, buf, host_only->name, host_only->bk->name);
+                        fn, what, buf, g->name, g->bk->name);
   return 0;
 }
 
@@ -162,8 +159,8 @@ int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
   TDIST_CHECK(check_group(g, TDIST_OP_ALL_REDUCE, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_redop(g, op, fn));
-  TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
-  TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
+  TDIST_CHECK(check_buf(g, sendbuf, count, "sendbuf", fn));
+  TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
   return submit_op(g, TDIST_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0, opts, work);
 }
 
@@ -174,7 +171,7 @@ int tdist_broadcast(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dty
   TDIST_CHECK(check_group(g, TDIST_OP_BROADCAST, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_rank(g, root, "root", fn));
-  TDIST_CHECK(check_buf(buf, count, "buf", fn));
+  TDIST_CHECK(check_buf(g, buf, count, "buf", fn));
   return submit_op(g, TDIST_OP_BROADCAST, buf, buf, count, dtype, TDIST_SUM, root, opts, work);
 }
 
@@ -187,8 +184,8 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_redop(g, op, fn));
   TDIST_CHECK(check_rank(g, root, "root", fn));
-  TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
-  if (g->rank == root) TDIST_CHECK(check_buf(recvbuf, count, "recvbuf (on root)", fn));
+  TDIST_CHECK(check_buf(g, sendbuf, count, "sendbuf", fn));
+  if (g->rank == root) TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf (on root)", fn));
   return submit_op(g, TDIST_OP_REDUCE, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
 
@@ -209,21 +206,21 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
   switch (type) {
   case TDIST_OP_ALL_GATHER:
   case TDIST_OP_GATHER:
-    TDIST_CHECK(check_buf(sendbuf, count, "sendbuf", fn));
-    if (is_root) TDIST_CHECK(check_buf(recvbuf, whole, "recvbuf", fn));
+    TDIST_CHECK(check_buf(g, sendbuf, count, "sendbuf", fn));
+    if (is_root) TDIST_CHECK(check_buf(g, recvbuf, whole, "recvbuf", fn));
     break;
   case TDIST_OP_SCATTER:
-    if (is_root) TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf (on root)", fn));
-    TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
+    if (is_root) TDIST_CHECK(check_buf(g, sendbuf, whole, "sendbuf (on root)", fn));
+    TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
     break;
   case TDIST_OP_REDUCE_SCATTER:
     TDIST_CHECK(check_redop(g, op, fn));
-    TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf", fn));
-    TDIST_CHECK(check_buf(recvbuf, count, "recvbuf", fn));
+    TDIST_CHECK(check_buf(g, sendbuf, whole, "sendbuf", fn));
+    TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
     break;
   default: /* all_to_all */
-    TDIST_CHECK(check_buf(sendbuf, whole, "sendbuf", fn));
-    TDIST_CHECK(check_buf(recvbuf, whole, "recvbuf", fn));
+    TDIST_CHECK(check_buf(g, sendbuf, whole, "sendbuf", fn));
+    TDIST_CHECK(check_buf(g, recvbuf, whole, "recvbuf", fn));
     if (count && sendbuf == recvbuf)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
   }
@@ -276,7 +273,7 @@ static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf,
   TDIST_CHECK(check_group(g, type, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
   TDIST_CHECK(check_rank(g, peer, "peer", fn));
-  TDIST_CHECK(check_buf(buf, count, "buf", fn));
+  TDIST_CHECK(check_buf(g, buf, count, "buf", fn));
   tdist__op_args_t a;
   args_init(&a, type, opts);
   if (a.tag < 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a.tag);
@@ -324,7 +321,7 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
                           "%s: ops[%d].kind %d is neither SEND nor RECV", fn, i, (int)ops[i].kind);
     TDIST_CHECK(check_dtype(g, ops[i].dtype, ops[i].count, 1, fn));
     TDIST_CHECK(check_rank(g, ops[i].peer, what, fn));
-    TDIST_CHECK(check_buf(ops[i].buf, ops[i].count, "ops[].buf", fn));
+    TDIST_CHECK(check_buf(g, ops[i].buf, ops[i].count, "ops[].buf", fn));
     if (ops[i].tag < 0)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].tag %d < 0", fn, i, ops[i].tag);
   }
