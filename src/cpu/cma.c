@@ -166,19 +166,36 @@ static void send_ack(cpu_conn_t *c, uint64_t cookie) {
   tdist__cpu_send(c, m);
 }
 
-/* Copy d's bytes from the peer into dst. 0, or an errno-like code with a
- * description in why. */
-static int cma_read(cpu_conn_t *c, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
-                    int *aborted) {
+/* 1 when the sender's live word still holds d's token (it has not aborted
+ * the group), 0 when it changed, -1 when it cannot be read (errno set). */
+static int live_intact(int pid, const cpu_rma_desc_t *d) {
+  uint64_t w = 0;
+  struct iovec l = {&w, sizeof(w)}, r = {(void *)(uintptr_t)d->word, sizeof(w)};
+  if (process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof(w)) return -1;
+  return w == d->token;
+}
+
+int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
+                        int *aborted) {
   *aborted = 0;
   size_t done = 0;
   while (done < d->len) {
     struct iovec l = {(uint8_t *)dst + done, d->len - done};
     struct iovec r = {(void *)(uintptr_t)(d->addr + done), d->len - done};
-    ssize_t n = process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0);
+    ssize_t n = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      snprintf(why, wl, "its memory could not be read (%s)", n < 0 ? strerror(errno) : "EOF");
+      int err = n < 0 ? errno : 0;
+      /* A sender that aborted may already have freed (unmapped) the
+       * buffer: EFAULT then says nothing about the sender itself, whose
+       * own cause is on its way. Only a sender whose live word is intact
+       * (or unreadable: it is gone) is named for the failed read. */
+      if (err != ESRCH && live_intact(pid, d) == 0) {
+        snprintf(why, wl, "it aborted the op while its buffer was being read");
+        *aborted = 1;
+        return -1;
+      }
+      snprintf(why, wl, "its memory could not be read (%s)", err ? strerror(err) : "EOF");
       return -1;
     }
     done += (size_t)n;
@@ -187,9 +204,7 @@ static int cma_read(cpu_conn_t *c, void *dst, const cpu_rma_desc_t *d, char *why
    * token means the sender had not aborted (and so not handed the buffer
    * back) when the last payload byte was read. */
   atomic_thread_fence(memory_order_seq_cst);
-  uint64_t w = 0;
-  struct iovec l = {&w, sizeof(w)}, r = {(void *)(uintptr_t)d->word, sizeof(w)};
-  if (process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof(w) || w != d->token) {
+  if (live_intact(pid, d) != 1) {
     snprintf(why, wl, "it aborted the op while its buffer was being read");
     *aborted = 1;
     return -1;
@@ -253,7 +268,7 @@ void tdist__cpu_cma_on_desc(cpu_conn_t *c) {
   if (c->rx_x) {
     char why[120];
     int aborted;
-    if (cma_read(c, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
+    if (tdist__cpu_cma_read(c->pid, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
       cpu_group_t *cg = c->rx_g;
       if (c->rx_x->reduce) tdist__cpu_buf_put(ctx, c->rx_dst);
       cpu_rx_clear(c);
@@ -284,7 +299,7 @@ int tdist__cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst
   u->rma = 0;
   ctx->rma_pending--;
   if (!c || c->dead) return read_failed(cg, u->src, 0, "it is gone");
-  if (cma_read(c, dst, &u->desc, why, sizeof(why), &aborted) != 0)
+  if (tdist__cpu_cma_read(c->pid, dst, &u->desc, why, sizeof(why), &aborted) != 0)
     return read_failed(cg, u->src, aborted, why);
   send_ack(c, u->desc.cookie);
   return 0;

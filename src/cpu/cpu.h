@@ -373,6 +373,12 @@ void tdist__cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
 void tdist__cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
 void tdist__cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
 void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
+/* Copy d's bytes from process pid into dst, then check the sender's live
+ * word. 0; or -1 with a description in why and *aborted set when the
+ * sender had aborted (its live word changed: a failed read then names no
+ * fault of the sender's). Any thread (progress thread in the library). */
+int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
+                        int *aborted);
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
  * our memory and len >= TDIST_CPU_CMA_BYTES (m->hdr must be filled). */
 void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr,
