@@ -156,6 +156,7 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
     return 0;
   }
   op->cseq = cg->next_cseq++;
+  tdist__cpu_probe_posted(op);
   int rc = tdist__cpu_algo_setup(op);
   if (rc < 0) {
     /* This rank cannot take part in collective #cseq, which the others run:

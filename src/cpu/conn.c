@@ -219,6 +219,7 @@ static void start_all(void *arg) {
   cpu_ctx_t *ctx = arg;
   tdist__cpu_ctx_start_timer(ctx);
   tdist__cpu_cma_start_timer(ctx);
+  tdist__cpu_probe_start_timer(ctx);
   for (int i = 0; i < ctx->size; i++)
     if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
 }
@@ -370,6 +371,11 @@ static void release_task(void *arg) {
     ctx->rma_timer_on = 0;
     ctx->open_handles++;
     uv_close((uv_handle_t *)&ctx->rma_timer, on_timer_closed);
+  }
+  if (ctx->probe_timer_on) {
+    ctx->probe_timer_on = 0;
+    ctx->open_handles++;
+    uv_close((uv_handle_t *)&ctx->probe_timer, on_timer_closed);
   }
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];

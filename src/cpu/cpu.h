@@ -73,7 +73,8 @@ enum {
   CPU_MSG_BYE = 4,
   CPU_MSG_RMA = 5, /* a COLL or P2P message whose payload stays in the sender:
                       the payload on the wire is a cpu_rma_desc_t (cma.c) */
-  CPU_MSG_ACK = 6  /* header only: the RMA message with cookie `seq` was read */
+  CPU_MSG_ACK = 6, /* header only: the RMA message with cookie `seq` was read */
+  CPU_MSG_PROBE = 7 /* header only: a stalled collective's signature (probe.c) */
 };
 
 /* Fixed 48-byte header, host byte order (all ranks run on one architecture;
@@ -175,6 +176,7 @@ struct cpu_op {
   cpu_group_t *cg;
   int p2p;       /* 1 for send/recv/batch: no rounds */
   uint64_t cseq; /* collective number (cpu_group_t.next_cseq at post) */
+  uint64_t posted_at; /* uv_now() at post (probe.c) */
   cpu_round_fn round_fn;
   void (*finish_fn)(cpu_op_t *op);
   int round;
@@ -313,6 +315,9 @@ struct cpu_ctx {
   uv_timer_t rma_timer;
   int rma_timer_on;
   int rma_pending;
+  /* stalled collectives send probes (probe.c); runs while any is posted */
+  uv_timer_t probe_timer;
+  int probe_timer_on;
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
@@ -326,6 +331,9 @@ TDIST_PARAM(CpuCacheBytes, "TDIST_CPU_CACHE_BYTES", 256 << 20)
 TDIST_PARAM(CpuDeferBytes, "TDIST_CPU_DEFER_BYTES", 256 << 10)
 TDIST_PARAM(CpuDeferUs, "TDIST_CPU_DEFER_US", 5000)
 TDIST_PARAM(CpuCma, "TDIST_CPU_CMA", 1)
+/* A collective still running after this long sends its signature to the
+ * other members, and again each period (probe.c); 0 turns probes off. */
+TDIST_PARAM(CpuProbeMs, "TDIST_CPU_PROBE_MS", 500)
 /* A single-copy read costs a round trip (descriptor, then ACK) that TCP's
  * one-way send does not; measured on a 2-core VM, TCP still wins at 64 KiB
  * (broadcast n=2: ~40 vs ~90 us) and the read wins from 1 MiB (~2x). */
@@ -462,6 +470,14 @@ int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int
 int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src);
 int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
 cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq */
+/* The done-ring entry of completed collective #seq, or NULL (not posted, or
+ * too old). */
+const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq);
+
+/* ---- probe.c: stall probes (progress thread) ---------------------------------- */
+void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx); /* with the other timers */
+void tdist__cpu_probe_posted(cpu_op_t *op);        /* a collective was posted */
+void tdist__cpu_on_probe(cpu_conn_t *c);           /* a PROBE header arrived */
 cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */
 void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
 int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);

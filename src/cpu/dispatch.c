@@ -51,6 +51,10 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
     tdist__cpu_conn_acked(c, h->seq);
     return;
   }
+  if (h->kind == CPU_MSG_PROBE) {
+    tdist__cpu_on_probe(c);
+    return;
+  }
   if (h->kind == CPU_MSG_RMA) {
     if (h->len != sizeof(c->rdesc)) {
       tdist__cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");

@@ -159,10 +159,16 @@ static void op_complete(cpu_op_t *op) {
   tdist__bk_complete(bop, 0, "ok");
 }
 
+const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq) {
+  if (seq >= cg->next_cseq) return NULL;
+  const struct cpu_done *d = &cg->done[seq % DONE_RING];
+  return d->valid && d->cseq == seq ? d : NULL;
+}
+
 int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src) {
   if (h->seq >= cg->next_cseq) return 0; /* not posted here yet */
-  const struct cpu_done *d = &cg->done[h->seq % DONE_RING];
-  if (d->valid && d->cseq == h->seq) {
+  const struct cpu_done *d = tdist__cpu_done_of(cg, h->seq);
+  if (d) {
     cpu_op_t ran = {.type = (tdist_optype_t)d->type,
                     .dtype = (tdist_dtype_t)d->dtype,
                     .redop = (tdist_redop_t)d->redop,

@@ -13,6 +13,9 @@
  *             can declare it dead, but the survivors' monitors find the store
  *             silent for the heartbeat timeout and fail their op (long
  *             timeout) with REMOTE_FAILED naming rank 0 as the store's host.
+ *   roots     ranks disagree on the root of broadcast, reduce, gather and
+ *             scatter: MISMATCH naming the roots on every rank, never the
+ *             op timeout.
  */
 #include <signal.h>
 #include <stdatomic.h>
@@ -27,6 +30,8 @@ struct shared {
   pid_t pids[8];
   int stagger_ms; /* stopped: rank 1 posts this much later than rank 0 */
   _Atomic int seen; /* roots: ranks that have their result */
+  int root_op;      /* roots: the rooted op (tdist_optype_t) */
+  int n;            /* ranks in the world (3 unless set) */
 };
 
 static int mismatch(int rank, int n, void *arg) {
@@ -146,6 +151,10 @@ static int stopped(int rank, int n, void *arg) {
  * from root 0. A rank
  * whose op completed before the disagreement reached it fails its next op;
  * every rank ends with MISMATCH naming a root, none keeps running silently. */
+/* roots: the ranks disagree on the root of a rooted op (rank 2 says 1, the
+ * others 0). Broadcast and scatter move data that shows it; reduce and
+ * gather may move none (each "root" waits to receive), which the stall
+ * probes (src/cpu/probe.c) catch: MISMATCH everywhere, never the timeout. */
 static int roots(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
@@ -153,14 +162,25 @@ static int roots(int rank, int n, void *arg) {
   int32_t v[64], all[3 * 64];
   for (int i = 0; i < 64; i++)
     v[i] = rank;
-  int rc = tdist_broadcast(g, v, 64, TDIST_INT32, rank == 2 ? 1 : 0, NULL, NULL);
+  for (int i = 0; i < 3 * 64; i++)
+    all[i] = rank;
+  int root = rank == n - 1 ? 1 : 0, rc = 0; /* 0/1 at n = 2: each its own root */
+  switch (sh->root_op) {
+  case TDIST_OP_BROADCAST: rc = tdist_broadcast(g, v, 64, TDIST_INT32, root, NULL, NULL); break;
+  case TDIST_OP_REDUCE:
+    rc = tdist_reduce(g, v, all, 64, TDIST_INT32, TDIST_SUM, root, NULL, NULL);
+    break;
+  case TDIST_OP_GATHER: rc = tdist_gather(g, v, all, 64, TDIST_INT32, root, NULL, NULL); break;
+  default: rc = tdist_scatter(g, all, v, 64, TDIST_INT32, root, NULL, NULL); break;
+  }
   char msg[512];
   snprintf(msg, sizeof(msg), "%s", tdist_last_error());
   if (rc == 0) { /* completed here: the group must fail at once after */
     rc = tdist_all_reduce(g, v, v, 64, TDIST_INT32, TDIST_SUM, NULL, NULL);
     snprintf(msg, sizeof(msg), "%s", tdist_last_error());
   }
-  fprintf(stderr, "[rank %d] broadcast roots 0/0/1 -> %s: %s\n", rank, tdist_err_name(rc), msg);
+  fprintf(stderr, "[rank %d] %s at n=%d, root %d -> %s: %s\n", rank,
+          tdist_op_name((tdist_optype_t)sh->root_op), n, root, tdist_err_name(rc), msg);
   /* Nobody leaves before every rank has its result: a socket closed with
    * unread data is reset, and a reset can drop the cause still queued on
    * the other side (a known gap, see docs/cpu-backend.md). */
@@ -170,7 +190,6 @@ static int roots(int rank, int n, void *arg) {
   MP_CHECK(rc == TDIST_ERR_MISMATCH);
   MP_CHECK(strstr(msg, "root") != NULL);
   tdist_group_destroy(g);
-  (void)all;
   return 0;
 }
 
@@ -207,13 +226,13 @@ static int host_stopped(int rank, int n, void *arg) {
 }
 
 static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_dead) {
-  int codes[3];
+  int codes[3] = {0, 0, 0}, n = sh->n ? sh->n : 3;
   sh->port = tdist_mp_free_port();
   atomic_store(&sh->seen, 0);
-  tdist_mp_run_codes(3, fn, sh, 60, codes);
+  tdist_mp_run_codes(n, fn, sh, 60, codes);
   int victim = fn == host_stopped ? 0 : 2;
   int ok = 1;
-  for (int r = 0; r < 3; r++)
+  for (int r = 0; r < n; r++)
     ok = ok && (r == victim && expect_dead ? codes[r] == 128 + SIGKILL : codes[r] == 0);
   printf("cpu_failures %s: %s (exit codes %d %d %d)\n", name, ok ? "ok" : "FAILED", codes[0],
          codes[1], codes[2]);
@@ -229,6 +248,22 @@ int main(void) {
   sh->stagger_ms = 700;
   fails += run("stopped_staggered", stopped, sh, 1);
   fails += run("host_stopped", host_stopped, sh, 1);
-  fails += run("roots", roots, sh, 0);
+  const tdist_optype_t rooted[] = {TDIST_OP_BROADCAST, TDIST_OP_REDUCE, TDIST_OP_GATHER,
+                                   TDIST_OP_SCATTER};
+  for (int i = 0; i < 4; i++) {
+    char name[48];
+    sh->root_op = rooted[i];
+    snprintf(name, sizeof(name), "roots (%s)", tdist_op_name(rooted[i]));
+    fails += run(name, roots, sh, 0);
+  }
+  /* At n = 2 with roots 0/1 a reduce or gather sends nothing at all. */
+  sh->n = 2;
+  for (int i = 1; i < 3; i++) {
+    char name[48];
+    sh->root_op = rooted[i];
+    snprintf(name, sizeof(name), "roots (%s, n=2)", tdist_op_name(rooted[i]));
+    fails += run(name, roots, sh, 0);
+  }
+  sh->n = 0;
   return fails ? 1 : 0;
 }

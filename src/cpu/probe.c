@@ -1,0 +1,112 @@
+/*
+ * probe.c - stall probes: disagreements that send no message are caught.
+ *
+ * Why: a mismatch is found by comparing a peer's message header with the
+ * local op (engine.c: tdist__cpu_check_coll). Some disagreements move no
+ * message at all: at n = 2, a reduce or gather where each rank believes it
+ * is the root has both ranks waiting to receive, and nothing is ever sent;
+ * without help they would wait for the op timeout and fail as TIMEOUT.
+ *
+ * How: a collective still running TDIST_CPU_PROBE_MS after it was posted
+ * sends a PROBE (a header with the op's signature, no payload) to every
+ * other member, and again each period while it runs. A member compares it
+ * with its own op of the same collective number, running or recently
+ * completed (the done ring), through the same check as a data header: a
+ * difference fails the group with MISMATCH there, and that rank's abort
+ * tells everyone (the cause names both sides). A probe for an op not posted
+ * yet is ignored; the next one is checked. An op that is merely slow costs
+ * one small message per member per period, and only while it is slow.
+ *
+ * Threads: everything here runs on the progress thread. Receiving a probe
+ * is part of the transport (it only reports a failure, deferred); the timer
+ * callback is a top-level point.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "cpu/cpu.h"
+
+static uint64_t period_ms(void) {
+  int64_t v = tdist__param_CpuProbeMs();
+  return v <= 0 ? 0 : (uint64_t)v;
+}
+
+static void send_probe(cpu_group_t *cg, const cpu_op_t *op) {
+  for (int r = 0; r < cg->size; r++) {
+    cpu_conn_t *c = r == cg->rank ? NULL : cg->conns[r];
+    if (!c || c->dead) continue;
+    cpu_msg_t *m = tdist__cpu_msg_new();
+    if (!m) return; /* a probe is best effort; the next period tries again */
+    m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
+                         .kind = CPU_MSG_PROBE,
+                         .optype = (uint8_t)op->type,
+                         .dtype = (uint8_t)op->dtype,
+                         .redop = (uint8_t)op->redop,
+                         .uid = cg->uid,
+                         .seq = op->cseq,
+                         .count = op->count,
+                         .root = op->root};
+    tdist__cpu_send(c, m);
+  }
+}
+
+/* Timer callback (progress thread, top level). */
+static void on_probe_timer(uv_timer_t *t) {
+  cpu_ctx_t *ctx = t->data;
+  uint64_t now = uv_now(t->loop), p = period_ms();
+  int running = 0;
+  tdist__list_t *n, *m;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (cg->aborted) continue;
+    tdist__list_foreach(m, &cg->ops) {
+      cpu_op_t *op = tdist__list_entry(m, cpu_op_t, link);
+      if (op->p2p) continue;
+      running = 1;
+      if (p && now - op->posted_at >= p) send_probe(cg, op);
+    }
+  }
+  if (!running) uv_timer_stop(t);
+  tdist__cpu_run_ready(ctx); /* what the writes here finished */
+}
+
+void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx) {
+  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->probe_timer);
+  ctx->probe_timer.data = ctx;
+  ctx->probe_timer_on = 1;
+}
+
+void tdist__cpu_probe_posted(cpu_op_t *op) {
+  cpu_ctx_t *ctx = op->cg->ctx;
+  op->posted_at = uv_now(tdist__progress_loop(ctx->progress));
+  uint64_t p = period_ms();
+  if (!p || !ctx->probe_timer_on || uv_is_active((uv_handle_t *)&ctx->probe_timer)) return;
+  uv_timer_start(&ctx->probe_timer, on_probe_timer, p, p);
+}
+
+void tdist__cpu_on_probe(cpu_conn_t *c) {
+  const cpu_hdr_t *h = &c->rh;
+  if (h->len != 0) {
+    tdist__cpu_on_conn_lost(c, "sent a malformed message (probe with a payload)");
+    return;
+  }
+  cpu_group_t *cg = tdist__cpu_group_find(c->ctx, h->uid);
+  if (!cg || cg->aborted) return;
+  int src = tdist__cpu_grank_of(cg, c->peer);
+  if (src < 0) return;
+  cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+  if (op) {
+    (void)tdist__cpu_check_coll(cg, op, h, src);
+    return;
+  }
+  /* Completed here, or not posted yet: only a completed op that is still
+   * in the done ring can be compared. */
+  const struct cpu_done *d = tdist__cpu_done_of(cg, h->seq);
+  if (!d) return;
+  cpu_op_t ran = {.type = (tdist_optype_t)d->type,
+                  .dtype = (tdist_dtype_t)d->dtype,
+                  .redop = (tdist_redop_t)d->redop,
+                  .count = d->count,
+                  .root = d->root};
+  (void)tdist__cpu_check_coll(cg, &ran, h, src);
+}
