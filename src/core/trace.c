@@ -14,6 +14,7 @@
 #include "core/trace.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -136,8 +137,12 @@ static void dump_free(tdist__trace_dump_t *d) {
 static int write_dump(const tdist__trace_dump_t *d, const char *path) {
   const tdist__trace_t *t = d->t;
   const tdist__trace_meta_t *g = &d->m;
+  /* Unique per write, not only per process: the worker thread's failure
+   * dump and a caller's tdist_dump_trace may write the same path at once
+   * (sharing one temporary name, one of them failed its rename with IO). */
+  static _Atomic unsigned writes;
   char tmp[600];
-  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+  snprintf(tmp, sizeof(tmp), "%s.tmp%d.%u", path, (int)getpid(), atomic_fetch_add(&writes, 1));
   FILE *f = fopen(tmp, "w");
   if (!f) return tdist__error(TDIST_ERR_IO, "trace: cannot write '%s': %s", path, strerror(errno));
   struct timespec rt;
