@@ -53,11 +53,13 @@ summary_of() { grep -h "^\[rank 0\] $2" "$LOGS/$1.log" 2>/dev/null | sed 's/^\[r
 job overlap "$B/examples/overlap"
 job mesh "$B/examples/mesh"
 job pipeline "$B/examples/pipeline"
+job moe "$B/examples/moe"
 
 # The CPU backend's collective benchmark, when this build has one.
 BENCH=""
 if [ -d "$B/bench/cpu" ]; then
-  BENCH=$(find "$B/bench/cpu" -maxdepth 1 -type f -executable | sort | head -n 1)
+  # by name: bench/cpu also holds other benchmarks (tdist_bench_alltoallv)
+  BENCH=$(find "$B/bench/cpu" -maxdepth 1 -type f -executable -name 'tdist_bench_cpu*' | sort | head -n 1)
 fi
 if [ -n "$BENCH" ]; then
   # A short budget per point: the table, not a careful measurement
@@ -75,6 +77,7 @@ for line in "${SUMMARY[@]}"; do
   *"overlap "*) summary_of overlap "overlap:" ;;
   *"mesh "*) summary_of mesh "mesh:" ;;
   *"pipeline "*) summary_of pipeline "pipeline:" ;;
+  *"moe "*) summary_of moe "moe:" ;;
   esac
 done
 if [ -n "$BENCH" ] && [ -f "$LOGS/bench.log" ]; then

@@ -11,7 +11,7 @@ layer and the ones below it:
     trace     src/core/trace.c          the flight recorder's ring
     group     src/core/{context,group,inflight,monitor}.c
     backend   src/cpu/, src/nccl/       through core/backend.h only
-    ops       src/core/{ops,mesh,shrink}.c
+    ops       src/core/{ops,ops_v,mesh,shrink}.c
     init      src/core/init.c           init_process_group, the backend table
 
 Three checks:
@@ -39,7 +39,8 @@ RANK = {name: i for i, name in enumerate(ORDER)}
 CORE_FILES = {
     "progress": "progress", "work": "work", "trace": "trace",
     "context": "group", "group": "group", "inflight": "group", "monitor": "group",
-    "ops": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
+    "ops": "ops", "ops_v": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
+    "ops_int": "ops",
     # headers
     "backend": "work",  # the contract's types; its functions are checked by symbol
 }

@@ -147,6 +147,19 @@ int tdist_group_abort(tdist_group_t *group, const char *reason);
 int tdist_group_shrink(tdist_group_t *group, const tdist_group_opts_t *opts,
                        tdist_group_t **shrunk);
 
+/*
+ * tdist_group_store - the key-value store behind the group, for programs that
+ * trade their own metadata (shapes, routing tables) next to the group: a
+ * prefix view private to this group ("tdist/<group>/user/"), so keys never
+ * clash with tdist's own or another group's. The same view on every rank of
+ * the group. Borrowed: valid while the group lives; do not release it (take
+ * a reference with tdist_store_prefix(view, "", &mine) to keep it longer).
+ * Store calls block: not from a completion callback.
+ * @return the view, or NULL for NULL, a group without a store (made on a
+ *         backend test harness without one), or no memory (tdist_last_error).
+ */
+tdist_store_t *tdist_group_store(tdist_group_t *group);
+
 /* 1 if the group was aborted (on demand, by a timeout or by a peer). */
 int tdist_group_is_aborted(const tdist_group_t *group);
 

@@ -87,7 +87,8 @@ int tdist_barrier(tdist_group_t *group, const tdist_op_opts_t *opts, tdist_work_
 
 /* isend / irecv: point-to-point with a tag (opts->tag, default 0). Messages
  * between two ranks with the same tag are matched in order. The count and
- * dtype of a send and its receive must agree (else TDIST_ERR_MISMATCH). */
+ * dtype of a send and its receive must agree (else TDIST_ERR_MISMATCH).
+ * irecv/recv also take wildcards (TDIST_ANY_SOURCE, TDIST_ANY_TAG: below). */
 int tdist_isend(tdist_group_t *group, const void *buf, size_t count, tdist_dtype_t dtype, int peer,
                 const tdist_op_opts_t *opts, tdist_work_t **work);
 int tdist_irecv(tdist_group_t *group, void *buf, size_t count, tdist_dtype_t dtype, int peer,
@@ -117,6 +118,88 @@ typedef struct tdist_p2p_op {
  */
 int tdist_batch_isend_irecv(tdist_group_t *group, const tdist_p2p_op_t *ops, int n,
                             const tdist_op_opts_t *opts, tdist_work_t **work);
+
+/* ---- wildcard receives ------------------------------------------------------------
+ *
+ * tdist_irecv / tdist_recv take peer = TDIST_ANY_SOURCE and opts->tag =
+ * TDIST_ANY_TAG (MPI_ANY_SOURCE / MPI_ANY_TAG) on backends that can match
+ * them (CPU; NCCL refuses them with TDIST_ERR_NOT_SUPPORTED). A receive
+ * matches the earliest-arrived message that fits its pattern; receives are
+ * matched in the order they were posted; messages from one sender are
+ * matched in the order it sent them (MPI's non-overtaking rule), whatever
+ * the mix of named and wildcard receives. A wildcard receive (either
+ * wildcard) takes a message of up to `count` elements of the same dtype:
+ * fewer is fine and tdist_work_status_info (tdist/work.h) says how many came,
+ * from whom, with which tag; more, or another dtype, is TDIST_ERR_MISMATCH.
+ * A receive naming both peer and tag keeps the exact rule above. Wildcards
+ * are for irecv/recv only (not in batch_isend_irecv, not for sends).
+ */
+#define TDIST_ANY_SOURCE (-1)
+#define TDIST_ANY_TAG (-1)
+
+/* ---- variable-size collectives ("v" ops, as MPI's *v calls) ------------------------
+ *
+ * Counts and displacements are arrays of group size, in elements (not
+ * bytes) of `dtype`; a NULL displacement array means packed: block j starts
+ * at the sum of counts 0..j-1. Blocks may be empty (count 0) and any size
+ * on any rank. Like the buffers, the arrays belong to tdist until the op
+ * completes (MPI's rule for its nonblocking *v calls): keep them alive and
+ * unchanged until the work is complete. Validation is the fixed ops': a
+ * NULL buffer with a non-empty extent, device memory on a CPU group, a
+ * displacement + count overflowing, a dtype or reduction the backend lacks.
+ *
+ * Every rank must agree on the sizes: what rank i sends rank j is what rank
+ * j expects from rank i. On the CPU backend a disagreement fails the op with
+ * TDIST_ERR_MISMATCH on every rank, naming both ranks and both numbers
+ * ("rank 1 sent 5 int32 to rank 2 (its send_counts[2]) but rank 2 expects
+ * 7 from rank 1 (its recv_counts[1])"). NCCL, like NCCL itself, cannot
+ * check: a disagreement there hangs until the op's timeout.
+ */
+
+/* all_to_all_v (MPI_Alltoallv, torch all_to_all_single with split sizes):
+ * send_counts[j] elements at sendbuf + send_displs[j] go to rank j, which
+ * receives them at recvbuf + recv_displs[i] (recv_counts[i] elements, which
+ * must equal rank i's send_counts[j]). Not in place (sendbuf != recvbuf). */
+int tdist_all_to_all_v(tdist_group_t *group, const void *sendbuf, const size_t *send_counts,
+                       const size_t *send_displs, void *recvbuf, const size_t *recv_counts,
+                       const size_t *recv_displs, tdist_dtype_t dtype, const tdist_op_opts_t *opts,
+                       tdist_work_t **work);
+
+/* all_gather_v (MPI_Allgatherv): every rank contributes send_count elements;
+ * rank j's land at recvbuf + recv_displs[j] on every rank (recv_counts[j]
+ * elements; recv_counts[rank] must equal send_count). In place when sendbuf
+ * == recvbuf + recv_displs[rank] elements. */
+int tdist_all_gather_v(tdist_group_t *group, const void *sendbuf, size_t send_count, void *recvbuf,
+                       const size_t *recv_counts, const size_t *recv_displs, tdist_dtype_t dtype,
+                       const tdist_op_opts_t *opts, tdist_work_t **work);
+
+/* reduce_scatter_v (MPI_Reduce_scatter): sendbuf holds size blocks, packed,
+ * block j of recv_counts[j] elements; rank r's recvbuf (recv_counts[r]
+ * elements) = op over ranks of block r. recv_counts is the same on every
+ * rank. In place when recvbuf == sendbuf + (recv_counts[0] + ... +
+ * recv_counts[rank-1]) elements. NCCL: one ncclReduce per block, rooted at
+ * its owner, in one NCCL group. */
+int tdist_reduce_scatter_v(tdist_group_t *group, const void *sendbuf, void *recvbuf,
+                           const size_t *recv_counts, tdist_dtype_t dtype, tdist_redop_t op,
+                           const tdist_op_opts_t *opts, tdist_work_t **work);
+
+/* gather_v (MPI_Gatherv): rank j's send_count elements land at root's
+ * recvbuf + recv_displs[j] (recv_counts[j] elements). recvbuf, recv_counts
+ * and recv_displs are only read on root (may be NULL elsewhere). In place on
+ * root when sendbuf == recvbuf + recv_displs[root] elements. */
+int tdist_gather_v(tdist_group_t *group, const void *sendbuf, size_t send_count, void *recvbuf,
+                   const size_t *recv_counts, const size_t *recv_displs, tdist_dtype_t dtype,
+                   int root, const tdist_op_opts_t *opts, tdist_work_t **work);
+
+/* scatter_v (MPI_Scatterv): rank j's recvbuf (recv_count elements) receives
+ * send_counts[j] elements at root's sendbuf + send_displs[j]. sendbuf,
+ * send_counts and send_displs are only read on root (may be NULL
+ * elsewhere). In place on root when recvbuf == sendbuf + send_displs[root]
+ * elements. */
+int tdist_scatter_v(tdist_group_t *group, const void *sendbuf, const size_t *send_counts,
+                    const size_t *send_displs, void *recvbuf, size_t recv_count,
+                    tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
+                    tdist_work_t **work);
 
 #ifdef __cplusplus
 }

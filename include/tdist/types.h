@@ -27,7 +27,26 @@ typedef struct tdist_store tdist_store_t;
 /* A key-value store server. Opaque; see tdist/store.h. */
 typedef struct tdist_store_server tdist_store_server_t;
 
-/* Element types. float16 and bfloat16 are reduced in float32 by the CPU backend. */
+/* Element types. Values are part of the ABI: new types are appended.
+ *
+ * Backends differ in what they carry (a type a backend lacks is refused at
+ * submit with TDIST_ERR_NOT_SUPPORTED, never reduced wrongly):
+ *   cpu    every type;
+ *   nccl   every type but BOOL, INT16 and UINT16 (NCCL has none of them);
+ *          the float8 types need NCCL 2.24 or later, and NCCL reduces them
+ *          only on devices of compute capability 9.0 (sm_90) or later.
+ *
+ * FLOAT8_E4M3 and FLOAT8_E5M2 are the OCP 8-bit floats (torch's
+ * float8_e4m3fn and float8_e5m2). E4M3: 4 exponent bits (bias 7), 3 mantissa
+ * bits, no infinities, NaN = 0x7f / 0xff, largest finite 448. E5M2: IEEE-like
+ * (bias 15, 2 mantissa bits) with infinities, largest finite 57344. The CPU
+ * backend reduces float16, bfloat16 and both float8 types in float32: each
+ * combination of two partial results is computed in float32 and rounded once
+ * to the element type (round to nearest even). Rounding to E4M3 saturates
+ * (magnitudes past 448, infinities included, become +-448); E5M2 overflows to
+ * infinity as IEEE formats do.
+ *
+ * BOOL is one byte; any non-zero byte is true, and reductions write 0 or 1. */
 typedef enum tdist_dtype {
   TDIST_INT8 = 0,
   TDIST_UINT8,
@@ -37,11 +56,36 @@ typedef enum tdist_dtype {
   TDIST_BFLOAT16,
   TDIST_FLOAT32,
   TDIST_FLOAT64,
+  TDIST_UINT32,
+  TDIST_UINT64,
+  TDIST_FLOAT8_E4M3,
+  TDIST_FLOAT8_E5M2,
+  TDIST_BOOL,
+  TDIST_INT16,
+  TDIST_UINT16,
   TDIST_DTYPE_COUNT /* not a type */
 } tdist_dtype_t;
 
-/* Reductions. AVG divides the sum by the group size (integer types truncate).
- * PREMUL_SUM multiplies every input by tdist_op_opts_t.premul_scalar, then sums. */
+/* Reductions. Values are part of the ABI: new ones are appended.
+ *
+ * SUM, PROD     integers wrap around (two's complement); floats as IEEE.
+ * MIN, MAX      floats: NaN if any input is NaN (as torch.minimum/maximum);
+ *               -0 is below +0 (MIN of -0 and +0 is -0, MAX is +0), so the
+ *               result's bits do not depend on the order of the inputs.
+ * AVG           SUM divided by the group size; integer types divide in 64 bits
+ *               and truncate toward zero (the sum itself wraps in the type).
+ * PREMUL_SUM    every input multiplied by tdist_op_opts_t.premul_scalar, then
+ *               summed (integers: multiplied in double, truncated, saturated).
+ * BAND, BOR, BXOR  bitwise and, or, xor: integer types and BOOL only; a float
+ *               type is refused at submit with TDIST_ERR_INVALID_ARGUMENT (on
+ *               every backend). The NCCL backend has none of the three:
+ *               TDIST_ERR_NOT_SUPPORTED.
+ * BOOL          SUM, MAX and BOR are logical or; PROD, MIN and BAND logical
+ *               and; BXOR logical xor (odd number of true inputs). AVG and
+ *               PREMUL_SUM of BOOL are refused with TDIST_ERR_INVALID_ARGUMENT.
+ *
+ * Every rank of an all_reduce gets the same bits, whatever the inputs (NaN,
+ * -0): the CPU backend combines partial results in one order on all ranks. */
 typedef enum tdist_redop {
   TDIST_SUM = 0,
   TDIST_PROD,
@@ -49,6 +93,9 @@ typedef enum tdist_redop {
   TDIST_MAX,
   TDIST_AVG,
   TDIST_PREMUL_SUM,
+  TDIST_BAND,
+  TDIST_BOR,
+  TDIST_BXOR,
   TDIST_REDOP_COUNT /* not an op */
 } tdist_redop_t;
 
@@ -66,14 +113,21 @@ typedef enum tdist_optype {
   TDIST_OP_SEND,
   TDIST_OP_RECV,
   TDIST_OP_BATCH_P2P,
+  /* variable-size collectives (tdist/ops.h, "v" ops) */
+  TDIST_OP_ALL_TO_ALL_V,
+  TDIST_OP_ALL_GATHER_V,
+  TDIST_OP_REDUCE_SCATTER_V,
+  TDIST_OP_GATHER_V,
+  TDIST_OP_SCATTER_V,
   TDIST_OPTYPE_COUNT /* not an op */
 } tdist_optype_t;
 
 /* Size in bytes of one element; 0 for an invalid type. Any thread. */
 size_t tdist_dtype_size(tdist_dtype_t dtype);
-/* "float32", "bfloat16", ...; "invalid" when out of range. Static string. */
+/* "float32", "bfloat16", "float8_e4m3", "bool", ...; "invalid" when out of
+ * range. Static string. */
 const char *tdist_dtype_name(tdist_dtype_t dtype);
-/* "sum", "avg", "premul_sum", ...; "invalid" when out of range. */
+/* "sum", "avg", "premul_sum", "band", ...; "invalid" when out of range. */
 const char *tdist_redop_name(tdist_redop_t op);
 /* "all_reduce", "broadcast", ...; "invalid" when out of range. */
 const char *tdist_op_name(tdist_optype_t op);

@@ -111,6 +111,19 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *work);
 uint64_t tdist_work_seq(const tdist_work_t *work);
 
 /*
+ * tdist_work_status_info - what a completed receive got (MPI_Status): the
+ * sender's group rank, its tag and the number of elements received. For a
+ * receive posted with TDIST_ANY_SOURCE or TDIST_ANY_TAG (tdist/ops.h) these
+ * are what matched (the count may be below the posted one); for a named
+ * receive, its own peer, tag and count. Any out-pointer may be NULL.
+ * @return 0 once the receive completed successfully; the work's status if
+ *         it failed; TDIST_ERR_IN_PROGRESS while it runs;
+ *         TDIST_ERR_INVALID_ARGUMENT for NULL or a work that is not a
+ *         receive (send, collective, batch).
+ */
+int tdist_work_status_info(const tdist_work_t *work, int *source, int *tag, size_t *count);
+
+/*
  * tdist_work_on_complete - register a completion callback (see the type for
  * the thread and the rules). One callback per handle: a second registration
  * returns TDIST_ERR_INVALID_STATE. If the work is already complete, `cb` runs

@@ -71,7 +71,25 @@ typedef struct tdist__op_args {
   void *stream;        /* caller's CUDA stream, or NULL */
   tdist_p2p_op_t *p2p; /* batch ops */
   int np2p;
+  /* Variable-size collectives (TDIST_OP_*_V, tdist__op_is_v): the caller's
+   * arrays of group size, in elements, NOT copied: like MPI's nonblocking
+   * *v calls, they stay valid and unchanged until the op completes (the
+   * buffer rule), so a backend may read them from submit (caller thread) or
+   * post (progress thread) to its completion. NULL where the op has none or
+   * where the array is only read on another rank (gather_v's recv arrays
+   * off root, scatter_v's send arrays off root); NULL displacements mean
+   * packed (prefix sums of the counts). `count` above is then this rank's
+   * own block where the op has one (all_gather_v, gather_v: send_count;
+   * scatter_v: recv_count; reduce_scatter_v: rcounts[rank]; all_to_all_v:
+   * the sum of scounts), for traces. */
+  const size_t *scounts, *sdispls, *rcounts, *rdispls;
 } tdist__op_args_t;
+
+/* The variable-size collectives, whose counts are per rank (see above). */
+static inline int tdist__op_is_v(tdist_optype_t t) {
+  return t == TDIST_OP_ALL_TO_ALL_V || t == TDIST_OP_ALL_GATHER_V ||
+         t == TDIST_OP_REDUCE_SCATTER_V || t == TDIST_OP_GATHER_V || t == TDIST_OP_SCATTER_V;
+}
 
 #define TDIST__BK_SCRATCH 256
 
@@ -90,6 +108,12 @@ typedef struct tdist__bk_op {
   tdist__list_t link;
   void *priv;
   _Alignas(16) unsigned char scratch[TDIST__BK_SCRATCH];
+  /* A receive posted with TDIST_ANY_SOURCE or TDIST_ANY_TAG (caps.any_source):
+   * the backend writes what matched (the sender's group rank, its tag, the
+   * elements received) before it completes the op; the core reads them only
+   * after the completion is published (tdist_work_status_info). */
+  int rx_source, rx_tag;
+  size_t rx_count;
 } tdist__bk_op_t;
 
 /* What a group is made from (init, split, shrink). (caller) thread. */
@@ -169,15 +193,21 @@ enum { TDIST__MEM_HOST = 1u << 0, TDIST__MEM_DEVICE = 1u << 1 };
 typedef struct tdist__caps {
   unsigned mem;    /* TDIST__MEM_* */
   uint32_t ops;    /* bit (1u << tdist_optype_t) per op it runs */
-  uint32_t dtypes; /* bit per tdist_dtype_t */
-  uint32_t redops; /* bit per tdist_redop_t */
+  uint32_t dtypes; /* bit per tdist_dtype_t it carries (ops.c: else NOT_SUPPORTED) */
+  uint32_t redops; /* bit per tdist_redop_t it reduces with (ops.c: else NOT_SUPPORTED);
+                      pairs that mean nothing (a bitwise op on a float) are refused
+                      by ops.c for every backend */
   int shrink;      /* vtable->shrink works */
   int stream_wait; /* vtable->wait_stream works */
+  int any_source;  /* receives take TDIST_ANY_SOURCE / TDIST_ANY_TAG (and fill
+                      tdist__bk_op_t.rx_*); without it ops.c refuses them */
 } tdist__caps_t;
 
 #define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)
 #define TDIST__ALL_DTYPES ((1u << TDIST_DTYPE_COUNT) - 1)
 #define TDIST__ALL_REDOPS ((1u << TDIST_REDOP_COUNT) - 1)
+/* caps.dtypes and caps.redops hold one bit per value. */
+_Static_assert(TDIST_DTYPE_COUNT <= 32 && TDIST_REDOP_COUNT <= 32, "caps masks are 32 bits");
 
 typedef struct tdist__backend {
   const char *name;

@@ -41,6 +41,8 @@ static int group_unwind(tdist_group_t *g) {
   if (g->registered) tdist__progress_call(g->ctx->progress, tdist__group_unregister_task, g);
   if (g->bstate && g->bk->ops->destroy) rc = g->bk->ops->destroy(g->bstate);
   g->bstate = NULL;
+  tdist_store_t *us = atomic_load(&g->user_store);
+  if (us) tdist_store_release(us);
   if (g->store) tdist_store_release(g->store);
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
@@ -442,6 +444,21 @@ int tdist_group_abort(tdist_group_t *g, const char *reason) {
 
 int tdist_group_is_aborted(const tdist_group_t *g) {
   return g ? atomic_load(&((tdist_group_t *)g)->aborted) : 0;
+}
+
+/* Any thread. The view is made on first use; two threads racing both make
+ * one and the loser releases its own, so no lock is needed. */
+tdist_store_t *tdist_group_store(tdist_group_t *g) {
+  if (!g || !g->store) return NULL;
+  tdist_store_t *v = atomic_load_explicit(&g->user_store, memory_order_acquire);
+  if (v) return v;
+  tdist_store_t *mine = NULL;
+  if (tdist_store_prefix(g->store, "user/", &mine) != 0) return NULL;
+  if (atomic_compare_exchange_strong_explicit(&g->user_store, &v, mine, memory_order_acq_rel,
+                                              memory_order_acquire))
+    return mine;
+  tdist_store_release(mine); /* another thread won: v is its view */
+  return v;
 }
 
 int tdist_group_rank(const tdist_group_t *g) { return g ? g->rank : -1; }

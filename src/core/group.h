@@ -52,6 +52,8 @@ struct tdist_group {
   int needs_poll;       /* the backend wants poll while work is in flight */
   int device;           /* CUDA device or -1 */
   tdist_store_t *store; /* prefix view "tdist/<name>/...", private to the group */
+  _Atomic(tdist_store_t *) user_store; /* (atomic) tdist_group_store's "user/" view of
+                                          store, made on first use; freed with g */
   tdist__ctx_t *ctx;    /* a reference */
 
   /* (atomic) */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/group.h"
+#include "core/ops_int.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -53,6 +54,53 @@ static int check_redop(const tdist_group_t *g, tdist_redop_t op, const char *fn)
   return 0;
 }
 
+static int is_float_dtype(tdist_dtype_t dt) {
+  return dt == TDIST_FLOAT16 || dt == TDIST_BFLOAT16 || dt == TDIST_FLOAT32 ||
+         dt == TDIST_FLOAT64 || dt == TDIST_FLOAT8_E4M3 || dt == TDIST_FLOAT8_E5M2;
+}
+
+/* A reduction that means nothing for the element type, on any backend (so
+ * INVALID_ARGUMENT, checked before the backend's capabilities): a bitwise op
+ * on a float type; AVG or PREMUL_SUM of BOOL. Values out of range are left
+ * to check_dtype / check_redop. */
+static int check_redop_dtype(tdist_redop_t op, tdist_dtype_t dt, const char *fn) {
+  if ((op == TDIST_BAND || op == TDIST_BOR || op == TDIST_BXOR) && is_float_dtype(dt))
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: %s is a bitwise reduction, for integer and bool types; %s is a "
+                        "float type",
+                        fn, tdist_redop_name(op), tdist_dtype_name(dt));
+  if ((op == TDIST_AVG || op == TDIST_PREMUL_SUM) && dt == TDIST_BOOL)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: %s of bool is not defined (use sum for or, prod for and)", fn,
+                        tdist_redop_name(op));
+  return 0;
+}
+
+/* Byte ranges [a, a + al) and [b, b + bl) share a byte. */
+static int overlaps(const void *a, size_t al, const void *b, size_t bl) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return al && bl && x < y + bl && y < x + al;
+}
+
+/* The op's send and receive buffers (sl and rl bytes) may overlap only in
+ * its in-place form (`in_place`: the caller checked the exact positions,
+ * described by `form`; NULL: the op has none). Anything else would have the
+ * backend read what it has already written (all_to_all, a scatter root) or
+ * overlap its own copy: success with wrong elements, so it is refused. */
+static int check_overlap(const void *sendbuf, size_t sl, const void *recvbuf, size_t rl,
+                         int in_place, const char *form, const char *fn) {
+  if (in_place || !overlaps(sendbuf, sl, recvbuf, rl)) return 0;
+  if (!form)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: sendbuf [%p, +%zu bytes) and recvbuf [%p, +%zu bytes) overlap; the "
+                        "op has no in-place form, the buffers must be disjoint",
+                        fn, sendbuf, sl, (void *)recvbuf, rl);
+  return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                      "%s: sendbuf [%p, +%zu bytes) and recvbuf [%p, +%zu bytes) overlap; they "
+                      "must be disjoint, or in place exactly (%s)",
+                      fn, sendbuf, sl, (void *)recvbuf, rl, form);
+}
+
 static int check_rank(const tdist_group_t *g, int r, const char *what, const char *fn) {
   if (r < 0 || r >= g->size)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s %d is not in [0, %d) of group '%s'", fn,
@@ -84,6 +132,10 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
                         "%s: a synchronous op on the progress thread (from a completion "
                         "callback) would wait for itself; pass a work out-param",
                         tdist_op_name(a->type));
+  /* Every op passes here, those of ops_v.c too: a reduction/type pair that
+   * means nothing never reaches a backend's kernels (ops that do not reduce
+   * carry TDIST_SUM). */
+  TDIST_CHECK(check_redop_dtype(a->redop, a->dtype, tdist_op_name(a->type)));
   tdist_work_t *w = tdist__work_alloc(g);
   if (!w) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a work handle");
   w->args = *a;
@@ -158,9 +210,13 @@ int tdist_all_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
   tdist__error_clear();
   TDIST_CHECK(check_group(g, TDIST_OP_ALL_REDUCE, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
+  TDIST_CHECK(check_redop_dtype(op, dtype, fn));
   TDIST_CHECK(check_redop(g, op, fn));
   TDIST_CHECK(check_buf(g, sendbuf, count, "sendbuf", fn));
   TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
+  size_t bytes = count * tdist_dtype_size(dtype);
+  TDIST_CHECK(
+      check_overlap(sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf, "sendbuf == recvbuf", fn));
   return submit_op(g, TDIST_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0, opts, work);
 }
 
@@ -182,10 +238,16 @@ int tdist_reduce(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_t co
   tdist__error_clear();
   TDIST_CHECK(check_group(g, TDIST_OP_REDUCE, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
+  TDIST_CHECK(check_redop_dtype(op, dtype, fn));
   TDIST_CHECK(check_redop(g, op, fn));
   TDIST_CHECK(check_rank(g, root, "root", fn));
   TDIST_CHECK(check_buf(g, sendbuf, count, "sendbuf", fn));
-  if (g->rank == root) TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf (on root)", fn));
+  if (g->rank == root) {
+    TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf (on root)", fn));
+    size_t bytes = count * tdist_dtype_size(dtype);
+    TDIST_CHECK(check_overlap(sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf,
+                              "sendbuf == recvbuf", fn));
+  }
   return submit_op(g, TDIST_OP_REDUCE, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
 
@@ -212,8 +274,18 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
   case TDIST_OP_SCATTER:
     if (is_root) TDIST_CHECK(check_buf(g, sendbuf, whole, "sendbuf (on root)", fn));
     TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
+    /* The root sends its other blocks from sendbuf after copying its own
+     * into recvbuf: a recvbuf over another block would be sent clobbered. */
+    if (is_root) {
+      size_t bytes = count * tdist_dtype_size(dtype);
+      TDIST_CHECK(
+          check_overlap(sendbuf, bytes * (size_t)g->size, recvbuf, bytes,
+                        (const char *)recvbuf == (const char *)sendbuf + (size_t)g->rank * bytes,
+                        "recvbuf == sendbuf + rank * count elements", fn));
+    }
     break;
   case TDIST_OP_REDUCE_SCATTER:
+    TDIST_CHECK(check_redop_dtype(op, dtype, fn));
     TDIST_CHECK(check_redop(g, op, fn));
     TDIST_CHECK(check_buf(g, sendbuf, whole, "sendbuf", fn));
     TDIST_CHECK(check_buf(g, recvbuf, count, "recvbuf", fn));
@@ -223,6 +295,10 @@ static int blocked_op(tdist_group_t *g, tdist_optype_t type, const char *fn, con
     TDIST_CHECK(check_buf(g, recvbuf, whole, "recvbuf", fn));
     if (count && sendbuf == recvbuf)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
+    /* Overlapping but not identical is just as wrong: blocks are sent from
+     * sendbuf while others arrive in recvbuf. */
+    size_t wb = whole * tdist_dtype_size(dtype);
+    TDIST_CHECK(check_overlap(sendbuf, wb, recvbuf, wb, 0, NULL, fn));
   }
   return submit_op(g, type, sendbuf, recvbuf, count, dtype, op, root, opts, work);
 }
@@ -272,11 +348,19 @@ static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf,
   tdist__error_clear();
   TDIST_CHECK(check_group(g, type, fn));
   TDIST_CHECK(check_dtype(g, dtype, count, 1, fn));
-  TDIST_CHECK(check_rank(g, peer, "peer", fn));
+  /* Wildcards (receives only, ops_v.c says whether the backend takes them). */
+  int any_src = type == TDIST_OP_RECV && peer == TDIST_ANY_SOURCE;
+  if (any_src)
+    TDIST_CHECK(tdist__ops_check_any(g, "TDIST_ANY_SOURCE", fn));
+  else
+    TDIST_CHECK(check_rank(g, peer, "peer", fn));
   TDIST_CHECK(check_buf(g, buf, count, "buf", fn));
   tdist__op_args_t a;
   args_init(&a, type, opts);
-  if (a.tag < 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a.tag);
+  if (type == TDIST_OP_RECV && a.tag == TDIST_ANY_TAG)
+    TDIST_CHECK(tdist__ops_check_any(g, "TDIST_ANY_TAG", fn));
+  else if (a.tag < 0)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a.tag);
   a.sendbuf = buf;
   a.recvbuf = buf;
   a.count = count;
@@ -343,4 +427,31 @@ int tdist_work_wait_stream(tdist_work_t *w, void *stream) {
                         g->bk->name);
   if (tdist__work_done(w)) return w->status;
   return g->bk->ops->wait_stream(g->bstate, &w->bop, stream);
+}
+
+/* ---- for ops_v.c (core/ops_int.h): the same checks and submission ----------- */
+
+int tdist__ops_check_group(tdist_group_t *g, tdist_optype_t type, const char *fn) {
+  return check_group(g, type, fn);
+}
+int tdist__ops_check_dtype(const tdist_group_t *g, tdist_dtype_t dt, size_t count, size_t blocks,
+                           const char *fn) {
+  return check_dtype(g, dt, count, blocks, fn);
+}
+int tdist__ops_check_redop(const tdist_group_t *g, tdist_redop_t op, const char *fn) {
+  return check_redop(g, op, fn);
+}
+int tdist__ops_check_rank(const tdist_group_t *g, int r, const char *what, const char *fn) {
+  return check_rank(g, r, what, fn);
+}
+int tdist__ops_check_buf(const tdist_group_t *g, const void *buf, size_t count, const char *what,
+                         const char *fn) {
+  return check_buf(g, buf, count, what, fn);
+}
+void tdist__ops_args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
+  args_init(a, type, opts);
+}
+int tdist__ops_submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+                      tdist_work_t **out) {
+  return submit(g, a, opts, out);
 }

@@ -81,28 +81,63 @@ static int nseg_for(const cpu_op_t *op, size_t count) {
 /* ---- all_reduce ------------------------------------------------------------------ */
 
 /* Recursive doubling; round 0 folds the `extra` ranks above the largest power
- * of two into their neighbours, the last round sends them the result. */
+ * of two into their neighbours, the last round sends them the result.
+ *
+ * Every rank must end with the same bits. Float SUM/PROD of two NaNs keep the
+ * first operand's payload, so `mine op theirs` on one side of a pair and
+ * `theirs op mine` on the other could differ; the engine's reducing receive
+ * computes `mine op received`. So the combination order is fixed: the block
+ * of the lower ranks always comes first. A rank whose partner is higher uses
+ * the reducing receive (mine is the lower block); a rank whose partner is
+ * lower receives into op->tmp instead and folds `tmp op mine` itself at the
+ * start of the next round (before anything is sent from buf again). Each
+ * round then computes, on both sides, lower op higher over the same two
+ * blocks, and by induction every rank holds the same bits after every round:
+ * the result is one fixed tree over the ranks in order. */
+
+/* The group rank rd_round talks to in round k (1..logp), or -1 (folded). */
+static int rd_partner(const cpu_op_t *op, int k) {
+  int r = op->rank, extra = op->extra;
+  int nr = r < 2 * extra ? (r % 2 ? r / 2 : -1) : r - extra;
+  if (nr < 0) return -1;
+  int pn = nr ^ (1 << (k - 1));
+  return pn < extra ? pn * 2 + 1 : pn + extra;
+}
+
+/* Round k's block arrives from a lower rank into op->tmp (see above). */
+static int rd_from_lower(const cpu_op_t *op, int k, int logp) {
+  if (k == 0) return op->rank < 2 * op->extra && op->rank % 2;
+  if (k > logp) return 0;
+  int p = rd_partner(op, k);
+  return p >= 0 && p < op->rank;
+}
+
 static int rd_round(cpu_op_t *op, int k) {
   int r = op->rank, extra = op->extra, logp = 0;
   size_t len = op->count * op->es;
   while ((1 << logp) < op->pof2)
     logp++;
+  if (k > 0 && len && rd_from_lower(op, k - 1, logp)) {
+    tdist__cpu_reduce(op->tmp, op->buf, op->count, op->dtype, op->redop); /* lower op mine */
+    memcpy(op->buf, op->tmp, len);
+  }
   if (k == 0) {
     if (r < 2 * extra) {
       if (r % 2 == 0)
         tdist__cpu_op_send(op, r + 1, op->buf, len);
       else
-        tdist__cpu_op_recv(op, r - 1, op->buf, len, 1);
+        tdist__cpu_op_recv(op, r - 1, op->tmp, len, 0);
     }
     return 0;
   }
   if (k <= logp) {
-    int nr = r < 2 * extra ? (r % 2 ? r / 2 : -1) : r - extra;
-    if (nr < 0) return 0;
-    int pn = nr ^ (1 << (k - 1));
-    int p = pn < extra ? pn * 2 + 1 : pn + extra;
+    int p = rd_partner(op, k);
+    if (p < 0) return 0;
     tdist__cpu_op_send(op, p, op->buf, len);
-    tdist__cpu_op_recv(op, p, op->buf, len, 1);
+    if (p < r)
+      tdist__cpu_op_recv(op, p, op->tmp, len, 0);
+    else
+      tdist__cpu_op_recv(op, p, op->buf, len, 1);
     return 0;
   }
   if (k == logp + 1) {
@@ -324,8 +359,17 @@ static int use_tmp(cpu_op_t *op, size_t bytes) {
   return 0;
 }
 
+/* memmove: the core lets sendbuf overlap recvbuf in some ops (all_gather
+ * with sendbuf over another block, ops.c); every algorithm copies the input
+ * before anything is received. */
 static void copy_in(void *dst, const void *src, size_t bytes) {
-  if (bytes && dst != src) memcpy(dst, src, bytes);
+  if (bytes && dst != src) memmove(dst, src, bytes);
+}
+
+/* The input copy needs tdist__cpu_scale: PREMUL_SUM's factor, or BOOL's
+ * non-zero bytes made 1 (so even a single rank's result is 0 or 1). */
+static int prepare_input(const cpu_op_t *op) {
+  return op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL;
 }
 
 int tdist__cpu_algo_setup(cpu_op_t *op) {
@@ -342,13 +386,14 @@ int tdist__cpu_algo_setup(cpu_op_t *op) {
   switch (op->type) {
   case TDIST_OP_ALL_REDUCE:
     copy_in(op->buf, a->sendbuf, bytes);
-    if (op->redop == TDIST_PREMUL_SUM) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
     op->finish_fn = avg_finish;
     if (n == 1) break;
     if (bytes < (size_t)tdist__param_CpuRingBytes() || op->count < (size_t)n) {
       op->pof2 = 1 << (log2_ceil(n + 1) - 1);
       op->extra = n - op->pof2;
       op->round_fn = rd_round;
+      if (bytes) TDIST_CHECK(use_tmp(op, bytes)); /* blocks from lower ranks land here */
     } else {
       op->nseg = nseg_for(op, op->count);
       op->round_fn = ring_round;
@@ -357,8 +402,7 @@ int tdist__cpu_algo_setup(cpu_op_t *op) {
   case TDIST_OP_REDUCE_SCATTER:
     TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
     copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
-    if (op->redop == TDIST_PREMUL_SUM)
-      tdist__cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
+    if (prepare_input(op)) tdist__cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
     op->finish_fn = rs_finish;
     if (n == 1) break;
     op->nseg = nseg_for(op, op->count * (size_t)n);
@@ -379,7 +423,7 @@ int tdist__cpu_algo_setup(cpu_op_t *op) {
       op->buf = op->tmp;
     }
     copy_in(op->buf, a->sendbuf, bytes);
-    if (op->redop == TDIST_PREMUL_SUM) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+    if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
     op->finish_fn = reduce_finish;
     if (n > 1) op->round_fn = reduce_tree_round;
     break;

@@ -157,7 +157,7 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
   }
   op->cseq = cg->next_cseq++;
   tdist__cpu_probe_posted(op);
-  int rc = tdist__cpu_algo_setup(op);
+  int rc = tdist__op_is_v(op->type) ? tdist__cpu_algo_setup_v(op) : tdist__cpu_algo_setup(op);
   if (rc < 0) {
     /* This rank cannot take part in collective #cseq, which the others run:
      * the group is broken (and no rank's numbering drifts). The op stays on
@@ -302,5 +302,6 @@ const tdist__backend_t tdist__cpu_backend = {
         .redops = TDIST__ALL_REDOPS,
         .shrink = 1,
         .stream_wait = 0,
+        .any_source = 1, /* engine.c: wildcard receives */
     },
 };

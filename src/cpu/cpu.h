@@ -427,9 +427,13 @@ int tdist__cpu_op_recv(cpu_op_t *op, int peer, void *ptr, size_t len, int reduce
 int tdist__cpu_op_reserve(cpu_op_t *op, int n);
 
 /* ---- reduce.c (any thread) ------------------------------------------------------ */
-/* dst[i] = dst[i] (op) src[i] for n elements; AVG and PREMUL_SUM reduce as SUM. */
+/* dst[i] = dst[i] (op) src[i] for n elements; AVG and PREMUL_SUM reduce as SUM.
+ * Only SUM/PROD of two NaNs depend on the operand order (which payload
+ * wins): callers that need the same bits on every rank keep the order the
+ * same everywhere (algos.c: lower-rank block first). */
 void tdist__cpu_reduce(void *dst, const void *src, size_t n, tdist_dtype_t dt, tdist_redop_t op);
-/* buf[i] *= scalar (PREMUL_SUM input scaling). */
+/* buf[i] *= scalar (PREMUL_SUM input scaling); BOOL: buf[i] = buf[i] != 0
+ * (algos.c prepares every BOOL input so, scalar unused). */
 void tdist__cpu_scale(void *buf, size_t n, tdist_dtype_t dt, double scalar);
 /* buf[i] /= divisor (AVG; integers truncate toward zero). */
 void tdist__cpu_divide(void *buf, size_t n, tdist_dtype_t dt, int divisor);
@@ -437,6 +441,12 @@ float tdist__cpu_half_to_float(uint16_t h);
 uint16_t tdist__cpu_float_to_half(float f);
 float tdist__cpu_bf16_to_float(uint16_t h);
 uint16_t tdist__cpu_float_to_bf16(float f);
+/* OCP float8: round to nearest even; E4M3 saturates at +-448 (it has
+ * no infinity), E5M2 overflows to infinity. */
+float tdist__cpu_e4m3_to_float(uint8_t b);
+uint8_t tdist__cpu_float_to_e4m3(float f);
+float tdist__cpu_e5m2_to_float(uint8_t b);
+uint8_t tdist__cpu_float_to_e5m2(float f);
 
 /* ---- backend.c: the backend as the core's table lists it ------------------------ */
 extern const tdist__backend_t tdist__cpu_backend;
@@ -483,5 +493,19 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
 int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
 cpu_xfer_t *tdist__cpu_precv_match(cpu_group_t *cg, int src, int tag); /* posted p2p receive */
 void tdist__cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u); /* give u to its receive, if posted */
+/* Receive x (taken off the posted list) gets message h from group rank src:
+ * check it (tdist__cpu_check_p2p: a wildcard receive, peer TDIST_ANY_SOURCE
+ * or tag TDIST_ANY_TAG, takes up to its count) and, for a wildcard, record
+ * the source, tag and count in its core op (rx_*). 1 on a mismatch
+ * (reported). Safe anywhere in the transport. */
+int tdist__cpu_match_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
+
+/* ---- algos_v.c: variable-size collectives (progress thread) ----------------- */
+/* Set up a v-op (tdist__op_is_v): the own block's local copy, round_fn. */
+int tdist__cpu_algo_setup_v(cpu_op_t *op);
+/* tdist__cpu_check_coll for a v-op: op, dtype, root, reduction, and for a
+ * data message of a running op its count against what this rank expects
+ * from src (MISMATCH naming both numbers). 1 on a mismatch (reported). */
+int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
 
 #endif

@@ -94,19 +94,26 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
       }
     }
   } else if (h->kind == CPU_MSG_P2P) {
+    /* The earliest posted receive that fits (its peer or TDIST_ANY_SOURCE,
+     * its tag or TDIST_ANY_TAG: engine.c). */
     cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, h->root);
-    /* Only if nothing older from this peer with this tag is waiting. */
+    /* Only if nothing older from this peer that x would take is waiting
+     * (same tag, or any tag for an any-tag receive): per-pair order. */
     int older = 0;
     if (x) {
       tdist__list_t *n;
       tdist__list_foreach(n, &cg->ux) {
         cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
-        if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer && u->hdr.root == h->root) older = 1;
+        if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer &&
+            (u->hdr.root == h->root || x->tag == TDIST_ANY_TAG))
+          older = 1;
       }
     }
     if (x && !older) {
       tdist__list_remove(&x->plink);
-      if (tdist__cpu_check_p2p(cg, x, h, src)) return;
+      /* checks it (a wildcard receive takes up to its count) and records
+       * what matched for tdist_work_status_info */
+      if (tdist__cpu_match_p2p(cg, x, h, src)) return;
       c->rx_op = x->op;
       c->rx_x = x;
       c->rx_dst = x->ptr;

@@ -198,6 +198,8 @@ cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq) {
 /* Compare a peer's header with the local op; 1 (and the group's failure
  * reported) if they disagree. The text names both sides. */
 int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
+  /* v-ops: per-message counts (algos_v.c) */
+  if (tdist__op_is_v(op->type)) return tdist__cpu_check_v(cg, op, h, src);
   int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
                op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
   int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
@@ -229,6 +231,17 @@ int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int
 int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
   if (h->count == x->count && h->dtype == x->dtype) return 0;
   char text[256];
+  if (x->peer < 0 || x->tag < 0) {
+    /* A wildcard receive takes up to its count (tdist/ops.h). */
+    if (h->count <= x->count && h->dtype == x->dtype) return 0;
+    snprintf(text, sizeof(text),
+             "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but the matching "
+             "wildcard receive of rank %d takes at most count %zu %s",
+             src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
+             x->count, tdist_dtype_name(x->dtype));
+    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+    return 1;
+  }
   snprintf(text, sizeof(text),
            "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but rank %d posted a "
            "receive of count %zu %s",
@@ -251,7 +264,9 @@ void tdist__cpu_xfer_done(cpu_op_t *op) {
 /* Hand a complete unexpected message to receive x of op, and free it. On a
  * failure (reported) x stays undone, so op waits for the abort. */
 void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
-  if (u->hdr.len != x->len) {
+  /* A wildcard receive may get less than it posted (checked by the match). */
+  int shorter = op->p2p && (x->peer < 0 || x->tag < 0) && u->hdr.len < x->len;
+  if (u->hdr.len != x->len && !shorter) {
     char text[160];
     snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
              tdist__cpu_grank_of(cg, u->src), u->hdr.len, x->len);
@@ -276,8 +291,8 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
   } else if (x->reduce) {
     x->stage = u->data; /* reduced at the end of the round */
     u->data = NULL;
-  } else if (x->len) {
-    memcpy(x->ptr, u->data, x->len);
+  } else if (u->hdr.len) {
+    memcpy(x->ptr, u->data, u->hdr.len);
   }
   x->done = 1;
   tdist__cpu_ux_free(cg->ctx, u);
@@ -341,7 +356,8 @@ static void send_one(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int k) {
                        .redop = (uint8_t)op->redop,
                        .uid = cg->uid,
                        .seq = op->cseq,
-                       .count = op->count,
+                       /* v-ops: this message's own count (algos_v.c) */
+                       .count = tdist__op_is_v(op->type) ? x->count : op->count,
                        .slot = (uint32_t)k,
                        .root = op->root,
                        .len = x->len};
@@ -423,7 +439,9 @@ cpu_xfer_t *tdist__cpu_precv_match(cpu_group_t *cg, int src, int tag) {
   tdist__list_t *n;
   tdist__list_foreach(n, &cg->precv) {
     cpu_xfer_t *x = tdist__list_entry(n, cpu_xfer_t, plink);
-    if (x->peer == src && x->tag == tag) return x;
+    if ((x->peer == src || x->peer == TDIST_ANY_SOURCE) &&
+        (x->tag == tag || x->tag == TDIST_ANY_TAG))
+      return x;
   }
   return NULL;
 }
@@ -434,18 +452,33 @@ void tdist__cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u) {
   cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, u->hdr.root);
   if (!x) return;
   tdist__list_remove(&x->plink);
-  if (tdist__cpu_check_p2p(cg, x, &u->hdr, src)) return;
+  if (tdist__cpu_match_p2p(cg, x, &u->hdr, src)) return;
   tdist__cpu_deliver_ux(cg, x->op, x, u);
 }
 
-/* The oldest unexpected p2p message from world rank `world` with `tag`. */
+/* The oldest unexpected p2p message from world rank `world` with `tag`
+ * (either may be -1: any). The ux list is in arrival order, so messages of
+ * one sender come out in the order it sent them (non-overtaking). */
 static cpu_ux_t *p2p_oldest(cpu_group_t *cg, int world, int tag) {
   tdist__list_t *n;
   tdist__list_foreach(n, &cg->ux) {
     cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
-    if (u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == tag) return u;
+    if (u->hdr.kind == CPU_MSG_P2P && (world < 0 || u->src == world) &&
+        (tag < 0 || u->hdr.root == tag))
+      return u;
   }
   return NULL;
+}
+
+int tdist__cpu_match_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
+  if (tdist__cpu_check_p2p(cg, x, h, src)) return 1;
+  if ((x->peer < 0 || x->tag < 0) && x->op->bop) {
+    /* Read by tdist_work_status_info once the completion is published. */
+    x->op->bop->rx_source = src;
+    x->op->bop->rx_tag = (int)h->root;
+    x->op->bop->rx_count = (size_t)h->count;
+  }
+  return 0;
 }
 
 /* A complete message for receive p is already here. */
@@ -454,7 +487,8 @@ static int p2p_waiting(cpu_group_t *cg, const tdist_p2p_op_t *p) {
   tdist__list_t *n;
   tdist__list_foreach(n, &cg->ux) {
     cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
-    if (u->complete && u->hdr.kind == CPU_MSG_P2P && u->src == world && u->hdr.root == p->tag)
+    if (u->complete && u->hdr.kind == CPU_MSG_P2P && u->src == world &&
+        (p->tag < 0 || u->hdr.root == p->tag))
       return 1;
   }
   return 0;
@@ -496,7 +530,7 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                    .count = p->count,
                    .root = p->tag,
                    .len = len};
-    cpu_conn_t *pc = cg->conns[p->peer];
+    cpu_conn_t *pc = p->peer >= 0 ? cg->conns[p->peer] : NULL; /* -1: any source */
     if (p->kind == TDIST_P2P_SEND && p->peer == cg->rank) {
       /* To self: a copy queued as if it had arrived. */
       cpu_ux_t *u = tdist__cpu_ux_new(cg->ctx, &h, me, 0);
@@ -519,9 +553,9 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       tdist__cpu_send(pc, m);
     } else {
       /* Receive: the oldest matching message already here, else post. */
-      cpu_ux_t *u = p2p_oldest(cg, cg->global_ranks[p->peer], p->tag);
+      cpu_ux_t *u = p2p_oldest(cg, p->peer >= 0 ? cg->global_ranks[p->peer] : -1, p->tag);
       if (u && u->complete) {
-        if (tdist__cpu_check_p2p(cg, x, &u->hdr, p->peer)) return 0;
+        if (tdist__cpu_match_p2p(cg, x, &u->hdr, tdist__cpu_grank_of(cg, u->src))) return 0;
         tdist__cpu_deliver_ux(cg, op, x, u);
       } else {
         tdist__list_push_back(&cg->precv, &x->plink);

@@ -106,6 +106,8 @@ typedef enum {
   ncclFloat32 = 7,
   ncclFloat64 = 8,
   ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10, /* NCCL 2.24 and later; reductions need sm_90 */
+  ncclFloat8e5m2 = 11,
 } ncclDataType_t;
 
 /* Built-in reductions; ncclRedOpCreatePreMulSum hands out other values. The

@@ -70,6 +70,7 @@ typedef struct tdist__nccl {
   tdist__bk_group_t *group; /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
   char name[64];            /* the group's name, for messages and the NCCL config */
   int64_t timeout_ms;       /* the group's timeout at creation: bounds destroy */
+  int rank, size;           /* in the group (v-ops: nccl_ops_v.c) */
   int device;
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
@@ -262,6 +263,16 @@ int tdist__nccl_post(void *state, tdist__bk_op_t *op);
 int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream);
+
+/* ---- variable-size collectives (nccl_ops_v.c), caller thread, mu held ---------- */
+/* The NCCL calls of a v-op (tdist__op_is_v) on nc->stream, in one NCCL group. */
+ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDataType_t dt,
+                                  ncclRedOp_t op);
+/* submit's buffer check for a v-op: every non-empty block's buffer is device
+ * memory (tdist__nccl_check_ptr, nccl_ops.c). */
+int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist__op_args_t *a);
+int tdist__nccl_check_ptr(const tdist__nccl_t *nc, const void *ptr, const char *what,
+                          tdist_optype_t t);
 
 /* util/memkind.h's classifier (nccl_ops.c), registered by tdist__nccl_load. */
 int tdist__nccl_memkind(const void *ptr);

@@ -121,6 +121,8 @@ static int state_new(int device, const tdist__bk_params_t *p, tdist__nccl_t **ou
   tdist__list_init(&nc->inflight);
   nc->device = device;
   nc->group = p->group;
+  nc->rank = p->rank; /* the v-ops' loops over peers (nccl_ops_v.c) */
+  nc->size = p->size;
   nc->timeout_ms = p->timeout_ms;
   snprintf(nc->name, sizeof(nc->name), "%s", p->name ? p->name : "?");
   *out = nc;
@@ -473,11 +475,15 @@ const tdist__backend_t tdist__nccl_backend = {
     {
         .mem = TDIST__MEM_DEVICE,
         .ops = TDIST__ALL_OPS,
-        /* What tdist__nccl_dtype maps. */
+        /* What tdist__nccl_dtype maps. NCCL has no bool, int16 or uint16, so
+         * the core refuses them (NOT_SUPPORTED) before submit; the float8
+         * types also need NCCL 2.24, checked at submit (nccl_ops.c). */
         .dtypes = BIT(TDIST_INT8) | BIT(TDIST_UINT8) | BIT(TDIST_INT32) | BIT(TDIST_INT64) |
-                  BIT(TDIST_FLOAT16) | BIT(TDIST_BFLOAT16) | BIT(TDIST_FLOAT32) |
-                  BIT(TDIST_FLOAT64),
-        /* tdist__nccl_redop, plus PREMUL_SUM made per op (nccl_ops.c). */
+                  BIT(TDIST_UINT32) | BIT(TDIST_UINT64) | BIT(TDIST_FLOAT16) | BIT(TDIST_BFLOAT16) |
+                  BIT(TDIST_FLOAT32) | BIT(TDIST_FLOAT64) | BIT(TDIST_FLOAT8_E4M3) |
+                  BIT(TDIST_FLOAT8_E5M2),
+        /* tdist__nccl_redop, plus PREMUL_SUM made per op (nccl_ops.c). No
+         * BAND/BOR/BXOR: NCCL has no bitwise reductions. */
         .redops = BIT(TDIST_SUM) | BIT(TDIST_PROD) | BIT(TDIST_MIN) | BIT(TDIST_MAX) |
                   BIT(TDIST_AVG) | BIT(TDIST_PREMUL_SUM),
         .shrink = 1,

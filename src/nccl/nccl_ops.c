@@ -35,7 +35,11 @@ int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out) {
   case TDIST_BFLOAT16: *out = ncclBfloat16; return 0;
   case TDIST_FLOAT32: *out = ncclFloat32; return 0;
   case TDIST_FLOAT64: *out = ncclFloat64; return 0;
-  default: return -1;
+  case TDIST_UINT32: *out = ncclUint32; return 0;
+  case TDIST_UINT64: *out = ncclUint64; return 0;
+  case TDIST_FLOAT8_E4M3: *out = ncclFloat8e4m3; return 0;
+  case TDIST_FLOAT8_E5M2: *out = ncclFloat8e5m2; return 0;
+  default: return -1; /* bool, int16, uint16: not in NCCL (caps refuse them) */
   }
 }
 
@@ -46,7 +50,7 @@ int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out) {
   case TDIST_MIN: *out = ncclMin; return 0;
   case TDIST_MAX: *out = ncclMax; return 0;
   case TDIST_AVG: *out = ncclAvg; return 0;
-  default: return -1; /* PREMUL_SUM is created per op */
+  default: return -1; /* PREMUL_SUM is created per op; BAND/BOR/BXOR: none in NCCL */
   }
 }
 
@@ -82,13 +86,55 @@ static uint16_t to_bf16(double d) {
   return (uint16_t)(x >> 16);
 }
 
-/* The PREMUL_SUM factor in the op's own type (NCCL reads it as datatype). */
+/* OCP float8 bits of a double, rounded to nearest even (the CPU backend's
+ * src/cpu/fp8.c, which a backend may not call): E4M3 (3 mantissa bits, bias
+ * 7) saturates at +-448 and has one NaN, 0x7f; E5M2 (2 bits, bias 15)
+ * overflows to infinity, 0x7c. */
+static uint8_t to_fp8(double d, int e4m3) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  int mb = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  uint32_t sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu, top = e4m3 ? 0x7eu : 0x7cu, r;
+  if (ax > 0x7f800000u) return (uint8_t)(sign | (e4m3 ? 0x7fu : 0x7eu)); /* NaN */
+  int e = (int)(ax >> 23) - 127;
+  if (ax >= 0x7f800000u) {
+    r = top; /* infinity: E4M3 saturates, E5M2 keeps it */
+  } else if ((ax >> 23) == 0) {
+    r = 0;
+  } else if (e >= 1 - bias) {
+    int sh = 23 - mb;
+    r = ((ax + (1u << (sh - 1)) - 1 + ((ax >> sh) & 1)) >> sh) - ((uint32_t)(127 - bias) << mb);
+  } else {
+    int sh = 24 - bias - mb - e; /* subnormal: m * 2^(1 - bias - mb) */
+    uint32_t mf = (ax & 0x7fffffu) | 0x800000u;
+    r = sh > 25 ? 0 : mf >> sh;
+    if (sh <= 25) {
+      uint32_t rem = mf & ((1u << sh) - 1), half = 1u << (sh - 1);
+      if (rem > half || (rem == half && (r & 1))) r++;
+    }
+  }
+  return (uint8_t)(sign | (r > top ? top : r));
+}
+
+/* s in [lo, hi] (NaN: 0), so the cast to an integer type is defined. */
+static double clampd(double s, double lo, double hi) {
+  return s != s ? 0 : s < lo ? lo : s > hi ? hi : s;
+}
+
+/* The PREMUL_SUM factor in the op's own type (NCCL reads it as datatype).
+ * Integer types truncate and saturate. */
 static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
   switch (dt) {
-  case TDIST_INT8: *(int8_t *)out = (int8_t)s; break;
-  case TDIST_UINT8: *(uint8_t *)out = (uint8_t)s; break;
-  case TDIST_INT32: *(int32_t *)out = (int32_t)s; break;
-  case TDIST_INT64: *(int64_t *)out = (int64_t)s; break;
+  case TDIST_INT8: *(int8_t *)out = (int8_t)clampd(s, INT8_MIN, INT8_MAX); break;
+  case TDIST_UINT8: *(uint8_t *)out = (uint8_t)clampd(s, 0, UINT8_MAX); break;
+  case TDIST_INT32: *(int32_t *)out = (int32_t)clampd(s, INT32_MIN, INT32_MAX); break;
+  case TDIST_UINT32: *(uint32_t *)out = (uint32_t)clampd(s, 0, UINT32_MAX); break;
+  /* 2^63 and 2^64 are not in range: the largest doubles below them are */
+  case TDIST_INT64: *(int64_t *)out = (int64_t)clampd(s, -0x1p63, 0x1.fffffffffffffp62); break;
+  case TDIST_UINT64: *(uint64_t *)out = (uint64_t)clampd(s, 0, 0x1.fffffffffffffp63); break;
+  case TDIST_FLOAT8_E4M3: *(uint8_t *)out = to_fp8(s, 1); break;
+  case TDIST_FLOAT8_E5M2: *(uint8_t *)out = to_fp8(s, 0); break;
   case TDIST_FLOAT16: *(uint16_t *)out = to_half(s); break;
   case TDIST_BFLOAT16: *(uint16_t *)out = to_bf16(s); break;
   case TDIST_FLOAT32: *(float *)out = (float)s; break;
@@ -131,7 +177,10 @@ static ncclResult_t launch(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDat
     ncclResult_t e = ncclGroupEnd(); /* always closes the group, even after an error */
     return r != ncclSuccess ? r : e;
   }
-  default: return ncclInvalidArgument;
+  default:
+    /* the variable-size collectives: grouped calls (nccl_ops_v.c) */
+    if (tdist__op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op);
+    return ncclInvalidArgument;
   }
 }
 
@@ -181,8 +230,14 @@ static int check_device_ptr(const tdist__nccl_t *nc, const void *ptr, const char
   return 0;
 }
 
+int tdist__nccl_check_ptr(const tdist__nccl_t *nc, const void *ptr, const char *what,
+                          tdist_optype_t t) {
+  return check_device_ptr(nc, ptr, what, t);
+}
+
 static int check_buffers(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
   if (a->type == TDIST_OP_BARRIER) return 0;
+  if (tdist__op_is_v(a->type)) return tdist__nccl_check_v(nc, a); /* nccl_ops_v.c */
   if (a->type == TDIST_OP_BATCH_P2P) {
     for (int i = 0; i < a->np2p; i++)
       if (a->p2p[i].count > 0)
@@ -196,8 +251,28 @@ static int check_buffers(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
   return 0;
 }
 
+/* The float8 types came with NCCL 2.24: with an older library, refuse them
+ * here rather than let NCCL answer "invalid argument" (which would also put
+ * a non-blocking communicator in error). NCCL itself still refuses float8
+ * reductions on devices before sm_90, at the enqueue. */
+static int check_fp8(const tdist__op_args_t *a) {
+  int n = a->type == TDIST_OP_BATCH_P2P ? a->np2p : 1;
+  for (int i = 0; i < n; i++) {
+    tdist_dtype_t dt = a->type == TDIST_OP_BATCH_P2P ? a->p2p[i].dtype : a->dtype;
+    if (a->type == TDIST_OP_BARRIER || (dt != TDIST_FLOAT8_E4M3 && dt != TDIST_FLOAT8_E5M2) ||
+        NC.version >= TDIST__NCCL_VERSION(2, 24, 0))
+      continue;
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "backend 'nccl': %s needs NCCL 2.24 or later; the library loaded is "
+                        "NCCL %s",
+                        tdist_dtype_name(dt), NC.version_str);
+  }
+  return 0;
+}
+
 static int op_uses_redop(tdist_optype_t t) {
-  return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER;
+  return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER ||
+         t == TDIST_OP_REDUCE_SCATTER_V;
 }
 
 int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
@@ -216,6 +291,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   if (op_uses_redop(a->type) && a->redop != TDIST_PREMUL_SUM &&
       tdist__nccl_redop(a->redop, &rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
+  TDIST_CHECK(check_fp8(a));
 
   TDIST_CHECK(check_available(a->type));
   TDIST_CHECK(check_buffers(nc, a));
@@ -240,7 +316,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
     /* Host-immediate scalar: read before the call returns. The handle may be
      * destroyed once the last call using it has returned (and, for a
      * non-blocking comm, once the enqueue finished). */
-    _Alignas(8) unsigned char scalar[8];
+    _Alignas(8) unsigned char scalar[8] = {0};
     premul_scalar(a->dtype, a->scalar, scalar);
     NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, nc->comm),
                   nc->comm, rc, fail);

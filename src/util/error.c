@@ -47,26 +47,49 @@ int tdist__error(int rc, const char *fmt, ...) {
   return rc;
 }
 
+/* Indexed by tdist_dtype_t / tdist_redop_t (types.h): the designated
+ * initialisers keep each entry next to its value as types are appended. */
 size_t tdist_dtype_size(tdist_dtype_t d) {
-  static const size_t sizes[TDIST_DTYPE_COUNT] = {1, 1, 4, 8, 2, 2, 4, 8};
+  static const size_t sizes[TDIST_DTYPE_COUNT] = {
+      [TDIST_INT8] = 1,    [TDIST_UINT8] = 1,    [TDIST_INT32] = 4,       [TDIST_INT64] = 8,
+      [TDIST_FLOAT16] = 2, [TDIST_BFLOAT16] = 2, [TDIST_FLOAT32] = 4,     [TDIST_FLOAT64] = 8,
+      [TDIST_UINT32] = 4,  [TDIST_UINT64] = 8,   [TDIST_FLOAT8_E4M3] = 1, [TDIST_FLOAT8_E5M2] = 1,
+      [TDIST_BOOL] = 1,    [TDIST_INT16] = 2,    [TDIST_UINT16] = 2};
   return ((unsigned)d < TDIST_DTYPE_COUNT) ? sizes[d] : 0;
 }
 
 const char *tdist_dtype_name(tdist_dtype_t d) {
-  static const char *names[TDIST_DTYPE_COUNT] = {"int8",    "uint8",    "int32",   "int64",
-                                                 "float16", "bfloat16", "float32", "float64"};
+  static const char *names[TDIST_DTYPE_COUNT] = {[TDIST_INT8] = "int8",
+                                                 [TDIST_UINT8] = "uint8",
+                                                 [TDIST_INT32] = "int32",
+                                                 [TDIST_INT64] = "int64",
+                                                 [TDIST_FLOAT16] = "float16",
+                                                 [TDIST_BFLOAT16] = "bfloat16",
+                                                 [TDIST_FLOAT32] = "float32",
+                                                 [TDIST_FLOAT64] = "float64",
+                                                 [TDIST_UINT32] = "uint32",
+                                                 [TDIST_UINT64] = "uint64",
+                                                 [TDIST_FLOAT8_E4M3] = "float8_e4m3",
+                                                 [TDIST_FLOAT8_E5M2] = "float8_e5m2",
+                                                 [TDIST_BOOL] = "bool",
+                                                 [TDIST_INT16] = "int16",
+                                                 [TDIST_UINT16] = "uint16"};
   return ((unsigned)d < TDIST_DTYPE_COUNT) ? names[d] : "invalid";
 }
 
 const char *tdist_redop_name(tdist_redop_t op) {
-  static const char *names[TDIST_REDOP_COUNT] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
+  static const char *names[TDIST_REDOP_COUNT] = {
+      [TDIST_SUM] = "sum",   [TDIST_PROD] = "prod", [TDIST_MIN] = "min",
+      [TDIST_MAX] = "max",   [TDIST_AVG] = "avg",   [TDIST_PREMUL_SUM] = "premul_sum",
+      [TDIST_BAND] = "band", [TDIST_BOR] = "bor",   [TDIST_BXOR] = "bxor"};
   return ((unsigned)op < TDIST_REDOP_COUNT) ? names[op] : "invalid";
 }
 
 const char *tdist_op_name(tdist_optype_t op) {
   static const char *names[TDIST_OPTYPE_COUNT] = {
       "all_reduce",     "broadcast",  "reduce",  "all_gather", "gather", "scatter",
-      "reduce_scatter", "all_to_all", "barrier", "send",       "recv",   "batch_p2p"};
+      "reduce_scatter", "all_to_all", "barrier", "send",       "recv",   "batch_p2p",
+      "all_to_all_v",   "all_gather_v", "reduce_scatter_v", "gather_v", "scatter_v"};
   return ((unsigned)op < TDIST_OPTYPE_COUNT) ? names[op] : "invalid";
 }
 

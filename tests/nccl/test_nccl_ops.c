@@ -16,6 +16,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -81,15 +83,45 @@ static void test_stream_order(void **state) {
   check_order("ncclAllReduce", from, NULL);
 }
 
+/* The fake reports NCCL 2.23 (nccl_ops_2_23): no float8 types. */
+static int before_fp8(void) {
+  const char *v = getenv("FAKE_NCCL_VERSION");
+  return v && atoi(v) < 22400;
+}
+static int is_fp8(int dt) { return dt == TDIST_FLOAT8_E4M3 || dt == TDIST_FLOAT8_E5M2; }
+
 static void test_dtypes_and_redops(void **state) {
-  static const int want_dt[TDIST_DTYPE_COUNT] = {
-      [TDIST_INT8] = ncclInt8,       [TDIST_UINT8] = ncclUint8,     [TDIST_INT32] = ncclInt32,
-      [TDIST_INT64] = ncclInt64,     [TDIST_FLOAT16] = ncclFloat16, [TDIST_BFLOAT16] = ncclBfloat16,
-      [TDIST_FLOAT32] = ncclFloat32, [TDIST_FLOAT64] = ncclFloat64};
+  /* 0: NCCL has no such type; the core refuses it from the capabilities. */
+  static const int want_dt[TDIST_DTYPE_COUNT] = {[TDIST_INT8] = ncclInt8,
+                                                 [TDIST_UINT8] = ncclUint8,
+                                                 [TDIST_INT32] = ncclInt32,
+                                                 [TDIST_INT64] = ncclInt64,
+                                                 [TDIST_FLOAT16] = ncclFloat16,
+                                                 [TDIST_BFLOAT16] = ncclBfloat16,
+                                                 [TDIST_FLOAT32] = ncclFloat32,
+                                                 [TDIST_FLOAT64] = ncclFloat64,
+                                                 [TDIST_UINT32] = ncclUint32,
+                                                 [TDIST_UINT64] = ncclUint64,
+                                                 [TDIST_FLOAT8_E4M3] = ncclFloat8e4m3,
+                                                 [TDIST_FLOAT8_E5M2] = ncclFloat8e5m2,
+                                                 [TDIST_BOOL] = -1,
+                                                 [TDIST_INT16] = -1,
+                                                 [TDIST_UINT16] = -1};
   for (int dt = 0; dt < TDIST_DTYPE_COUNT; dt++) {
     int from = fake_log_size();
-    assert_int_equal(
-        tdist_all_reduce(world, hostbuf, hostbuf, 3, (tdist_dtype_t)dt, TDIST_SUM, NULL, NULL), 0);
+    int rc = tdist_all_reduce(world, hostbuf, hostbuf, 3, (tdist_dtype_t)dt, TDIST_SUM, NULL, NULL);
+    if (is_fp8(dt) && before_fp8()) {
+      assert_int_equal(rc, TDIST_ERR_NOT_SUPPORTED);
+      continue;
+    }
+    if (want_dt[dt] < 0) {
+      /* Refused at submit, before any NCCL or CUDA call, with the type named. */
+      assert_int_equal(rc, TDIST_ERR_NOT_SUPPORTED);
+      assert_non_null(strstr(tdist_last_error(), tdist_dtype_name((tdist_dtype_t)dt)));
+      assert_int_equal(fake_log_size(), from);
+      continue;
+    }
+    assert_int_equal(rc, 0);
     fake_call_t c = fake_log_get(fake_find("ncclAllReduce", from));
     assert_int_equal(c.b, want_dt[dt]);
   }
@@ -105,6 +137,65 @@ static void test_dtypes_and_redops(void **state) {
         0);
     fake_call_t c = fake_log_get(fake_find("ncclAllReduce", from));
     assert_int_equal((int)c.scalar, want_op[op]);
+  }
+}
+
+/* What NCCL cannot do is refused at submit (TDIST_ERR_NOT_SUPPORTED, from
+ * the capabilities), never handed to NCCL: bool/int16/uint16 in every op
+ * that carries a type, the bitwise reductions on integers. A bitwise op on a
+ * float is meaningless everywhere: TDIST_ERR_INVALID_ARGUMENT. */
+static void test_refused_at_submit(void **state) {
+  int from = fake_log_size();
+  tdist_work_t *w = NULL;
+  static const tdist_dtype_t no_type[] = {TDIST_BOOL, TDIST_INT16, TDIST_UINT16};
+  for (size_t i = 0; i < sizeof(no_type) / sizeof(no_type[0]); i++) {
+    tdist_dtype_t dt = no_type[i];
+    assert_int_equal(tdist_broadcast(world, hostbuf, 4, dt, 0, NULL, NULL),
+                     TDIST_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(tdist_last_error(), "has no"));
+    assert_int_equal(tdist_all_gather(world, hostbuf, hostbuf, 4, dt, NULL, NULL),
+                     TDIST_ERR_NOT_SUPPORTED);
+    assert_int_equal(tdist_isend(world, hostbuf, 4, dt, 0, NULL, &w), TDIST_ERR_NOT_SUPPORTED);
+    assert_int_equal(tdist_reduce(world, hostbuf, hostbuf, 4, dt, TDIST_MAX, 0, NULL, NULL),
+                     TDIST_ERR_NOT_SUPPORTED);
+  }
+  for (int op = TDIST_BAND; op <= TDIST_BXOR; op++) {
+    assert_int_equal(
+        tdist_all_reduce(world, hostbuf, hostbuf, 4, TDIST_INT32, (tdist_redop_t)op, NULL, NULL),
+        TDIST_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(tdist_last_error(), tdist_redop_name((tdist_redop_t)op)));
+    assert_int_equal(tdist_reduce_scatter(world, hostbuf, hostbuf, 4, TDIST_UINT64,
+                                          (tdist_redop_t)op, NULL, NULL),
+                     TDIST_ERR_NOT_SUPPORTED);
+    assert_int_equal(
+        tdist_all_reduce(world, hostbuf, hostbuf, 4, TDIST_FLOAT32, (tdist_redop_t)op, NULL, NULL),
+        TDIST_ERR_INVALID_ARGUMENT);
+  }
+  assert_int_equal(tdist_all_reduce(world, hostbuf, hostbuf, 4, TDIST_BOOL, TDIST_BOR, NULL, NULL),
+                   TDIST_ERR_NOT_SUPPORTED);
+  assert_null(w);
+  assert_int_equal(fake_log_size(), from); /* NCCL and CUDA never called */
+  /* The group is still usable. */
+  assert_int_equal(
+      tdist_all_reduce(world, hostbuf, hostbuf, 4, TDIST_UINT32, TDIST_MIN, NULL, NULL), 0);
+}
+
+/* The float8 types need NCCL 2.24: ctest runs this program again with the
+ * fake reporting 2.23 (nccl_ops_2_23), where they are refused at submit. */
+static void test_fp8_version(void **state) {
+  int old = before_fp8();
+  for (int dt = TDIST_FLOAT8_E4M3; dt <= TDIST_FLOAT8_E5M2; dt++) {
+    int from = fake_log_size();
+    int rc = tdist_all_gather(world, hostbuf, hostbuf, 5, (tdist_dtype_t)dt, NULL, NULL);
+    if (old) {
+      assert_int_equal(rc, TDIST_ERR_NOT_SUPPORTED);
+      assert_non_null(strstr(tdist_last_error(), "NCCL 2.24"));
+      assert_int_equal(fake_find("ncclAllGather", from), -1);
+    } else {
+      assert_int_equal(rc, 0);
+      assert_int_equal(fake_log_get(fake_find("ncclAllGather", from)).b,
+                       dt == TDIST_FLOAT8_E4M3 ? ncclFloat8e4m3 : ncclFloat8e5m2);
+    }
   }
 }
 
@@ -133,6 +224,12 @@ static void test_premul_sum(void **state) {
   premul_case(TDIST_FLOAT16, 0.5, 0x3800, ncclFloat16); /* raw IEEE half bits */
   premul_case(TDIST_BFLOAT16, 0.5, 0x3f00, ncclBfloat16);
   premul_case(TDIST_FLOAT16, 1.0 / 3.0, 0x3555, ncclFloat16);
+  if (!before_fp8()) {
+    premul_case(TDIST_FLOAT8_E4M3, 0.5, 0x30, ncclFloat8e4m3); /* raw float8 bits */
+    premul_case(TDIST_FLOAT8_E5M2, -3.0, 0xc2, ncclFloat8e5m2);
+    premul_case(TDIST_FLOAT8_E4M3, 1e9, 0x7e, ncclFloat8e4m3); /* saturates at 448 */
+  }
+  premul_case(TDIST_UINT64, 7.9, 7, ncclUint64);
   assert_int_equal(fake_count("ncclRedOpCreatePreMulSum"), fake_count("ncclRedOpDestroy"));
 }
 
@@ -267,6 +364,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stream_order, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dtypes_and_redops, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refused_at_submit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fp8_version, setup, teardown),
       cmocka_unit_test_setup_teardown(test_premul_sum, setup, teardown),
       cmocka_unit_test_setup_teardown(test_every_op, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wait_stream, setup, teardown),

@@ -91,12 +91,23 @@ static void test_pipeline(void **state) {
   run_ok(4, args, NULL, "results checked: OK");
 }
 
+/* Expert-parallel dispatch/combine with all_to_all_v and a skewed router. */
+static void test_moe(void **state) {
+  if (!have_cpu()) skip();
+  char *def[] = {EX_MOE, NULL};
+  char *small[] = {EX_MOE, "--tokens", "3", "--hidden", "5", "--experts-per-rank", "3", NULL};
+  run_ok(2, def, NULL, "moe: 4 experts over 2 ranks");
+  run_ok(3, small, NULL, "results checked: OK");
+  run_ok(4, def, NULL, "results checked: OK");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_mesh),
       cmocka_unit_test(test_mesh_bad_shape),
       cmocka_unit_test(test_pipeline),
+      cmocka_unit_test(test_moe),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
