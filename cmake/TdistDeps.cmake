@@ -16,6 +16,21 @@ if(NOT LIBUV_FOUND)
 endif()
 list(APPEND TDIST_PRIVATE_LIBS PkgConfig::LIBUV)
 
+# libcurl and json-c: the etcd store (src/store/etcd*.c) speaks HTTP/JSON to
+# etcd's gRPC gateway.
+if(PkgConfig_FOUND)
+  pkg_check_modules(LIBCURL IMPORTED_TARGET libcurl>=7.68)
+  pkg_check_modules(JSONC IMPORTED_TARGET json-c>=0.13)
+endif()
+if(NOT LIBCURL_FOUND)
+  message(FATAL_ERROR "libcurl (>= 7.68) not found. On Debian/Ubuntu: apt-get install libcurl4-openssl-dev")
+endif()
+if(NOT JSONC_FOUND)
+  message(FATAL_ERROR "json-c (>= 0.13) not found. On Debian/Ubuntu: apt-get install libjson-c-dev")
+endif()
+list(APPEND TDIST_PRIVATE_LIBS PkgConfig::LIBCURL PkgConfig::JSONC)
+string(APPEND TDIST_PC_REQUIRES " libcurl json-c")
+
 # jemalloc: a dedicated arena for the runtime's host allocations. Off under
 # sanitizers, whose allocator must see every allocation.
 set(TDIST_HAVE_JEMALLOC OFF)

@@ -3,7 +3,7 @@
  *
  *   store_bench [--host H] [--port P] [--clients 1,16,64] [--seconds S]
  *               [--warmup W] [--value-size B] [--rendezvous N]
- *               [--threads] [--redis]
+ *               [--threads] [--redis] [--etcd URL]
  *
  * With --port 0 (default) it starts a server in-process; run_store_bench.sh
  * starts the standalone tdist-store instead, so the server runs in its own
@@ -25,6 +25,13 @@
  * Rendezvous (tdist only, N > 0): N connections (from 16 threads, library
  * client) each set their address, multi-get everyone's and add to a
  * counter; the last sets "go" and all wait for it. Prints the wall time.
+ *
+ * --etcd URL (etcd://host:port[,...][/prefix]): the TCP store (in-process
+ * server, or --port) and the etcd store side by side in one run, both with
+ * the library client (--threads mode: a thread and a handle per client),
+ * then the N-client rendezvous on each. Prints one line per measurement in
+ * the bench format ("peer=etcd op=set clients=16 ops_s=..."), then a table
+ * with the etcd/TCP ratios. run_store_bench_etcd.sh starts a local cluster.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -41,6 +48,8 @@
 
 static sb_cfg_t g_cfg = {.host = "127.0.0.1", .seconds = 2.0, .warmup = 0.5, .vsize = 3};
 static atomic_int g_stop;
+static const char *g_url; /* the etcd store's URL while measuring it, else NULL */
+static double g_last[3];  /* ops/s of set, get, add of the last run_ops_threads */
 
 double sb_now(void) {
   struct timespec ts;
@@ -51,7 +60,8 @@ double sb_now(void) {
 static tdist_store_t *connect_or_die(void) {
   tdist_store_t *s;
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 60000};
-  if (tdist_store_connect(g_cfg.host, g_cfg.port, &o, &s)) {
+  if (g_url ? tdist_store_open_url(g_url, &o, &s)
+            : tdist_store_connect(g_cfg.host, g_cfg.port, &o, &s)) {
     fprintf(stderr, "store_bench: %s\n", tdist_last_error());
     exit(1);
   }
@@ -61,7 +71,7 @@ static tdist_store_t *connect_or_die(void) {
 typedef struct {
   int id, op;
   tdist_store_t *s;
-  uint64_t ops;
+  uint64_t ops, nset; /* nset: keys this client has set (get reads only those) */
   pthread_barrier_t *start;
 } worker_t;
 
@@ -72,7 +82,8 @@ static void *worker(void *arg) {
   pthread_barrier_wait(w->start);
   uint64_t n = 0;
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    snprintf(key, sizeof(key), "key:%d:%d", w->id, (int)(n % 1000));
+    uint64_t nkeys = w->op == 1 ? (w->nset < 1000 ? (w->nset ? w->nset : 1) : 1000) : 1000;
+    snprintf(key, sizeof(key), "key:%d:%d", w->id, (int)(n % nkeys));
     int rc;
     if (w->op == 0) {
       rc = tdist_store_set(w->s, key, val, (size_t)g_cfg.vsize);
@@ -91,6 +102,7 @@ static void *worker(void *arg) {
     n++;
   }
   w->ops = n;
+  if (w->op == 0) w->nset = n;
   return NULL;
 }
 
@@ -123,6 +135,7 @@ static void run_ops_threads(int clients) {
       total += ws[i].ops;
     }
     double dt = sb_now() - t0;
+    g_last[op] = (double)total / dt;
     printf("%s %d %.0f ops/s\n", names[op], clients, (double)total / dt);
     fflush(stdout);
     pthread_barrier_destroy(&b);
@@ -185,7 +198,8 @@ fail:
   exit(1);
 }
 
-static void run_rendezvous(int n) {
+/* Wall time of the whole rendezvous (connect included), in seconds. */
+static double run_rendezvous(int n) {
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
@@ -215,11 +229,53 @@ static void run_rendezvous(int n) {
   for (int i = 0; i < n; i++)
     tdist_store_release(conns[i]);
   free(conns);
+  return t2 - t0;
+}
+
+/* --etcd: the TCP store and the etcd store in one run, library client on
+ * both; bench lines per measurement, then the ratios. */
+static int run_compare(const char *url, const char *clients, int rdzv_n) {
+  enum { MAXC = 8 };
+  static const char *names[] = {"set", "get", "add"};
+  int cs[MAXC], nc = 0;
+  double ops[2][MAXC][3], rdzv[2] = {0, 0};
+  char list[128];
+  snprintf(list, sizeof(list), "%s", clients);
+  for (char *tok = strtok(list, ","); tok && nc < MAXC; tok = strtok(NULL, ","))
+    if (atoi(tok) > 0) cs[nc++] = atoi(tok);
+  for (int st = 0; st < 2; st++) {
+    const char *peer = st ? "etcd" : "tcp-store";
+    g_url = st ? url : NULL;
+    printf("# %s (%s)\n", peer, st ? url : "in-process tdist store server");
+    for (int c = 0; c < nc; c++) {
+      run_ops_threads(cs[c]);
+      for (int op = 0; op < 3; op++) {
+        ops[st][c][op] = g_last[op];
+        printf("peer=%s op=%s clients=%d ops_s=%.0f\n", peer, names[op], cs[c], g_last[op]);
+      }
+    }
+    if (rdzv_n > 0) {
+      rdzv[st] = run_rendezvous(rdzv_n);
+      printf("peer=%s op=rendezvous clients=%d s=%.3f\n", peer, rdzv_n, rdzv[st]);
+    }
+    fflush(stdout);
+  }
+  g_url = NULL;
+  printf("\n%-10s %7s %14s %14s %10s\n", "op", "clients", "tcp-store", "etcd", "etcd/tcp");
+  for (int c = 0; c < nc; c++)
+    for (int op = 0; op < 3; op++)
+      printf("%-10s %7d %10.0f ops/s %8.0f ops/s %9.3fx\n", names[op], cs[c], ops[0][c][op],
+             ops[1][c][op], ops[0][c][op] > 0 ? ops[1][c][op] / ops[0][c][op] : 0);
+  if (rdzv_n > 0)
+    printf("%-10s %7d %12.3f s %12.3f s %9.1fx slower\n", "rendezvous", rdzv_n, rdzv[0], rdzv[1],
+           rdzv[0] > 0 ? rdzv[1] / rdzv[0] : 0);
+  return 0;
 }
 
 int main(int argc, char **argv) {
   char clients[128] = "1,16,64";
   int rdzv_n = 1024, threads = 0;
+  const char *etcd = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--threads")) {
@@ -238,6 +294,8 @@ int main(int argc, char **argv) {
       g_cfg.warmup = atof(argv[++i]);
     } else if (v && !strcmp(a, "--value-size")) {
       g_cfg.vsize = atoi(argv[++i]);
+    } else if (v && !strcmp(a, "--etcd")) {
+      etcd = argv[++i];
     } else if (v && !strcmp(a, "--rendezvous")) {
       rdzv_n = atoi(argv[++i]);
     } else {
@@ -262,6 +320,11 @@ int main(int argc, char **argv) {
     g_cfg.port = tdist_store_server_port(srv);
   }
   int rc = 0;
+  if (etcd) {
+    rc = run_compare(etcd, clients, rdzv_n);
+    tdist_store_server_stop(srv);
+    return rc;
+  }
   for (char *tok = strtok(clients, ","); tok && !rc; tok = strtok(NULL, ","))
     if (atoi(tok) > 0) {
       if (threads)

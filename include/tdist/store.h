@@ -97,6 +97,19 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
 int tdist_store_open_file(const char *path, const tdist_store_opts_t *opts, tdist_store_t **store);
 
 /*
+ * tdist_store_open_url - a store named by a URL: "tcp://host:port"
+ * (tdist_store_connect), "file:///path" (tdist_store_open_file), or
+ * "etcd://host:port[,host:port...][/prefix]": an etcd v3 cluster through
+ * its JSON gateway, keys under "<prefix>/kv/" (default prefix "tdist"),
+ * failing over to the next endpoint when one is unreachable; it survives the
+ * loss of any process of the job and of a minority of its members
+ * (docs/store-protocol.md, "The etcd store"). Like connect, waits up to the
+ * timeout for the store to answer.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT for a malformed URL; as connect.
+ */
+int tdist_store_open_url(const char *url, const tdist_store_opts_t *opts, tdist_store_t **store);
+
+/*
  * tdist_store_prefix - a view of `base` whose keys are `prefix` + key. The view
  * shares base's connection and holds a reference on it; release both
  * independently. Views of views concatenate prefixes.
@@ -159,7 +172,8 @@ int tdist_store_multi_set(tdist_store_t *s, const char *const *keys, const void 
 /* append: append bytes to the key's value (created if missing). */
 int tdist_store_append(tdist_store_t *s, const char *key, const void *value, size_t len);
 
-/* The "host:port" or "file:path" this store talks to (static per handle). */
+/* The "host:port", "file:path" or etcd URL this store talks to (static per
+ * handle). */
 const char *tdist_store_address(const tdist_store_t *s);
 
 #ifdef __cplusplus

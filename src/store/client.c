@@ -1,8 +1,8 @@
 /*
  * client.c - the public store operations: argument checks, request encoding
  * (with the view's prefix in front of every key), reply decoding, prefix
- * views and reference counting. Transport is the root's vtable (tcp.c,
- * file.c). Any thread; a call is serialised on its root's connection.
+ * views, reference counting, and opening a store by URL. Transport is the
+ * root's vtable (tcp.c, file.c, etcd.c). Any thread; a call is serialised on its root's connection.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +12,7 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "store/etcd.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_TIMEOUT_MS 600000
@@ -86,12 +87,36 @@ int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t *
                           .timeout_ms = timeout_ms,
                           .token = r->token};
   if (strncmp(r->address, "file:", 5) == 0) return tdist_store_open_file(r->address + 5, &o, out);
+  if (strncmp(r->address, "etcd://", 7) == 0) /* the whole URL: address may be cut short */
+    return tdist__etcd_open(((const tdist__etcd_t *)r)->url, &o, out);
   const char *colon = strrchr(r->address, ':');
   if (!colon)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store: bad address '%s'", r->address);
   char host[256];
   snprintf(host, sizeof(host), "%.*s", (int)(colon - r->address), r->address);
   return tdist_store_connect(host, atoi(colon + 1), &o, out);
+}
+
+int tdist_store_open_url(const char *url, const tdist_store_opts_t *opts, tdist_store_t **store) {
+  if (!url || !store)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_store_open_url: NULL argument");
+  if (strncmp(url, "etcd://", 7) == 0) return tdist__etcd_open(url, opts, store);
+  if (strncmp(url, "file://", 7) == 0) return tdist_store_open_file(url + 7, opts, store);
+  if (strncmp(url, "tcp://", 6) == 0) {
+    const char *hp = url + 6, *colon = strrchr(hp, ':');
+    char host[256], *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (colon && colon > hp && (size_t)(colon - hp) < sizeof(host) && *end == '\0' && port > 0 &&
+        port < 65536) {
+      int bracket = hp[0] == '[' && colon[-1] == ']'; /* [v6]:port */
+      snprintf(host, sizeof(host), "%.*s", (int)(colon - hp) - 2 * bracket, hp + bracket);
+      return tdist_store_connect(host, (int)port, opts, store);
+    }
+  }
+  return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                      "store URL '%s' is not tcp://host:port, file:///path or "
+                      "etcd://host:port[,host:port...][/prefix]",
+                      url);
 }
 
 /* ---- encoding ---------------------------------------------------------------- */

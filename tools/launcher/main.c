@@ -2,8 +2,8 @@
  * tdistrun - start the ranks of a tdist job on this node (docs/launcher.md).
  *
  *   tdistrun -n N [--nnodes M --node-rank R] [--master-addr A] [--master-port P]
- *            [--backend cpu|nccl] [--grace S] [--dump-grace MS] [--external-store]
- *            [--no-prefix] [--no-fail-fast] [--] prog args...
+ *            [--store URL] [--backend cpu|nccl] [--grace S] [--dump-grace MS]
+ *            [--external-store] [--no-prefix] [--no-fail-fast] [--] prog args...
  *
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
  * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
@@ -15,6 +15,11 @@
  * (tdist-store) already runs there. A single-node job binds 127.0.0.1 on a
  * free port unless told otherwise; a multi-node job binds 0.0.0.0 on
  * --master-port (required, the other nodes must know it).
+ *
+ * --store URL (etcd://h:p,h:p/prefix, tcp://h:p, file:///path): the ranks
+ * get TDIST_STORE_URL instead of MASTER_ADDR/MASTER_PORT and nobody hosts a
+ * store; a single-node job adds a sub-prefix unique to the run to an etcd
+ * URL, so runs never see each other's keys.
  *
  * Multi-node: every launcher also connects to the store. The first one whose
  * rank fails writes "tdistrun/failed"; the others see it within ~250 ms and
@@ -32,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tdist/errors.h"
@@ -43,6 +49,7 @@ extern char **environ;
 typedef struct opts {
   int nproc, nnodes, node_rank, master_port, external_store, prefix, keep_going;
   const char *master_addr, *backend;
+  const char *store_url; /* --store; for etcd with one node, the run's own sub-prefix */
   double grace_s;
   int dump_grace_ms; /* -1: not given (TDIST_DUMP_GRACE_MS, else 1000) */
   char **argv;       /* the rank program and its arguments */
@@ -55,6 +62,9 @@ static void usage(FILE *f) {
              "  --node-rank R           this node's index, 0..M-1 (default 0)\n"
              "  --master-addr A         store address given to ranks (default 127.0.0.1)\n"
              "  --master-port P         store port (default: a free one; required if M > 1)\n"
+             "  --store URL             the ranks meet on this store instead of a hosted one:\n"
+             "                          etcd://host:port[,host:port...][/prefix], tcp://host:port\n"
+             "                          or file:///path (exported as TDIST_STORE_URL)\n"
              "  --backend B             exported as TDIST_BACKEND (cpu or nccl)\n"
              "  --grace S               seconds between SIGTERM and SIGKILL (default 3)\n"
              "  --dump-grace MS         after a rank fails, milliseconds the others get to\n"
@@ -120,6 +130,12 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       rc = parse_int(a, v, 1, 65535, &o->master_port);
     } else if (!strcmp(a, "--backend")) {
       o->backend = v;
+    } else if (!strcmp(a, "--store")) {
+      o->store_url = v;
+      if (strncmp(v, "etcd://", 7) && strncmp(v, "tcp://", 6) && strncmp(v, "file://", 7)) {
+        fprintf(stderr, "tdistrun: --store '%s': expected etcd://, tcp:// or file://\n", v);
+        rc = -1;
+      }
     } else if (!strcmp(a, "--dump-grace")) {
       rc = parse_int(a, v, 0, 3600000, &o->dump_grace_ms);
     } else if (!strcmp(a, "--grace")) {
@@ -154,7 +170,12 @@ static int parse_args(int argc, char **argv, opts_t *o) {
     fprintf(stderr, "tdistrun: too many ranks\n");
     return -1;
   }
-  if (o->nnodes > 1 && (!o->master_addr || !o->master_port)) {
+  if (o->store_url && (o->master_addr || o->master_port || o->external_store)) {
+    fprintf(stderr, "tdistrun: --store replaces --master-addr, --master-port and "
+                    "--external-store\n");
+    return -1;
+  }
+  if (o->nnodes > 1 && !o->store_url && (!o->master_addr || !o->master_port)) {
     fprintf(stderr,
             "tdistrun: a multi-node job (--nnodes %d) needs --master-addr and "
             "--master-port, the same on every node\n",
@@ -205,9 +226,8 @@ static int is_local_addr(const char *addr) {
 
 /* The variables tdistrun sets; inherited copies are dropped. */
 static const char *const own_vars[] = {
-    "RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED",
-    NULL};
+    "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED", "TDIST_STORE_URL",  NULL};
 
 static int is_own_var(const char *kv) {
   for (const char *const *v = own_vars; *v; v++) {
@@ -236,8 +256,14 @@ static char **rank_env(const opts_t *o, int local, const char *addr, int port) {
   PUT("LOCAL_RANK=%d", local);
   PUT("LOCAL_WORLD_SIZE=%d", o->nproc);
   PUT("GROUP_RANK=%d", o->node_rank);
-  PUT("MASTER_ADDR=%s", addr);
-  PUT("MASTER_PORT=%d", port);
+  if (o->store_url) {
+    size_t l = strlen(o->store_url) + 17; /* may be longer than tmp */
+    if ((env[k] = malloc(l))) snprintf(env[k], l, "TDIST_STORE_URL=%s", o->store_url);
+    k++;
+  } else {
+    PUT("MASTER_ADDR=%s", addr);
+    PUT("MASTER_PORT=%d", port);
+  }
   PUT("TDIST_STORE_HOSTED=1");
   /* --backend wins over an inherited TDIST_BACKEND, which is kept otherwise
    * (TDIST_BACKEND=nccl tdistrun ... runs on nccl). */
@@ -312,7 +338,22 @@ int main(int argc, char **argv) {
   char ***envs = NULL;
   const char *addr = o.master_addr ? o.master_addr : "127.0.0.1";
   int port = o.master_port;
-  int hosting = o.node_rank == 0 && !o.external_store && is_local_addr(addr);
+  int hosting = o.node_rank == 0 && !o.external_store && !o.store_url && is_local_addr(addr);
+  char *run_url = NULL;
+  if (o.store_url && o.nnodes == 1 && !strncmp(o.store_url, "etcd://", 7)) {
+    /* A run of its own under the given prefix (default "tdist"): rank
+     * claims and records of an earlier run stay out of sight. */
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    host[strcspn(host, ".")] = 0;
+    size_t l = strlen(o.store_url) + 160;
+    int has_prefix = strchr(o.store_url + 7, '/') != NULL;
+    if (!(run_url = malloc(l))) goto nomem;
+    snprintf(run_url, l, "%s%s%srun-%s-%d-%lld", o.store_url, has_prefix ? "" : "/tdist",
+             o.store_url[strlen(o.store_url) - 1] == '/' ? "" : "/", host, (int)getpid(),
+             (long long)time(NULL));
+    o.store_url = run_url;
+  }
 
   /* Before the server thread starts, so it inherits the blocked mask. */
   if ((job.sigfd = trun_signals_block()) < 0) {
@@ -331,7 +372,7 @@ int main(int argc, char **argv) {
       goto done;
     }
     port = tdist_store_server_port(srv);
-  } else if (!port) {
+  } else if (!port && !o.store_url) {
     fprintf(stderr,
             "tdistrun: this launcher does not host the store (%s is not a local "
             "address): give --master-port\n",
@@ -340,9 +381,11 @@ int main(int argc, char **argv) {
   }
   if (o.nnodes > 1) {
     tdist_store_opts_t co = {0};
-    if (tdist_store_connect(addr, port, &co, &coord.store) != 0) {
-      fprintf(stderr, "tdistrun: cannot reach the store at %s:%d: %s\n", addr, port,
-              tdist_last_error());
+    int crc = o.store_url ? tdist_store_open_url(o.store_url, &co, &coord.store)
+                          : tdist_store_connect(addr, port, &co, &coord.store);
+    if (crc != 0) {
+      fprintf(stderr, "tdistrun: cannot reach the store at %s: %s\n",
+              o.store_url ? o.store_url : addr, tdist_last_error());
       goto done;
     }
     job.tick = coord_tick;
@@ -372,6 +415,7 @@ done:
   free(job.ranks);
   tdist_store_release(coord.store);
   tdist_store_server_stop(srv);
+  free(run_url);
   if (job.sigfd >= 0) close(job.sigfd);
   return rc;
 }

@@ -1,0 +1,576 @@
+/*
+ * etcd_ops.c - the etcd store's operations (see etcd.h): each request frame
+ * that client.c encodes is decoded here and run as etcd v3 requests, and the
+ * reply body is written as kv.c would write it, so every status, timeout
+ * and INVALID message is the TCP store's.
+ *
+ * Mapping (docs/store-protocol.md, "The etcd store"):
+ *   set, multi_set      put; a txn of puts (atomic per MAX_TXN_OPS keys)
+ *   get, wait, multi_get a txn of ranges (one revision); for the first
+ *                       missing key a watch from the next revision until
+ *                       it is put or the deadline passes; then read again
+ *   add, append         read-modify-write: a txn that compares the key's
+ *                       mod_revision (or its absence) and, on success, puts
+ *                       the new value and this handle's op record
+ *   compare_set         the same loop, comparing the value read
+ *   check, delete       a txn of count-only ranges; deleterange
+ *   num_keys            a count-only range over "P/kv/"
+ * A heartbeat ("tdist/hb/<rank>", written by the monitor) also keeps this
+ * handle's lease alive (etcd_live.c).
+ *
+ * Threads: the caller's, holding the store's mutex (etcd.c), which
+ * serialises the calls of one handle on its curl handle.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/etcd.h"
+#include "store/liveness.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/error.h"
+
+/* etcd's default --max-txn-ops: larger requests go in several txns. */
+#define MAX_TXN_OPS 128
+#define CAS_TRIES 1000 /* read-modify-write rounds lost to other writers */
+
+/* ---- request builders -------------------------------------------------------------- */
+
+json_object *tdist__etcd_put_op(const void *key, size_t kl, const void *val, size_t vl,
+                                int64_t lease) {
+  json_object *o = json_object_new_object();
+  if (!o) return NULL;
+  json_object_object_add(o, "key", tdist__etcd_b64(key, kl));
+  json_object_object_add(o, "value", tdist__etcd_b64(val, vl));
+  if (lease) json_object_object_add(o, "lease", json_object_new_int64(lease));
+  return o;
+}
+
+json_object *tdist__etcd_range_op(const void *key, size_t kl) {
+  json_object *o = json_object_new_object();
+  if (o) json_object_object_add(o, "key", tdist__etcd_b64(key, kl));
+  return o;
+}
+
+static json_object *wrap(const char *name, json_object *inner) {
+  json_object *o = json_object_new_object();
+  if (o)
+    json_object_object_add(o, name, inner);
+  else
+    json_object_put(inner);
+  return o;
+}
+
+/* {"compare": [], "success": [], "failure": []}; the arrays are returned. */
+static json_object *txn_new(json_object **cmp, json_object **ok) {
+  json_object *t = json_object_new_object();
+  *cmp = json_object_new_array();
+  *ok = json_object_new_array();
+  if (!t || !*cmp || !*ok) {
+    json_object_put(t);
+    json_object_put(*cmp);
+    json_object_put(*ok);
+    return NULL;
+  }
+  json_object_object_add(t, "compare", *cmp);
+  json_object_object_add(t, "success", *ok);
+  return t;
+}
+
+/* The key is absent (rev 0) or still at mod_revision rev. */
+static json_object *cmp_unchanged(const void *key, size_t kl, int64_t rev) {
+  json_object *o = json_object_new_object();
+  if (!o) return NULL;
+  json_object_object_add(o, "key", tdist__etcd_b64(key, kl));
+  json_object_object_add(o, "target", json_object_new_string(rev ? "MOD" : "CREATE"));
+  json_object_object_add(o, "result", json_object_new_string("EQUAL"));
+  json_object_object_add(o, rev ? "mod_revision" : "create_revision", json_object_new_int64(rev));
+  return o;
+}
+
+char *tdist__etcd_key(const tdist__etcd_t *e, const void *k, size_t kl, size_t *outlen) {
+  char *p = tdist__malloc(e->kvlen + kl + 1);
+  if (!p) return NULL;
+  memcpy(p, e->kv, e->kvlen);
+  memcpy(p + e->kvlen, k, kl);
+  p[e->kvlen + kl] = 0;
+  *outlen = e->kvlen + kl;
+  return p;
+}
+
+/* ---- reading keys ---------------------------------------------------------------------- */
+
+typedef struct kstate {
+  int exists;
+  uint8_t *val;
+  size_t vlen;
+  int64_t mod;
+} kstate_t;
+
+static void kstates_free(kstate_t *s, size_t n) {
+  for (size_t i = 0; s && i < n; i++)
+    tdist__free(s[i].val);
+}
+
+/* The first kv of a range answer into *s. 0 or TDIST_ERR_NO_MEMORY. */
+static int take_range(json_object *range, kstate_t *s) {
+  json_object *kvs = NULL;
+  memset(s, 0, sizeof(*s));
+  if (!json_object_object_get_ex(range, "kvs", &kvs) || json_object_array_length(kvs) == 0)
+    return 0;
+  json_object *kv = json_object_array_get_idx(kvs, 0);
+  s->exists = 1;
+  s->mod = tdist__etcd_i64(kv, "mod_revision", 0);
+  return tdist__etcd_unb64(kv, "value", &s->val, &s->vlen) ? TDIST_ERR_NO_MEMORY : 0;
+}
+
+/* Read n etcd keys with txns of ranges (one key: a range, cheaper);
+ * *rev[i/MAX_TXN_OPS] the revision of each read (a watch for a key missing
+ * in it starts at rev + 1). */
+static int read_keys(tdist__etcd_t *e, char **ek, size_t *el, size_t n, kstate_t *st, int64_t *revs,
+                     int64_t deadline, int *ambiguous) {
+  memset(st, 0, sizeof(*st) * n);
+  if (n == 1) {
+    json_object *rep = NULL, *hdr = NULL;
+    TDIST_CHECK(tdist__etcd_post(e->http, "/v3/kv/range", tdist__etcd_range_op(ek[0], el[0]),
+                                 deadline, &rep, ambiguous));
+    json_object_object_get_ex(rep, "header", &hdr);
+    revs[0] = tdist__etcd_i64(hdr, "revision", 0);
+    int rc = take_range(rep, &st[0]);
+    json_object_put(rep);
+    return rc;
+  }
+  for (size_t c = 0; c < n; c += MAX_TXN_OPS) {
+    json_object *cmp, *ok, *t = txn_new(&cmp, &ok), *rep = NULL;
+    for (size_t i = c; t && i < n && i < c + MAX_TXN_OPS; i++)
+      json_object_array_add(ok, wrap("request_range", tdist__etcd_range_op(ek[i], el[i])));
+    TDIST_CHECK(tdist__etcd_post(e->http, "/v3/kv/txn", t, deadline, &rep, ambiguous));
+    json_object *hdr = NULL, *rs = NULL;
+    json_object_object_get_ex(rep, "header", &hdr);
+    revs[c / MAX_TXN_OPS] = tdist__etcd_i64(hdr, "revision", 0);
+    json_object_object_get_ex(rep, "responses", &rs);
+    int rc = 0;
+    for (size_t i = c; i < n && i < c + MAX_TXN_OPS && rc == 0; i++) {
+      json_object *r = json_object_array_get_idx(rs, i - c), *range = NULL;
+      json_object_object_get_ex(r, "response_range", &range);
+      rc = take_range(range, &st[i]);
+    }
+    json_object_put(rep);
+    TDIST_CHECK(rc);
+  }
+  return 0;
+}
+
+static int txn_succeeded(json_object *rep) {
+  json_object *f = NULL;
+  return json_object_object_get_ex(rep, "succeeded", &f) && json_object_get_boolean(f);
+}
+
+/* A read-modify-write txn: if the key (ek) is unchanged since the read that
+ * found it at mod_revision `mod` (0: absent), do the puts in `ok`;
+ * otherwise read it, into *now: the next round needs no read of its own.
+ * Returns 0 with *won, or an error; *ambiguous as tdist__etcd_post. */
+static int rmw_txn(tdist__etcd_t *e, const char *ek, size_t el, int64_t mod, json_object *t,
+                   int64_t deadline, int *won, kstate_t *now, int *ambiguous) {
+  json_object *cmp = NULL, *fail = json_object_new_array(), *rep = NULL, *rs = NULL, *r0 = NULL,
+              *range = NULL;
+  memset(now, 0, sizeof(*now));
+  *won = 0;
+  if (t && fail) {
+    json_object_object_get_ex(t, "compare", &cmp);
+    json_object_array_add(cmp, cmp_unchanged(ek, el, mod));
+    json_object_array_add(fail, wrap("request_range", tdist__etcd_range_op(ek, el)));
+    json_object_object_add(t, "failure", fail);
+  } else {
+    json_object_put(fail);
+  }
+  TDIST_CHECK(tdist__etcd_post(e->http, "/v3/kv/txn", t, deadline, &rep, ambiguous));
+  *won = txn_succeeded(rep);
+  int rc = 0;
+  if (!*won && json_object_object_get_ex(rep, "responses", &rs) &&
+      (r0 = json_object_array_get_idx(rs, 0)) &&
+      json_object_object_get_ex(r0, "response_range", &range))
+    rc = take_range(range, now);
+  json_object_put(rep);
+  return rc;
+}
+
+/* ---- replies (bodies, status byte first: what kv.c writes, less the length) ------ */
+
+static int rep_begin(tdist__buf_t *rep, uint8_t status, size_t extra) {
+  rep->len = 0;
+  if (tdist__buf_reserve(rep, 16 + extra)) return TDIST_ERR_NO_MEMORY;
+  tdist__put_u8(rep, status);
+  return 0;
+}
+
+static int rep_invalid(tdist__buf_t *rep, const char *msg) {
+  TDIST_CHECK(rep_begin(rep, TDIST__ST_INVALID, strlen(msg)));
+  tdist__put_bytes(rep, msg, (uint32_t)strlen(msg));
+  return 0;
+}
+
+/* ---- operations (the caller holds e->mu) ------------------------------------------- */
+
+typedef struct call {
+  tdist__etcd_t *e;
+  tdist__rd_t rd;
+  tdist__buf_t *rep;
+  int64_t deadline; /* of one non-waiting step: now + the handle's timeout */
+  int ambiguous;
+} call_t;
+
+static int is_heartbeat(const uint8_t *k, uint32_t kl, int *rank) {
+  static const char hb[] = "tdist/hb/";
+  if (kl <= sizeof(hb) - 1 || kl > sizeof(hb) + 8 || memcmp(k, hb, sizeof(hb) - 1)) return 0;
+  int r = 0;
+  for (uint32_t i = sizeof(hb) - 1; i < kl; i++) {
+    if (k[i] < '0' || k[i] > '9') return 0;
+    r = r * 10 + (k[i] - '0');
+  }
+  *rank = r;
+  return 1;
+}
+
+static int op_set(call_t *c) {
+  const uint8_t *k, *v;
+  uint32_t kl, vl;
+  int rank;
+  if (tdist__get_key(&c->rd, &k, &kl) || tdist__get_bytes(&c->rd, &v, &vl, TDIST_STORE_MAX_VALUE))
+    return TDIST_ERR_PROTOCOL;
+  if (is_heartbeat(k, kl, &rank)) {
+    TDIST_CHECK(tdist__live_etcd_beat(c->e, rank, v, vl, c->deadline));
+    return rep_begin(c->rep, TDIST__ST_OK, 0);
+  }
+  size_t el;
+  char *ek = tdist__etcd_key(c->e, k, kl, &el);
+  json_object *rep = NULL;
+  int rc = ek ? tdist__etcd_post(c->e->http, "/v3/kv/put", tdist__etcd_put_op(ek, el, v, vl, 0),
+                                 c->deadline, &rep, NULL)
+              : TDIST_ERR_NO_MEMORY;
+  tdist__free(ek);
+  json_object_put(rep);
+  TDIST_CHECK(rc);
+  return rep_begin(c->rep, TDIST__ST_OK, 0);
+}
+
+static int op_multi_set(call_t *c) {
+  uint32_t n;
+  if (tdist__get_u32(&c->rd, &n) || n == 0 || n > TDIST__STORE_MAX_KEYS) return TDIST_ERR_PROTOCOL;
+  int rc = 0;
+  for (uint32_t b = 0; b < n && rc == 0; b += MAX_TXN_OPS) {
+    json_object *cmp, *ok, *t = txn_new(&cmp, &ok), *rep = NULL;
+    for (uint32_t i = b; i < n && i < b + MAX_TXN_OPS; i++) {
+      const uint8_t *k, *v;
+      uint32_t kl, vl;
+      size_t el;
+      if (tdist__get_key(&c->rd, &k, &kl) ||
+          tdist__get_bytes(&c->rd, &v, &vl, TDIST_STORE_MAX_VALUE)) {
+        json_object_put(t);
+        return TDIST_ERR_PROTOCOL;
+      }
+      char *ek = tdist__etcd_key(c->e, k, kl, &el);
+      if (t && ek)
+        json_object_array_add(ok, wrap("request_put", tdist__etcd_put_op(ek, el, v, vl, 0)));
+      tdist__free(ek);
+    }
+    rc = tdist__etcd_post(c->e->http, "/v3/kv/txn", t, c->deadline, &rep, NULL);
+    json_object_put(rep);
+  }
+  TDIST_CHECK(rc);
+  return rep_begin(c->rep, TDIST__ST_OK, 0);
+}
+
+/* Keys of a get/wait/multi_get/check request, as etcd keys. */
+static int take_keys(call_t *c, uint32_t n, char ***ek, size_t **el) {
+  *ek = tdist__calloc(n, sizeof(char *));
+  *el = tdist__calloc(n, sizeof(size_t));
+  if (!*ek || !*el) return TDIST_ERR_NO_MEMORY;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k;
+    uint32_t kl;
+    if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
+    if (!((*ek)[i] = tdist__etcd_key(c->e, k, kl, &(*el)[i]))) return TDIST_ERR_NO_MEMORY;
+  }
+  return 0;
+}
+
+static void free_keys(char **ek, size_t *el, uint32_t n) {
+  for (uint32_t i = 0; ek && i < n; i++)
+    tdist__free(ek[i]);
+  tdist__free(ek);
+  tdist__free(el);
+}
+
+/* Watch callback: the awaited key was put. */
+static int on_put(void *arg, int del, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl,
+                  int64_t rev) {
+  return !del;
+}
+
+/* get / wait / multi_get / check: read every key; for a waiting op, watch
+ * the first missing one from the next revision, then read again. */
+static int op_waiting(call_t *c, uint8_t op) {
+  uint64_t timeout = 0;
+  uint32_t n = 1;
+  if (op != TDIST__OP_CHECK && tdist__get_u64(&c->rd, &timeout)) return TDIST_ERR_PROTOCOL;
+  if (op != TDIST__OP_GET && tdist__get_u32(&c->rd, &n)) return TDIST_ERR_PROTOCOL;
+  if (n == 0 || n > TDIST__STORE_MAX_KEYS) return TDIST_ERR_PROTOCOL;
+  char **ek = NULL;
+  size_t *el = NULL;
+  kstate_t *st = tdist__calloc(n, sizeof(*st));
+  int64_t *revs = tdist__calloc(n / MAX_TXN_OPS + 1, sizeof(int64_t));
+  int64_t deadline = tdist__now_ms() + (int64_t)timeout;
+  int rc = st && revs ? take_keys(c, n, &ek, &el) : TDIST_ERR_NO_MEMORY;
+  for (;;) {
+    if (rc) break;
+    int64_t step = tdist__now_ms() + c->e->base.timeout_ms;
+    kstates_free(st, n);
+    if ((rc = read_keys(c->e, ek, el, n, st, revs, step, NULL))) break;
+    uint32_t miss = 0, all = 1;
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      total += st[i].vlen + 4;
+      if (!st[i].exists && all) {
+        all = 0;
+        miss = i;
+      }
+    }
+    if (op == TDIST__OP_CHECK) {
+      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 1))) tdist__put_u8(c->rep, (uint8_t)all);
+      break;
+    }
+    if (all) {
+      if (op == TDIST__OP_WAIT) {
+        rc = rep_begin(c->rep, TDIST__ST_OK, 0);
+      } else if (total > TDIST__STORE_MAX_FRAME) {
+        rc = rep_invalid(c->rep, "reply too large");
+      } else if (!(rc = rep_begin(c->rep, TDIST__ST_OK, total))) {
+        for (uint32_t i = 0; i < n; i++)
+          tdist__put_bytes(c->rep, st[i].val, (uint32_t)st[i].vlen);
+      }
+      break;
+    }
+    if (tdist__now_ms() >= deadline) {
+      if (!(rc = rep_begin(c->rep, TDIST__ST_TIMEOUT, 4))) tdist__put_u32(c->rep, miss);
+      break;
+    }
+    rc = tdist__etcd_watch(c->e->http, ek[miss], el[miss], NULL, 0, revs[miss / MAX_TXN_OPS] + 1,
+                           deadline, on_put, NULL);
+    if (rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_PROTOCOL) rc = 0; /* read once more */
+  }
+  kstates_free(st, n);
+  tdist__free(st);
+  tdist__free(revs);
+  free_keys(ek, el, n);
+  return rc;
+}
+
+/* Parse a decimal int64 of exactly n bytes (kv.c's rule). */
+static int parse_i64(const uint8_t *p, size_t n, int64_t *v) {
+  char tmp[32], *end;
+  if (n == 0 || n >= sizeof(tmp)) return -1;
+  memcpy(tmp, p, n);
+  tmp[n] = 0;
+  errno = 0;
+  long long r = strtoll(tmp, &end, 10);
+  if (errno || *end) return -1;
+  *v = r;
+  return 0;
+}
+
+/*
+ * add and append: read the key and this handle's op record in one txn; if
+ * an earlier attempt of this very op may have been applied without us
+ * hearing (c->ambiguous) and the record says it was, answer from it;
+ * otherwise compute the new value and write it and the record in a txn that
+ * compares the key's revision, and go round again when another writer won.
+ */
+static int op_rmw(call_t *c, uint8_t op) {
+  const uint8_t *k, *v = NULL;
+  uint32_t kl, vl = 0;
+  uint64_t delta = 0;
+  if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
+  if (op == TDIST__OP_ADD ? tdist__get_u64(&c->rd, &delta)
+                          : tdist__get_bytes(&c->rd, &v, &vl, TDIST_STORE_MAX_VALUE))
+    return TDIST_ERR_PROTOCOL;
+  tdist__etcd_t *e = c->e;
+  size_t el, ol = strlen(e->op_key);
+  char *ek = tdist__etcd_key(e, k, kl, &el);
+  char *keys[2] = {ek, e->op_key}, tag[64];
+  size_t lens[2] = {el, ol};
+  uint64_t seq = ++e->op_seq;
+  int tl = snprintf(tag, sizeof(tag), "%" PRIu64 " ", seq);
+  kstate_t st[2] = {{0}};
+  int64_t cur = 0;
+  int rc = ek ? 0 : TDIST_ERR_NO_MEMORY, reread = 1;
+  for (int tries = 0; rc == 0; tries++) {
+    int64_t revs[1];
+    if (reread) { /* the op record too, only when it may tell */
+      kstates_free(st, 2);
+      memset(st, 0, sizeof(st));
+      if ((rc = read_keys(e, keys, lens, c->ambiguous ? 2 : 1, st, revs, c->deadline, NULL))) break;
+    }
+    cur = 0;
+    if (c->ambiguous && st[1].vlen > (size_t)tl && memcmp(st[1].val, tag, (size_t)tl) == 0) {
+      if (op == TDIST__OP_ADD) parse_i64(st[1].val + tl, st[1].vlen - (size_t)tl, &cur);
+      goto done; /* applied by the attempt whose answer was lost */
+    }
+    if (tries == CAS_TRIES) {
+      rc = tdist__error(TDIST_ERR_TIMEOUT, "lost %d read-modify-write rounds", CAS_TRIES);
+      break;
+    }
+    uint8_t *nv = NULL;
+    size_t nl = 0;
+    char num[32];
+    if (op == TDIST__OP_ADD) {
+      if (st[0].exists && parse_i64(st[0].val, st[0].vlen, &cur)) {
+        rc = rep_invalid(c->rep, "the key holds a value that is not an int64 counter");
+        goto out;
+      }
+      cur = (int64_t)((uint64_t)cur + delta); /* wraps like the TCP store */
+      nl = (size_t)snprintf(num, sizeof(num), "%" PRId64, cur);
+      nv = (uint8_t *)num;
+    } else {
+      if ((uint64_t)st[0].vlen + vl > TDIST_STORE_MAX_VALUE) {
+        rc = rep_invalid(c->rep, "appended value would exceed TDIST_STORE_MAX_VALUE");
+        goto out;
+      }
+      if (!(nv = tdist__malloc(st[0].vlen + vl + 1))) {
+        rc = TDIST_ERR_NO_MEMORY;
+        break;
+      }
+      if (st[0].vlen) memcpy(nv, st[0].val, st[0].vlen);
+      if (vl) memcpy(nv + st[0].vlen, v, vl);
+      nl = st[0].vlen + vl;
+    }
+    char rec[96];
+    int rl = snprintf(rec, sizeof(rec), "%s%s", tag, op == TDIST__OP_ADD ? num : "");
+    json_object *cmp, *ok, *t = txn_new(&cmp, &ok);
+    if (t) {
+      json_object_array_add(ok, wrap("request_put", tdist__etcd_put_op(ek, el, nv, nl, 0)));
+      json_object_array_add(
+          ok, wrap("request_put", tdist__etcd_put_op(e->op_key, ol, rec, (size_t)rl, 0)));
+    }
+    if (op != TDIST__OP_ADD) tdist__free(nv);
+    int won = 0;
+    kstate_t now;
+    rc =
+        rmw_txn(e, ek, el, st[0].exists ? st[0].mod : 0, t, c->deadline, &won, &now, &c->ambiguous);
+    if (rc == 0 && won) goto done;
+    kstates_free(st, 1);
+    st[0] = now; /* another writer won: what it wrote (a lost answer: read again) */
+    reread = rc == 0 && c->ambiguous;
+  }
+  goto out;
+done:
+  if (op == TDIST__OP_ADD) {
+    if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 8))) tdist__put_u64(c->rep, (uint64_t)cur);
+  } else {
+    rc = rep_begin(c->rep, TDIST__ST_OK, 0);
+  }
+out:
+  kstates_free(st, 2);
+  tdist__free(ek);
+  return rc;
+}
+
+/* compare_set: set `desired` if the value read equals `expected` (or the key
+ * is missing and expected is empty), in a txn that checks nothing changed
+ * since that read; answer the value now stored. */
+static int op_cas(call_t *c) {
+  const uint8_t *k, *x, *d;
+  uint32_t kl, xl, dl;
+  if (tdist__get_key(&c->rd, &k, &kl) || tdist__get_bytes(&c->rd, &x, &xl, TDIST_STORE_MAX_VALUE) ||
+      tdist__get_bytes(&c->rd, &d, &dl, TDIST_STORE_MAX_VALUE))
+    return TDIST_ERR_PROTOCOL;
+  size_t el;
+  char *ek = tdist__etcd_key(c->e, k, kl, &el);
+  kstate_t st = {0};
+  int rc = ek ? 0 : TDIST_ERR_NO_MEMORY;
+  if (rc == 0) {
+    int64_t revs[1];
+    rc = read_keys(c->e, &ek, &el, 1, &st, revs, c->deadline, NULL);
+  }
+  for (int tries = 0; rc == 0; tries++) {
+    int match = st.exists ? st.vlen == xl && (xl == 0 || memcmp(st.val, x, xl) == 0) : xl == 0;
+    if (!match) {
+      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, st.vlen + 4)))
+        tdist__put_bytes(c->rep, st.val, (uint32_t)st.vlen);
+      break;
+    }
+    if (tries == CAS_TRIES) {
+      rc = tdist__error(TDIST_ERR_TIMEOUT, "lost %d compare-and-set rounds", CAS_TRIES);
+      break;
+    }
+    json_object *cmp, *ok, *t = txn_new(&cmp, &ok);
+    if (t) json_object_array_add(ok, wrap("request_put", tdist__etcd_put_op(ek, el, d, dl, 0)));
+    int won = 0;
+    kstate_t now;
+    rc = rmw_txn(c->e, ek, el, st.exists ? st.mod : 0, t, c->deadline, &won, &now, NULL);
+    if (rc == 0 && won) {
+      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, dl + 4))) tdist__put_bytes(c->rep, d, dl);
+      break;
+    }
+    kstates_free(&st, 1);
+    st = now; /* lost to another writer: decide again on what it wrote */
+  }
+  kstates_free(&st, 1);
+  tdist__free(ek);
+  return rc;
+}
+
+static int op_delete(call_t *c) {
+  const uint8_t *k;
+  uint32_t kl;
+  if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
+  size_t el;
+  char *ek = tdist__etcd_key(c->e, k, kl, &el);
+  json_object *rep = NULL;
+  int rc = ek ? tdist__etcd_post(c->e->http, "/v3/kv/deleterange", tdist__etcd_range_op(ek, el),
+                                 c->deadline, &rep, NULL)
+              : TDIST_ERR_NO_MEMORY;
+  tdist__free(ek);
+  if (rc == 0 && !(rc = rep_begin(c->rep, TDIST__ST_OK, 1)))
+    tdist__put_u8(c->rep, tdist__etcd_i64(rep, "deleted", 0) > 0);
+  json_object_put(rep);
+  return rc;
+}
+
+static int op_num_keys(call_t *c) {
+  json_object *r = tdist__etcd_range_op(c->e->kv, c->e->kvlen), *rep = NULL;
+  if (r) {
+    char end[512];
+    memcpy(end, c->e->kv, c->e->kvlen); /* "P/kv/" -> "P/kv0": every key under it */
+    end[c->e->kvlen - 1]++;
+    json_object_object_add(r, "range_end", tdist__etcd_b64(end, c->e->kvlen));
+    json_object_object_add(r, "count_only", json_object_new_boolean(1));
+  }
+  int rc = tdist__etcd_post(c->e->http, "/v3/kv/range", r, c->deadline, &rep, NULL);
+  if (rc == 0 && !(rc = rep_begin(c->rep, TDIST__ST_OK, 8)))
+    tdist__put_u64(c->rep, (uint64_t)tdist__etcd_i64(rep, "count", 0));
+  json_object_put(rep);
+  return rc;
+}
+
+int tdist__etcd_exec(tdist__etcd_t *e, const tdist__buf_t *req, tdist__buf_t *rep,
+                     int64_t deadline_ms) {
+  call_t c = {.e = e, .rd = {req->p + 4, req->len - 4, 1}, .rep = rep, .deadline = deadline_ms};
+  switch (req->len > 4 ? req->p[4] : 0) {
+  case TDIST__OP_SET: return op_set(&c);
+  case TDIST__OP_MULTI_SET: return op_multi_set(&c);
+  case TDIST__OP_GET: return op_waiting(&c, TDIST__OP_GET);
+  case TDIST__OP_WAIT: return op_waiting(&c, TDIST__OP_WAIT);
+  case TDIST__OP_MULTI_GET: return op_waiting(&c, TDIST__OP_MULTI_GET);
+  case TDIST__OP_CHECK: return op_waiting(&c, TDIST__OP_CHECK);
+  case TDIST__OP_ADD: return op_rmw(&c, TDIST__OP_ADD);
+  case TDIST__OP_APPEND: return op_rmw(&c, TDIST__OP_APPEND);
+  case TDIST__OP_CAS: return op_cas(&c);
+  case TDIST__OP_DELETE: return op_delete(&c);
+  case TDIST__OP_NUM_KEYS: return op_num_keys(&c);
+  default: return TDIST_ERR_PROTOCOL;
+  }
+}
