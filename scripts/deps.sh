@@ -2,13 +2,15 @@
 # deps.sh [test] - make sure the Debian packages tdist needs are installed.
 # As root, missing packages are installed with apt-get; otherwise the exact
 # apt-get line is printed and the script fails. With "test", the packages the
-# test suite needs (cmocka, clang and its sanitizer/fuzzer runtimes) too.
+# test suite needs (cmocka, clang and its sanitizer/fuzzer runtimes, etcd,
+# Slurm, munge and Open MPI for tests/multihost) too.
 set -euo pipefail
 pkgs="build-essential cmake ninja-build pkg-config python3 libuv1-dev libjemalloc-dev"
 pkgs="$pkgs libcurl4-openssl-dev libjson-c-dev" # the etcd store
 if [ "${1:-}" = "test" ]; then
   pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng"
   pkgs="$pkgs etcd-server" # test_store_etcd's 3-member cluster
+  pkgs="$pkgs slurm-wlm munge openmpi-bin" # tests/multihost: srun, sbatch, mpirun
 fi
 missing=""
 for p in $pkgs; do

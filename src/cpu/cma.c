@@ -17,6 +17,11 @@
  * word with process_vm_readv and tells the peer whether that worked. Ranks
  * on other hosts, in other pid namespaces, under a seccomp profile or a
  * ptrace policy that forbids it, or with TDIST_CPU_CMA=0, keep plain TCP.
+ * The probe alone would succeed between network namespaces of one kernel
+ * that share the pid namespace (containers, tests/multihost's netns hosts),
+ * whose ranks reach each other only over a network: so conn.c also trades a
+ * host identity (boot id + network namespace) and probes only peers whose
+ * identity equals ours; single copy is never used between such "hosts".
  *
  * Buffer lifetime after an abort: a descriptor may be read after its sender
  * gave up on the op (timeout, mismatch, a lost peer) and handed the buffer

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "store/bootstrap.h"
@@ -51,8 +52,33 @@ static void tune_socket(int fd) {
   }
 }
 
+/* The local IPv4 address this host would use to reach the store ("host:port"):
+ * a connected UDP socket's name (nothing is sent). 0, or -1 if unknown. */
+static int route_to_store(const char *sa, char *host, size_t hl) {
+  char h[256];
+  const char *colon = strrchr(sa, ':');
+  if (!colon || (size_t)(colon - sa) >= sizeof(h)) return -1;
+  memcpy(h, sa, (size_t)(colon - sa));
+  h[colon - sa] = '\0';
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+  if (getaddrinfo(h, colon + 1, &hints, &res) != 0 || !res) return -1;
+  struct sockaddr_in a;
+  socklen_t len = sizeof(a);
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = -1;
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_addr.s_addr != htonl(INADDR_ANY) &&
+      inet_ntop(AF_INET, &a.sin_addr, host, (socklen_t)hl))
+    rc = 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return rc;
+}
+
 /* The address other ranks should use: TDIST_CPU_HOST, else loopback when the
- * store is on loopback (single host), else this host's first IPv4 address. */
+ * store is on loopback (single host), else this host's first IPv4 address;
+ * when the host name resolves to loopback (Debian maps it to 127.0.1.1) while
+ * the store is elsewhere, the address of the interface that reaches the
+ * store instead (peers on other hosts could not reach a loopback address). */
 static void advertised_host(tdist_store_t *store, char *host, size_t hl) {
   const char *h = tdist__param_str("TDIST_CPU_HOST", NULL);
   if (h) {
@@ -70,8 +96,14 @@ static void advertised_host(tdist_store_t *store, char *host, size_t hl) {
   if (gethostname(name, sizeof(name)) == 0 && getaddrinfo(name, NULL, &hints, &res) == 0 && res) {
     inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, host, (socklen_t)hl);
     freeaddrinfo(res);
+    if (strncmp(host, "127.", 4) != 0 || strncmp(sa, "file:", 5) == 0 ||
+        route_to_store(sa, host, hl) != 0)
+      return;
+    TDIST_INFO(CPU, "host name %s is loopback: advertising %s, the route to the store %s", name,
+               host, sa);
     return;
   }
+  if (strncmp(sa, "file:", 5) != 0 && route_to_store(sa, host, hl) == 0) return;
   snprintf(host, hl, "127.0.0.1");
 }
 
@@ -169,18 +201,62 @@ done:
   return rc;
 }
 
-/* Single copy on one host (cma.c): every pair trades (pid, probe), each side
- * tries to read the other's probe word and says whether it could. Small
- * blocking writes that fit the socket buffers, all sent before any is read:
- * no ordering between ranks is needed. On return out[j] holds the peer's
- * pid and, in `enabled`, whether the peer can read this process. */
+/* This process's host identity for single copy: the kernel's boot id and
+ * the network namespace ("<boot_id>/net:<dev>:<inode>"), "" if unknown.
+ *
+ * Why not the probe alone: process_vm_readv reaches any process of this
+ * kernel that shares our pid namespace, including one in another network
+ * namespace (a container, or the netns "hosts" of tests/multihost), and the
+ * probe would succeed there. Ranks that reach each other only over a network
+ * are on different hosts as far as the job is concerned (that is what a test
+ * bed of network namespaces stands for), so single copy must stay off
+ * between them: only ranks with equal identities probe. The boot id tells
+ * machines apart (every machine's initial netns has the same inode number);
+ * the netns inode tells namespaces of one kernel apart. An unknown identity
+ * (no /proc) on either side leaves the decision to the probe, as before. */
+#define HOST_ID_LEN 96
+static void host_identity(char *id) {
+  char boot[64] = "";
+  struct stat st;
+  memset(id, 0, HOST_ID_LEN);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+  if (f) {
+    if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = '\0';
+  if (!boot[0] || stat("/proc/self/ns/net", &st) != 0) return;
+  snprintf(id, HOST_ID_LEN, "%s/net:%llu:%llu", boot, (unsigned long long)st.st_dev,
+           (unsigned long long)st.st_ino);
+}
+
+/* Single copy on one host (cma.c): every pair trades (pid, probe, host
+ * identity), each side tries to read the other's probe word if their host
+ * identities match (above) and says whether it could. Small blocking writes
+ * that fit the socket buffers, all sent before any is read: no ordering
+ * between ranks is needed. On return out[j] holds the peer's pid and, in
+ * `enabled`, whether the peer can read this process. */
 static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out) {
   cpu_cma_hello_t mine;
+  char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
   tdist__cpu_cma_hello(&mine);
+  host_identity(my_host);
   for (int j = 0; j < n; j++)
-    if (j != me && io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0) goto fail;
-  for (int j = 0; j < n; j++)
-    if (j != me && io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0) goto fail;
+    if (j != me && (io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
+                    io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
+      goto fail;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    if (io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
+        io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
+      goto fail;
+    peer_host[HOST_ID_LEN - 1] = '\0';
+    if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
+      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
+                 peer_host, my_host);
+      out[j].enabled = 0; /* tdist__cpu_cma_probe then says no without reading */
+    }
+  }
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     int32_t ok = tdist__cpu_cma_probe(&out[j]);
