@@ -5,10 +5,10 @@
 # test suite needs (cmocka, clang and its sanitizer/fuzzer runtimes, etcd,
 # Slurm, munge and Open MPI for tests/multihost) too.
 set -euo pipefail
-pkgs="build-essential cmake ninja-build pkg-config python3 libuv1-dev libjemalloc-dev"
+pkgs="build-essential cmake ninja-build pkg-config python3 python3-numpy libuv1-dev libjemalloc-dev"
 pkgs="$pkgs libcurl4-openssl-dev libjson-c-dev" # the etcd store
 if [ "${1:-}" = "test" ]; then
-  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng"
+  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng python3-pytest"
   pkgs="$pkgs etcd-server" # test_store_etcd's 3-member cluster
   pkgs="$pkgs slurm-wlm munge openmpi-bin" # tests/multihost: srun, sbatch, mpirun
 fi

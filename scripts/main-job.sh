@@ -54,6 +54,7 @@ job overlap "$B/examples/overlap"
 job mesh "$B/examples/mesh"
 job pipeline "$B/examples/pipeline"
 job moe "$B/examples/moe"
+job dp_train env TDIST_LIBRARY="$B/libtdist.so" PYTHONPATH=python /usr/bin/python3 examples/python/dp_train.py # apt python3 + python3-numpy (deps.sh)
 
 # The CPU backend's collective benchmark, when this build has one.
 BENCH=""
