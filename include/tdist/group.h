@@ -39,12 +39,14 @@ enum {
 typedef struct tdist_init_opts {
   uint64_t mask;           /* TDIST_INIT_FIELD_* bits of the fields set */
   const char *backend;     /* "cpu" or "nccl"; default $TDIST_BACKEND, else "cpu" */
-  const char *init_method; /* "env://" (default), "tcp://host:port",
-                              "file:///path" */
+  const char *init_method; /* "env://" (default; through $TDIST_STORE_URL when
+                              set), "tcp://host:port", "file:///path",
+                              "etcd://host:port[,host:port...]/prefix" */
   int rank;                /* this process's rank; default from the environment
-                              (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK) */
-  int world_size;          /* default from WORLD_SIZE, SLURM_NTASKS,
-                              OMPI_COMM_WORLD_SIZE */
+                              (RANK, then OMPI_COMM_WORLD_RANK, then
+                              SLURM_PROCID: docs/launcher.md) */
+  int world_size;          /* default from WORLD_SIZE, OMPI_COMM_WORLD_SIZE,
+                              SLURM_NTASKS (the launcher the rank came from) */
   tdist_store_t *store;    /* an existing store to rendezvous on (the group
                               takes its own reference); overrides init_method */
   int64_t timeout_ms;      /* rendezvous timeout and the groups' default op

@@ -167,9 +167,10 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev) {
 /* ---- init ----------------------------------------------------------------------- */
 
 /* The device: the options, else the local rank as torchrun, srun or mpirun
- * set it (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), else 0. */
+ * set it (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID: mpirun
+ * inside a Slurm step leaves every rank the same SLURM_LOCALID), else 0. */
 static int pick_device(const tdist_init_opts_t *o) {
-  static const char *vars[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"};
+  static const char *vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
   if (o && (o->mask & TDIST_INIT_FIELD_DEVICE) && o->device >= 0) return o->device;
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
     const char *lr = tdist__env_raw(vars[i]);
