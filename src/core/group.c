@@ -38,7 +38,8 @@ uint64_t tdist__mix64(uint64_t h, uint64_t v) {
 /* Undo every step that happened; the backend's destroy code. */
 static int group_unwind(tdist_group_t *g) {
   int rc = 0;
-  if (g->registered) tdist__progress_call(g->ctx->progress, tdist__group_unregister_task, g);
+  /* Also when never registered: its backend may have queued a failure. */
+  tdist__progress_call(g->ctx->progress, tdist__group_unregister_task, g);
   if (g->bstate && g->bk->ops->destroy) rc = g->bk->ops->destroy(g->bstate);
   g->bstate = NULL;
   tdist_store_t *us = atomic_load(&g->user_store);

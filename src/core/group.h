@@ -74,6 +74,9 @@ struct tdist_group {
   int diag_pending;         /* a timeout is being diagnosed by the monitor */
   tdist__qnode_t fail_node; /* a backend's failure, queued */
   int fail_queued, fail_status, fail_local;
+  int fail_held; /* (progress) a cause that came before registration, held
+                    until the group is registered (the caller thread is
+                    still writing its fields) */
   char fail_reason[256];
   tdist__trace_t *trace; /* flight recorder, or NULL */
 

@@ -152,6 +152,13 @@ void tdist__group_abort_now(tdist_group_t *g, int status, int spread, const char
 
 static void deliver_failure(tdist__qnode_t *node) {
   tdist_group_t *g = tdist__list_entry(node, tdist_group_t, fail_node);
+  if (!g->registered) {
+    /* A backend may report a failure from inside its init (a peer that
+     * already gave up), while the caller thread still fills in the group
+     * (tdist__group_adopt): it is delivered once the group is registered. */
+    g->fail_held = 1;
+    return;
+  }
   g->fail_queued = 0;
   tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s", g->fail_reason);
 }
@@ -265,19 +272,24 @@ void tdist__group_register_task(void *arg) {
     tdist__progress_poller_add(g->ctx->progress, &g->poller);
   }
   g->registered = 1;
+  if (g->fail_held) {
+    g->fail_held = 0;
+    tdist__progress_defer(g->ctx->progress, &g->fail_node);
+  }
 }
 
 void tdist__group_unregister_task(void *arg) {
   tdist_group_t *g = arg;
-  if (!g->registered) return;
-  tdist__progress_poller_remove(g->ctx->progress, &g->poller);
-  tdist__list_remove(&g->ctx_link);
-  g->registered = 0;
-  /* A failure still queued for a group that goes away is moot. */
-  if (g->fail_queued) {
-    tdist__progress_undefer(g->ctx->progress, &g->fail_node);
-    g->fail_queued = 0;
+  if (g->registered) {
+    tdist__progress_poller_remove(g->ctx->progress, &g->poller);
+    tdist__list_remove(&g->ctx_link);
+    g->registered = 0;
   }
+  /* A failure still queued (or held) for a group that goes away is moot;
+   * also for one never registered, whose backend reported from its init. */
+  if (g->fail_queued && !g->fail_held) tdist__progress_undefer(g->ctx->progress, &g->fail_node);
+  g->fail_queued = 0;
+  g->fail_held = 0;
 }
 
 /* ---- the monitor's handlers (monitor thread -> progress thread) ------------------- */

@@ -124,6 +124,32 @@ static void aborted_parent_cannot_split(void **state) {
   tdist_group_destroy(world);
 }
 
+/* A backend that reports a failure from inside its init: the group is
+ * created, then aborted with that cause once registered (its backend told
+ * to abort, every op refused), never touched half-built (TSan caught the
+ * progress thread aborting a group the caller was still filling in). */
+static void failure_during_init(void **state) {
+  (void)state;
+  tdist_group_t *g = NULL;
+  int aborts = tb_abort_count();
+  tb_set_mode(TB_FAIL_AT_INIT);
+  int rc = tb_group_create(0, 2, 5000, &g);
+  tb_set_mode(TB_COMPLETE);
+  assert_int_equal(rc, 0);
+  float v[4] = {0};
+  rc = tdist_all_reduce(g, v, v, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  if (rc == 0) /* submitted before the delivery: the next one is refused */
+    rc = tdist_barrier(g, NULL, NULL);
+  for (int i = 0; i < 500 && !tdist_group_is_aborted(g); i++)
+    tdist_barrier(g, NULL, NULL);
+  assert_true(tdist_group_is_aborted(g));
+  rc = tdist_barrier(g, NULL, NULL);
+  assert_int_equal(rc, TDIST_ERR_REMOTE_FAILED);
+  assert_non_null(strstr(tdist_last_error(), "a peer failed during init"));
+  assert_int_equal(tb_abort_count(), aborts + 1); /* the backend was told */
+  tdist_group_destroy(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(new_group_membership_and_order),
@@ -131,6 +157,7 @@ int main(void) {
       cmocka_unit_test(mesh_lines),
       cmocka_unit_test(mesh_validation),
       cmocka_unit_test(aborted_parent_cannot_split),
+      cmocka_unit_test(failure_during_init),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

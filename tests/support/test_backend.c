@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/group.h"
 #include "core/progress.h"
@@ -29,6 +30,10 @@ int tb_post_count(void) { return atomic_load(&posts); }
 int tb_destroy_count(void) { return atomic_load(&destroys); }
 int tb_init_count(void) { return atomic_load(&inits); }
 
+static void fail_task(void *arg) {
+  tdist__bk_fail(arg, TDIST_ERR_REMOTE_FAILED, "test backend: a peer failed during init");
+}
+
 static int make(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   if (p->color == TDIST__NOCOLOR) return 0;
   tb_state_t *s = calloc(1, sizeof(*s));
@@ -38,6 +43,15 @@ static int make(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   out->state = s;
   out->needs_poll = 1; /* poll is only called while work is in flight */
   atomic_fetch_add(&inits, 1);
+  /* Synchronous: the failure is queued (and its deferred delivery may run)
+   * while the caller has not adopted the state yet. */
+  if (atomic_load(&mode) == TB_FAIL_AT_INIT) {
+    tdist__progress_call(p->progress, fail_task, p->group);
+    /* Give the loop time to deliver it now, before init returns (a core
+     * that acts on it at once marks the half-built group aborted). */
+    for (int i = 0; i < 100 && !tdist_group_is_aborted((tdist_group_t *)p->group); i++)
+      usleep(2000);
+  }
   return 0;
 }
 

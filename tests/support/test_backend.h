@@ -21,6 +21,9 @@ typedef enum tb_mode {
   TB_FAIL,         /* finish inside post with tb_set_fail_code()'s code */
   TB_STALL,        /* never finish (until timeout or abort) */
   TB_HELD,         /* finish when tb_release_held() is called */
+  TB_FAIL_AT_INIT, /* init reports a failure (from the progress thread) before
+                      it returns, as a CPU backend does when a peer gave up
+                      during setup */
 } tb_mode_t;
 
 extern const tdist__backend_t tb_backend;
