@@ -48,13 +48,13 @@ struct tdist_group {
   char name[96];
   struct tdist_group *parent;
   const tdist__backend_t *bk;
-  void *bstate;         /* the backend's state */
-  int needs_poll;       /* the backend wants poll while work is in flight */
-  int device;           /* CUDA device or -1 */
-  tdist_store_t *store; /* prefix view "tdist/<name>/...", private to the group */
+  void *bstate;                        /* the backend's state */
+  int needs_poll;                      /* the backend wants poll while work is in flight */
+  int device;                          /* CUDA device or -1 */
+  tdist_store_t *store;                /* prefix view "tdist/<name>/...", private to the group */
   _Atomic(tdist_store_t *) user_store; /* (atomic) tdist_group_store's "user/" view of
                                           store, made on first use; freed with g */
-  tdist__ctx_t *ctx;    /* a reference */
+  tdist__ctx_t *ctx;                   /* a reference */
 
   /* (atomic) */
   _Atomic int64_t timeout_ms;

@@ -71,9 +71,9 @@ enum {
   CPU_MSG_P2P = 2,
   CPU_MSG_ERR = 3,
   CPU_MSG_BYE = 4,
-  CPU_MSG_RMA = 5, /* a COLL or P2P message whose payload stays in the sender:
-                      the payload on the wire is a cpu_rma_desc_t (cma.c) */
-  CPU_MSG_ACK = 6, /* header only: the RMA message with cookie `seq` was read */
+  CPU_MSG_RMA = 5,  /* a COLL or P2P message whose payload stays in the sender:
+                       the payload on the wire is a cpu_rma_desc_t (cma.c) */
+  CPU_MSG_ACK = 6,  /* header only: the RMA message with cookie `seq` was read */
   CPU_MSG_PROBE = 7 /* header only: a stalled collective's signature (probe.c) */
 };
 
@@ -174,8 +174,8 @@ struct cpu_op {
   tdist__bk_op_t *bop;          /* the core's op (bop->priv == this); NULL in the pool */
   const tdist__op_args_t *args; /* bop->args */
   cpu_group_t *cg;
-  int p2p;       /* 1 for send/recv/batch: no rounds */
-  uint64_t cseq; /* collective number (cpu_group_t.next_cseq at post) */
+  int p2p;            /* 1 for send/recv/batch: no rounds */
+  uint64_t cseq;      /* collective number (cpu_group_t.next_cseq at post) */
   uint64_t posted_at; /* uv_now() at post (probe.c) */
   cpu_round_fn round_fn;
   void (*finish_fn)(cpu_op_t *op);
@@ -485,10 +485,10 @@ cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq *
 const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq);
 
 /* ---- probe.c: stall probes (progress thread) ---------------------------------- */
-void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx); /* with the other timers */
-void tdist__cpu_probe_posted(cpu_op_t *op);        /* a collective was posted */
-void tdist__cpu_on_probe(cpu_conn_t *c);           /* a PROBE header arrived */
-cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src);    /* its round's receive from src */
+void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx);        /* with the other timers */
+void tdist__cpu_probe_posted(cpu_op_t *op);               /* a collective was posted */
+void tdist__cpu_on_probe(cpu_conn_t *c);                  /* a PROBE header arrived */
+cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src); /* its round's receive from src */
 void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
 int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);
 cpu_xfer_t *tdist__cpu_precv_match(cpu_group_t *cg, int src, int tag); /* posted p2p receive */

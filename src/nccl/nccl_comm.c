@@ -263,8 +263,8 @@ int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
   nccl_config(&cfg, nc->name);
   NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, p->size, id, p->rank, &cfg), comm, rc, fail);
-  TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, "ncclCommInitRankConfig", p->timeout_ms),
-                  rc, fail);
+  TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, "ncclCommInitRankConfig", p->timeout_ms), rc,
+                  fail);
   TDIST_CHECKGOTO(state_setup(nc), rc, fail);
   state_publish(nc, comm, out);
   TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", nc->name,
@@ -315,7 +315,8 @@ int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
     goto fail;
   }
   cudaSetDevice(pn->device);
-  ncclResult_t r = ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, &comm, &cfg);
+  ncclResult_t r =
+      ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, &comm, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = tdist__nccl_err(pn->comm, r, "ncclCommSplit");
     pthread_mutex_unlock(&pn->mu);

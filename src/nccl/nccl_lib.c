@@ -32,10 +32,10 @@ static int load_state; /* (load_mu) 0 not tried, 1 loaded, -1 failed */
 static int load_rc;
 static char load_msg[512];
 
-#define FAIL(...)                                             \
-  do {                                                        \
-    snprintf(load_msg, sizeof(load_msg), __VA_ARGS__);        \
-    return TDIST_ERR_NOT_SUPPORTED;                           \
+#define FAIL(...)                                      \
+  do {                                                 \
+    snprintf(load_msg, sizeof(load_msg), __VA_ARGS__); \
+    return TDIST_ERR_NOT_SUPPORTED;                    \
   } while (0)
 
 /* dlopen's reason, shortened to what follows the file name when it repeats
@@ -102,13 +102,13 @@ static int load_locked(void) {
   rc = open_nccl(&nc, &nc_name);
   if (rc) return rc;
 
-  /* Function pointers from dlsym: POSIX guarantees the conversion. */
-#define LOOKUP_(h, lib, name)                                                                \
-  do {                                                                                       \
-    *(void **)(&a.name) = dlsym(h, #name);                                                   \
-    if (!a.name)                                                                             \
-      FAIL("backend 'nccl': %s (%s) has no %s; use a newer one or --backend cpu", lib,       \
-           h == nc ? a.version_str : "CUDA runtime", #name);                                 \
+    /* Function pointers from dlsym: POSIX guarantees the conversion. */
+#define LOOKUP_(h, lib, name)                                                          \
+  do {                                                                                 \
+    *(void **)(&a.name) = dlsym(h, #name);                                             \
+    if (!a.name)                                                                       \
+      FAIL("backend 'nccl': %s (%s) has no %s; use a newer one or --backend cpu", lib, \
+           h == nc ? a.version_str : "CUDA runtime", #name);                           \
   } while (0);
   tdist__ncclGetVersion_fn get_version;
   *(void **)(&get_version) = dlsym(nc, "ncclGetVersion");

@@ -176,8 +176,8 @@ int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream) {
   if (no->completed) {
     rc = 0;
   } else if (!tdist__list_linked(&op->link)) {
-    rc = tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted",
-                      nc->name);
+    rc =
+        tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted", nc->name);
   } else {
     CUDACHECKGOTO(cudaSetDevice(nc->device), rc, out);
     CUDACHECKGOTO(cudaStreamWaitEvent((cudaStream_t)stream, no->end, 0), rc, out);

@@ -15,8 +15,8 @@
  *
  * The hosted server and the rendezvous store handle live in a process-global
  * record until tdist__rendezvous_cleanup() (called by the core's runtime
- * context when the last group of the world is gone): every rank adds to "left"; rank 0 then waits, bounded
- * by the timeout, until all ranks have left before stopping the server.
+ * context when the last group of the world is gone): every rank adds to "left"; rank 0 then waits,
+ * bounded by the timeout, until all ranks have left before stopping the server.
  *
  * Threads: the caller's; the record is guarded by a mutex.
  */
@@ -256,8 +256,7 @@ static int resolve_addr(const char *method, char *host, size_t hl, int *port) {
   const cluster_t *cl = tdist__env_raw("RANK") ? NULL : cluster_env();
   const char *a = tdist__env_raw("MASTER_ADDR");
   if (a) {
-    if (strlen(a) >= hl)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_ADDR is too long");
+    if (strlen(a) >= hl) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_ADDR is too long");
     snprintf(host, hl, "%s", a);
   } else if (!cl) {
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_ADDR is not set (env://)");
@@ -273,7 +272,10 @@ static int resolve_addr(const char *method, char *host, size_t hl, int *port) {
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "MASTER_PORT=%d is out of range", *port);
   if (!a || rc == 0)
     TDIST_INFO(INIT, "store at %s:%d (%s from %s's environment)", host, *port,
-               !a && rc == 0 ? "address and port" : !a ? "address" : "port", cl->name);
+               !a && rc == 0 ? "address and port"
+               : !a          ? "address"
+                             : "port",
+               cl->name);
   return 0;
 }
 
@@ -403,10 +405,10 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   out->size = size;
   out->timeout_ms = timeout;
   out->store_host = (m & TDIST_INIT_FIELD_STORE) && o->store ? -1
-                    : strncmp(method, "file://", 7) == 0  ? -1
-                    : strncmp(method, "etcd://", 7) == 0  ? -1
-                    : host_store                          ? 0
-                                                          : -1;
+                    : strncmp(method, "file://", 7) == 0     ? -1
+                    : strncmp(method, "etcd://", 7) == 0     ? -1
+                    : host_store                             ? 0
+                                                             : -1;
   return 0;
 fail:
   pthread_mutex_unlock(&rdzv_mu);

@@ -87,9 +87,9 @@ const char *tdist_redop_name(tdist_redop_t op) {
 
 const char *tdist_op_name(tdist_optype_t op) {
   static const char *names[TDIST_OPTYPE_COUNT] = {
-      "all_reduce",     "broadcast",  "reduce",  "all_gather", "gather", "scatter",
-      "reduce_scatter", "all_to_all", "barrier", "send",       "recv",   "batch_p2p",
-      "all_to_all_v",   "all_gather_v", "reduce_scatter_v", "gather_v", "scatter_v"};
+      "all_reduce",     "broadcast",    "reduce",           "all_gather", "gather",   "scatter",
+      "reduce_scatter", "all_to_all",   "barrier",          "send",       "recv",     "batch_p2p",
+      "all_to_all_v",   "all_gather_v", "reduce_scatter_v", "gather_v",   "scatter_v"};
   return ((unsigned)op < TDIST_OPTYPE_COUNT) ? names[op] : "invalid";
 }
 

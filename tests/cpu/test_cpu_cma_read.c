@@ -44,12 +44,12 @@ struct shared {
 
 static int fails;
 
-#define CHECK(c)                                                                \
-  do {                                                                          \
-    if (!(c)) {                                                                 \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);     \
-      fails++;                                                                  \
-    }                                                                           \
+#define CHECK(c)                                                            \
+  do {                                                                      \
+    if (!(c)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+      fails++;                                                              \
+    }                                                                       \
   } while (0)
 
 static void wait_done(struct shared *sh, int step) {
@@ -100,8 +100,12 @@ static int read_after(struct shared *sh, int step, char *why, size_t wl, int *ab
       wait_done(sh, step);
     }
   }
-  cpu_rma_desc_t d = {.kind = CPU_MSG_P2P, .addr = sh->addr, .len = LEN, .word = sh->word,
-                      .token = TOKEN, .cookie = 1};
+  cpu_rma_desc_t d = {.kind = CPU_MSG_P2P,
+                      .addr = sh->addr,
+                      .len = LEN,
+                      .word = sh->word,
+                      .token = TOKEN,
+                      .cookie = 1};
   why[0] = 0;
   int rc = tdist__cpu_cma_read((int)pid, dst, &d, why, wl, aborted);
   if (step != ST_EXIT) {

@@ -20,10 +20,23 @@
 static const size_t kSizes[] = {1024, 65536, 1048576, 16777216, 67108864};
 
 static void warm_for(size_t bytes, int *warm, int *lo, int *hi) {
-  if (bytes <= 1024) { *warm = 50; *lo = 20; *hi = 2000; }
-  else if (bytes <= (64 << 10)) { *warm = 20; *lo = 20; *hi = 1000; }
-  else if (bytes <= (1 << 20)) { *warm = 5; *lo = 10; *hi = 200; }
-  else { *warm = 1; *lo = 3; *hi = 20; }
+  if (bytes <= 1024) {
+    *warm = 50;
+    *lo = 20;
+    *hi = 2000;
+  } else if (bytes <= (64 << 10)) {
+    *warm = 20;
+    *lo = 20;
+    *hi = 1000;
+  } else if (bytes <= (1 << 20)) {
+    *warm = 5;
+    *lo = 10;
+    *hi = 200;
+  } else {
+    *warm = 1;
+    *lo = 3;
+    *hi = 20;
+  }
 }
 
 static int cmpd(const void *a, const void *b) {
@@ -40,9 +53,12 @@ int main(int argc, char **argv) {
   double budget = 0.3;
   size_t maxb = 67108864;
   while ((c = getopt(argc, argv, "t:T:b:")) != -1) {
-    if (c == 't') tag = optarg;
-    else if (c == 'T') budget = atof(optarg);
-    else if (c == 'b') maxb = (size_t)atoll(optarg);
+    if (c == 't')
+      tag = optarg;
+    else if (c == 'T')
+      budget = atof(optarg);
+    else if (c == 'b')
+      maxb = (size_t)atoll(optarg);
   }
   if (n > 256) MPI_Abort(MPI_COMM_WORLD, 1);
   size_t cnt[256];
@@ -60,7 +76,8 @@ int main(int argc, char **argv) {
     }
     float *sb = malloc((size_t)so * 4 + 4), *rb = malloc((size_t)ro * 4 + 4);
     for (int j = 0; j < n; j++)
-      for (int e = 0; e < sc[j]; e++) sb[sd[j] + e] = (float)(rank * 1000 + j);
+      for (int e = 0; e < sc[j]; e++)
+        sb[sd[j] + e] = (float)(rank * 1000 + j);
     MPI_Alltoallv(sb, sc, sd, MPI_FLOAT, rb, rc, rd, MPI_FLOAT, MPI_COMM_WORLD);
     for (int i = 0; i < n; i++)
       for (int e = 0; e < rc[i]; e++)
