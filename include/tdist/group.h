@@ -53,11 +53,24 @@ typedef struct tdist_init_opts {
                               timeout; default $TDIST_TIMEOUT_MS, else 600000 */
   int device;              /* NCCL: CUDA device; default LOCAL_RANK, else 0 */
   const char *name;        /* group name in logs and errors; default "world" */
-  int host_store;          /* tcp:// and env://: 1 = rank 0 starts the store
-                              server, 0 = one is already running (launcher).
+  int host_store;          /* tcp:// and env://: TDIST_HOST_STORE_* (below).
                               Default: 0 if $TDIST_STORE_HOSTED=1 (set by
                               tdistrun), else 1 */
 } tdist_init_opts_t;
+
+/* tdist_init_opts_t.host_store. Rank 0 hosts the store as a process of its
+ * own (`tdist-store`, found next to libtdist) so that it outlives rank 0: a
+ * killed or stopped rank 0 is declared dead like any rank, and the survivors
+ * can shrink. A store served by a thread of rank 0 dies or stops with it:
+ * the survivors are told (REMOTE_FAILED naming rank 0 as the store's host)
+ * but can agree on nothing afterwards, so tdist_group_shrink fails. */
+enum {
+  TDIST_HOST_STORE_NONE = 0,    /* a store already runs (a launcher, tdist-store) */
+  TDIST_HOST_STORE_DEFAULT = 1, /* a process; a thread if $TDIST_STORE_IN_PROCESS=1
+                                   or no tdist-store program is found (one warning) */
+  TDIST_HOST_STORE_PROCESS = 2, /* a process, or init fails */
+  TDIST_HOST_STORE_THREAD = 3,  /* a thread of rank 0 */
+};
 
 /*
  * tdist_init_process_group - rendezvous with the other ranks and create the

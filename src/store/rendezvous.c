@@ -3,7 +3,8 @@
  * uses only the store and util): find rank, world size, timeout and a store
  * from opts and the environment (env://, tcp://, file://, etcd://, a URL in
  * TDIST_STORE_URL, or a given store),
- * host the store server on rank 0 when asked, check that no two processes
+ * host the store on rank 0 when asked (a process of its own, spawn.h, or a
+ * thread), check that no two processes
  * claim one rank, wait until every rank arrived. core/init.c then creates the
  * world group.
  *
@@ -16,7 +17,8 @@
  * The hosted server and the rendezvous store handle live in a process-global
  * record until tdist__rendezvous_cleanup() (called by the core's runtime
  * context when the last group of the world is gone): every rank adds to "left"; rank 0 then waits,
- * bounded by the timeout, until all ranks have left before stopping the server.
+ * bounded by the timeout, until all ranks have left before stopping the server
+ * (thread or process). A store process whose rank 0 is gone ends by itself.
  *
  * Threads: the caller's; the record is guarded by a mutex.
  */
@@ -29,6 +31,7 @@
 #include <unistd.h>
 
 #include "store/rendezvous.h"
+#include "store/spawn.h"
 #include "store/store_impl.h"
 #include "tdist/group.h"
 #include "util/clock.h"
@@ -39,10 +42,12 @@
 
 TDIST_PARAM(TimeoutMs, "TDIST_TIMEOUT_MS", 600000)
 TDIST_PARAM(StoreHosted, "TDIST_STORE_HOSTED", 0)
+TDIST_PARAM(StoreInProcess, "TDIST_STORE_IN_PROCESS", 0)
 
 static pthread_mutex_t rdzv_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-  tdist_store_server_t *server; /* hosted by this process (rank 0), or NULL */
+  tdist_store_server_t *server; /* hosted by a thread of this process (rank 0), or NULL */
+  tdist__store_proc_t proc;     /* hosted by a process rank 0 started, or pid -1 */
   tdist_store_t *store;         /* view RDZV_PREFIX, for the exit count */
   int rank, size;
   int64_t timeout_ms;
@@ -345,11 +350,32 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, 
   return rc;
 }
 
+/* Rank 0 starts the store on `port` as `mode` (TDIST_HOST_STORE_*) asks:
+ * a process (proc), else a thread (srv). */
+static int host_store_on(int mode, int port, int size, tdist_store_server_t **srv,
+                tdist__store_proc_t *proc) {
+  static int warned;
+  if (mode == TDIST_HOST_STORE_DEFAULT && tdist__param_StoreInProcess() == 1)
+    mode = TDIST_HOST_STORE_THREAD;
+  if (mode != TDIST_HOST_STORE_THREAD) {
+    int rc = tdist__store_proc_start(port, size, proc);
+    if (rc != TDIST_ERR_NOT_SUPPORTED || mode == TDIST_HOST_STORE_PROCESS) return rc;
+    if (!warned++)
+      TDIST_WARN(INIT, "%s: rank 0 serves the store from a thread, so survivors cannot shrink "
+                       "if rank 0 dies",
+                 tdist_last_error());
+    tdist__error_clear();
+  }
+  tdist_store_server_opts_t sv = {.mask = TDIST_STORE_SERVER_FIELD_PORT, .port = port};
+  return tdist_store_server_start(&sv, srv);
+}
+
 int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   uint64_t m = o ? o->mask : 0;
   int rank = 0, size = 0, port = 0, rc;
   char host[256];
   tdist_store_server_t *srv = NULL;
+  tdist__store_proc_t proc = {-1};
   tdist_store_t *root = NULL, *view = NULL;
   int64_t timeout = (m & TDIST_INIT_FIELD_TIMEOUT) && o->timeout_ms > 0 ? o->timeout_ms
                                                                         : tdist__param_TimeoutMs();
@@ -362,8 +388,13 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   /* env:// with TDIST_STORE_URL (tdistrun --store): the store is that URL. */
   const char *url = tdist__env_raw("TDIST_STORE_URL");
   if (strncmp(method, "env://", 6) == 0 && url && *url) method = url;
-  int host_store =
-      (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store : tdist__param_StoreHosted() != 1;
+  int host_store = (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store
+                   : tdist__param_StoreHosted() == 1   ? TDIST_HOST_STORE_NONE
+                                                       : TDIST_HOST_STORE_DEFAULT;
+  if (host_store < TDIST_HOST_STORE_NONE || host_store > TDIST_HOST_STORE_THREAD)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "tdist_init_opts_t.host_store=%d is not a TDIST_HOST_STORE_* value",
+                        host_store);
   tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = timeout};
 
   pthread_mutex_lock(&rdzv_mu);
@@ -379,10 +410,7 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
     TDIST_CHECKGOTO(tdist_store_open_url(method, &so, &root), rc, fail);
   } else if (strncmp(method, "tcp://", 6) == 0 || strncmp(method, "env://", 6) == 0) {
     TDIST_CHECKGOTO(resolve_addr(method, host, sizeof(host), &port), rc, fail);
-    if (rank == 0 && host_store) {
-      tdist_store_server_opts_t sv = {.mask = TDIST_STORE_SERVER_FIELD_PORT, .port = port};
-      TDIST_CHECKGOTO(tdist_store_server_start(&sv, &srv), rc, fail);
-    }
+    if (rank == 0 && host_store) TDIST_CHECKGOTO(host_store_on(host_store, port, size, &srv, &proc), rc, fail);
     TDIST_CHECKGOTO(tdist_store_connect(host, port, &so, &root), rc, fail);
   } else {
     rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT,
@@ -392,9 +420,19 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
     goto fail;
   }
   TDIST_CHECKGOTO(tdist_store_prefix(root, RDZV_PREFIX, &view), rc, fail);
+  /* Whether the store dies with rank 0 (a thread of it), for everyone's
+   * monitor (core/inflight.c names rank 0 when it stops answering); written
+   * before rank 0 arrives, so every rank reads it once all arrived. */
+  if (srv) TDIST_CHECKGOTO(tdist_store_set(view, "thread_host", "0", 1), rc, fail);
   TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout, out->job, sizeof(out->job)), rc, fail);
+  int thread_host = 0;
+  if (!srv && rank != 0) {
+    const char *k = "thread_host";
+    TDIST_CHECKGOTO(tdist_store_check(view, &k, 1, &thread_host), rc, fail);
+  }
   TDIST_INFO(INIT, "rank %d of %d joined on %s", rank, size, tdist_store_address(root));
   rdzv.server = srv;
+  rdzv.proc = proc;
   rdzv.store = view;
   rdzv.rank = rank;
   rdzv.size = size;
@@ -407,7 +445,7 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   out->store_host = (m & TDIST_INIT_FIELD_STORE) && o->store ? -1
                     : strncmp(method, "file://", 7) == 0     ? -1
                     : strncmp(method, "etcd://", 7) == 0     ? -1
-                    : host_store                             ? 0
+                    : srv || thread_host                     ? 0 /* dies with rank 0 */
                                                              : -1;
   return 0;
 fail:
@@ -415,6 +453,7 @@ fail:
   tdist_store_release(view);
   tdist_store_release(root);
   tdist_store_server_stop(srv);
+  tdist__store_proc_stop(&proc);
   return rc;
 }
 
@@ -437,6 +476,7 @@ static int count_dead(tdist_store_t *v, int size) {
 int tdist__rendezvous_cleanup(void) {
   pthread_mutex_lock(&rdzv_mu);
   tdist_store_server_t *srv = rdzv.server;
+  tdist__store_proc_t proc = rdzv.proc;
   tdist_store_t *v = rdzv.store;
   int size = rdzv.size;
   int64_t timeout = rdzv.timeout_ms;
@@ -446,7 +486,7 @@ int tdist__rendezvous_cleanup(void) {
   int64_t left = 0;
   int rc = tdist_store_add(v, "left", 1, &left);
   if (rc == 0 && left % size == 0) rc = tdist_store_set(v, "all_left", "", 0);
-  if (srv && rc == 0) {
+  if ((srv || proc.pid > 0) && rc == 0) {
     /* Keep serving until every rank is done with the store; a rank the
      * store declared dead (store/liveness.h) will never say so. */
     const char *k = "all_left";
@@ -465,5 +505,6 @@ int tdist__rendezvous_cleanup(void) {
   }
   tdist_store_release(v);
   tdist_store_server_stop(srv);
+  tdist__store_proc_stop(&proc);
   return rc;
 }

@@ -9,14 +9,20 @@
  *   stopped   rank 2 SIGSTOPs itself: the survivors' op fails at its short
  *             timeout (TIMEOUT, or ABORTED/REMOTE_FAILED when the core's
  *             liveness check is faster), then rank 0 kills it.
- *   host_stopped  rank 0, which hosts the store, SIGSTOPs itself: nothing
- *             can declare it dead, but the survivors' monitors find the store
+ *   host_stopped  rank 0, which serves the store from a thread
+ *             (TDIST_STORE_IN_PROCESS=1), SIGSTOPs itself: nothing can
+ *             declare it dead, but the survivors' monitors find the store
  *             silent for the heartbeat timeout and fail their op (long
  *             timeout) with REMOTE_FAILED naming rank 0 as the store's host.
+ *   host_killed, host_stopped_shrink  rank 0 hosts the store as a process
+ *             (the default) and is killed or stopped: the survivors get
+ *             REMOTE_FAILED naming rank 0, shrink to two ranks, check an
+ *             all_reduce there; the store process then ends by itself.
  *   roots     ranks disagree on the root of broadcast, reduce, gather and
  *             scatter: MISMATCH naming the roots on every rank, never the
  *             op timeout.
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -32,6 +38,7 @@ struct shared {
   _Atomic int seen; /* roots: ranks that have their result */
   int root_op;      /* roots: the rooted op (tdist_optype_t) */
   int n;            /* ranks in the world (3 unless set) */
+  int host_kill;    /* host_gone: SIGKILL (1) or SIGSTOP (0) rank 0 */
 };
 
 static int mismatch(int rank, int n, void *arg) {
@@ -207,6 +214,7 @@ static int host_stopped(int rank, int n, void *arg) {
   sh->pids[rank] = getpid();
   setenv("TDIST_HEARTBEAT_INTERVAL_MS", "200", 1);
   setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "1500", 1);
+  setenv("TDIST_STORE_IN_PROCESS", "1", 1);
   tdist_group_t *g = NULL;
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 30000, &g));
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
@@ -232,15 +240,88 @@ static int host_stopped(int rank, int n, void *arg) {
   return 0;
 }
 
+static int host_gone(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  sh->pids[rank] = getpid();
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "200", 1);
+  setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "1500", 1);
+  tdist_group_t *g = NULL, *s = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 30000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  if (rank == 0) raise(sh->host_kill ? SIGKILL : SIGSTOP);
+  float v[1000] = {0};
+  int rc = tdist_all_reduce(g, v, v, 1000, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  fprintf(stderr, "[rank %d] store host %s -> %s: %s\n", rank,
+          sh->host_kill ? "killed" : "stopped", tdist_err_name(rc), msg);
+  MP_CHECK(rc == TDIST_ERR_REMOTE_FAILED);
+  MP_CHECK(strstr(msg, "rank 0 (world rank 0") != NULL);
+  /* The store outlived rank 0: the survivors agree on a group of two. */
+  MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
+  MP_CHECK(tdist_group_size(s) == 2 && tdist_group_rank(s) == rank - 1);
+  int32_t x[5];
+  for (int i = 0; i < 5; i++)
+    x[i] = rank * 10 + i;
+  MP_CHECK_RC(tdist_all_reduce(s, x, x, 5, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  for (int i = 0; i < 5; i++)
+    MP_CHECK(x[i] == 30 + 2 * i);
+  MP_CHECK_RC(tdist_barrier(s, NULL, NULL));
+  if (rank == 1 && !sh->host_kill) {
+    kill(sh->pids[0], SIGKILL);
+    kill(sh->pids[0], SIGCONT);
+  }
+  tdist_group_destroy(s);
+  tdist_group_destroy(g);
+  return 0;
+}
+
+/* The pid of a tdist-store started by `parent` (its --parent), or 0. */
+static pid_t store_of(pid_t parent) {
+  char want[32];
+  snprintf(want, sizeof(want), "%d", (int)parent);
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = 0;
+  while (d && !found && (e = readdir(d))) {
+    char path[300], cmd[1024];
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(cmd, 1, sizeof(cmd) - 1, f);
+    fclose(f);
+    cmd[len] = 0;
+    /* NUL-separated: find "--parent" followed by the pid */
+    for (size_t i = 0; i + 9 < len; i += strlen(cmd + i) + 1)
+      if (strstr(cmd, "tdist-store") && !strcmp(cmd + i, "--parent") &&
+          !strcmp(cmd + i + 9, want))
+        found = (pid_t)atoi(e->d_name);
+  }
+  if (d) closedir(d);
+  return found;
+}
+
 static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_dead) {
   int codes[3] = {0, 0, 0}, n = sh->n ? sh->n : 3;
   sh->port = tdist_mp_free_port();
   atomic_store(&sh->seen, 0);
   tdist_mp_run_codes(n, fn, sh, 60, codes);
-  int victim = fn == host_stopped ? 0 : 2;
+  int victim = fn == host_stopped || fn == host_gone ? 0 : 2;
   int ok = 1;
   for (int r = 0; r < n; r++)
     ok = ok && (r == victim && expect_dead ? codes[r] == 128 + SIGKILL : codes[r] == 0);
+  if (fn == host_gone) {
+    /* Every rank left or died: the store must end by itself (it checks
+     * every 250 ms); one still there after 10 s is a leak. */
+    pid_t st = 0;
+    for (int64_t t0 = tdist__now_ms(); (st = store_of(sh->pids[0])) && tdist__now_ms() - t0 < 10000;)
+      usleep(20000);
+    if (st) {
+      printf("cpu_failures %s: the store process %d of rank 0 is still running\n", name, (int)st);
+      kill(st, SIGKILL);
+      ok = 0;
+    }
+  }
   printf("cpu_failures %s: %s (exit codes %d %d %d)\n", name, ok ? "ok" : "FAILED", codes[0],
          codes[1], codes[2]);
   return ok ? 0 : 1;
@@ -255,6 +336,10 @@ int main(void) {
   sh->stagger_ms = 700;
   fails += run("stopped_staggered", stopped, sh, 1);
   fails += run("host_stopped", host_stopped, sh, 1);
+  sh->host_kill = 1;
+  fails += run("host_killed", host_gone, sh, 1);
+  sh->host_kill = 0;
+  fails += run("host_stopped_shrink", host_gone, sh, 1);
   const tdist_optype_t rooted[] = {TDIST_OP_BROADCAST, TDIST_OP_REDUCE, TDIST_OP_GATHER,
                                    TDIST_OP_SCATTER};
   for (int i = 0; i < 4; i++) {

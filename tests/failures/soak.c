@@ -4,14 +4,15 @@
  *
  *   soak [--trials N | --seconds S] [--seed X] [--no-load]
  *        [--launcher-only | --no-launcher] [--verbose] [--keep]
- *        [--strict-latency] [--strict-store-host]
+ *        [--strict-latency] [--strict-store-host] [--store-in-process]
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
  * a victim (rank 0 one time in three), the iteration and the delay of the
  * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
  * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
- *   host0     fork/exec by this driver, rank 0 hosts the store;
+ *   host0     fork/exec by this driver, rank 0 hosts the store (a process of
+ *             its own, or with --store-in-process a thread of rank 0);
  *   extstore  fork/exec, an external tdist-store (TDIST_STORE_HOSTED=1);
  *   tdistrun  tdistrun --no-fail-fast (the launcher hosts the store).
  * Without --trials or --seconds: --seconds 60 (the test soak_short).
@@ -102,7 +103,7 @@ static struct {
   double seconds;
   uint64_t seed;
   int load, launcher; /* launcher: 0 any, 1 only tdistrun, -1 never */
-  int verbose, keep, strict_latency, strict_store_host;
+  int verbose, keep, strict_latency, strict_store_host, store_in_process;
 } opt = {.load = 1};
 
 /* 30 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
@@ -152,8 +153,11 @@ static plan_t plan_make(uint64_t seed) {
 
 static int dies(const plan_t *p) { return p->kind != K_SKIP; }
 static int reporter(const plan_t *p, int r) { return !dies(p) || r != p->victim; }
-/* Rank 0 hosts the store and dies or stops: the shrink cannot agree. */
-static int store_lost(const plan_t *p) { return p->mode == M_HOST0 && p->victim == 0 && dies(p); }
+/* Rank 0 serves the store from a thread and dies or stops: the shrink
+ * cannot agree. (A store process of rank 0, the default, outlives it.) */
+static int store_lost(const plan_t *p) {
+  return opt.store_in_process && p->mode == M_HOST0 && p->victim == 0 && dies(p);
+}
 
 /* ---- what the ranks said ------------------------------------------------------------ */
 
@@ -587,7 +591,7 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     perror("soak: mkdtemp");
     exit(2);
   }
-  char env[8][64], rank_env[MAX_N][6][64], *envp[MAX_N + 1][16];
+  char env[8][64], rank_env[MAX_N][7][64], *envp[MAX_N + 1][16];
   int k = 0;
   snprintf(env[k++], 64, "TDIST_HEARTBEAT_INTERVAL_MS=%d", HB_INTERVAL_MS);
   snprintf(env[k++], 64, "TDIST_HEARTBEAT_TIMEOUT_MS=%d", HB_TIMEOUT_MS);
@@ -642,7 +646,8 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
       snprintf(rank_env[r][3], 64, "TDIST_STORE_HOSTED=%d", p->mode == M_EXTSTORE);
       snprintf(rank_env[r][4], 64, "LOCAL_RANK=%d", r);
       snprintf(rank_env[r][5], 64, "MASTER_ADDR=127.0.0.1");
-      for (int i = 0; i < 6; i++)
+      snprintf(rank_env[r][6], 64, "TDIST_STORE_IN_PROCESS=%d", opt.store_in_process);
+      for (int i = 0; i < 7; i++)
         envp[r][j++] = rank_env[r][i];
       envp[r][j] = NULL;
       char *argv[] = {SOAK_RANK, kind_s, victim_s, it_s, delay_s, size_s, dir, NULL};
@@ -900,7 +905,7 @@ static void summary(void) {
 static void usage(void) {
   fprintf(stderr, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
                   "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
-                  "[--strict-store-host]\n");
+                  "[--strict-store-host] [--store-in-process]\n");
   exit(2);
 }
 
@@ -930,6 +935,8 @@ int main(int argc, char **argv) {
       opt.strict_latency = 1;
     else if (!strcmp(a, "--strict-store-host"))
       opt.strict_store_host = 1;
+    else if (!strcmp(a, "--store-in-process"))
+      opt.store_in_process = 1;
     else
       usage();
   }

@@ -51,8 +51,9 @@
  *
  * latency_ms is from the victim's fault time to the moment this rank saw the
  * error (-1 if it has none); since_submit_ms from this rank's submission of
- * the failing op. store_lost=1: the victim is rank 0, which hosts the store
- * (no launcher, no external store), and dies or stops: nothing can be agreed
+ * the failing op. store_lost=1: the victim is rank 0, which serves the store
+ * from a thread (TDIST_STORE_IN_PROCESS=1; no launcher, no external store),
+ * and dies or stops: nothing can be agreed
  * through the store afterwards, so the shrink is expected to fail (with an
  * error, not a hang).
  *
@@ -487,8 +488,9 @@ int main(int argc, char **argv) {
   char name[48];
   snprintf(name, sizeof(name), "init.%d", me);
   put_num(name, 1);
-  const char *hosted = getenv("TDIST_STORE_HOSTED");
-  store_lost = victim == 0 && kind != K_SKIP && !(hosted && atoi(hosted) == 1);
+  const char *hosted = getenv("TDIST_STORE_HOSTED"), *inproc = getenv("TDIST_STORE_IN_PROCESS");
+  store_lost = victim == 0 && kind != K_SKIP && !(hosted && atoi(hosted) == 1) &&
+               inproc && atoi(inproc) == 1;
 
   seen_t s;
   survive_loop(g, &s); /* the dying victims do not come back */
