@@ -353,7 +353,7 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, 
 /* Rank 0 starts the store on `port` as `mode` (TDIST_HOST_STORE_*) asks:
  * a process (proc), else a thread (srv). */
 static int host_store_on(int mode, int port, int size, tdist_store_server_t **srv,
-                tdist__store_proc_t *proc) {
+                         tdist__store_proc_t *proc) {
   static int warned;
   if (mode == TDIST_HOST_STORE_DEFAULT && tdist__param_StoreInProcess() == 1)
     mode = TDIST_HOST_STORE_THREAD;
@@ -361,8 +361,9 @@ static int host_store_on(int mode, int port, int size, tdist_store_server_t **sr
     int rc = tdist__store_proc_start(port, size, proc);
     if (rc != TDIST_ERR_NOT_SUPPORTED || mode == TDIST_HOST_STORE_PROCESS) return rc;
     if (!warned++)
-      TDIST_WARN(INIT, "%s: rank 0 serves the store from a thread, so survivors cannot shrink "
-                       "if rank 0 dies",
+      TDIST_WARN(INIT,
+                 "%s: rank 0 serves the store from a thread, so survivors cannot shrink "
+                 "if rank 0 dies",
                  tdist_last_error());
     tdist__error_clear();
   }
@@ -389,8 +390,8 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   const char *url = tdist__env_raw("TDIST_STORE_URL");
   if (strncmp(method, "env://", 6) == 0 && url && *url) method = url;
   int host_store = (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store
-                   : tdist__param_StoreHosted() == 1   ? TDIST_HOST_STORE_NONE
-                                                       : TDIST_HOST_STORE_DEFAULT;
+                   : tdist__param_StoreHosted() == 1 ? TDIST_HOST_STORE_NONE
+                                                     : TDIST_HOST_STORE_DEFAULT;
   if (host_store < TDIST_HOST_STORE_NONE || host_store > TDIST_HOST_STORE_THREAD)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                         "tdist_init_opts_t.host_store=%d is not a TDIST_HOST_STORE_* value",
@@ -410,7 +411,8 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
     TDIST_CHECKGOTO(tdist_store_open_url(method, &so, &root), rc, fail);
   } else if (strncmp(method, "tcp://", 6) == 0 || strncmp(method, "env://", 6) == 0) {
     TDIST_CHECKGOTO(resolve_addr(method, host, sizeof(host), &port), rc, fail);
-    if (rank == 0 && host_store) TDIST_CHECKGOTO(host_store_on(host_store, port, size, &srv, &proc), rc, fail);
+    if (rank == 0 && host_store)
+      TDIST_CHECKGOTO(host_store_on(host_store, port, size, &srv, &proc), rc, fail);
     TDIST_CHECKGOTO(tdist_store_connect(host, port, &so, &root), rc, fail);
   } else {
     rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT,

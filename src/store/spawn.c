@@ -131,7 +131,7 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
   snprintf(a_port, sizeof(a_port), "%d", port);
   snprintf(a_size, sizeof(a_size), "%d", world_size);
   snprintf(a_parent, sizeof(a_parent), "%d", (int)getpid());
-  char *argv[] = {bin,      "--port",   a_port,   "--job-size", a_size,
+  char *argv[] = {bin,        "--port", a_port,     "--job-size", a_size,
                   "--parent", a_parent, "--detach", NULL};
   if (posix_spawn_file_actions_init(&fa) != 0) goto spawn_fail;
   fa_init = 1;
@@ -170,8 +170,8 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
                       text[0] ? text : "no answer");
     goto fail;
   }
-  TDIST_INFO(STORE, "store process %d serves port %d for %d ranks (%s)", (int)pid, port,
-             world_size, bin);
+  TDIST_INFO(STORE, "store process %d serves port %d for %d ranks (%s)", (int)pid, port, world_size,
+             bin);
   out->pid = pid;
   goto done;
 spawn_fail:

@@ -34,7 +34,7 @@
 struct shared {
   int port;
   pid_t pids[8];
-  int stagger_ms; /* stopped: rank 1 posts this much later than rank 0 */
+  int stagger_ms;   /* stopped: rank 1 posts this much later than rank 0 */
   _Atomic int seen; /* roots: ranks that have their result */
   int root_op;      /* roots: the rooted op (tdist_optype_t) */
   int n;            /* ranks in the world (3 unless set) */
@@ -253,8 +253,8 @@ static int host_gone(int rank, int n, void *arg) {
   int rc = tdist_all_reduce(g, v, v, 1000, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
   char msg[512];
   snprintf(msg, sizeof(msg), "%s", tdist_last_error());
-  fprintf(stderr, "[rank %d] store host %s -> %s: %s\n", rank,
-          sh->host_kill ? "killed" : "stopped", tdist_err_name(rc), msg);
+  fprintf(stderr, "[rank %d] store host %s -> %s: %s\n", rank, sh->host_kill ? "killed" : "stopped",
+          tdist_err_name(rc), msg);
   MP_CHECK(rc == TDIST_ERR_REMOTE_FAILED);
   MP_CHECK(strstr(msg, "rank 0 (world rank 0") != NULL);
   /* The store outlived rank 0: the survivors agree on a group of two. */
@@ -293,8 +293,7 @@ static pid_t store_of(pid_t parent) {
     cmd[len] = 0;
     /* NUL-separated: find "--parent" followed by the pid */
     for (size_t i = 0; i + 9 < len; i += strlen(cmd + i) + 1)
-      if (strstr(cmd, "tdist-store") && !strcmp(cmd + i, "--parent") &&
-          !strcmp(cmd + i + 9, want))
+      if (strstr(cmd, "tdist-store") && !strcmp(cmd + i, "--parent") && !strcmp(cmd + i + 9, want))
         found = (pid_t)atoi(e->d_name);
   }
   if (d) closedir(d);
@@ -314,7 +313,8 @@ static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_d
     /* Every rank left or died: the store must end by itself (it checks
      * every 250 ms); one still there after 10 s is a leak. */
     pid_t st = 0;
-    for (int64_t t0 = tdist__now_ms(); (st = store_of(sh->pids[0])) && tdist__now_ms() - t0 < 10000;)
+    for (int64_t t0 = tdist__now_ms();
+         (st = store_of(sh->pids[0])) && tdist__now_ms() - t0 < 10000;)
       usleep(20000);
     if (st) {
       printf("cpu_failures %s: the store process %d of rank 0 is still running\n", name, (int)st);

@@ -45,6 +45,7 @@
 /* DIR/<name>: a number written by one rank and read by another (fault_rank
  * and soak_rank). Written through a rename, so a reader never sees half a
  * number; -1 when absent. */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -58,6 +59,24 @@ static inline void fault_put_num(const char *dir, const char *name, int64_t v) {
   fprintf(f, "%lld\n", (long long)v);
   fclose(f);
   rename(tmp, path);
+}
+
+/* For a time taken right before a fault: open DIR/name now (fault_arm), and
+ * fault_stamp then costs one pwrite, with no file creation or rename between
+ * the time and the fault (under load those could be preempted and the
+ * detection latency would include them). -1 if it cannot be opened. */
+static inline int fault_arm(const char *dir, const char *name) {
+  char path[320];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+static inline void fault_stamp(int fd, int64_t v) {
+  char b[32];
+  int n = snprintf(b, sizeof(b), "%lld\n", (long long)v);
+  if (fd >= 0 && pwrite(fd, b, (size_t)n, 0) != n) {
+    /* nothing to do: the reader finds no time and reports it */
+  }
 }
 
 static inline int64_t fault_get_num(const char *dir, const char *name) {

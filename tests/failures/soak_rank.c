@@ -217,16 +217,19 @@ static void fault_line(int inflight) {
   fflush(stdout);
 }
 
+static int fault_fd = -1; /* fault_arm: DIR/fault_time, opened before the fault */
+
 static void crash_cb(tdist_work_t *w, void *arg) {
   (void)w;
   (void)arg;
-  put_num("fault_time", mono_us());
+  fault_stamp(fault_fd, mono_us());
   abort();
 }
 
 /* kill9, stop, exit, callback_crash at iteration fault_it; never returns. */
 static void die_now(tdist_group_t *g, float *v, size_t count) {
   tdist_work_t *w = NULL;
+  fault_fd = fault_arm(dir, "fault_time");
   if (kind == K_CRASH) {
     sleep_us(delay_us);
     int rc = tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, &w);
@@ -261,7 +264,7 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
   }
   sleep_us(delay_us);
   fault_line(!tdist_work_is_completed(w));
-  put_num("fault_time", mono_us());
+  fault_stamp(fault_fd, mono_us());
   switch (kind) {
   case K_KILL9: kill(getpid(), SIGKILL); break;
   case K_STOP:
@@ -489,8 +492,8 @@ int main(int argc, char **argv) {
   snprintf(name, sizeof(name), "init.%d", me);
   put_num(name, 1);
   const char *hosted = getenv("TDIST_STORE_HOSTED"), *inproc = getenv("TDIST_STORE_IN_PROCESS");
-  store_lost = victim == 0 && kind != K_SKIP && !(hosted && atoi(hosted) == 1) &&
-               inproc && atoi(inproc) == 1;
+  store_lost = victim == 0 && kind != K_SKIP && !(hosted && atoi(hosted) == 1) && inproc &&
+               atoi(inproc) == 1;
 
   seen_t s;
   survive_loop(g, &s); /* the dying victims do not come back */
