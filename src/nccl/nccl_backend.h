@@ -103,27 +103,57 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
 
 /* Required calls: every NCCL release from TDIST__NCCL_MIN_VERSION has them.
  * X(name) */
-#define TDIST__NCCL_REQUIRED(X)                                                             \
-  X(ncclGetErrorString)                                                                     \
-  X(ncclGetLastError) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommSplit)         \
-      X(ncclCommGetAsyncError) X(ncclCommFinalize) X(ncclCommDestroy) X(ncclCommAbort)      \
-          X(ncclRedOpCreatePreMulSum) X(ncclRedOpDestroy) X(ncclGroupStart) X(ncclGroupEnd) \
-              X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) X(ncclAllGather)              \
-                  X(ncclReduceScatter) X(ncclSend) X(ncclRecv)
+// clang-format off (the lists stay one entry per line: clang-format staircases them)
+#define TDIST__NCCL_REQUIRED(X) \
+  X(ncclGetErrorString)         \
+  X(ncclGetLastError)           \
+  X(ncclGetUniqueId)            \
+  X(ncclCommInitRankConfig)     \
+  X(ncclCommSplit)              \
+  X(ncclCommGetAsyncError)      \
+  X(ncclCommFinalize)           \
+  X(ncclCommDestroy)            \
+  X(ncclCommAbort)              \
+  X(ncclRedOpCreatePreMulSum)   \
+  X(ncclRedOpDestroy)           \
+  X(ncclGroupStart)             \
+  X(ncclGroupEnd)               \
+  X(ncclAllReduce)              \
+  X(ncclBroadcast)              \
+  X(ncclReduce)                 \
+  X(ncclAllGather)              \
+  X(ncclReduceScatter)          \
+  X(ncclSend)                   \
+  X(ncclRecv)
 
 /* Newer calls, looked up one by one: a missing one (NULL) fails only the
  * call that needs it. X(name, major, minor): the release that added it. */
 #define TDIST__NCCL_OPTIONAL(X) \
   X(ncclCommShrink, 2, 27)      \
-  X(ncclCommRevoke, 2, 28) X(ncclAlltoAll, 2, 28) X(ncclGather, 2, 28) X(ncclScatter, 2, 28)
+  X(ncclCommRevoke, 2, 28)      \
+  X(ncclAlltoAll, 2, 28)        \
+  X(ncclGather, 2, 28)          \
+  X(ncclScatter, 2, 28)
 
 /* The CUDA runtime calls (all in CUDA 11.2 and later). */
-#define TDIST__CUDART_REQUIRED(X)                                                              \
-  X(cudaGetErrorString)                                                                        \
-  X(cudaGetErrorName) X(cudaGetLastError) X(cudaGetDeviceCount) X(cudaSetDevice)               \
-      X(cudaPointerGetAttributes) X(cudaStreamCreateWithFlags) X(cudaStreamDestroy)            \
-          X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord) X(cudaEventQuery) \
-              X(cudaStreamWaitEvent) X(cudaMallocAsync) X(cudaFreeAsync) X(cudaMemsetAsync)
+#define TDIST__CUDART_REQUIRED(X) \
+  X(cudaGetErrorString)           \
+  X(cudaGetErrorName)             \
+  X(cudaGetLastError)             \
+  X(cudaGetDeviceCount)           \
+  X(cudaSetDevice)                \
+  X(cudaPointerGetAttributes)     \
+  X(cudaStreamCreateWithFlags)    \
+  X(cudaStreamDestroy)            \
+  X(cudaEventCreateWithFlags)     \
+  X(cudaEventDestroy)             \
+  X(cudaEventRecord)              \
+  X(cudaEventQuery)               \
+  X(cudaStreamWaitEvent)          \
+  X(cudaMallocAsync)              \
+  X(cudaFreeAsync)                \
+  X(cudaMemsetAsync)
+// clang-format on
 
 /*
  * The minimum NCCL: 2.18.0. The backend cannot do without non-blocking
