@@ -126,7 +126,7 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
                         "build tree, or $TDIST_STORE_BIN)");
   if (pipe2(pipefd, O_CLOEXEC) != 0) {
     rc = tdist__error(TDIST_ERR_IO, "store: pipe: %s", strerror(errno));
-    goto fail;
+    goto out;
   }
   snprintf(a_port, sizeof(a_port), "%d", port);
   snprintf(a_size, sizeof(a_size), "%d", world_size);
@@ -168,16 +168,15 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
     if (nl && nl[1] == '\0') *nl = '\0';
     rc = tdist__error(TDIST_ERR_IO, "the store (%s --port %d) did not start: %s", bin, port,
                       text[0] ? text : "no answer");
-    goto fail;
+    goto out;
   }
   TDIST_INFO(STORE, "store process %d serves port %d for %d ranks (%s)", (int)pid, port, world_size,
              bin);
   out->pid = pid;
-  goto done;
+  goto out;
 spawn_fail:
   rc = tdist__error(TDIST_ERR_IO, "store: cannot start %s: %s", bin, strerror(errno));
-fail:
-done:
+out:
   if (fa_init) posix_spawn_file_actions_destroy(&fa);
   if (at_init) posix_spawnattr_destroy(&at);
   if (pipefd[0] >= 0) close(pipefd[0]);
