@@ -178,6 +178,29 @@ tdist_store_t *tdist_group_store(tdist_group_t *group);
 /* 1 if the group was aborted (on demand, by a timeout or by a peer). */
 int tdist_group_is_aborted(const tdist_group_t *group);
 
+/* A group's abort callback: `status` and `reason` are the abort's (what
+ * pending ops fail with; `reason` is valid during the call only). */
+typedef void (*tdist_group_abort_cb_t)(tdist_group_t *group, int status, const char *reason,
+                                       void *arg);
+
+/*
+ * tdist_group_on_abort - have `cb` called once when the group is aborted, for
+ * any cause (a peer's failure, a timeout, tdist_group_abort here or on
+ * another rank), the moment the progress thread aborts it: after the pending
+ * ops were failed, before any later op is submitted. The role of MPI's error
+ * handler: a rank busy computing learns of a failure at once, without an op
+ * to wait on.
+ * Thread: any. `cb` runs on the progress thread; if the group is already
+ * aborted, at once on the calling thread. Like a completion callback, on the
+ * progress thread it must not block (blocking tdist calls from there fail at
+ * once) and must not destroy the group. It never runs after tdist_group_destroy
+ * returned.
+ * @param cb   the callback (not NULL); @param arg  passed to it.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT for a NULL group or cb;
+ *         TDIST_ERR_INVALID_STATE if a callback is already registered.
+ */
+int tdist_group_on_abort(tdist_group_t *group, tdist_group_abort_cb_t cb, void *arg);
+
 /*
  * tdist_group_destroy - wait up to the group's timeout for its pending work,
  * abort what is left, release the backend (NCCL: finalize then destroy), free

@@ -447,6 +447,29 @@ int tdist_group_is_aborted(const tdist_group_t *g) {
   return g ? atomic_load(&((tdist_group_t *)g)->aborted) : 0;
 }
 
+/* Any thread. mu orders this against the progress thread's run_abort_cb
+ * (inflight.c), which reads the state only after `aborted` was set: either
+ * the progress thread finds the callback registered, or this call finds the
+ * group aborted and runs it itself. */
+int tdist_group_on_abort(tdist_group_t *g, tdist_group_abort_cb_t cb, void *arg) {
+  if (!g || !cb)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_on_abort: NULL %s",
+                        g ? "callback" : "group");
+  pthread_mutex_lock(&g->mu);
+  if (g->abort_cb_state != 0) {
+    pthread_mutex_unlock(&g->mu);
+    return tdist__error(TDIST_ERR_INVALID_STATE,
+                        "tdist_group_on_abort: group '%s' already has an abort callback", g->name);
+  }
+  g->abort_cb = cb;
+  g->abort_cb_arg = arg;
+  int now = atomic_load_explicit(&g->aborted, memory_order_acquire);
+  g->abort_cb_state = now ? 2 : 1;
+  pthread_mutex_unlock(&g->mu);
+  if (now) cb(g, g->abort_status, g->abort_reason, arg); /* already aborted: here */
+  return 0;
+}
+
 /* Any thread. The view is made on first use; two threads racing both make
  * one and the loser releases its own, so no lock is needed. */
 tdist_store_t *tdist_group_store(tdist_group_t *g) {

@@ -80,7 +80,13 @@ struct tdist_group {
   char fail_reason[256];
   tdist__trace_t *trace; /* flight recorder, or NULL */
 
-  /* pending reaching 0 is signalled here, for destroy */
+  /* (mu) tdist_group_on_abort's callback: 0 none, 1 registered, 2 taken
+   * (run, or running) */
+  tdist_group_abort_cb_t abort_cb;
+  void *abort_cb_arg;
+  int abort_cb_state;
+
+  /* pending reaching 0 is signalled here, for destroy; guards abort_cb */
   pthread_mutex_t mu;
   pthread_cond_t cv;
 };

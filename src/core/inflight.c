@@ -127,8 +127,19 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int sp
   return 1;
 }
 
+/* The user's abort callback, once (tdist_group_on_abort): after the works
+ * were failed, so their states are final when it runs. */
+static void run_abort_cb(tdist_group_t *g) {
+  pthread_mutex_lock(&g->mu);
+  tdist_group_abort_cb_t cb = g->abort_cb_state == 1 ? g->abort_cb : NULL;
+  if (cb) g->abort_cb_state = 2;
+  pthread_mutex_unlock(&g->mu);
+  if (cb) cb(g, g->abort_status, g->abort_reason, g->abort_cb_arg);
+}
+
 /* Finish everything in flight (but what the backend already completed: it
- * keeps its own status), then have the flight recorder written. */
+ * keeps its own status), tell the user's abort callback, then have the
+ * flight recorder written. */
 static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   tdist__list_t *it, *tmp;
   tdist__list_foreach_safe(it, tmp, &g->inflight) {
@@ -136,6 +147,7 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
     if (w->completing) continue;
     finish_fmt(w, status, "%s", reason);
   }
+  run_abort_cb(g);
   tdist__trace_meta_t m;
   tdist__group_trace_meta(g, &m);
   tdist__trace_dump_on_failure(g->trace, &m);

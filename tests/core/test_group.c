@@ -6,11 +6,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "core/group.h"
+#include "core/progress.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 
@@ -150,6 +152,62 @@ static void failure_during_init(void **state) {
   tdist_group_destroy(g);
 }
 
+/* tdist_group_on_abort: called once, on the progress thread, after the
+ * pending op failed; at once on the caller's thread for a group already
+ * aborted; one callback per group. */
+typedef struct {
+  int calls, status, on_progress, work_done;
+  char reason[256];
+  tdist_work_t *w;
+} abort_seen_t;
+
+static void on_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
+  (void)g;
+  abort_seen_t *s = arg;
+  s->calls++;
+  s->status = status;
+  s->on_progress = tdist__progress_on_thread();
+  s->work_done = s->w ? tdist_work_is_completed(s->w) : -1;
+  snprintf(s->reason, sizeof(s->reason), "%s", reason);
+}
+
+static void abort_callback(void **state) {
+  (void)state;
+  tdist_group_t *g;
+  abort_seen_t s = {0}, late = {0};
+  assert_int_equal(tb_group_create(0, 2, 5000, &g), 0);
+  assert_int_equal(tdist_group_on_abort(NULL, on_abort, &s), TDIST_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tdist_group_on_abort(g, NULL, &s), TDIST_ERR_INVALID_ARGUMENT);
+  tb_set_mode(TB_STALL);
+  float v[4] = {0};
+  assert_int_equal(tdist_all_reduce(g, v, v, 4, TDIST_FLOAT32, TDIST_SUM, NULL, &s.w), 0);
+  tb_set_mode(TB_COMPLETE);
+  assert_int_equal(tdist_group_on_abort(g, on_abort, &s), 0);
+  assert_int_equal(tdist_group_on_abort(g, on_abort, &late), TDIST_ERR_INVALID_STATE);
+  assert_int_equal(s.calls, 0);
+  tdist_group_abort(g, "the test says so"); /* returns once the progress thread aborted */
+  assert_int_equal(tdist_work_wait(s.w, 0), TDIST_ERR_ABORTED);
+  assert_int_equal(s.calls, 1);
+  assert_int_equal(s.status, TDIST_ERR_ABORTED);
+  assert_true(s.on_progress);
+  assert_int_equal(s.work_done, 1); /* the op failed first */
+  assert_non_null(strstr(s.reason, "the test says so"));
+  tdist_group_abort(g, "again");
+  assert_int_equal(s.calls, 1);
+  tdist_work_release(s.w);
+  tdist_group_destroy(g);
+
+  /* Registered after the abort: runs before the call returns, here. */
+  assert_int_equal(tb_group_create(0, 2, 5000, &g), 0);
+  tdist_group_abort(g, "before registering");
+  assert_int_equal(tdist_group_on_abort(g, on_abort, &late), 0);
+  assert_int_equal(late.calls, 1);
+  assert_false(late.on_progress);
+  assert_int_equal(late.status, TDIST_ERR_ABORTED);
+  assert_non_null(strstr(late.reason, "before registering"));
+  tdist_group_destroy(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(new_group_membership_and_order),
@@ -158,6 +216,7 @@ int main(void) {
       cmocka_unit_test(mesh_validation),
       cmocka_unit_test(aborted_parent_cannot_split),
       cmocka_unit_test(failure_during_init),
+      cmocka_unit_test(abort_callback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
