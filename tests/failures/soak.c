@@ -26,7 +26,9 @@
  * result (any rank, before the failure or on the shrunk group), shrink
  * failure; a trial still running at its guard is killed and counted as a
  * hang. Missing reports, unexpected exit codes and sanitizer reports are
- * "other" problems. Detection latency per kind: p50, p99, max.
+ * "other" problems. Detection latency per kind (when tdist aborted the
+ * group on the survivor), and when its caller thread saw the error: p50, p99,
+ * max.
  *
  * Last lines:
  *   soak: T trials, W wrong names, C wrong codes, R wrong results, S shrink failures, H hangs
@@ -104,6 +106,7 @@ static struct {
   uint64_t seed;
   int load, launcher; /* launcher: 0 any, 1 only tdistrun, -1 never */
   int verbose, keep, strict_latency, strict_store_host, store_in_process;
+  unsigned kinds; /* --kinds: a mask of the fault kinds drawn; 0 = all */
 } opt = {.load = 1};
 
 /* 30 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
@@ -136,6 +139,10 @@ static plan_t plan_make(uint64_t seed) {
   uint64_t s = seed;
   p.n = 3 + (int)(splitmix(&s) % 3);
   p.kind = (int)(splitmix(&s) % K_COUNT);
+  if (opt.kinds && !(opt.kinds & (1u << p.kind))) { /* the next allowed kind after it */
+    while (!(opt.kinds & (1u << p.kind)))
+      p.kind = (p.kind + 1) % K_COUNT;
+  }
   p.victim = splitmix(&s) % 3 == 0 ? 0 : 1 + (int)(splitmix(&s) % (uint64_t)(p.n - 1));
   int m = (int)(splitmix(&s) % 5); /* host0 2/5, extstore 1/5, tdistrun 2/5 */
   p.mode = m < 2 ? M_HOST0 : m < 3 ? M_EXTSTORE : M_TDISTRUN;
@@ -164,7 +171,7 @@ static int store_lost(const plan_t *p) {
 typedef struct {
   int report, shrink, done, fault, inflight, killed_victim, wrong, errors;
   int rc, failed_it, ok_before, shrink_size, layout_ok;
-  double latency, since, shrink_ms;
+  double latency, seen, since, shrink_ms;
   char code[48], shrink_code[48], allreduce[16];
   char msg[1600], shrink_msg[1600], error[400];
 } obs_t;
@@ -215,6 +222,7 @@ static void parse(const char *out, obs_t *obs, int n) {
           o->failed_it = (int)fnum(w, end, "failed_it=", -1);
           o->ok_before = (int)fnum(w, end, "ok_before=", 0);
           o->latency = fnum(w, end, "latency_ms=", -1);
+          o->seen = fnum(w, end, "seen_ms=", -1);
           o->since = fnum(w, end, "since_submit_ms=", -1);
           field(w, end, "msg=", o->msg, sizeof(o->msg));
         } else if (!strncmp(w, "shrink ", 7)) {
@@ -296,8 +304,8 @@ typedef struct {
   int trials, failed, by_mode[M_COUNT], victim0, store_lost, reports;
   int mid_op, large_op; /* faults with the victim's op in flight; on a >= 256 KiB op */
   int problems[P_COUNT];
-  double *lat;
-  size_t nlat, cap;
+  double *lat, *seen; /* detection; seen by the caller thread */
+  size_t nlat, cap, nseen, seen_cap;
   char codes[8][48];
   int code_count[8];
 } kind_stats_t;
@@ -305,12 +313,13 @@ typedef struct {
 static kind_stats_t stats[K_COUNT];
 static int total_problems[P_COUNT];
 
-static void add_latency(kind_stats_t *k, double v) {
-  if (k->nlat == k->cap) {
-    k->cap = k->cap ? 2 * k->cap : 64;
-    k->lat = realloc(k->lat, k->cap * sizeof(double));
+static void add_sample(double **v, size_t *n, size_t *cap, double x) {
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    *v = realloc(*v, *cap * sizeof(double));
+    if (!*v) abort();
   }
-  k->lat[k->nlat++] = v;
+  (*v)[(*n)++] = x;
 }
 
 static void add_code(kind_stats_t *k, const char *code) {
@@ -403,7 +412,9 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
                    : p->kind == K_STOP ? STOP_BOUND_MS
                                        : KILL_BOUND_MS;
     if (o->rc != 0 && code_ok && lat >= 0) {
-      add_latency(ks, lat);
+      add_sample(&ks->lat, &ks->nlat, &ks->cap, lat);
+      if (p->kind != K_SKIP && o->seen >= 0)
+        add_sample(&ks->seen, &ks->nseen, &ks->seen_cap, o->seen);
       if (lat > bound)
         problem(v, P_SLOW, "rank %d: detection took %.1f ms (bound %.0f ms)", r, lat, bound);
     } else if (o->rc != 0 && code_ok && p->kind != K_SKIP) {
@@ -891,6 +902,12 @@ static void summary(void) {
              s->lat[s->nlat - 1], s->nlat, bound, s->problems[P_SLOW]);
     else
       printf("  %-22s -\n", "detection latency ms");
+    if (s->nseen) {
+      qsort(s->seen, s->nseen, sizeof(double), cmp_double);
+      printf("  %-22s p50 %.1f, p99 %.1f, max %.1f (when the rank's own thread saw it)\n",
+             "seen by the caller ms", pct(s->seen, s->nseen, 0.5), pct(s->seen, s->nseen, 0.99),
+             s->seen[s->nseen - 1]);
+    }
     printf("  %-22s wrong names %d, wrong codes %d, wrong results %d, shrink failures %d, hangs "
            "%d, other %d\n",
            "problems", s->problems[P_NAME], s->problems[P_CODE], s->problems[P_RESULT],
@@ -902,10 +919,28 @@ static void summary(void) {
 /* ---- main --------------------------------------------------------------------------------------
  */
 
+/* "kill9,exit" -> a mask of kinds; an unknown name is a usage error. */
+static unsigned parse_kinds(const char *list) {
+  unsigned mask = 0;
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", list);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    int k = 0;
+    while (k < K_COUNT && strcmp(t, kind_names[k]))
+      k++;
+    if (k == K_COUNT) {
+      fprintf(stderr, "soak: unknown fault kind '%s'\n", t);
+      exit(2);
+    }
+    mask |= 1u << k;
+  }
+  return mask;
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
                   "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
-                  "[--strict-store-host] [--store-in-process]\n");
+                  "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...]\n");
   exit(2);
 }
 
@@ -937,6 +972,8 @@ int main(int argc, char **argv) {
       opt.strict_store_host = 1;
     else if (!strcmp(a, "--store-in-process"))
       opt.store_in_process = 1;
+    else if (!strcmp(a, "--kinds") && i + 1 < argc)
+      opt.kinds = parse_kinds(argv[++i]);
     else
       usage();
   }

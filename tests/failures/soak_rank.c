@@ -41,7 +41,7 @@
  *   SOAK rank R fault KIND it=I delay_us=D inflight=0|1
  *   SOAK rank R wrong_result phase=loop|shrunk it=I count=C elem=E got=G want=W
  *   SOAK rank R report kind=K victim=V code=NAME rc=N fault_it=I failed_it=J
- *        ok_before=M wrong_results=X latency_ms=L since_submit_ms=S
+ *        ok_before=M wrong_results=X latency_ms=L seen_ms=E since_submit_ms=S
  *        store_lost=0|1 msg=<the error message, to the end of the line>
  *   SOAK rank R shrink rc=NAME ms=T size=S rank=r layout=ok|bad
  *        allreduce=ok|failed|skipped msg=<shrink or all_reduce error>
@@ -49,13 +49,17 @@
  *   SOAK rank R done destroy_ms=T
  *   SOAK rank R error <what>          (anything else that went wrong)
  *
- * latency_ms is from the victim's fault time to the moment this rank saw the
- * error (-1 if it has none); since_submit_ms from this rank's submission of
- * the failing op. store_lost=1: the victim is rank 0, which serves the store
- * from a thread (TDIST_STORE_IN_PROCESS=1; no launcher, no external store),
- * and dies or stops: nothing can be agreed
- * through the store afterwards, so the shrink is expected to fail (with an
- * error, not a hang).
+ * latency_ms is from the victim's fault time to the moment tdist detected
+ * the failure here: its world group was aborted (tdist_group_on_abort's
+ * callback), whether or not this rank was waiting on an op then; seen_ms to
+ * the moment this rank's caller thread saw the error (its wait returned, or
+ * a submission was refused), which adds the time it spent in its own loop
+ * (filling and checking buffers); both -1 if it has no error.
+ * since_submit_ms is from this rank's submission of the failing op.
+ * store_lost=1: the victim is rank 0, which serves the store from a thread
+ * (TDIST_STORE_IN_PROCESS=1; no launcher, no external store), and dies or
+ * stops: nothing can be agreed through the store afterwards, so the shrink
+ * is expected to fail (with an error, not a hang).
  *
  * Environment: SOAK_SKIP_TIMEOUT_MS (default 1500), SOAK_SCALE (sanitizer
  * slow-down factor for this program's own bounded waits, default 1), plus
@@ -63,6 +67,7 @@
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -112,6 +117,18 @@ __attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
     vfprintf(log_file, fmt, ap);
     va_end(ap);
   }
+}
+
+/* When tdist aborted the world group here (its abort callback, on the
+ * progress thread): the moment this rank detected the failure, whether or
+ * not the caller's thread was waiting on an op then. */
+static _Atomic int64_t t_abort;
+
+static int64_t mono_us(void);
+static void on_world_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
+  (void)g, (void)status, (void)reason, (void)arg;
+  int64_t zero = 0;
+  atomic_compare_exchange_strong(&t_abort, &zero, mono_us());
 }
 
 static int64_t mono_us(void) {
@@ -484,6 +501,7 @@ int main(int argc, char **argv) {
   }
   me = tdist_group_rank(g);
   nranks = tdist_group_size(g);
+  tdist_group_on_abort(g, on_world_abort, NULL);
   if (victim < 0 || victim >= nranks || nranks > MAX_RANKS || me != world_rank) {
     say("SOAK rank %d error victim %d / size %d out of range\n", me, victim, nranks);
     return 2;
@@ -497,17 +515,21 @@ int main(int argc, char **argv) {
 
   seen_t s;
   survive_loop(g, &s); /* the dying victims do not come back */
-  double lat = -1, since = (double)(s.t_seen - s.t_submit) / 1000.0;
-  int64_t ft = get_num("fault_time");
-  if (s.rc != 0 && ft > 0) lat = (double)(s.t_seen - ft) / 1000.0;
+  double lat = -1, seen = -1, since = (double)(s.t_seen - s.t_submit) / 1000.0;
+  int64_t ft = get_num("fault_time"), ta = atomic_load(&t_abort);
+  if (s.rc != 0 && ft > 0) {
+    seen = (double)(s.t_seen - ft) / 1000.0;
+    lat = (double)((ta > 0 && ta < s.t_seen ? ta : s.t_seen) - ft) / 1000.0;
+  }
   if (s.rc == 0) {
     since = -1;
     snprintf(s.msg, sizeof(s.msg), "no op failed in %d iterations", s.ok_before);
   }
   say("SOAK rank %d report kind=%s victim=%d code=%s rc=%d fault_it=%d failed_it=%d "
-      "ok_before=%d wrong_results=%d latency_ms=%.1f since_submit_ms=%.1f store_lost=%d msg=%s\n",
+      "ok_before=%d wrong_results=%d latency_ms=%.1f seen_ms=%.1f since_submit_ms=%.1f "
+      "store_lost=%d msg=%s\n",
       me, kind_names[kind], victim, tdist_err_name(s.rc), s.rc, fault_it, s.failed_it, s.ok_before,
-      wrong_results, lat, since, store_lost, s.msg);
+      wrong_results, lat, seen, since, store_lost, s.msg);
   fflush(stdout);
   snprintf(name, sizeof(name), "reported.%d", me);
   put_num(name, 1);
