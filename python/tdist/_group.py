@@ -61,6 +61,15 @@ class ProcessGroup:
     def is_aborted(self):
         return bool(C.group_is_aborted(self._handle()))
 
+    def on_abort(self, fn):
+        """Call fn(group, exc) once when the group aborts, for any cause (a peer died, a
+        timeout, abort() on any rank): `exc` is the exception its ops fail with (a
+        RemoteFailure naming the dead rank, ...). Runs on the "tdist-callbacks" thread, so a
+        rank busy computing learns of a failure without an op to wait on. One per group."""
+        def run(status, reason):
+            fn(self, _errors.error(status, reason.decode("utf-8", "replace")))
+        _work.register_abort(run, self._handle())
+
     def shrink(self, timeout=None, name=None):
         """After a rank failed: a new group of the survivors (collective over them)."""
         out = ctypes.c_void_p()

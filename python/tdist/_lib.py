@@ -79,6 +79,8 @@ P2P_SEND, P2P_RECV = 0, 1
 
 # void (*)(tdist_work_t *, void *)
 WORK_CB = CFUNCTYPE(None, c_void_p, c_void_p)
+# tdist_group_abort_cb_t: (group, status, reason, arg)
+GROUP_ABORT_CB = CFUNCTYPE(None, c_void_p, c_int, c_char_p, c_void_p)
 
 # ---- prototypes: name -> (restype, argtypes) ---------------------------------------------
 P, I, Z, I64, S = c_void_p, c_int, c_size_t, c_int64, c_char_p
@@ -122,6 +124,7 @@ _FUNCS = {
     "tdist_group_abort": (I, [P, S]),
     "tdist_group_shrink": (I, [P, POINTER(GroupOpts), PP]),
     "tdist_group_is_aborted": (I, [P]),
+    "tdist_group_on_abort": (I, [P, GROUP_ABORT_CB, P]),
     "tdist_group_destroy": (I, [P]),
     # ops.h (group, buffers..., opts, work)
     "tdist_all_reduce": (I, [P, P, P, Z, I, I, OPTS, PP]),

@@ -22,7 +22,7 @@ import threading
 import traceback
 
 from . import _errors
-from ._lib import C, WORK_CB
+from ._lib import C, GROUP_ABORT_CB, WORK_CB
 
 _IN_PROGRESS = -13
 _wait = C.work_wait
@@ -44,6 +44,15 @@ def _c_callback(work, arg):  # runs on the progress thread: enqueue only
 
 
 _C_CALLBACK = WORK_CB(_c_callback)
+_aborts = {}  # key -> (status, reason) of a group abort, until the callback thread takes it
+
+
+def _c_abort_callback(group, status, reason, arg):  # progress thread: copy and enqueue only
+    _aborts[arg] = (status, reason)  # ctypes made `reason` a bytes copy
+    _queue.put(arg)
+
+
+_C_ABORT_CALLBACK = GROUP_ABORT_CB(_c_abort_callback)
 
 
 def _dispatcher():
@@ -54,7 +63,10 @@ def _dispatcher():
         w = _registry.pop(key, None)
         if w is not None:
             try:
-                w._on_c_callback()
+                if key in _aborts:
+                    w(*_aborts.pop(key))
+                else:
+                    w._on_c_callback()
             except Exception:  # a user callback's error must not end the thread
                 traceback.print_exc()
 
@@ -75,6 +87,17 @@ def _register(obj, ptr):
     key = next(_keys)
     _registry[key] = obj
     rc = C.work_on_complete(ptr, _C_CALLBACK, key)
+    if rc != 0:
+        _registry.pop(key, None)
+        _errors.check(rc)
+
+
+def register_abort(fn, ptr):
+    """Have fn(status, reason_bytes) run on the callback thread when group `ptr` aborts."""
+    _ensure_thread()
+    key = next(_keys)
+    _registry[key] = fn
+    rc = C.group_on_abort(ptr, _C_ABORT_CALLBACK, key)
     if rc != 0:
         _registry.pop(key, None)
         _errors.check(rc)
