@@ -7,7 +7,8 @@ CFUNCTYPE for the whole process) only puts the work's key on a queue; a
 daemon "tdist-callbacks" thread takes it off and runs the Python callbacks.
 The C callback is registered only for works that have Python callbacks (or
 were dropped before completing), so plain submit + wait never enters Python
-from the progress thread.
+from the progress thread. A group's abort callback (ProcessGroup.on_abort)
+takes the same road: its C side copies the status and reason, then queues.
 
 Buffers: a Work keeps the arrays of its op alive until it has completed (a
 wait returned, is_completed() saw it, or the callback thread ran). A Work
@@ -81,26 +82,26 @@ def _ensure_thread():
                 _thread = t
 
 
-def _register(obj, ptr):
-    """Register the C callback for `ptr`; `obj._on_c_callback()` runs on the callback thread."""
+def _register_with(obj, c_register):
+    """Put `obj` under a new key, then have C register its callback with that key
+    (c_register(key) -> rc); undone if C refuses."""
     _ensure_thread()
     key = next(_keys)
     _registry[key] = obj
-    rc = C.work_on_complete(ptr, _C_CALLBACK, key)
+    rc = c_register(key)
     if rc != 0:
         _registry.pop(key, None)
         _errors.check(rc)
+
+
+def _register(obj, ptr):
+    """Register the C callback for `ptr`; `obj._on_c_callback()` runs on the callback thread."""
+    _register_with(obj, lambda key: C.work_on_complete(ptr, _C_CALLBACK, key))
 
 
 def register_abort(fn, ptr):
     """Have fn(status, reason_bytes) run on the callback thread when group `ptr` aborts."""
-    _ensure_thread()
-    key = next(_keys)
-    _registry[key] = fn
-    rc = C.group_on_abort(ptr, _C_ABORT_CALLBACK, key)
-    if rc != 0:
-        _registry.pop(key, None)
-        _errors.check(rc)
+    _register_with(fn, lambda key: C.group_on_abort(ptr, _C_ABORT_CALLBACK, key))
 
 
 def shutdown_callbacks(timeout=10.0):
