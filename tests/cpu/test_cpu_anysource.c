@@ -125,6 +125,10 @@ static int mixed(tdist_group_t *g, int rank, int n) {
     MP_CHECK_RC(tdist_send(g, a, 4, TDIST_INT32, 0, &t7));
     MP_CHECK_RC(tdist_send(g, b, 4, TDIST_INT32, 0, &t7));
     MP_CHECK_RC(tdist_send(g, c3, 2, TDIST_INT32, 0, &t7)); /* shorter than posted */
+    /* The large message only once rank 0 has matched all six: sent earlier,
+     * it could arrive before one of the other sender's and be matched by an
+     * any-tag receive of count 4 (MISMATCH), as MPI would match it too. */
+    MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
     if (rank == 1) {
       int32_t *big = malloc(sizeof(int32_t) * BIG);
       for (int i = 0; i < BIG; i++)
@@ -135,6 +139,7 @@ static int mixed(tdist_group_t *g, int rank, int n) {
     return 0;
   }
   if (rank != 0) {
+    MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
     MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
     return 0;
   }
@@ -151,6 +156,7 @@ static int mixed(tdist_group_t *g, int rank, int n) {
   MP_CHECK_RC(tdist_irecv(g, r[5], 4, TDIST_INT32, TDIST_ANY_SOURCE, &anyt, &w[5]));
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
   MP_CHECK_RC(tdist_wait_all(w, 6, 0));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL)); /* all six matched: rank 1 may send the large one */
   int seen[3][4] = {{0}};
   for (int i = 0; i < 6; i++) {
     int src, tag;
