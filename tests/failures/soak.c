@@ -139,10 +139,8 @@ static plan_t plan_make(uint64_t seed) {
   uint64_t s = seed;
   p.n = 3 + (int)(splitmix(&s) % 3);
   p.kind = (int)(splitmix(&s) % K_COUNT);
-  if (opt.kinds && !(opt.kinds & (1u << p.kind))) { /* the next allowed kind after it */
-    while (!(opt.kinds & (1u << p.kind)))
-      p.kind = (p.kind + 1) % K_COUNT;
-  }
+  while (opt.kinds && !(opt.kinds & (1u << p.kind))) /* the next allowed kind after it */
+    p.kind = (p.kind + 1) % K_COUNT;
   p.victim = splitmix(&s) % 3 == 0 ? 0 : 1 + (int)(splitmix(&s) % (uint64_t)(p.n - 1));
   int m = (int)(splitmix(&s) % 5); /* host0 2/5, extstore 1/5, tdistrun 2/5 */
   p.mode = m < 2 ? M_HOST0 : m < 3 ? M_EXTSTORE : M_TDISTRUN;

@@ -119,22 +119,20 @@ __attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
   }
 }
 
-/* When tdist aborted the world group here (its abort callback, on the
- * progress thread): the moment this rank detected the failure, whether or
- * not the caller's thread was waiting on an op then. */
-static _Atomic int64_t t_abort;
-
-static int64_t mono_us(void);
-static void on_world_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
-  (void)g, (void)status, (void)reason, (void)arg;
-  int64_t zero = 0;
-  atomic_compare_exchange_strong(&t_abort, &zero, mono_us());
-}
-
 static int64_t mono_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* When tdist aborted the world group here (its abort callback, run once on
+ * the progress thread): the moment this rank detected the failure, whether
+ * or not the caller's thread was waiting on an op then. */
+static _Atomic int64_t t_abort;
+
+static void on_world_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
+  (void)g, (void)status, (void)reason, (void)arg;
+  atomic_store(&t_abort, mono_us());
 }
 
 static void sleep_us(long us) {
@@ -501,7 +499,10 @@ int main(int argc, char **argv) {
   }
   me = tdist_group_rank(g);
   nranks = tdist_group_size(g);
-  tdist_group_on_abort(g, on_world_abort, NULL);
+  if (tdist_group_on_abort(g, on_world_abort, NULL)) {
+    say("SOAK rank %d error tdist_group_on_abort: %s\n", me, tdist_last_error());
+    return 1;
+  }
   if (victim < 0 || victim >= nranks || nranks > MAX_RANKS || me != world_rank) {
     say("SOAK rank %d error victim %d / size %d out of range\n", me, victim, nranks);
     return 2;
