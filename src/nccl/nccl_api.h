@@ -8,8 +8,9 @@
  * nccl.h nor cuda_runtime_api.h is needed to build the library; these
  * declarations follow the documented ABI of NCCL 2.28 and the CUDA runtime
  * (opaque handle types, enum values, the ncclConfig_t layout and what
- * NCCL_CONFIG_INITIALIZER puts in it). Only values the backend (and its
- * tests' fake, tests/nccl/fake_nccl.c) needs are listed.
+ * NCCL_CONFIG_INITIALIZER puts in it). Only values the backend, its
+ * tests' fake (tests/nccl/fake_nccl.c) and the simulated device
+ * (src/gpusim/, which exports these names itself) need are listed.
  *
  * Version codes are NCCL's: major * 10000 + minor * 100 + patch for 2.9 and
  * later (ncclGetVersion returns 22809 for 2.28.9).
@@ -29,15 +30,66 @@ typedef enum cudaError_enum_tdist {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureMerge = 902,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
+  cudaErrorUnknown = 999,
 } cudaError_t;
 
+/* Special stream handles (driver_types.h). */
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76
+};
+typedef struct CUgraph_st *cudaGraph_t;         /* opaque */
+typedef struct CUgraphExec_st *cudaGraphExec_t; /* opaque */
+typedef void (*cudaHostFn_t)(void *userData);
+
 enum {
-  cudaStreamNonBlocking = 0x01, /* cudaStreamCreateWithFlags */
-  cudaEventDisableTiming = 0x02 /* cudaEventCreateWithFlags */
+  cudaStreamDefault = 0x00,     /* cudaStreamCreateWithFlags */
+  cudaStreamNonBlocking = 0x01,
+  cudaEventDefault = 0x00, /* cudaEventCreateWithFlags */
+  cudaEventBlockingSync = 0x01,
+  cudaEventDisableTiming = 0x02,
+  cudaEventInterprocess = 0x04
 };
 
 enum cudaMemoryType {

@@ -1,0 +1,64 @@
+/*
+ * tdist/gpusim.h - inspection calls of the simulated device,
+ * libtdist_gpusim.so (docs/gpusim.md).
+ *
+ * libtdist_gpusim.so exports the CUDA runtime and NCCL calls the NCCL
+ * backend loads, and behaves as CUDA and NCCL do wherever a caller can
+ * observe it: devices, contexts, device memory, streams that run their work
+ * in order on worker threads, events, stream capture, and communicators
+ * whose collectives move real data between processes through shared memory.
+ * Point the backend at it:
+ *
+ *   TDIST_NCCL_LIBRARY=<libdir>/libtdist_gpusim.so \
+ *   TDIST_CUDART_LIBRARY=<libdir>/libtdist_gpusim.so tdistrun -n 4 ./train
+ *
+ * The calls below exist only in the simulation: they let a test see what a
+ * real GPU shows only through nvidia-smi or a profiler. Link the test with
+ * libtdist_gpusim.so (dlopen of the same file then returns this instance).
+ * Every call is thread-safe and cheap; none creates a CUDA context.
+ *
+ * Settings (read once per process, at the first call into the library):
+ *   TDIST_GPUSIM_DEVICES   devices in the machine (default 8)
+ *   TDIST_GPUSIM_CC        compute capability of each device, "9.0" or a
+ *                          comma list per device ("8.0,9.0"; default 9.0)
+ *   CUDA_VISIBLE_DEVICES   as CUDA: which of them this process sees, renumbered
+ *   NCCL_DEBUG             WARN or INFO: NCCL-style lines on stderr
+ */
+#ifndef TDIST_GPUSIM_H
+#define TDIST_GPUSIM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Contexts created on visible device `device` in this process: 0 or 1 (the
+ * primary context, made by the first CUDA call that needs one on a thread
+ * whose current device it is). -1 for a device that does not exist. A test
+ * checks with it that a thread which never called cudaSetDevice did not make
+ * a stray context on device 0 (about 0.5 GiB of GPU memory on an H100). */
+int tdist_gpusim_context_count(int device);
+
+/* Calls that entered a communicator while another thread was inside a call
+ * on the same communicator (NCCL forbids it; ncclCommGetAsyncError,
+ * ncclCommAbort and ncclGetLastError are exempt, as NCCL allows them from a
+ * watchdog thread). Process-wide, since the library loaded. */
+long tdist_gpusim_comm_violations(void);
+
+/* Collectives in which ranks of one communicator passed different
+ * arguments (operation, count, type, reduction, root). NCCL does not check
+ * this; the simulation counts it and goes on as NCCL would (wrong data). */
+long tdist_gpusim_mismatches(void);
+
+/* The host-accessible view of device memory at `dev_ptr` (NULL if it is
+ * not live device memory). Device memory itself is not mapped for the host,
+ * as on a GPU: a host access to it faults. Host functions launched with
+ * cudaLaunchHostFunc play the part of kernels and use this view. */
+void *tdist_gpusim_host_view(const void *dev_ptr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

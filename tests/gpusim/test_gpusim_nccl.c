@@ -1,0 +1,385 @@
+/*
+ * test_gpusim_nccl.c - conformance: the simulated NCCL's communicators
+ * behave as NCCL 2.28's do, across real processes. Each test names the NCCL
+ * source it checks (NVIDIA/nccl v2.28: src/init.cc, src/group.cc,
+ * src/enqueue.cc, the user guide's "Communicators" and "Fault Tolerance"
+ * pages).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpusim_test_util.h"
+
+typedef struct arg {
+  ncclUniqueId id;
+} arg_t;
+
+static int run(int n, tdist_mp_fn fn, int *codes) {
+  arg_t a;
+  if (ncclGetUniqueId(&a.id) != ncclSuccess) return -1;
+  if (codes) return tdist_mp_run_codes(n, fn, &a, 60, codes);
+  return tdist_mp_run(n, fn, &a, 60);
+}
+
+static int init(int rank, int n, void *p, int blocking, ncclComm_t *c) {
+  arg_t *a = p;
+  ncclConfig_t cfg = gt_config(blocking);
+  if (cudaSetDevice(rank) != cudaSuccess) return 1;
+  ncclResult_t r = ncclCommInitRankConfig(c, n, a->id, rank, &cfg);
+  if (!blocking && r == ncclInProgress) r = gt_wait_ready(*c, 10000);
+  return r != ncclSuccess;
+}
+
+/* One all-reduce on every rank: the runtime connection is made (the first
+ * collective connects with all ranks and waits for them: transport.cc). */
+static int warm(ncclComm_t c) {
+  void *d = gt_dev_from(NULL, 16);
+  ncclResult_t r = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL);
+  if (r == ncclInProgress) r = gt_wait_ready(c, 10000);
+  if (r == ncclSuccess && cudaDeviceSynchronize() != cudaSuccess) r = ncclUnhandledCudaError;
+  cudaFree(d);
+  return r != ncclSuccess;
+}
+
+/* ---- a missing rank hangs the stream until abort (kernel.c; init.cc
+ * ncclCommAbort: setCommAbortFlags, then commReclaim waits for the kernels) */
+static int hang_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 1) { /* never calls the collective; stays alive */
+    usleep(1500 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  cudaStream_t s;
+  cudaEvent_t ev;
+  GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  void *d = gt_dev_from(NULL, 64);
+  GT_NCCL(ncclAllReduce(d, d, 16, ncclFloat32, ncclSum, c, s));
+  GT_CUDA(cudaEventRecord(ev, s));
+  usleep(400 * 1000);
+  MP_CHECK(cudaEventQuery(ev) == cudaErrorNotReady); /* the stream is held */
+  MP_CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+  GT_NCCL(ncclCommAbort(c)); /* returns once the kernel stopped */
+  MP_CHECK(cudaEventQuery(ev) == cudaSuccess);
+  cudaFree(d);
+  return 0;
+}
+static void missing_rank_hangs_until_abort(void **s) { (void)s; assert_int_equal(run(2, hang_child, NULL), 0); }
+
+/* ---- non-blocking init: ncclInProgress, *comm at once, ready when all
+ * arrive (init.cc ncclCommInitRankConfig; user guide, non-blocking) ----- */
+static int nbinit_child(int rank, int n, void *p) {
+  arg_t *a = p;
+  ncclConfig_t cfg = gt_config(0);
+  GT_CUDA(cudaSetDevice(rank));
+  if (rank == 1) usleep(300 * 1000);
+  ncclComm_t c = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&c, n, a->id, rank, &cfg);
+  MP_CHECK(r == ncclInProgress && c != NULL);
+  if (rank == 0) {
+    ncclResult_t st;
+    GT_NCCL(ncclCommGetAsyncError(c, &st));
+    MP_CHECK(st == ncclInProgress); /* rank 1 has not arrived */
+  }
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  /* Every enqueue of a non-blocking communicator is a job (group.cc). */
+  void *d = gt_dev_from(NULL, 64);
+  r = ncclAllReduce(d, d, 16, ncclFloat32, ncclSum, c, NULL);
+  MP_CHECK(r == ncclInProgress);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  GT_CUDA(cudaDeviceSynchronize());
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(d);
+  return 0;
+}
+static void nonblocking_init_and_enqueue(void **s) { (void)s; assert_int_equal(run(2, nbinit_child, NULL), 0); }
+
+/* ---- split: *newcomm NULL until the job ends; the parent in progress
+ * (init.cc ncclCommInitChildComm: "*newcomm should be NCCL_COMM_NULL until
+ * comm split fully complete") ------------------------------------------- */
+static int split_child(int rank, int n, void *p) {
+  ncclComm_t c, child = (ncclComm_t)(uintptr_t)0x1;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  if (rank == 2) usleep(400 * 1000);
+  int color = rank == 1 ? NCCL_SPLIT_NOCOLOR : 7;
+  ncclResult_t r = ncclCommSplit(c, color, -rank, &child, NULL);
+  MP_CHECK(r == ncclInProgress);
+  if (rank == 0) {
+    usleep(150 * 1000);
+    ncclResult_t st;
+    GT_NCCL(ncclCommGetAsyncError(c, &st));
+    MP_CHECK(st == ncclInProgress);
+    MP_CHECK(child == NULL); /* set to NULL at the call, written at the end */
+  }
+  MP_CHECK(gt_wait_ready(c, 10000) != ncclInProgress);
+  if (rank == 1) {
+    MP_CHECK(child == NULL); /* NCCL_SPLIT_NOCOLOR */
+    return 0;
+  }
+  MP_CHECK(child != NULL);
+  int cn, cr;
+  GT_NCCL(ncclCommCount(child, &cn));
+  GT_NCCL(ncclCommUserRank(child, &cr));
+  MP_CHECK(cn == 2);
+  MP_CHECK(cr == (rank == 2 ? 0 : 1)); /* ordered by key (-rank) */
+  float h = (float)(rank + 1), out = 0;
+  void *d = gt_dev_from(&h, sizeof(h));
+  MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, child, NULL) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(child, 10000) == ncclSuccess);
+  MP_CHECK(gt_to_host(&out, d, sizeof(out)) == 0);
+  MP_CHECK(out == 4.0f);
+  cudaFree(d);
+  return 0;
+}
+static void split_writes_newcomm_late(void **s) { (void)s; assert_int_equal(run(3, split_child, NULL), 0); }
+
+/* ---- misuse becomes the async error (enqueue.cc ncclEnqueueCheck: fail
+ * stores ret with ncclCommSetAsyncError; ncclCommEnsureReady returns it) */
+static int misuse_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  void *d = gt_dev_from(NULL, 64);
+  /* A call while the previous one is in progress: ncclInvalidArgument
+   * (ncclCommEnsureReady), stored as the async error -- until the job still
+   * running stores its own result (group.cc groupLaunch), as in NCCL.
+   * Rank 0 comes late, so rank 1's first launch waits to connect. */
+  if (rank == 0) usleep(300 * 1000);
+  MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  if (rank == 1) MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL) == ncclInvalidArgument);
+  long long t0 = gt_now_ms();
+  ncclResult_t st = ncclInProgress;
+  while (st != ncclSuccess && gt_now_ms() - t0 < 10000) {
+    usleep(1000);
+    GT_NCCL(ncclCommGetAsyncError(c, &st));
+  }
+  MP_CHECK(st == ncclSuccess);
+  GT_CUDA(cudaDeviceSynchronize());
+  /* An invalid argument on a ready communicator: its error for good. */
+  MP_CHECK(ncclAllReduce(d, d, 4, (ncclDataType_t)99, ncclSum, c, NULL) == ncclInvalidArgument);
+  GT_NCCL(ncclCommGetAsyncError(c, &st));
+  MP_CHECK(st == ncclInvalidArgument);
+  /* Every later call fails with it: the communicator is done for. */
+  MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL) == ncclInvalidArgument);
+  usleep(100 * 1000);
+  GT_NCCL(ncclCommGetAsyncError(c, &st));
+  MP_CHECK(st == ncclInvalidArgument);
+  /* ncclCommDestroy returns the error and destroys nothing (init.cc:
+   * NCCLCHECK(ncclCommEnsureReady(comm))); abort works. */
+  MP_CHECK(ncclCommDestroy(c) == ncclInvalidArgument);
+  GT_NCCL(ncclCommAbort(c));
+  cudaFree(d);
+  return 0;
+}
+static void misuse_is_permanent(void **s) { (void)s; assert_int_equal(run(2, misuse_child, NULL), 0); }
+
+/* ---- a killed peer: ncclRemoteError, then revoke and shrink (user guide,
+ * fault tolerance; init.cc ncclCommRevoke, ncclCommShrink) --------------- */
+static int killed_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 2) raise(SIGKILL);
+  float h = (float)rank;
+  void *d = gt_dev_from(&h, sizeof(h));
+  cudaEvent_t ev;
+  GT_CUDA(cudaEventCreate(&ev));
+  MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  long long t0 = gt_now_ms();
+  ncclResult_t st = ncclSuccess;
+  while (st != ncclRemoteError && gt_now_ms() - t0 < 5000) {
+    usleep(2000);
+    GT_NCCL(ncclCommGetAsyncError(c, &st));
+  }
+  MP_CHECK(st == ncclRemoteError);
+  GT_CUDA(cudaEventRecord(ev, NULL));
+  MP_CHECK(cudaEventQuery(ev) == cudaErrorNotReady); /* the kernel still waits */
+  MP_CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  GT_CUDA(cudaEventSynchronize(ev)); /* the kernel exited */
+  /* A revoked communicator takes no new work. */
+  MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInvalidUsage);
+  int ex[1] = {2};
+  ncclComm_t sh = NULL;
+  MP_CHECK(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_DEFAULT) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  MP_CHECK(sh != NULL);
+  h = (float)(rank + 1);
+  GT_CUDA(cudaMemcpy(d, &h, sizeof(h), cudaMemcpyHostToDevice));
+  MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, sh, NULL) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(sh, 10000) == ncclSuccess);
+  MP_CHECK(gt_to_host(&h, d, sizeof(h)) == 0);
+  MP_CHECK(h == 3.0f);
+  GT_NCCL(ncclCommAbort(c));
+  GT_NCCL(ncclCommDestroy(sh));
+  cudaFree(d);
+  return 0;
+}
+static void killed_peer_remote_error_then_shrink(void **s) {
+  (void)s;
+  int codes[3];
+  run(3, killed_child, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
+/* ---- shrink with NCCL_SHRINK_ABORT on a live parent: in-flight kernels
+ * exit early and their events complete (init.cc ncclCommShrink) --------- */
+static int shrink_abort_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 2) { /* alive, but never joins the collective */
+    usleep(2000 * 1000);
+    return 0;
+  }
+  float h[4] = {1, 2, 3, 4}, out[4];
+  void *d = gt_dev_from(h, sizeof(h));
+  cudaStream_t s;
+  cudaEvent_t ev;
+  GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GT_CUDA(cudaEventCreate(&ev));
+  GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s));
+  GT_CUDA(cudaEventRecord(ev, s));
+  usleep(200 * 1000);
+  MP_CHECK(cudaEventQuery(ev) == cudaErrorNotReady);
+  int ex[1] = {2};
+  ncclComm_t sh = NULL;
+  GT_NCCL(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_ABORT));
+  /* The event completed, yet the all-reduce never happened. */
+  MP_CHECK(cudaEventQuery(ev) == cudaSuccess);
+  MP_CHECK(gt_to_host(out, d, sizeof(out)) == 0);
+  MP_CHECK(out[0] == 1.0f); /* untouched: the kernel exited before any round */
+  GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, sh, s));
+  GT_CUDA(cudaStreamSynchronize(s));
+  MP_CHECK(gt_to_host(out, d, sizeof(out)) == 0);
+  MP_CHECK(out[3] == 8.0f);
+  GT_NCCL(ncclCommDestroy(sh));
+  GT_NCCL(ncclCommAbort(c));
+  cudaFree(d);
+  return 0;
+}
+static void shrink_abort_completes_events(void **s) { (void)s; assert_int_equal(run(3, shrink_abort_child, NULL), 0); }
+
+/* ---- grouped send/recv: a ring both ways and a send to self in one group
+ * (user guide, "Group Calls": point-to-point in a group progress together) */
+static int p2p_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  enum { N = 100000 }; /* 400 KB: more than a ring holds */
+  int *h = malloc(N * sizeof(int)), *o = malloc(N * sizeof(int));
+  for (int i = 0; i < N; i++) h[i] = rank * 1000000 + i;
+  void *src = gt_dev_from(h, N * sizeof(int)), *l = gt_dev_from(NULL, N * sizeof(int));
+  void *r = gt_dev_from(NULL, N * sizeof(int)), *self = gt_dev_from(NULL, N * sizeof(int));
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  GT_NCCL(ncclGroupStart());
+  GT_NCCL(ncclSend(src, N, ncclInt32, right, c, NULL));
+  GT_NCCL(ncclSend(src, N, ncclInt32, left, c, NULL));
+  GT_NCCL(ncclRecv(l, N, ncclInt32, left, c, NULL));
+  GT_NCCL(ncclRecv(r, N, ncclInt32, right, c, NULL));
+  GT_NCCL(ncclSend(src, N, ncclInt32, rank, c, NULL));
+  GT_NCCL(ncclRecv(self, N, ncclInt32, rank, c, NULL));
+  GT_NCCL(ncclGroupEnd());
+  GT_CUDA(cudaDeviceSynchronize());
+  MP_CHECK(gt_to_host(o, l, N * sizeof(int)) == 0);
+  MP_CHECK(o[0] == left * 1000000 && o[N - 1] == left * 1000000 + N - 1);
+  MP_CHECK(gt_to_host(o, r, N * sizeof(int)) == 0);
+  MP_CHECK(o[5] == right * 1000000 + 5);
+  MP_CHECK(gt_to_host(o, self, N * sizeof(int)) == 0);
+  MP_CHECK(o[7] == rank * 1000000 + 7);
+  MP_CHECK(ncclGroupEnd() == ncclInvalidUsage); /* group.cc: not in a group call */
+  GT_NCCL(ncclCommDestroy(c));
+  free(h);
+  free(o);
+  return 0;
+}
+static void grouped_send_recv(void **s) { (void)s; assert_int_equal(run(3, p2p_child, NULL), 0); }
+
+/* ---- abort waits for a kernel queued behind a spinning host function
+ * (init.cc ncclCommAbort -> commReclaim waits for the comm's kernels) --- */
+static void spin(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
+static int abort_wait_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 1) {
+    usleep(1500 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  cudaStream_t s;
+  GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GT_CUDA(cudaLaunchHostFunc(s, spin, (void *)(uintptr_t)(600 * 1000)));
+  void *d = gt_dev_from(NULL, 64);
+  GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s));
+  long long t0 = gt_now_ms();
+  GT_NCCL(ncclCommAbort(c));
+  MP_CHECK(gt_now_ms() - t0 >= 400); /* blocked until the host function ended */
+  cudaFree(d);
+  return 0;
+}
+static void abort_waits_for_queued_kernel(void **s) { (void)s; assert_int_equal(run(2, abort_wait_child, NULL), 0); }
+
+/* ---- two threads in one communicator are counted (NCCL forbids it) ---- */
+typedef struct two {
+  ncclComm_t c;
+  void *d;
+  ncclResult_t r;
+} two_t;
+static void *second(void *p) {
+  two_t *t = p;
+  t->r = ncclAllReduce(t->d, t->d, 4, ncclFloat32, ncclSum, t->c, NULL);
+  return NULL;
+}
+static int threads_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  void *d = gt_dev_from(NULL, 64);
+  if (rank == 1) usleep(500 * 1000); /* rank 0's first collective waits to connect */
+  long before = tdist_gpusim_comm_violations();
+  two_t t = {c, d, ncclSuccess};
+  pthread_t th;
+  if (rank == 0) {
+    pthread_create(&th, NULL, second, &t);
+    usleep(100 * 1000);
+  }
+  ncclResult_t r = ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL);
+  if (rank == 0) {
+    pthread_join(th, NULL);
+    MP_CHECK(tdist_gpusim_comm_violations() > before);
+  } else {
+    MP_CHECK(r == ncclSuccess);
+    GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL)); /* rank 0 ran two */
+  }
+  GT_CUDA(cudaDeviceSynchronize());
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(d);
+  return 0;
+}
+static void concurrent_calls_counted(void **s) { (void)s; assert_int_equal(run(2, threads_child, NULL), 0); }
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(missing_rank_hangs_until_abort),
+      cmocka_unit_test(nonblocking_init_and_enqueue),
+      cmocka_unit_test(split_writes_newcomm_late),
+      cmocka_unit_test(misuse_is_permanent),
+      cmocka_unit_test(killed_peer_remote_error_then_shrink),
+      cmocka_unit_test(shrink_abort_completes_events),
+      cmocka_unit_test(grouped_send_recv),
+      cmocka_unit_test(abort_waits_for_queued_kernel),
+      cmocka_unit_test(concurrent_calls_counted),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
