@@ -23,6 +23,11 @@ Three checks:
   2. includes: a file may include only headers of its layer or lower ones;
      backends see the core only through core/backend.h and core/progress.h.
 
+Not part of libtdist: src/gpusim/ (libtdist_gpusim.so, the simulated GPU)
+is a library of its own. It may include only its own headers, the CUDA/NCCL
+ABI declarations it shares with the backend (nccl/nccl_api.h) and its public
+header; nothing of libtdist may include it.
+
 Usage: check_layers.py --src DIR OBJECT...   (exit 0 clean, 1 violations)
 CMake passes the library's objects ($<TARGET_OBJECTS:tdist_obj>), so stale
 objects left in a build tree are never read.
@@ -117,6 +122,16 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 BACKEND_MAY_SEE = {"core/backend.h", "core/progress.h"}
 
 
+def check_separate(full, rel, folder, allowed):
+    """A separate library in src/<folder>: its own headers and `allowed` only."""
+    text = open(full, encoding="utf-8", errors="replace").read()
+    return [f"{rel} includes {inc}: {folder}/ may include only its own headers and "
+            f"{', '.join(sorted(allowed))}"
+            for inc in INCLUDE.findall(text)
+            if "/" in inc and not inc.startswith(folder + "/") and inc not in allowed
+            and os.path.exists(os.path.join(os.path.dirname(os.path.dirname(full)), inc))]
+
+
 def check_includes(srcdir):
     bad = []
     for root, _, files in os.walk(srcdir):
@@ -125,12 +140,18 @@ def check_includes(srcdir):
                 continue
             full = os.path.join(root, name)
             rel = os.path.relpath(full, srcdir)
+            if rel.startswith("gpusim" + os.sep):
+                bad += check_separate(full, rel, "gpusim", {"nccl/nccl_api.h", "tdist/gpusim.h"})
+                continue
             me = layer_of(rel)
             if me is None:
                 bad.append(f"{rel}: not assigned to a layer")
                 continue
             text = open(full, encoding="utf-8", errors="replace").read()
             for inc in INCLUDE.findall(text):
+                if inc.startswith("gpusim/"):
+                    bad.append(f"{rel} includes {inc}: the simulated GPU is not part of libtdist")
+                    continue
                 if inc.startswith("tdist/"):
                     continue  # the public API: anyone
                 them = layer_of(inc)

@@ -17,7 +17,8 @@
  * libtdist_gpusim.so (dlopen of the same file then returns this instance).
  * Every call is thread-safe and cheap; none creates a CUDA context.
  *
- * Settings (read once per process, at the first call into the library):
+ * Settings (read once per process: the first three at the first CUDA call,
+ * NCCL_DEBUG at the first log line):
  *   TDIST_GPUSIM_DEVICES   devices in the machine (default 8)
  *   TDIST_GPUSIM_CC        compute capability of each device, "9.0" or a
  *                          comma list per device ("8.0,9.0"; default 9.0)
@@ -41,14 +42,18 @@ extern "C" {
 int tdist_gpusim_context_count(int device);
 
 /* Calls that entered a communicator while another thread was inside a call
- * on the same communicator (NCCL forbids it; ncclCommGetAsyncError,
- * ncclCommAbort and ncclGetLastError are exempt, as NCCL allows them from a
- * watchdog thread). Process-wide, since the library loaded. */
+ * on the same communicator (NCCL forbids it). Counted: the collectives,
+ * send/recv, split, shrink, revoke, finalize, destroy and the PreMulSum
+ * calls. Exempt: ncclCommGetAsyncError, ncclCommAbort and ncclGetLastError,
+ * which NCCL allows from a watchdog thread, and the read-only queries
+ * (ncclCommCount, ncclCommCuDevice, ncclCommUserRank). Process-wide. */
 long tdist_gpusim_comm_violations(void);
 
-/* Collectives in which ranks of one communicator passed different
- * arguments (operation, count, type, reduction, root). NCCL does not check
- * this; the simulation counts it and goes on as NCCL would (wrong data). */
+/* Disagreements this process's ranks saw: a collective whose ranks passed
+ * different arguments (operation, count, type, reduction, root), or a
+ * receive whose size differs from its matching send. NCCL does not check
+ * these; the simulation counts them (each rank that sees one) and goes on
+ * as NCCL would, with wrong data. */
 long tdist_gpusim_mismatches(void);
 
 /* The host-accessible view of device memory at `dev_ptr` (NULL if it is

@@ -390,8 +390,8 @@ GS_API ncclResult_t ncclCommFinalize(ncclComm_t c) {
     int again = c->finalized;
     c->finalized = 1;
     pthread_mutex_unlock(&c->mu);
-    /* init.cc ncclCommFinalize: a second call is invalid usage. */
-    r = again ? gs_fail(ncclInvalidUsage, "comm %p has already been finalized", (void *)c)
+    /* init.cc ncclCommFinalize: "prevent double finalize", ncclInvalidArgument. */
+    r = again ? gs_fail(ncclInvalidArgument, "comm %p has already been finalized", (void *)c)
               : gs_comm_job(c, drain_job, NULL);
   }
   gs_comm_leave(c);
@@ -472,10 +472,14 @@ GS_API ncclResult_t ncclCommRevoke(ncclComm_t c, int flags) {
   if (!bad) c->revoked = c->finalized = 1;
   pthread_mutex_unlock(&c->mu);
   if (bad) return ncclInvalidArgument; /* revoke after finalize or revoke (init.cc) */
+  gs_comm_enter(c);
   atomic_store(&c->abort_flag, 1);
   if (c->seg.hdr) gs_seg_wake(&c->seg);
-  (void)gs_comm_ensure_ready(c);
-  return gs_comm_job(c, revoke_job, NULL);
+  /* init.cc calls ncclCommEnsureReady here to join a running init; with the
+   * abort flag set it succeeds, and gs_comm_job joins that thread. */
+  ncclResult_t r = gs_comm_job(c, revoke_job, NULL);
+  gs_comm_leave(c);
+  return r;
 }
 
 GS_API ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st) {

@@ -14,8 +14,9 @@
  *   - group.cc ncclGroupEndInternal: a depth-0 end without a start is
  *     ncclInvalidUsage; an error recorded inside the group fails the whole
  *     group; blocking and non-blocking communicators cannot be mixed; a
- *     non-blocking group is launched by a job thread and returns
- *     ncclInProgress -- every time, not only when connections are needed;
+ *     non-blocking group with work is launched by a job thread and returns
+ *     ncclInProgress -- not only when connections are needed (a group whose
+ *     calls were all empty launches nothing and returns ncclSuccess);
  *   - runtime connection (NCCL_RUNTIME_CONNECT=1, the default since 2.22):
  *     the first collective connects with every rank, the first send/recv
  *     with a peer connects with that peer; the launch waits for them, so a
@@ -345,6 +346,7 @@ GS_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nccl
   if (r != ncclSuccess) return r;
   size_t es = gs_dtype_size(dt);
   if (!op || !scalar || es == 0) return gs_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid arguments");
+  gs_comm_enter(c);
   pthread_mutex_lock(&c->mu);
   int ix = -1;
   for (int i = 0; i < GS_MAX_PREMUL && ix < 0; i++)
@@ -359,6 +361,7 @@ GS_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nccl
     else p->dev_scalar = scalar;
   }
   pthread_mutex_unlock(&c->mu);
+  gs_comm_leave(c);
   if (ix < 0) return gs_fail(ncclInvalidUsage, "too many PreMulSum ops on communicator %s", c->name);
   *op = (ncclRedOp_t)(GS_NUM_OPS + ix);
   return ncclSuccess;
@@ -369,10 +372,12 @@ GS_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t c) {
     return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : operator is a NCCL builtin.");
   if (!gs_comm_valid(c)) return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : comm is not valid");
   int ix = (int)op - GS_NUM_OPS;
+  gs_comm_enter(c);
   pthread_mutex_lock(&c->mu);
   int ok = ix < GS_MAX_PREMUL && c->premul[ix].used;
   if (ok) c->premul[ix].used = 0;
   pthread_mutex_unlock(&c->mu);
+  gs_comm_leave(c);
   if (!ok)
     return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : operator unknown to this communicator.");
   return ncclSuccess;

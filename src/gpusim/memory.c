@@ -103,7 +103,7 @@ static cudaError_t dev_alloc(void **p, size_t n, int dev) {
   alloc_t *b = calloc(1, sizeof(*b));
   int fd = -1;
   void *user = MAP_FAILED, *view = MAP_FAILED;
-  if (!b) goto fail;
+  if (!b) goto fail_nocount;
   pthread_mutex_lock(&g_mlock);
   bool room = g_used[dev] + maplen <= GS_DEVICE_BYTES;
   if (room) g_used[dev] += maplen;

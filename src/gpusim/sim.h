@@ -12,13 +12,15 @@
  *              device and not mapped for the host (a host view for kernels),
  *              freed blocks poisoned, cudaPointerGetAttributes, memcpy/memset
  *   stream.c   streams as worker threads running their queue in order,
- *              events, host functions, the legacy default stream
+ *              host functions, the legacy default stream (stream.h)
+ *   event.c    events
  *   capture.c  stream capture (global/thread-local/relaxed modes), graphs,
  *              graph launch
  *   reduce.c   NCCL's data types and device reductions (fp8 included)
  *   shm.c      shared segments between processes, futex waits, liveness
- *   comm.c     communicators: init, split, shrink, revoke, finalize,
- *              destroy, abort, async errors, jobs (non-blocking mode)
+ *   comm.c     communicators: init, revoke, finalize, destroy, abort, async
+ *              errors, jobs (non-blocking mode)
+ *   split.c    ncclCommSplit, ncclCommShrink
  *   enqueue.c  groups, argument checks, PreMulSum, launching the kernels
  *   kernel.c   the simulated NCCL kernels: collectives and send/recv
  *

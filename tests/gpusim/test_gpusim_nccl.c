@@ -125,6 +125,7 @@ static int split_child(int rank, int n, void *p) {
   MP_CHECK(gt_wait_ready(c, 10000) != ncclInProgress);
   if (rank == 1) {
     MP_CHECK(child == NULL); /* NCCL_SPLIT_NOCOLOR */
+    GT_NCCL(ncclCommDestroy(c));
     return 0;
   }
   MP_CHECK(child != NULL);
@@ -139,6 +140,8 @@ static int split_child(int rank, int n, void *p) {
   MP_CHECK(gt_wait_ready(child, 10000) == ncclSuccess);
   MP_CHECK(gt_to_host(&out, d, sizeof(out)) == 0);
   MP_CHECK(out == 4.0f);
+  GT_NCCL(ncclCommDestroy(child));
+  GT_NCCL(ncclCommDestroy(c));
   cudaFree(d);
   return 0;
 }
@@ -369,8 +372,64 @@ static int threads_child(int rank, int n, void *p) {
 }
 static void concurrent_calls_counted(void **s) { (void)s; assert_int_equal(run(2, threads_child, NULL), 0); }
 
-int main(void) {
+/* ---- fp8 reductions need sm_90 (enqueue.cc taskAppend: "FP8 reduction
+ * support begins with sm90 capable devices", from comm->minCompCap); fp8
+ * data movement does not. Run with TDIST_GPUSIM_CC=8.0 and with the
+ * default 9.0 (CMakeLists.txt registers both). */
+static int fp8_child(int rank, int n, void *p) {
+  int major = 0;
+  GT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  unsigned char h[4] = {0x38, 0x38, 0x40, 0x40}, o[8]; /* e4m3: 1, 1, 2, 2 */
+  void *d = gt_dev_from(h, 4), *g = gt_dev_from(NULL, 8);
+  MP_CHECK(ncclAllGather(d, g, 4, ncclFloat8e4m3, c, NULL) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  GT_CUDA(cudaDeviceSynchronize());
+  MP_CHECK(gt_to_host(o, g, 8) == 0 && o[4] == 0x38 && o[7] == 0x40);
+  ncclResult_t r = ncclAllReduce(d, d, 4, ncclFloat8e4m3, ncclSum, c, NULL);
+  if (major >= 9) {
+    MP_CHECK(r == ncclInProgress && gt_wait_ready(c, 10000) == ncclSuccess);
+    GT_CUDA(cudaDeviceSynchronize());
+    MP_CHECK(gt_to_host(o, d, 4) == 0 && o[0] == 0x40 && o[2] == 0x48); /* 2, 4 */
+    GT_NCCL(ncclCommDestroy(c));
+  } else {
+    MP_CHECK(r == ncclInvalidArgument); /* refused, and the communicator's error */
+    ncclResult_t st;
+    GT_NCCL(ncclCommGetAsyncError(c, &st));
+    MP_CHECK(st == ncclInvalidArgument);
+    GT_NCCL(ncclCommAbort(c));
+  }
+  cudaFree(d);
+  cudaFree(g);
+  return 0;
+}
+static void fp8_reduction_needs_sm90(void **s) { (void)s; assert_int_equal(run(2, fp8_child, NULL), 0); }
+
+/* ---- a kernel that touches freed memory faults: cudaErrorIllegalAddress,
+ * sticky for the process (CUDA Runtime API, "Error Handling": a sticky
+ * error leaves the context unusable); NCCL does not check pointers by
+ * default (misc/argcheck.cc: only with NCCL_CHECK_POINTERS) ---------------- */
+static int fault_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  void *d = gt_dev_from(NULL, 64);
+  GT_CUDA(cudaFree(d));
+  GT_NCCL(ncclAllReduce(d, d, 16, ncclFloat32, ncclSum, c, NULL)); /* enqueued */
+  MP_CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+  void *e = NULL;
+  MP_CHECK(cudaMalloc(&e, 16) == cudaErrorIllegalAddress); /* sticky */
+  MP_CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+  MP_CHECK(cudaGetLastError() == cudaErrorIllegalAddress); /* not cleared */
+  return 0;
+}
+static void freed_buffer_faults_sticky(void **s) { (void)s; assert_int_equal(run(1, fault_child, NULL), 0); }
+
+int main(int argc, char **argv) {
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(fp8_reduction_needs_sm90),
+      cmocka_unit_test(freed_buffer_faults_sticky),
       cmocka_unit_test(missing_rank_hangs_until_abort),
       cmocka_unit_test(nonblocking_init_and_enqueue),
       cmocka_unit_test(split_writes_newcomm_late),
