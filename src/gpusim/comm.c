@@ -275,6 +275,15 @@ ncclResult_t gs_comm_job(ncclComm_t c, gs_job_fn fn, void *arg) {
   return ncclInProgress;
 }
 
+void gs_comm_wake(ncclComm_t c) {
+  /* `ready` is set (under mu) once the init job mapped the segment; before
+   * that, the job's own waits notice the abort flag within GS_POLL_MS. */
+  pthread_mutex_lock(&c->mu);
+  int ready = c->ready;
+  pthread_mutex_unlock(&c->mu);
+  if (ready) gs_seg_wake(&c->seg);
+}
+
 void gs_comm_drain(ncclComm_t c) {
   pthread_mutex_lock(&c->mu);
   while (c->inflight > 0) pthread_cond_wait(&c->cv, &c->mu);
@@ -445,7 +454,7 @@ GS_API ncclResult_t ncclCommAbort(ncclComm_t c) {
    * commReclaim waits for them: abort blocks until the kernels stop, which
    * a kernel stuck behind other work on its stream delays. */
   atomic_store(&c->abort_flag, 1);
-  if (c->seg.hdr) gs_seg_wake(&c->seg);
+  gs_comm_wake(c);
   gs_info("comm %p rank %d - Abort START", (void *)c, c->rank);
   comm_free(c);
   return ncclSuccess;
@@ -474,7 +483,7 @@ GS_API ncclResult_t ncclCommRevoke(ncclComm_t c, int flags) {
   if (bad) return ncclInvalidArgument; /* revoke after finalize or revoke (init.cc) */
   gs_comm_enter(c);
   atomic_store(&c->abort_flag, 1);
-  if (c->seg.hdr) gs_seg_wake(&c->seg);
+  gs_comm_wake(c);
   /* init.cc calls ncclCommEnsureReady here to join a running init; with the
    * abort flag set it succeeds, and gs_comm_job joins that thread. */
   ncclResult_t r = gs_comm_job(c, revoke_job, NULL);

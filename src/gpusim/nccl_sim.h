@@ -203,6 +203,8 @@ void gs_comm_leave(ncclComm_t c);
  * job's result becomes the async error; returns what the API returns. */
 typedef ncclResult_t (*gs_job_fn)(ncclComm_t c, void *arg);
 ncclResult_t gs_comm_job(ncclComm_t c, gs_job_fn fn, void *arg);
+/* Wake the waiters of c's segment (an abort), once it is mapped. */
+void gs_comm_wake(ncclComm_t c);
 /* Wait until every kernel launched on c has finished (NCCL's strong stream
  * synchronisation in revoke, shrink with abort, finalize). */
 void gs_comm_drain(ncclComm_t c);

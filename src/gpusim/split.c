@@ -193,7 +193,7 @@ GS_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude,
     /* Kernels exit early; their end events then complete over data the
      * collective never finished (ncclCommShrink with NCCL_SHRINK_ABORT). */
     atomic_store(&comm->abort_flag, 1);
-    if (comm->seg.hdr) gs_seg_wake(&comm->seg);
+    gs_comm_wake(comm);
     gs_comm_drain(comm);
     atomic_store(&comm->abort_flag, 0);
   }
