@@ -166,6 +166,14 @@ void *gs_dev_access(int dev, const void *p, size_t len) {
   pthread_mutex_lock(&g_mlock);
   alloc_t *b = dev_range(p, len);
   void *v = b && b->dev == dev ? b->view + ((uintptr_t)p - b->base) : NULL;
+  if (!b && len > 0) {
+    /* Page-locked host memory is mapped for every device (CUDA Programming
+     * Guide, Unified Virtual Address Space: cudaMallocHost memory is
+     * portable and device-accessible), so a kernel may read it. */
+    ssize_t h = aset_find(&g_host, p);
+    alloc_t *hb = h >= 0 ? g_host.v[h] : NULL;
+    if (hb && (uintptr_t)p + len <= hb->base + hb->size) v = (void *)(uintptr_t)p;
+  }
   pthread_mutex_unlock(&g_mlock);
   return v || len > 0 ? v : empty;
 }
