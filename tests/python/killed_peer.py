@@ -27,10 +27,19 @@ try:
     raise SystemExit("a second on_abort was accepted")
 except tdist.TdistError as e:
     assert e.name == "TDIST_ERR_INVALID_STATE", e.name
-tdist.barrier()  # every survivor registered before the victim leaves
+tdist.barrier()
+# The victim leaves only once every survivor is past the barrier: a rank's
+# barrier can complete before another's has (each completes locally), and a
+# survivor still inside it would fail the barrier itself instead of learning
+# of the death as this test means. Each survivor tells it with a message sent
+# after its barrier returned (not waited for: the victim may be gone by then).
+ack = np.zeros(1, np.float32)
 if rank == victim:
+    for r in range(size - 1):
+        tdist.recv(ack, src=r)
     sys.stdout.flush()
     os._exit(17)  # mid-job: no goodbye, no destroy
+told_victim = tdist.isend(ack, dst=victim)
 # Rank 0 has an op in flight when the victim leaves; rank 1 has none and
 # learns it from the abort callback alone.
 w = None
