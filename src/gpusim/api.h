@@ -71,6 +71,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
+/* ---- CUDA driver: the one call exported (CUresult, CUdevice as ordinal) ------------ */
+int cuDevicePrimaryCtxGetState(int dev, unsigned int *flags, int *active);
+
 /* ---- NCCL ------------------------------------------------------------------------- */
 ncclResult_t ncclGetVersion(int *version);
 const char *ncclGetErrorString(ncclResult_t r);

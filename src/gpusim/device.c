@@ -170,6 +170,19 @@ GS_API int tdist_gpusim_context_count(int device) {
   return atomic_load(&g_ctx[device]);
 }
 
+/* CUDA Driver API, cuDevicePrimaryCtxGetState: whether the primary context
+ * of a device is active, without creating it (CUresult 0 = CUDA_SUCCESS,
+ * 101 = CUDA_ERROR_INVALID_DEVICE). The one driver call the simulation
+ * exports: libraries ask it before making a device current (PyTorch's
+ * c10::cuda::hasPrimaryContext). CUdevice is taken as the ordinal. */
+GS_API int cuDevicePrimaryCtxGetState(int dev, unsigned int *flags, int *active) {
+  init();
+  if (dev < 0 || dev >= g_ndev) return 101;
+  if (flags) *flags = 0;
+  if (active) *active = atomic_load(&g_ctx[dev]) > 0;
+  return 0;
+}
+
 /* CUDA Runtime API, Error Handling: a fault in a kernel leaves the context
  * unusable; the first such error sticks. */
 void gs_set_sticky(int dev, cudaError_t e) {

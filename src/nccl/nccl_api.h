@@ -126,6 +126,20 @@ typedef cudaError_t (*tdist__cudaStreamWaitEvent_fn)(cudaStream_t s, cudaEvent_t
 typedef cudaError_t (*tdist__cudaMallocAsync_fn)(void **p, size_t n, cudaStream_t s);
 typedef cudaError_t (*tdist__cudaFreeAsync_fn)(void *p, cudaStream_t s);
 typedef cudaError_t (*tdist__cudaMemsetAsync_fn)(void *p, int v, size_t n, cudaStream_t s);
+typedef cudaError_t (*tdist__cudaGetDevice_fn)(int *device);
+typedef cudaError_t (*tdist__cudaDeviceGetAttribute_fn)(int *value, enum cudaDeviceAttr attr,
+                                                        int device);
+typedef cudaError_t (*tdist__cudaStreamIsCapturing_fn)(cudaStream_t s,
+                                                       enum cudaStreamCaptureStatus *status);
+typedef cudaError_t (*tdist__cudaThreadExchangeStreamCaptureMode_fn)(
+    enum cudaStreamCaptureMode *mode);
+
+/* ---- CUDA driver (libcuda.so.1): one optional call ---------------------------------- */
+/* CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active):
+ * whether the primary context of a device is active, without creating it
+ * (what PyTorch's c10::cuda::hasPrimaryContext asks). CUdevice is the
+ * ordinal; 0 is CUDA_SUCCESS. */
+typedef int (*tdist__cuDevicePrimaryCtxGetState_fn)(int dev, unsigned int *flags, int *active);
 
 /* ---- NCCL ------------------------------------------------------------------------ */
 

@@ -15,9 +15,13 @@
  *                    only trylocks mu; abort locks it, which waits at most one
  *                    turn of a caller's polling loop (those loops check
  *                    tdist__bk_aborted on every turn) and makes no blocking
- *                    NCCL call: ncclCommAbort goes to the worker thread.
- *   worker thread    (util/worker.h) abort_job: ncclCommAbort of a
- *                    communicator that abort took out of the state.
+ *                    NCCL call: ncclCommAbort and ncclCommRevoke (which may
+ *                    join an NCCL job thread) go to an abort thread.
+ *   abort threads    one per abort (nccl_progress.c abort_main):
+ *                    ncclCommRevoke or ncclCommAbort, which block (an
+ *                    abort waits for kernels that may sit behind a user's
+ *                    spinning kernel), so neither the progress thread nor
+ *                    other groups' aborts ever wait for them.
  *
  * Who owns what:
  *   - mu serialises every NCCL call on `comm` (NCCL is not thread-safe per
@@ -26,12 +30,12 @@
  *   - `dead` is set (under mu) by abort: no new op may be enqueued, and the
  *     in-flight ops are forgotten (unlinked from `inflight`). After a peer
  *     failure (TDIST_ERR_REMOTE_FAILED) the communicator is revoked
- *     (ncclCommRevoke, non-blocking on our non-blocking communicators) rather
- *     than aborted and kept in `comm` (`revoked`): tdist_group_shrink needs it
- *     for ncclCommShrink; destroy aborts it. After any other failure abort
- *     moves it to `doomed`, sets `comm` to NULL and hands it to the worker
- *     (ncclCommAbort there); `jobs` counts such pending jobs, and destroy
- *     waits on `idle` until it is 0 before freeing the state.
+ *     (ncclCommRevoke, on an abort thread) rather than aborted and kept in
+ *     `comm` (`revoked`): tdist_group_shrink needs it for ncclCommShrink;
+ *     destroy aborts it. After any other failure abort sets `comm` to NULL
+ *     and hands the communicator to an abort thread (ncclCommAbort there);
+ *     `jobs` counts such threads not yet done, and shrink and destroy wait
+ *     on `idle` until it is 0.
  *
  * Per-op state lives in op->scratch (tdist__nccl_op_t): the end event that
  * poll queries and that wait_stream makes a stream wait on. An op is on
@@ -61,7 +65,6 @@ typedef struct tdist__nccl {
   pthread_mutex_t mu;
   pthread_cond_t idle; /* signalled (under mu) when `jobs` drops to 0 */
   ncclComm_t comm;     /* (mu) NULL once destroyed or aborted */
-  ncclComm_t doomed;   /* (mu) taken out by abort, for the worker's ncclCommAbort */
   int dead;            /* (mu) aborted: no new ops */
   int revoked;         /* (mu) dead, but comm kept for shrink (peer failure) */
   int jobs;            /* (mu) worker jobs not yet finished on this state */
@@ -72,6 +75,8 @@ typedef struct tdist__nccl {
   int64_t timeout_ms;       /* the group's timeout at creation: bounds destroy */
   int rank, size;           /* in the group (v-ops: nccl_ops_v.c) */
   int device;
+  int min_cc;               /* smallest compute capability of the group's devices (90 = 9.0) */
+  int64_t remote_ns;        /* (progress) when poll first saw ncclRemoteError, else 0 */
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
@@ -152,7 +157,11 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
   X(cudaStreamWaitEvent)          \
   X(cudaMallocAsync)              \
   X(cudaFreeAsync)                \
-  X(cudaMemsetAsync)
+  X(cudaMemsetAsync)               \
+  X(cudaGetDevice)                 \
+  X(cudaDeviceGetAttribute)        \
+  X(cudaStreamIsCapturing)         \
+  X(cudaThreadExchangeStreamCaptureMode)
 // clang-format on
 
 /*
@@ -171,6 +180,9 @@ typedef struct tdist__nccl_api {
   TDIST__NCCL_REQUIRED(TDIST__NCCL_FIELD_)
   TDIST__NCCL_OPTIONAL(TDIST__NCCL_FIELD_OPT_)
   TDIST__CUDART_REQUIRED(TDIST__NCCL_FIELD_)
+  /* The driver's, optional: NULL without libcuda (then a caller's device is
+   * always put back, even one without a context). */
+  tdist__cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;
   int version;          /* ncclGetVersion's code, e.g. 22809 */
   char version_str[16]; /* "2.28.9" */
 } tdist__nccl_api_t;
@@ -222,6 +234,11 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define cudaMallocAsync(...) tdist__nccl_fn.cudaMallocAsync(__VA_ARGS__)
 #define cudaFreeAsync(...) tdist__nccl_fn.cudaFreeAsync(__VA_ARGS__)
 #define cudaMemsetAsync(...) tdist__nccl_fn.cudaMemsetAsync(__VA_ARGS__)
+#define cudaGetDevice(...) tdist__nccl_fn.cudaGetDevice(__VA_ARGS__)
+#define cudaDeviceGetAttribute(...) tdist__nccl_fn.cudaDeviceGetAttribute(__VA_ARGS__)
+#define cudaStreamIsCapturing(...) tdist__nccl_fn.cudaStreamIsCapturing(__VA_ARGS__)
+#define cudaThreadExchangeStreamCaptureMode(...) \
+  tdist__nccl_fn.cudaThreadExchangeStreamCaptureMode(__VA_ARGS__)
 
 /* Caller thread: open NCCL and the CUDA runtime (once per process; later
  * calls return the first outcome). 0, or TDIST_ERR_NOT_SUPPORTED with a
@@ -272,9 +289,36 @@ int tdist__cuda_err(cudaError_t e, const char *what);
 int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
                            const char *what, int64_t timeout_ms);
 
+/* ---- the current device (nccl_device.c) -------------------------------------------- */
+/*
+ * Caller threads (init, split, shrink, destroy, submit, wait_stream): make
+ * `dev` the calling thread's device for a span of CUDA calls, then put the
+ * caller's own device back, as NCCL's entry points do (enqueue.cc,
+ * group.cc: cudaGetDevice, cudaSetDevice, ..., cudaSetDevice(saved)). The
+ * device is not put back when it has no primary context in this process:
+ * setting it would create one (about 0.5 GiB on an H100), which PyTorch's
+ * MaybeSetDevice avoids the same way. enter returns 0 or the CUDA error.
+ */
+typedef struct tdist__nccl_dev {
+  int saved;    /* the caller's device */
+  int switched; /* enter changed it */
+} tdist__nccl_dev_t;
+int tdist__nccl_dev_enter(int dev, tdist__nccl_dev_t *g);
+void tdist__nccl_dev_leave(const tdist__nccl_dev_t *g);
+
+/* Threads tdist owns (progress thread, abort threads): `dev` current and
+ * the thread's capture mode relaxed, so that its event queries neither make
+ * a context on device 0 nor fail during a user's graph capture (PyTorch's
+ * watchdog does both). Cached per thread: cheap when nothing changes. */
+int tdist__nccl_dev_own(int dev);
+
 /* Mappings (return -1 for values NCCL lacks). */
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out);
 int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out);
+
+/* mu held: the state is dead (no new ops) and its launched ops forgotten
+ * (unlinked; the core fails them). nccl_progress.c. */
+void tdist__nccl_forget_locked(tdist__nccl_t *nc);
 
 /* Event pool, mu held. get may create an event (caller thread only). */
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev);

@@ -79,8 +79,7 @@ static void nccl_config(ncclConfig_t *cfg, const char *name) {
 
 /* Create the stream, start event and barrier scratch on nc->device. */
 static int state_setup(tdist__nccl_t *nc) {
-  int rc = 0;
-  CUDACHECKGOTO(cudaSetDevice(nc->device), rc, fail);
+  int rc = 0; /* the caller made nc->device current */
   CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking), rc, fail);
   CUDACHECKGOTO(cudaEventCreateWithFlags(&nc->start_ev, cudaEventDisableTiming), rc, fail);
   /* Stream-ordered, so freeing it at destroy never synchronises the device. */
@@ -94,7 +93,8 @@ fail:
  * worker job pending. */
 static void state_free(tdist__nccl_t *nc) {
   if (!nc) return;
-  if (nc->device >= 0) cudaSetDevice(nc->device);
+  tdist__nccl_dev_t dev = {0, 0};
+  if (nc->device >= 0) tdist__nccl_dev_enter(nc->device, &dev);
   if (nc->scratch && nc->stream) cudaFreeAsync(nc->scratch, nc->stream);
   for (int i = 0; i < nc->nall; i++)
     cudaEventDestroy(nc->all[i]);
@@ -102,6 +102,7 @@ static void state_free(tdist__nccl_t *nc) {
   /* Destroying a stream with work pending is allowed: CUDA releases it once
    * the work is done (or never, for a kernel that never ends). */
   if (nc->stream) cudaStreamDestroy(nc->stream);
+  tdist__nccl_dev_leave(&dev);
   tdist__free(nc->all);
   tdist__free(nc->free);
   pthread_cond_destroy(&nc->idle);
@@ -166,41 +167,86 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev) {
 
 /* ---- init ----------------------------------------------------------------------- */
 
-/* The device: the options, else the local rank as torchrun, srun or mpirun
- * set it (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID: mpirun
- * inside a Slurm step leaves every rank the same SLURM_LOCALID), else 0. */
-static int pick_device(const tdist_init_opts_t *o) {
-  static const char *vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
-  if (o && (o->mask & TDIST_INIT_FIELD_DEVICE) && o->device >= 0) return o->device;
-  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-    const char *lr = tdist__env_raw(vars[i]);
-    if (!lr) continue;
-    char *end;
-    long v = strtol(lr, &end, 10);
-    if (*end == '\0' && v >= 0 && v < 4096) return (int)v;
-    TDIST_WARN(NCCL, "ignoring %s='%s' (not a device number)", vars[i], lr);
-  }
-  return 0;
-}
-
-/* A driver and a device `device` are there: the user's words for what is
- * missing rather than the first CUDA call's error code. */
-static int check_device(int device) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
+/* The devices this process sees: the user's words for what is missing
+ * rather than the first CUDA call's error code. */
+static int device_count(int *n) {
+  *n = 0;
+  cudaError_t e = cudaGetDeviceCount(n);
   if (e != cudaSuccess) {
     cudaGetLastError(); /* not sticky: leave no error for the next call */
     return tdist__error(TDIST_ERR_CUDA_ERROR, "backend 'nccl': no CUDA device: %s",
                         cudaGetErrorString(e));
   }
-  if (n <= 0)
+  if (*n <= 0)
     return tdist__error(TDIST_ERR_CUDA_ERROR, "backend 'nccl': no CUDA device: none found");
-  if (device >= n)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "backend 'nccl': CUDA device %d out of range: this machine has %d (the "
-                        "device is the options' device, else LOCAL_RANK)",
-                        device, n);
   return 0;
+}
+
+/* The device: the options' (which must exist), else the local rank as
+ * torchrun, srun or mpirun set it (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+ * SLURM_LOCALID: mpirun inside a Slurm step leaves every rank the same
+ * SLURM_LOCALID) modulo the devices this process sees, as PyTorch does --
+ * with CUDA_VISIBLE_DEVICES giving each process one GPU, every local rank
+ * uses its device 0 -- else 0. */
+static int pick_device(const tdist_init_opts_t *o, int n, int *device) {
+  static const char *vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+  *device = 0;
+  if (o && (o->mask & TDIST_INIT_FIELD_DEVICE) && o->device >= 0) {
+    *device = o->device;
+    if (o->device >= n)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                          "backend 'nccl': CUDA device %d out of range: this process sees %d (the "
+                          "device is the options' device)",
+                          o->device, n);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+    const char *lr = tdist__env_raw(vars[i]);
+    if (!lr) continue;
+    char *end;
+    long v = strtol(lr, &end, 10);
+    if (*end == '\0' && v >= 0 && v < 1L << 20) {
+      *device = (int)(v % n);
+      return 0;
+    }
+    TDIST_WARN(NCCL, "ignoring %s='%s' (not a device number)", vars[i], lr);
+  }
+  return 0;
+}
+
+/* Every rank's compute capability, gathered: the smallest decides whether
+ * NCCL reduces float8 (enqueue.cc: comm->minCompCap >= 90). */
+static int exchange_cc(const tdist__bk_params_t *p, int device, int *min_cc) {
+  int rc = 0, major = 0, minor = 0;
+  CUDACHECKGOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), rc, out);
+  CUDACHECKGOTO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), rc, out);
+  int mine = major * 10 + minor;
+  *min_cc = mine;
+  if (p->size == 1) return 0;
+  void **vals = tdist__calloc((size_t)p->size, sizeof(*vals));
+  size_t *lens = tdist__calloc((size_t)p->size, sizeof(*lens));
+  if (!vals || !lens) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': out of memory", p->name);
+  } else {
+    rc = tdist__store_allgather(p->store, "nccl_cc", p->rank, p->size, &mine, sizeof(mine), NULL,
+                                0, vals, lens, p->timeout_ms);
+    for (int i = 0; rc == 0 && i < p->size; i++) {
+      int cc;
+      if (!vals[i] || lens[i] != sizeof(cc)) {
+        rc = tdist__error(TDIST_ERR_PROTOCOL, "group '%s': compute capability of rank %d: %zu bytes",
+                          p->name, i, lens[i]);
+        break;
+      }
+      memcpy(&cc, vals[i], sizeof(cc));
+      if (cc < *min_cc) *min_cc = cc;
+    }
+  }
+  for (int i = 0; vals && i < p->size; i++)
+    tdist_store_free(vals[i]);
+  tdist__free(vals);
+  tdist__free(lens);
+out:
+  return rc;
 }
 
 /* Rank 0 makes the unique id; everyone reads rank 0's through the group's
@@ -256,22 +302,28 @@ int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "nccl: group '%s' of %d ranks has no store",
                         p->name, p->size);
   TDIST_CHECK(tdist__nccl_load());
-  int device = pick_device(p->init_opts);
-  TDIST_CHECK(check_device(device));
+  int ndev = 0, device = 0;
+  tdist__nccl_dev_t dev = {0, 0};
+  TDIST_CHECK(device_count(&ndev));
+  TDIST_CHECK(pick_device(p->init_opts, ndev, &device));
   TDIST_CHECKGOTO(state_new(device, p, &nc), rc, fail);
-  CUDACHECKGOTO(cudaSetDevice(nc->device), rc, fail);
+  TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, fail);
   TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
   nccl_config(&cfg, nc->name);
   NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, p->size, id, p->rank, &cfg), comm, rc, fail);
   TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, "ncclCommInitRankConfig", p->timeout_ms), rc,
                   fail);
+  /* Every rank is there now (NCCL's init waited for them all). */
+  TDIST_CHECKGOTO(exchange_cc(p, nc->device, &nc->min_cc), rc, fail);
   TDIST_CHECKGOTO(state_setup(nc), rc, fail);
+  tdist__nccl_dev_leave(&dev);
   state_publish(nc, comm, out);
   TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", nc->name,
              p->rank, p->size, nc->device);
   return 0;
 fail:
   if (comm) ncclCommAbort(comm);
+  tdist__nccl_dev_leave(&dev);
   state_free(nc);
   return rc;
 }
@@ -279,7 +331,12 @@ fail:
 /* A new communicator (split or shrink) becomes the child's state; on failure
  * it is aborted and nc freed. */
 static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
-  int rc = state_setup(nc);
+  tdist__nccl_dev_t dev;
+  int rc = tdist__nccl_dev_enter(nc->device, &dev);
+  if (rc == 0) {
+    rc = state_setup(nc);
+    tdist__nccl_dev_leave(&dev);
+  }
   if (rc != 0) {
     ncclCommAbort(comm);
     state_free(nc);
@@ -294,46 +351,99 @@ static int child_device(const tdist__bk_params_t *p, const tdist__nccl_t *pn) {
   return p->device >= 0 ? p->device : pn->device;
 }
 
-/* ---- split ---------------------------------------------------------------------- */
+/* ---- split and shrink ---------------------------------------------------------------- */
+
+/* Caller thread, mu not held (poll completes the ops): the parent's ops in
+ * flight first -- NCCL's user guide warns that operations outstanding during
+ * a split may deadlock. */
+static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms) {
+  int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
+  for (;;) {
+    pthread_mutex_lock(&pn->mu);
+    int busy = !pn->dead && tdist__list_first(&pn->inflight) != NULL;
+    pthread_mutex_unlock(&pn->mu);
+    if (!busy) return 0;
+    if (tdist__bk_aborted(pn->group))
+      return tdist__error(TDIST_ERR_ABORTED, "%s of group '%s': group aborted", what, pn->name);
+    if (timeout_ms > 0 && tdist__now_ns() >= deadline)
+      return tdist__error(TDIST_ERR_TIMEOUT,
+                          "%s of group '%s': its ops in flight did not finish within %lld ms",
+                          what, pn->name, (long long)timeout_ms);
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/*
+ * mu held, the parent's device current. A split or shrink was started with
+ * `r` (NCCL writes the child into *slot, heap memory, when its job ends --
+ * on a non-blocking parent after the call returned ncclInProgress, from
+ * NCCL's job thread: init.cc ncclCommInitChildComm). Wait until the parent
+ * is ready, then the child is in *slot. On failure the parent is aborted
+ * here -- ncclCommAbort joins NCCL's job, so *slot is final afterwards --
+ * then the child, as NCCL's user guide says of a failed non-blocking split,
+ * and the parent group fails. `gate`: give up when this group is aborted
+ * (NULL: never; a shrink's parent is aborted already).
+ */
+static int finish_child(tdist__nccl_t *pn, const tdist__bk_group_t *gate, ncclResult_t r,
+                        ncclComm_t *slot, const char *what, int64_t timeout_ms,
+                        ncclComm_t *child) {
+  int rc;
+  if (r != ncclSuccess && r != ncclInProgress)
+    rc = tdist__nccl_err(pn->comm, r, what);
+  else
+    rc = tdist__nccl_wait_ready(pn->comm, gate, pn->name, what, timeout_ms);
+  if (rc == 0) {
+    *child = *slot;
+    return 0;
+  }
+  char msg[256];
+  snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  ncclComm_t parent = pn->comm;
+  tdist__nccl_forget_locked(pn);
+  pn->comm = NULL;
+  TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator, then its child", pn->name, msg);
+  ncclCommAbort(parent);
+  if (*slot) ncclCommAbort(*slot);
+  *slot = NULL;
+  tdist__bk_fail(pn->group, rc, "%s", msg);
+  return tdist__error(rc, "%s", msg);
+}
 
 /* Collective over the parent: non-members (TDIST__NOCOLOR) call ncclCommSplit
  * with NCCL_SPLIT_NOCOLOR and leave out->state NULL. */
 int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   int rc = 0;
   tdist__nccl_t *pn = p->parent, *nc = NULL;
-  ncclComm_t comm = NULL;
+  ncclComm_t comm = NULL, *slot = NULL;
   ncclConfig_t cfg;
+  tdist__nccl_dev_t dev = {0, 0};
   int member = p->color != TDIST__NOCOLOR;
   int key = member ? p->rank : p->parent_rank;
   if (member) TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, member ? nc->name : pn->name);
+  TDIST_CHECKGOTO(drain_parent(pn, "split", p->timeout_ms), rc, fail);
+  slot = tdist__calloc(1, sizeof(*slot));
+  if (!slot) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "split of group '%s': out of memory", pn->name);
+    goto fail;
+  }
+  TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
   pthread_mutex_lock(&pn->mu);
   if (pn->dead || !pn->comm) {
-    pthread_mutex_unlock(&pn->mu);
     rc = tdist__error(TDIST_ERR_ABORTED, "split of group '%s': its communicator was aborted",
                       pn->name);
-    goto fail;
+  } else {
+    ncclResult_t r =
+        ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, slot, &cfg);
+    rc = finish_child(pn, pn->group, r, slot, "ncclCommSplit", p->timeout_ms, &comm);
   }
-  cudaSetDevice(pn->device);
-  ncclResult_t r =
-      ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, &comm, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    rc = tdist__nccl_err(pn->comm, r, "ncclCommSplit");
-    pthread_mutex_unlock(&pn->mu);
-    goto fail;
-  }
-  /* The new communicator (members) and the parent (everyone) are both in
-   * progress until the split is done. */
-  if (comm)
-    rc = member ? comm_ready(comm, p->group, nc->name, "ncclCommSplit", p->timeout_ms)
-                : comm_ready(comm, pn->group, pn->name, "ncclCommSplit", p->timeout_ms);
-  if (rc == 0)
-    rc = tdist__nccl_wait_ready(pn->comm, pn->group, pn->name, "ncclCommSplit (parent)",
-                                p->timeout_ms);
   pthread_mutex_unlock(&pn->mu);
+  tdist__nccl_dev_leave(&dev);
   if (rc != 0) goto fail;
   if (!member) {
     if (comm) ncclCommAbort(comm); /* NCCL gave a non-member one: not expected */
+    tdist__free(slot);
     return 0;
   }
   if (!comm) {
@@ -341,61 +451,82 @@ int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
                       p->rank, nc->name);
     goto fail;
   }
+  tdist__free(slot);
+  nc->min_cc = pn->min_cc; /* a subset: at least as new */
   return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);
+  tdist__free(slot);
   state_free(nc);
   return rc;
 }
 
-/* ---- shrink (survivors only, after a peer failure) ----------------------------- */
+/* mu held: wait until the abort threads of nc finished (a revoke issued),
+ * up to nc->timeout_ms (<= 0: no bound). */
+static int wait_jobs(tdist__nccl_t *nc);
 
+/* Survivors only, after a peer failure (a revoked parent), or a live group
+ * cut down by the caller. */
 int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   int rc = 0;
   tdist__nccl_t *pn = p->parent, *nc = NULL;
-  ncclComm_t comm = NULL;
+  ncclComm_t comm = NULL, *slot = NULL;
   ncclConfig_t cfg;
+  tdist__nccl_dev_t dev = {0, 0};
   TDIST_CHECK(TDIST__NCCL_NEED("tdist_group_shrink", ncclCommShrink, 2, 27));
   TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, nc->name);
+  slot = tdist__calloc(1, sizeof(*slot));
+  if (!slot) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "shrink of group '%s': out of memory", pn->name);
+    goto fail;
+  }
+  TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
   pthread_mutex_lock(&pn->mu);
-  if (!pn->comm) {
-    pthread_mutex_unlock(&pn->mu);
+  rc = wait_jobs(pn); /* the revoke was issued */
+  if (rc == 0 && !pn->comm)
     rc = tdist__error(TDIST_ERR_ABORTED,
                       "shrink of group '%s': its communicator was aborted, not revoked (only a "
                       "peer failure leaves one to shrink)",
                       pn->name);
-    goto fail;
-  }
-  cudaSetDevice(pn->device);
   /* A revoked communicator must be quiescent first (the parent is aborted,
-   * so no abort check); a live one (shrinking without a failure seen here)
-   * has its ongoing work terminated by NCCL. */
-  if (pn->revoked)
+   * so no abort check). A live one has its ongoing work terminated by NCCL
+   * (NCCL_SHRINK_ABORT): its kernels exit early and their end events
+   * complete over data never reduced, so those ops fail here rather than
+   * complete as if done. */
+  if (rc == 0 && pn->revoked)
     rc = tdist__nccl_wait_ready(pn->comm, NULL, pn->name, "ncclCommRevoke", p->timeout_ms);
+  if (rc == 0 && !pn->revoked && !pn->dead && tdist__list_first(&pn->inflight)) {
+    tdist__nccl_forget_locked(pn);
+    tdist__bk_fail(pn->group, TDIST_ERR_ABORTED,
+                   "group '%s' was shrunk with ops in flight: NCCL_SHRINK_ABORT stopped their "
+                   "kernels before they finished",
+                   pn->name);
+  }
   if (rc == 0) {
-    ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, &comm, &cfg,
+    ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, slot, &cfg,
                                     pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
-    if (r != ncclSuccess && r != ncclInProgress)
-      rc = tdist__nccl_err(pn->comm, r, "ncclCommShrink");
-    else if (comm)
-      rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
-    else
+    /* The parent group is aborted by now (a peer failed): no abort check. */
+    rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm);
+    if (rc == 0 && !comm)
       rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
+    if (rc == 0) rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
   }
   pthread_mutex_unlock(&pn->mu);
+  tdist__nccl_dev_leave(&dev);
   if (rc != 0) goto fail;
+  tdist__free(slot);
+  nc->min_cc = pn->min_cc;
   return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);
+  tdist__free(slot);
   state_free(nc);
   return rc;
 }
 
 /* ---- destroy -------------------------------------------------------------------- */
 
-/* mu held: wait until the worker finished every ncclCommAbort job of nc, up
- * to nc->timeout_ms (<= 0: no bound). */
 static int wait_jobs(tdist__nccl_t *nc) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -427,8 +558,9 @@ int tdist__nccl_destroy(void *state) {
     TDIST_WARN(NCCL, "%s", tdist_last_error());
     return rc;
   }
+  tdist__nccl_dev_t dev = {0, 0};
+  if (nc->comm) tdist__nccl_dev_enter(nc->device, &dev);
   if (nc->comm && !nc->dead) {
-    cudaSetDevice(nc->device);
     ncclResult_t r = ncclCommFinalize(nc->comm);
     if (r != ncclSuccess && r != ncclInProgress)
       rc = tdist__nccl_err(nc->comm, r, "ncclCommFinalize");
@@ -445,9 +577,9 @@ int tdist__nccl_destroy(void *state) {
       ncclCommAbort(nc->comm);
     }
   } else if (nc->comm) { /* revoked: finalize is not allowed, abort frees it */
-    cudaSetDevice(nc->device);
     ncclCommAbort(nc->comm);
   }
+  tdist__nccl_dev_leave(&dev);
   nc->comm = NULL;
   nc->dead = 1; /* a late abort finds nothing to do */
   pthread_mutex_unlock(&nc->mu);

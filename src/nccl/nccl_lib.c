@@ -84,6 +84,19 @@ static int open_nccl(void **h, const char **used) {
   return 0;
 }
 
+/* The driver's cuDevicePrimaryCtxGetState: from the runtime's own handle
+ * (a simulated device exports it there), else libcuda.so.1 (or
+ * TDIST_CUDA_DRIVER_LIBRARY). NULL when neither has it. */
+static tdist__cuDevicePrimaryCtxGetState_fn open_driver_call(void *cu) {
+  tdist__cuDevicePrimaryCtxGetState_fn f = NULL;
+  *(void **)(&f) = dlsym(cu, "cuDevicePrimaryCtxGetState");
+  if (f) return f;
+  void *h = dlopen(tdist__param_str("TDIST_CUDA_DRIVER_LIBRARY", "libcuda.so.1"), RTLD_NOW | RTLD_LOCAL);
+  if (h) *(void **)(&f) = dlsym(h, "cuDevicePrimaryCtxGetState");
+  if (!f) dlerror(); /* clear it: not an error */
+  return f;
+}
+
 static void version_str(int code, char *out, size_t n) {
   /* 2.9 and later: major*10000 + minor*100 + patch; before: major*1000 + ... */
   if (code >= 10000)
@@ -131,6 +144,7 @@ static int load_locked(void) {
   TDIST__NCCL_REQUIRED(REQ_NCCL_)
   TDIST__CUDART_REQUIRED(REQ_CUDA_)
   TDIST__NCCL_OPTIONAL(OPT_NCCL_)
+  a.cuDevicePrimaryCtxGetState = open_driver_call(cu);
 #undef REQ_NCCL_
 #undef REQ_CUDA_
 #undef OPT_NCCL_

@@ -14,12 +14,25 @@
  * under mu) in launch order, where the progress thread's poll finds it
  * (nccl_progress.c). post, on the progress thread, only marks it posted.
  *
- * Non-blocking communicators may answer an enqueue with ncclInProgress; the
- * op is then being enqueued in the background and no other NCCL call may be
- * made on the communicator until ncclCommGetAsyncError says ncclSuccess. The
- * end event is recorded only after that, so it follows the kernels.
+ * Non-blocking communicators answer every enqueue with ncclInProgress (NCCL
+ * 2.28 launches a non-blocking group from a job thread: group.cc); the op is
+ * then being enqueued in the background -- the first op, or the first with a
+ * new peer, also connects and waits for the peers -- and no other NCCL call
+ * may be made on the communicator until ncclCommGetAsyncError says
+ * ncclSuccess. The end event is recorded only after that, so it follows the
+ * kernels. An enqueue that does not finish in time aborts the communicator
+ * before submit returns (doom_after_enqueue).
+ *
+ * The caller's current device is the group's only within submit
+ * (tdist__nccl_dev_enter/leave), and every buffer must be memory of that
+ * device. Captured streams and float8 reductions below sm_90 are refused
+ * here, before NCCL could make them the communicator's permanent error.
  */
+#include <errno.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "util/alloc.h"
 #include "nccl/nccl_backend.h"
@@ -195,16 +208,18 @@ static int check_available(tdist_optype_t t) {
 }
 
 /* The classifier util/memkind.h asks (registered once CUDA is loaded): device
- * memory, as opposed to memory a CPU group can read directly. Managed memory
- * counts as host: the CPU can touch it. */
+ * memory, as opposed to memory a CPU group can read directly. It runs on the
+ * caller threads of CPU groups, so it makes no CUDA call: one would create a
+ * context on the thread's current device (0 unless set: about 0.5 GiB on an
+ * H100). Device memory is never readable by the CPU -- unified addressing
+ * reserves its range without host access -- while managed and page-locked
+ * host memory are; so one byte read from ourselves with process_vm_readv
+ * tells them apart (EFAULT: not CPU memory). */
 int tdist__nccl_memkind(const void *ptr) {
-  struct cudaPointerAttributes at;
-  memset(&at, 0, sizeof(at));
-  if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
-    cudaGetLastError(); /* host memory on older runtimes */
-    return TDIST__MEMKIND_HOST;
-  }
-  return at.type == cudaMemoryTypeDevice ? TDIST__MEMKIND_DEVICE : TDIST__MEMKIND_HOST;
+  char b;
+  struct iovec l = {&b, 1}, r = {(void *)(uintptr_t)ptr, 1};
+  if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) == 1) return TDIST__MEMKIND_HOST;
+  return errno == EFAULT ? TDIST__MEMKIND_DEVICE : TDIST__MEMKIND_HOST;
 }
 
 /* An NCCL group moves device memory: refuse a plain host pointer here, with
@@ -227,6 +242,13 @@ static int check_device_ptr(const tdist__nccl_t *nc, const void *ptr, const char
                         "backend 'nccl': %s of %s on group '%s' is host memory (%p); an NCCL "
                         "group needs CUDA device memory (use a CPU group for host buffers)",
                         what, tdist_op_name(t), nc->name, ptr);
+  /* Another GPU's memory would fault in the kernel (no peer access) or
+   * silently cross the bus: refuse it, as the group's device is fixed. */
+  if (at.type == cudaMemoryTypeDevice && at.device != nc->device)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "backend 'nccl': %s of %s on group '%s' is memory of device %d (%p); the "
+                        "group's communicator is on device %d",
+                        what, tdist_op_name(t), nc->name, at.device, ptr, nc->device);
   return 0;
 }
 
@@ -275,6 +297,68 @@ static int op_uses_redop(tdist_optype_t t) {
          t == TDIST_OP_REDUCE_SCATTER_V;
 }
 
+/* NCCL refuses float8 reductions when any rank's device is older than
+ * sm_90 (enqueue.cc taskAppend, comm->minCompCap), and on a non-blocking
+ * communicator that refusal becomes its permanent error: the whole group
+ * would be lost to one bad call. So refuse it here, from the smallest
+ * compute capability of the group's devices (gathered at init). */
+static int check_fp8_cc(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+  if (!op_uses_redop(a->type) || (a->dtype != TDIST_FLOAT8_E4M3 && a->dtype != TDIST_FLOAT8_E5M2))
+    return 0;
+  if (nc->min_cc >= 90) return 0;
+  return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                      "backend 'nccl': %s of %s on group '%s' needs compute capability 9.0 on "
+                      "every rank's device (NCCL reduces float8 from sm_90 on); the oldest "
+                      "device of the group is %d.%d",
+                      tdist_op_name(a->type), tdist_dtype_name(a->dtype), nc->name,
+                      nc->min_cc / 10, nc->min_cc % 10);
+}
+
+/* A stream being captured into a CUDA graph: tdist does not capture NCCL
+ * ops (their end events could not be polled: cudaEventQuery of an event
+ * recorded during capture is cudaErrorCapturedEvent, and the core would
+ * fail the group). Refused at submit with a clear error instead. */
+static int check_capture(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)a->stream, &st);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tdist__cuda_err(e, "cudaStreamIsCapturing");
+  }
+  if (st == cudaStreamCaptureStatusNone) return 0;
+  return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                      "backend 'nccl': %s on group '%s': the stream is being captured into a "
+                      "CUDA graph; tdist does not capture NCCL ops (submit them outside the "
+                      "capture)",
+                      tdist_op_name(a->type), nc->name);
+}
+
+/* mu held: an enqueue that did not finish (timeout, abort, NCCL error) may
+ * still launch later on the caller's buffers, from NCCL's job thread. Take
+ * the communicator out and abort it here -- ncclCommAbort returns only once
+ * NCCL's threads and kernels stopped -- and fail the group, so no call
+ * returns while NCCL can still touch the buffers. */
+static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what) {
+  ncclComm_t comm = nc->comm;
+  tdist__nccl_forget_locked(nc);
+  nc->comm = NULL;
+  TDIST_WARN(NCCL, "group '%s': %s did not finish enqueueing (%s); aborting the communicator",
+             nc->name, what, tdist_err_name(rc));
+  if (comm) ncclCommAbort(comm);
+  tdist__bk_fail(nc->group, rc, "%s on group '%s' could not be enqueued: %s", what, nc->name,
+                 tdist_last_error());
+}
+
+/* mu not held: the failure doom_after_enqueue reported reaches the group
+ * through the progress thread; submit returns once the group reads as
+ * aborted, so the caller never sees its failed submit on a live group. */
+static void await_group_failed(const tdist__nccl_t *nc) {
+  for (int i = 0; i < 20000 && !tdist__bk_aborted(nc->group); i++) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   int rc = 0;
   tdist__nccl_t *nc = state;
@@ -282,7 +366,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   const tdist__op_args_t *a = op->args;
   ncclDataType_t dt = ncclFloat32;
   ncclRedOp_t rop = ncclSum;
-  int premul = 0;
+  int premul = 0, doomed = 0;
   cudaEvent_t end = NULL;
   /* The core checked the capabilities; these guard the mapping itself. */
   if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
@@ -292,9 +376,17 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
       tdist__nccl_redop(a->redop, &rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
   TDIST_CHECK(check_fp8(a));
-
+  TDIST_CHECK(check_fp8_cc(nc, a));
   TDIST_CHECK(check_available(a->type));
-  TDIST_CHECK(check_buffers(nc, a));
+
+  tdist__nccl_dev_t dev;
+  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
+  rc = check_capture(nc, a);
+  if (rc == 0) rc = check_buffers(nc, a);
+  if (rc != 0) {
+    tdist__nccl_dev_leave(&dev);
+    return rc;
+  }
 
   pthread_mutex_lock(&nc->mu);
   /* Ours from here (backend.h: left as the handle's previous use had them). */
@@ -308,7 +400,6 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
                       nc->name);
     goto out;
   }
-  CUDACHECKGOTO(cudaSetDevice(nc->device), rc, out);
   TDIST_CHECKGOTO(tdist__nccl_event_get(nc, &end), rc, out);
   CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
   CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
@@ -327,10 +418,16 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
     rc = tdist__nccl_err(nc->comm, r, tdist_op_name(a->type));
     goto fail;
   }
-  if (r == ncclInProgress)
-    TDIST_CHECKGOTO(tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
-                                           op->timeout_ms),
-                    rc, fail);
+  if (r == ncclInProgress) {
+    rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
+                                op->timeout_ms);
+    if (rc != 0) {
+      doom_after_enqueue(nc, rc, tdist_op_name(a->type));
+      doomed = 1;
+      premul = 0; /* the communicator is gone with its ops */
+      goto fail;
+    }
+  }
   CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, fail);
   /* Launched: on the FIFO in launch order, which is stream order. */
   no->end = end;
@@ -350,5 +447,7 @@ fail:
   if (end) tdist__nccl_event_put(nc, end);
 out:
   pthread_mutex_unlock(&nc->mu);
+  tdist__nccl_dev_leave(&dev);
+  if (doomed) await_group_failed(nc);
   return rc;
 }

@@ -7,11 +7,14 @@
  * thread; post only marks it posted, so poll never completes an op before
  * the core has posted it.
  *
- * poll (progress thread), while the group has ops in flight:
- *   1. ncclCommGetAsyncError once for the communicator. An error fails the
- *      group (tdist__bk_fail with TDIST_ERR_NCCL_ERROR and NCCL's own text);
- *      the core then calls abort, which forgets every launched op, and fails
- *      them itself.
+ * poll (progress thread), while the group has ops in flight, with the
+ * group's device current and the capture mode relaxed (nccl_device.c):
+ *   1. ncclCommGetAsyncError once for the communicator. ncclRemoteError (a
+ *      peer gone) is a peer failure: TDIST_ERR_REMOTE_FAILED, reported only
+ *      if the monitor has not named the dead rank within the grace period.
+ *      Any other error fails the group (tdist__bk_fail with
+ *      TDIST_ERR_NCCL_ERROR and NCCL's own text); the core then calls
+ *      abort, which forgets every launched op, and fails them itself.
  *   2. cudaEventQuery on the end event of the op at the head of our FIFO
  *      (`inflight`, launch order); while it is done (and posted), unlink it,
  *      return its event to the pool and complete it. The first one not
@@ -23,16 +26,23 @@
  *   split) makes this tick skip the group rather than stall the thread.
  *
  * abort (progress thread): marks the state dead and forgets the launched
- * ops under mu; after a peer failure it revokes the communicator (on our
- * non-blocking communicators ncclCommRevoke returns at once; quiescence is
- * polled later by shrink), otherwise it takes the communicator out of the
- * state and hands ncclCommAbort, which blocks until NCCL's threads and
- * kernels stop, to the worker thread (abort_job). destroy waits for the job.
+ * ops under mu; after a peer failure the communicator is revoked and kept
+ * (quiescence is polled later by shrink), otherwise it is taken out of the
+ * state and aborted. Both calls may block -- ncclCommAbort until NCCL's
+ * threads and kernels stop, ncclCommRevoke may join an NCCL job thread --
+ * so each runs on an abort thread of its own (abort_main): one stuck abort
+ * delays no other group. destroy waits for the thread.
  */
 #include <stdio.h>
 
 #include "nccl/nccl_backend.h"
-#include "util/worker.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/param.h"
+
+/* How long a ncclRemoteError may stand before poll reports it unnamed
+ * (the monitor names the dead rank first in the usual case). */
+TDIST_PARAM(NcclRemoteGraceMs, "TDIST_NCCL_REMOTE_GRACE_MS", 1000)
 
 /* At most this many completions per poll (bounded stack array). */
 #define BATCH 64
@@ -57,8 +67,34 @@ int tdist__nccl_poll(void *state) {
     pthread_mutex_unlock(&nc->mu);
     return 0;
   }
+  /* The group's device, never device 0 by default (nccl_device.c). */
+  int drc = tdist__nccl_dev_own(nc->device);
+  if (drc != 0) {
+    pthread_mutex_unlock(&nc->mu);
+    tdist__bk_fail(nc->group, drc, "%s", tdist_last_error());
+    return 0;
+  }
   ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
   if (r != ncclSuccess) st = r;
+  if (st == ncclRemoteError) {
+    /* A peer is gone, as NCCL's proxy saw it: a peer failure (revoke, then
+     * shrink), not an NCCL fault. NCCL cannot say which rank; the monitor
+     * usually names it within milliseconds (the dead rank's store
+     * connection closes) and its death record aborts the group with the
+     * name. Only if it stays silent for the grace period is the failure
+     * reported from here, unnamed. Meanwhile the ops keep waiting. */
+    int64_t now = tdist__now_ns();
+    if (!nc->remote_ns) nc->remote_ns = now;
+    int64_t waited = (now - nc->remote_ns) / 1000000;
+    pthread_mutex_unlock(&nc->mu);
+    if (waited >= tdist__param_NcclRemoteGraceMs())
+      tdist__bk_fail(nc->group, TDIST_ERR_REMOTE_FAILED,
+                     "NCCL reports a failed peer in group '%s' (%s: %s), and no rank of it was "
+                     "declared dead within %lld ms",
+                     nc->name, ncclGetErrorString(st), ncclGetLastError(nc->comm),
+                     (long long)waited);
+    return 0;
+  }
   if (st != ncclSuccess && st != ncclInProgress) {
     const char *last = ncclGetLastError(nc->comm);
     snprintf(msg, sizeof(msg), "%s%s%s", ncclGetErrorString(st), last && *last ? ": " : "",
@@ -96,73 +132,112 @@ int tdist__nccl_poll(void *state) {
   return n;
 }
 
-/* Worker thread: abort the communicator abort took out of the state. nc
- * stays allocated until `jobs` is 0 (destroy waits for it). */
-static void abort_job(void *arg) {
-  tdist__nccl_t *nc = arg;
-  pthread_mutex_lock(&nc->mu);
-  ncclComm_t comm = nc->doomed;
-  nc->doomed = NULL;
-  pthread_mutex_unlock(&nc->mu);
-  if (comm) {
-    /* No one else can reach comm any more: nothing to serialise with. */
-    cudaSetDevice(nc->device);
-    /* Frees the communicator and stops its kernels. The launched ops'
-     * events may never complete: they are not queried again, and stay out
-     * of the free list until destroy releases every event. */
-    ncclResult_t r = ncclCommAbort(comm);
+void tdist__nccl_forget_locked(tdist__nccl_t *nc) {
+  nc->dead = 1;
+  tdist__list_t *l;
+  while ((l = tdist__list_first(&nc->inflight)) != NULL)
+    tdist__list_remove(l);
+}
+
+/* What an abort thread does with the communicator abort took. */
+typedef struct abort_job {
+  tdist__nccl_t *nc;
+  ncclComm_t comm;
+  int revoke; /* ncclCommRevoke and keep it for shrink; else ncclCommAbort */
+} abort_job_t;
+
+/* Abort thread (one per abort, detached): the blocking NCCL call, then the
+ * job count down. nc stays allocated until `jobs` is 0 (destroy waits). */
+static void *abort_main(void *arg) {
+  abort_job_t j = *(abort_job_t *)arg;
+  tdist__free(arg);
+  tdist__nccl_t *nc = j.nc;
+  tdist__nccl_dev_own(nc->device);
+  if (j.revoke) {
+    /* Stops the in-flight kernels and keeps the communicator, so that the
+     * survivors can ncclCommShrink it (tdist_group_shrink); on a
+     * non-blocking communicator it returns ncclInProgress, and shrink polls
+     * it to quiescence. */
+    ncclResult_t r = ncclCommRevoke(j.comm, NCCL_REVOKE_DEFAULT);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      TDIST_WARN(NCCL, "group '%s': ncclCommRevoke: %s; aborting", nc->name, ncclGetErrorString(r));
+      pthread_mutex_lock(&nc->mu);
+      if (nc->comm == j.comm) nc->comm = NULL;
+      nc->revoked = 0;
+      pthread_mutex_unlock(&nc->mu);
+      j.revoke = 0;
+    }
+  }
+  if (!j.revoke) {
+    /* Frees the communicator and stops its kernels; returns once they
+     * stopped, which a kernel stuck behind a user's kernel delays: on this
+     * thread, that delays nothing else. */
+    ncclResult_t r = ncclCommAbort(j.comm);
     if (r != ncclSuccess && r != ncclInProgress)
       TDIST_WARN(NCCL, "group '%s': ncclCommAbort: %s", nc->name, ncclGetErrorString(r));
   }
   pthread_mutex_lock(&nc->mu);
   if (--nc->jobs == 0) pthread_cond_broadcast(&nc->idle);
   pthread_mutex_unlock(&nc->mu);
+  return NULL;
+}
+
+/* Start an abort thread; without one (out of memory or threads), run the
+ * job here, as a last resort. mu not held. */
+static void start_abort(tdist__nccl_t *nc, ncclComm_t comm, int revoke) {
+  abort_job_t *j = tdist__malloc(sizeof(*j));
+  pthread_t t;
+  pthread_attr_t at;
+  if (j) {
+    j->nc = nc;
+    j->comm = comm;
+    j->revoke = revoke;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &at, abort_main, j);
+    pthread_attr_destroy(&at);
+    if (rc == 0) return;
+  }
+  abort_job_t local = {nc, comm, revoke};
+  abort_job_t *copy = tdist__malloc(sizeof(*copy));
+  tdist__free(j);
+  TDIST_WARN(NCCL, "group '%s': no thread for the abort; running it on this thread", nc->name);
+  if (copy) {
+    *copy = local;
+    abort_main(copy);
+  }
 }
 
 void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
   tdist__nccl_t *nc = state;
-  int job = 0;
+  ncclComm_t comm = NULL;
+  int revoke = 0;
   if (!nc) return;
   /* Caller-side holders of mu give up within one poll turn: the group reads
    * as aborted (tdist__bk_aborted) before the core calls us. */
   pthread_mutex_lock(&nc->mu);
   if (!nc->dead) {
-    nc->dead = 1;
     /* Forget every launched op: the core finishes them after we return. */
-    tdist__list_t *l;
-    while ((l = tdist__list_first(&nc->inflight)) != NULL)
-      tdist__list_remove(l);
+    tdist__nccl_forget_locked(nc);
     if (nc->comm && status == TDIST_ERR_REMOTE_FAILED && !NC.ncclCommRevoke) {
       /* NCCL before 2.28: no revoke, so nothing left to shrink. */
       TDIST_WARN(NCCL, "group '%s': NCCL %s has no ncclCommRevoke (2.28); aborting", nc->name,
                  NC.version_str);
-      job = 1;
     } else if (nc->comm && status == TDIST_ERR_REMOTE_FAILED) {
-      /* A peer is gone: stop the in-flight ops but keep the communicator,
-       * so the survivors can ncclCommShrink it (tdist_group_shrink). */
-      cudaSetDevice(nc->device);
-      ncclResult_t r = ncclCommRevoke(nc->comm, NCCL_REVOKE_DEFAULT);
-      if (r == ncclSuccess || r == ncclInProgress) {
-        nc->revoked = 1;
-      } else {
-        TDIST_WARN(NCCL, "group '%s': ncclCommRevoke: %s; aborting", nc->name,
-                   ncclGetErrorString(r));
-        job = 1;
-      }
-    } else if (nc->comm) {
-      job = 1;
+      /* A peer is gone: stop the in-flight ops but keep the communicator. */
+      revoke = 1;
+      nc->revoked = 1;
     }
-    if (job) {
-      nc->doomed = nc->comm;
-      nc->comm = NULL;
+    comm = nc->comm;
+    if (comm) {
+      if (!revoke) nc->comm = NULL;
       nc->jobs++;
     }
     TDIST_INFO(NCCL, "group '%s': communicator %s (%s: %s)", nc->name,
-               nc->revoked ? "revoked" : "aborted", tdist_err_name(status), reason);
+               revoke ? "revoked" : "aborted", tdist_err_name(status), reason);
   }
   pthread_mutex_unlock(&nc->mu);
-  /* Without mu: if the worker cannot take it, the job runs here and now. */
-  if (job) tdist__worker_run(abort_job, nc);
+  if (comm) start_abort(nc, comm, revoke);
 }
 
 int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream) {
@@ -179,8 +254,12 @@ int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream) {
     rc =
         tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted", nc->name);
   } else {
-    CUDACHECKGOTO(cudaSetDevice(nc->device), rc, out);
-    CUDACHECKGOTO(cudaStreamWaitEvent((cudaStream_t)stream, no->end, 0), rc, out);
+    /* On the group's device (it has a context); the caller's comes back. */
+    tdist__nccl_dev_t dev;
+    TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, out);
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, no->end, 0);
+    tdist__nccl_dev_leave(&dev);
+    if (e != cudaSuccess) rc = tdist__cuda_err(e, "cudaStreamWaitEvent");
   }
 out:
   pthread_mutex_unlock(&nc->mu);

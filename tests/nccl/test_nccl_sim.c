@@ -7,10 +7,8 @@
  * data (against a host reference), the codes and messages, the state of
  * works and groups -- never on the NCCL calls made.
  *
- * Scenarios that fail on the current backend because of a defect of issue 24
- * are in test_nccl_sim_defects.c (not built), with the failure observed --
- * among them every successful split (new_group, mesh: issue 24 #2, a data
- * race under TSan) and shrink (#1).
+ * The scenarios of issue 24 (split and shrink, device handling, enqueue
+ * timeouts, capture, aborts) are in test_nccl_sim_faults.c.
  *
  *   ops_n1 .. ops_n4     every op x every NCCL type; all_reduce with every
  *                        reduction (AVG included), reduce/reduce_scatter with
@@ -51,8 +49,7 @@
  *                        (test_nccl_threads)
  *   killed_peer_aborts   rank 2 of 3 killed: the survivors' group aborted,
  *                        ops refused with REMOTE_FAILED naming rank 2
- *                        (test_nccl_shrink; the shrink itself fails today:
- *                        test_nccl_sim_defects.c, issue 24 #1)
+ *                        (the shrink: test_nccl_sim_faults.c)
  *   killed_peer_inflight an op in flight when the peer dies: REMOTE_FAILED
  *                        naming rank 2, the op before it intact
  *                        (test_nccl_errors: async error mid-flight)
@@ -595,7 +592,7 @@ static int range_child(int rank, int n, void *arg) {
   setenv("TDIST_GPUSIM_DEVICES", "2", 1);
   tdist_group_t *g = NULL;
   NS_EXPECT(ns_world_on("nccl", rank, n, port, 10000, 3, &g), TDIST_ERR_INVALID_ARGUMENT);
-  NS_HAS(tdist_last_error(), "backend 'nccl': CUDA device 3 out of range: this machine has 2");
+  NS_HAS(tdist_last_error(), "backend 'nccl': CUDA device 3 out of range: this process sees 2");
   MP_CHECK(g == NULL);
   /* Device 1 of 2 works. */
   MP_CHECK_RC(ns_world_on("nccl", rank, n, port2, 10000, 1, &g));
@@ -996,7 +993,7 @@ static int killed_child(int rank, int n, void *arg) {
   MP_CHECK(tdist_group_is_aborted(g));
   NS_EXPECT(tdist_barrier(g, NULL, NULL), TDIST_ERR_REMOTE_FAILED);
   NS_HAS(tdist_last_error(), "rank 2");
-  /* Shrinking is test_nccl_sim_defects.c's killed_peer_shrink (issue 24 #1). */
+  /* Shrinking is test_nccl_sim_faults.c's killed_peer_shrink. */
   tdist_group_destroy(g);
   MP_CHECK(tdist_gpusim_comm_violations() == 0);
   cudaFree(d);

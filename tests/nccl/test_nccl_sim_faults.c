@@ -1,75 +1,44 @@
 /*
- * test_nccl_sim_defects.c - NCCL backend scenarios on the simulated GPU
- * (libtdist_gpusim.so) that FAIL on the current backend until issue 24
- * ("The NCCL backend right by NCCL's own rules") is fixed. This file is NOT
- * registered in CMake on purpose: when an item is fixed, move its scenario
- * into test_nccl_sim.c (same helpers, nccl_sim_util.h; same environment).
- * To run it by hand, compile it like test_nccl_sim.c (link
- * libtdist_gpusim.so; TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY naming
- * it) and pass a scenario's name as argv[1].
+ * test_nccl_sim_faults.c - the NCCL backend by NCCL's own rules, on the
+ * simulated GPU (libtdist_gpusim.so): each scenario failed on the backend
+ * before issue 24 was fixed (the item number and what was seen then are
+ * named at each scenario), and now passes. Together with test_nccl_sim.c.
  *
- * Failures observed on the current code (gcc build, NCCL_DEBUG unset):
- *
- *   submit_timeout_leaves_no_launch   item 5. Rank 0's first all_reduce
- *       (op timeout 300 ms) waits in the enqueue for rank 1, which comes
- *       after 1 s: submit returns TDIST_ERR_TIMEOUT "all_reduce for group
- *       'world' timed out after 300 ms" but the group is NOT failed
- *       (tdist_group_is_aborted == 0): the enqueue job is left running on a
- *       buffer the caller owns again.
- *   killed_peer_shrink                item 1. Rank 2 of 3 killed; the
- *       survivors' tdist_group_shrink returns TDIST_ERR_NCCL_ERROR
- *       "ncclCommShrink gave no communicator" (*newcomm is written only when
- *       NCCL's job ends).
- *   no_stray_context                  item 3. A process whose group is on
- *       device 1 ends with tdist_gpusim_context_count(0) == 1 (the progress
- *       thread's cudaEventQuery without cudaSetDevice).
- *   caller_device_kept                item 4. The caller set device 5; after
- *       tdist_init_process_group the current device is the group's (0 or 1).
- *   other_device_buffer_refused       item 4. A device-0 buffer given to a
- *       group on device 1 is launched: TDIST_ERR_CUDA_ERROR "all_reduce seq 0
- *       of group 'world' (rank 0/1): CUDA error on the group's stream: an
- *       illegal memory access was encountered (cudaErrorIllegalAddress)"
- *       (sticky: the process's device is unusable) instead of
- *       TDIST_ERR_INVALID_ARGUMENT at submit.
- *   fp8_below_sm90_refused            item 6. TDIST_GPUSIM_CC=8.0: an fp8
- *       all_reduce returns TDIST_ERR_NCCL_ERROR "all_reduce failed: invalid
- *       argument (run with NCCL_DEBUG=WARN for details): FP8 reduction
- *       support begins with sm90 capable devices." and the communicator
- *       keeps it as its permanent error (the group aborts).
- *   local_rank_visible_devices        item 10. CUDA_VISIBLE_DEVICES=<rank>,
- *       LOCAL_RANK=<rank>, no device option: rank 1 fails with
- *       TDIST_ERR_INVALID_ARGUMENT "backend 'nccl': CUDA device 1 out of
- *       range: this machine has 1 (...)", rank 0 then with TDIST_ERR_TIMEOUT
- *       "ncclCommInitRankConfig for group 'world' timed out after 10000 ms".
- *   capture_does_not_fail_group       item 9. An all_reduce submitted into a
- *       capturing stream returns 0, cudaStreamEndCapture answers
- *       cudaErrorStreamCaptureUnjoined (the internal stream was joined into
- *       the capture and never joined back), and the group is aborted.
- *   abort_stalls_no_other_group       item 11. Group a's ncclCommAbort waits
- *       for a kernel queued behind a 3 s user kernel; tdist_group_abort +
- *       tdist_group_destroy of another group b then take 2902 ms (want
- *       < 1 s): b's abort job waits behind a's on the single worker.
- *   split_four_ranks                  item 2, the same race as
- *       split_late_rank below: passes in the gcc and ASan builds; under TSan
- *       1 run in 2 failed with "ThreadSanitizer: data race" split.c:132
- *       (child_job) vs nccl_comm.c:327 (tdist__nccl_split, from
- *       tdist_mesh_create). Checks new_group({3, 1}) membership, ranks and
- *       data, and a 2x2 mesh's coordinates and per-dimension sums.
- *   split_late_rank                   item 2. Passes in the gcc and ASan
- *       builds; under TSan (build/h3t): "ThreadSanitizer: data race" between
- *       the simulation's split job writing *newcomm (src/gpusim/split.c:132,
- *       "the late write of *newcomm") and tdist__nccl_split reading `comm`
- *       (src/nccl/nccl_comm.c:327) after ncclCommSplit returned
- *       ncclInProgress: the backend reads the slot while NCCL still owns it.
- *   init_timeout                      NOT an issue-24 item: a defect of the
- *       simulation. Passes in the gcc and ASan builds (TIMEOUT
- *       "ncclCommInitRankConfig for group 'world' timed out after 500 ms");
- *       under TSan: "data race" between the simulation's ncclCommAbort
- *       reading c->seg.hdr (src/gpusim/comm.c:448) and its init job
- *       attaching the segment (src/gpusim/shm.c:48/62, gs_comm_init_job),
- *       reached because the backend aborts a communicator whose init is
- *       still in progress (legal in NCCL). Move it back when
- *       src/gpusim/comm.c synchronises abort with the init job.
+ *   init_timeout                     a rank that never reaches NCCL: TIMEOUT
+ *                                    naming ncclCommInitRankConfig and the group
+ *   submit_timeout_leaves_no_launch  #5: a submit that gives up aborts the
+ *                                    communicator before it returns, the group
+ *                                    fails, the buffer is never written later
+ *                                    (was: TIMEOUT on a live group, the enqueue
+ *                                    job left running on the caller's buffer)
+ *   split_late_rank, split_four_ranks  #2: *newcomm written by NCCL's job
+ *                                    thread into heap memory the backend owns
+ *                                    until the job ended (was: a TSan race on
+ *                                    a stack slot)
+ *   killed_peer_shrink               #1, #8: a killed rank, then shrink with
+ *                                    ncclCommShrink and a checked all_reduce
+ *                                    (was: "ncclCommShrink gave no communicator")
+ *   no_stray_context                 #3: no context on device 0 for a group on
+ *                                    device 1 (was: the progress thread's
+ *                                    cudaEventQuery made one)
+ *   caller_device_kept               #4: the caller's current device is back
+ *                                    after init and ops (was: left on the group's)
+ *   other_device_buffer_refused      #4: another device's buffer refused at
+ *                                    submit (was: a sticky illegal address)
+ *   fp8_below_sm90_refused           #6: refused at submit, the group lives
+ *                                    (was: NCCL's permanent error, group lost)
+ *   local_rank_visible_devices       #10: LOCAL_RANK % device count under
+ *                                    CUDA_VISIBLE_DEVICES (was: out of range)
+ *   capture_does_not_fail_group      #9: a capturing stream is refused at submit
+ *                                    (was: the op captured, the group aborted)
+ *   abort_stalls_no_other_group      #11: an abort stuck behind a user's kernel
+ *                                    delays no other group (was: 2.9 s on the
+ *                                    single worker)
+ *   inflight_death_shrink            #8: a peer dies under an op in flight:
+ *                                    REMOTE_FAILED naming it, then shrink
+ *                                    (was: NCCL_ERROR, communicator aborted)
+ *   shrink_live_inflight_fails       #7: a live parent shrunk with an op in
+ *                                    flight: the op fails, never completes
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -93,8 +62,7 @@ static void run_n(int n, tdist_mp_fn fn, int timeout_s) {
   assert_int_equal(tdist_mp_run(n, fn, NULL, timeout_s), 0);
 }
 
-/* ---- init timeout: a rank that never calls ncclCommInitRankConfig (passes in the gcc
- * and ASan builds; fails under TSan, see the top of the file) --------------------- */
+/* ---- init timeout: a rank that never calls ncclCommInitRankConfig ------------------ */
 static int init_timeout_child(int rank, int n, void *arg) {
   (void)arg;
   tdist_group_t *g = NULL;
@@ -447,6 +415,116 @@ static int stall_child(int rank, int n, void *arg) {
 }
 static void abort_stalls_no_other_group(void **s) { (void)s; run_n(1, stall_child, 60); }
 
+/* ---- issue 24 #8: a peer dies under an op in flight. NCCL (its proxy)
+ * may see it before the store: ncclRemoteError is a peer failure -- the
+ * communicator is revoked, not aborted, and the survivors shrink. With the
+ * default grace the monitor names the rank; ctest also runs this with
+ * TDIST_NCCL_REMOTE_GRACE_MS=0 (nccl_sim_faults_nccl_first), where NCCL's
+ * unnamed report may come first: still REMOTE_FAILED, still a shrink. -- */
+static int inflight_death_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *g = NULL, *s = NULL;
+  const char *grace = getenv("TDIST_NCCL_REMOTE_GRACE_MS");
+  int named = !grace || atoi(grace) > 0;
+  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
+  float *d = ns_dev(NULL, 4096);
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK_RC(ns_sync(g, "ready", 10000));
+  if (rank == 2) {
+    usleep(100 * 1000); /* the survivors' op is in flight by now */
+    raise(SIGKILL);
+  }
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+  int rc = tdist_work_wait(w, 0);
+  NS_EXPECT(rc, TDIST_ERR_REMOTE_FAILED);
+  if (named) NS_HAS(tdist_work_error_message(w), "rank 2");
+  tdist_work_release(w);
+  MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
+  MP_CHECK(tdist_group_size(s) == 2);
+  float x[4] = {1, 2, 3, 4};
+  MP_CHECK(ns_put(d, x, sizeof(x)) == 0);
+  MP_CHECK_RC(tdist_all_reduce(s, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(ns_get(x, d, sizeof(x)) == 0);
+  MP_CHECK(x[0] == 2.0f && x[3] == 8.0f);
+  MP_CHECK_RC(ns_sync(s, "done", 10000));
+  MP_CHECK_RC(tdist_group_destroy(s));
+  tdist_group_destroy(g);
+  return 0;
+}
+static void inflight_death_shrink(void **st) {
+  (void)st;
+  port = tdist_mp_free_port();
+  int codes[3];
+  tdist_mp_run_codes(3, inflight_death_child, NULL, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
+/* ---- issue 24 #7: a live parent shrunk with an op in flight. Rank 2 is
+ * stopped (SIGSTOP) and declared dead after the heartbeat timeout; the
+ * survivors' all_reduce cannot finish. Whether the death record aborts the
+ * group first (revoke) or the shrink meets a live parent (NCCL_SHRINK_ABORT,
+ * whose early-exiting kernels complete their end events over data never
+ * reduced), the op must fail, never complete. -------------------------------- */
+static int shrink_live_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *g = NULL, *s = NULL;
+  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
+  float h[4] = {1, 1, 1, 1};
+  float *d = ns_dev(h, sizeof(h));
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  tdist_store_t *st = tdist_group_store(g);
+  if (rank == 2) {
+    char pid[16];
+    int len = snprintf(pid, sizeof(pid), "%d", (int)getpid());
+    MP_CHECK_RC(tdist_store_set(st, "victim", pid, (size_t)len));
+  }
+  MP_CHECK_RC(ns_sync(g, "ready", 10000));
+  if (rank == 2) {
+    raise(SIGSTOP); /* killed by rank 0 below */
+    return 1;
+  }
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
+  MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
+  MP_CHECK(tdist_work_wait(w, 10000) != 0); /* failed: never "completed" */
+  MP_CHECK(tdist_work_state(w) != TDIST_WORK_COMPLETED);
+  tdist_work_release(w);
+  float x[4] = {2, 2, 2, 2};
+  MP_CHECK(ns_put(d, x, sizeof(x)) == 0);
+  MP_CHECK_RC(tdist_all_reduce(s, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(ns_get(x, d, sizeof(x)) == 0);
+  MP_CHECK(x[0] == 4.0f);
+  MP_CHECK_RC(ns_sync(s, "done", 10000));
+  if (rank == 0) {
+    void *v = NULL;
+    size_t len = 0;
+    MP_CHECK_RC(tdist_store_get(st, "victim", &v, &len, 5000));
+    char buf[16] = {0};
+    memcpy(buf, v, len < 15 ? len : 15);
+    tdist_store_free(v);
+    kill((pid_t)atoi(buf), SIGKILL);
+  }
+  MP_CHECK_RC(tdist_group_destroy(s));
+  tdist_group_destroy(g);
+  return 0;
+}
+static void shrink_live_inflight_fails(void **st) {
+  (void)st;
+  port = tdist_mp_free_port();
+  setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "800", 1);
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "100", 1);
+  int codes[3];
+  tdist_mp_run_codes(3, shrink_live_child, NULL, 60, codes);
+  unsetenv("TDIST_HEARTBEAT_TIMEOUT_MS");
+  unsetenv("TDIST_HEARTBEAT_INTERVAL_MS");
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
 int main(int argc, char **argv) {
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1);
   if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -463,6 +541,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(local_rank_visible_devices),
       cmocka_unit_test(capture_does_not_fail_group),
       cmocka_unit_test(abort_stalls_no_other_group),
+      cmocka_unit_test(inflight_death_shrink),
+      cmocka_unit_test(shrink_live_inflight_fails),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
