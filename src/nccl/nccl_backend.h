@@ -56,6 +56,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/progress.h"
 #include "nccl/nccl_api.h"
 #include "util/error.h"
 #include "util/list.h"
@@ -71,6 +72,7 @@ typedef struct tdist__nccl {
 
   /* Set at creation (caller thread), then read-only. */
   tdist__bk_group_t *group; /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
+  struct tdist_progress *progress; /* the progress thread (caller-side failure reports) */
   char name[64];            /* the group's name, for messages and the NCCL config */
   int64_t timeout_ms;       /* the group's timeout at creation: bounds destroy */
   int rank, size;           /* in the group (v-ops: nccl_ops_v.c) */
@@ -315,6 +317,11 @@ int tdist__nccl_dev_own(int dev);
 /* Mappings (return -1 for values NCCL lacks). */
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out);
 int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out);
+
+/* Caller thread: fail nc's group as the progress thread's tdist__bk_fail
+ * would (which only that thread may call): run there, and wait for it. */
+void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* mu held: the state is dead (no new ops) and its launched ops forgotten
  * (unlinked; the core fails them). nccl_progress.c. */

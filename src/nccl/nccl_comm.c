@@ -122,6 +122,7 @@ static int state_new(int device, const tdist__bk_params_t *p, tdist__nccl_t **ou
   tdist__list_init(&nc->inflight);
   nc->device = device;
   nc->group = p->group;
+  nc->progress = p->progress;
   nc->rank = p->rank; /* the v-ops' loops over peers (nccl_ops_v.c) */
   nc->size = p->size;
   nc->timeout_ms = p->timeout_ms;
@@ -382,12 +383,13 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
  * is ready, then the child is in *slot. On failure the parent is aborted
  * here -- ncclCommAbort joins NCCL's job, so *slot is final afterwards --
  * then the child, as NCCL's user guide says of a failed non-blocking split,
- * and the parent group fails. `gate`: give up when this group is aborted
- * (NULL: never; a shrink's parent is aborted already).
+ * and *failed is set: the caller fails the parent group after releasing mu
+ * (the progress thread's abort takes it). `gate`: give up when this group
+ * is aborted (NULL: never; a shrink's parent is aborted already).
  */
 static int finish_child(tdist__nccl_t *pn, const tdist__bk_group_t *gate, ncclResult_t r,
                         ncclComm_t *slot, const char *what, int64_t timeout_ms,
-                        ncclComm_t *child) {
+                        ncclComm_t *child, int *failed) {
   int rc;
   if (r != ncclSuccess && r != ncclInProgress)
     rc = tdist__nccl_err(pn->comm, r, what);
@@ -406,8 +408,17 @@ static int finish_child(tdist__nccl_t *pn, const tdist__bk_group_t *gate, ncclRe
   ncclCommAbort(parent);
   if (*slot) ncclCommAbort(*slot);
   *slot = NULL;
-  tdist__bk_fail(pn->group, rc, "%s", msg);
+  *failed = 1; /* the caller fails the parent group once mu is released */
   return tdist__error(rc, "%s", msg);
+}
+
+/* mu not held: the parent's communicator was aborted by finish_child; its
+ * group fails with the reason (kept for the caller's tdist_last_error). */
+static void parent_failed(tdist__nccl_t *pn, int rc) {
+  char msg[300];
+  snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  tdist__nccl_fail_group(pn, rc, "%s", msg);
+  tdist__error(rc, "%s", msg);
 }
 
 /* Collective over the parent: non-members (TDIST__NOCOLOR) call ncclCommSplit
@@ -418,7 +429,7 @@ int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   ncclComm_t comm = NULL, *slot = NULL;
   ncclConfig_t cfg;
   tdist__nccl_dev_t dev = {0, 0};
-  int member = p->color != TDIST__NOCOLOR;
+  int member = p->color != TDIST__NOCOLOR, failed = 0;
   int key = member ? p->rank : p->parent_rank;
   if (member) TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, member ? nc->name : pn->name);
@@ -436,10 +447,11 @@ int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   } else {
     ncclResult_t r =
         ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, slot, &cfg);
-    rc = finish_child(pn, pn->group, r, slot, "ncclCommSplit", p->timeout_ms, &comm);
+    rc = finish_child(pn, pn->group, r, slot, "ncclCommSplit", p->timeout_ms, &comm, &failed);
   }
   pthread_mutex_unlock(&pn->mu);
   tdist__nccl_dev_leave(&dev);
+  if (failed) parent_failed(pn, rc);
   if (rc != 0) goto fail;
   if (!member) {
     if (comm) ncclCommAbort(comm); /* NCCL gave a non-member one: not expected */
@@ -473,6 +485,7 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   ncclComm_t comm = NULL, *slot = NULL;
   ncclConfig_t cfg;
   tdist__nccl_dev_t dev = {0, 0};
+  int failed = 0, stopped = 0;
   TDIST_CHECK(TDIST__NCCL_NEED("tdist_group_shrink", ncclCommShrink, 2, 27));
   TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, nc->name);
@@ -498,22 +511,25 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
     rc = tdist__nccl_wait_ready(pn->comm, NULL, pn->name, "ncclCommRevoke", p->timeout_ms);
   if (rc == 0 && !pn->revoked && !pn->dead && tdist__list_first(&pn->inflight)) {
     tdist__nccl_forget_locked(pn);
-    tdist__bk_fail(pn->group, TDIST_ERR_ABORTED,
-                   "group '%s' was shrunk with ops in flight: NCCL_SHRINK_ABORT stopped their "
-                   "kernels before they finished",
-                   pn->name);
+    stopped = 1;
   }
   if (rc == 0) {
     ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, slot, &cfg,
                                     pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
     /* The parent group is aborted by now (a peer failed): no abort check. */
-    rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm);
+    rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm, &failed);
     if (rc == 0 && !comm)
       rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
     if (rc == 0) rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
   }
   pthread_mutex_unlock(&pn->mu);
   tdist__nccl_dev_leave(&dev);
+  if (stopped)
+    tdist__nccl_fail_group(pn, TDIST_ERR_ABORTED,
+                           "group '%s' was shrunk with ops in flight: NCCL_SHRINK_ABORT stopped "
+                           "their kernels before they finished",
+                           pn->name);
+  if (failed) parent_failed(pn, rc);
   if (rc != 0) goto fail;
   tdist__free(slot);
   nc->min_cc = pn->min_cc;

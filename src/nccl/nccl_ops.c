@@ -338,21 +338,23 @@ static int check_capture(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
  * the communicator out and abort it here -- ncclCommAbort returns only once
  * NCCL's threads and kernels stopped -- and fail the group, so no call
  * returns while NCCL can still touch the buffers. */
-static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what) {
+static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what, char *msg,
+                               size_t n) {
   ncclComm_t comm = nc->comm;
+  snprintf(msg, n, "%s on group '%s' could not be enqueued: %s", what, nc->name,
+           tdist_last_error());
   tdist__nccl_forget_locked(nc);
   nc->comm = NULL;
   TDIST_WARN(NCCL, "group '%s': %s did not finish enqueueing (%s); aborting the communicator",
              nc->name, what, tdist_err_name(rc));
   if (comm) ncclCommAbort(comm);
-  tdist__bk_fail(nc->group, rc, "%s on group '%s' could not be enqueued: %s", what, nc->name,
-                 tdist_last_error());
 }
 
-/* mu not held: the failure doom_after_enqueue reported reaches the group
- * through the progress thread; submit returns once the group reads as
- * aborted, so the caller never sees its failed submit on a live group. */
-static void await_group_failed(const tdist__nccl_t *nc) {
+/* mu not held (the progress thread's abort takes it): fail the group for a
+ * doomed enqueue, and return once the group reads as aborted, so the caller
+ * never sees its failed submit on a live group. */
+static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
+  tdist__nccl_fail_group(nc, rc, "%s", msg);
   for (int i = 0; i < 20000 && !tdist__bk_aborted(nc->group); i++) {
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
@@ -367,6 +369,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   ncclDataType_t dt = ncclFloat32;
   ncclRedOp_t rop = ncclSum;
   int premul = 0, doomed = 0;
+  char doom_msg[300];
   cudaEvent_t end = NULL;
   /* The core checked the capabilities; these guard the mapping itself. */
   if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
@@ -422,7 +425,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
     rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
                                 op->timeout_ms);
     if (rc != 0) {
-      doom_after_enqueue(nc, rc, tdist_op_name(a->type));
+      doom_after_enqueue(nc, rc, tdist_op_name(a->type), doom_msg, sizeof(doom_msg));
       doomed = 1;
       premul = 0; /* the communicator is gone with its ops */
       goto fail;
@@ -448,6 +451,9 @@ fail:
 out:
   pthread_mutex_unlock(&nc->mu);
   tdist__nccl_dev_leave(&dev);
-  if (doomed) await_group_failed(nc);
+  if (doomed) {
+    fail_and_await(nc, rc, doom_msg);
+    tdist__error(rc, "%s", doom_msg); /* the message the caller reads */
+  }
   return rc;
 }

@@ -33,6 +33,7 @@
  * so each runs on an abort thread of its own (abort_main): one stuck abort
  * delays no other group. destroy waits for the thread.
  */
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "nccl/nccl_backend.h"
@@ -130,6 +131,26 @@ int tdist__nccl_poll(void *state) {
     tdist__bk_fail(nc->group, TDIST_ERR_CUDA_ERROR, "CUDA error on the group's stream: %s (%s)",
                    cudaGetErrorString(qerr), cudaGetErrorName(qerr));
   return n;
+}
+
+typedef struct fail_call {
+  tdist__nccl_t *nc;
+  int status;
+  char msg[300];
+} fail_call_t;
+
+static void fail_on_progress(void *arg) {
+  fail_call_t *f = arg;
+  tdist__bk_fail(f->nc->group, f->status, "%s", f->msg);
+}
+
+void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...) {
+  fail_call_t f = {nc, status, {0}};
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f.msg, sizeof(f.msg), fmt, ap);
+  va_end(ap);
+  tdist__progress_call(nc->progress, fail_on_progress, &f);
 }
 
 void tdist__nccl_forget_locked(tdist__nccl_t *nc) {
