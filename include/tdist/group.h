@@ -85,11 +85,19 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
 enum {
   TDIST_GROUP_FIELD_TIMEOUT = 1u << 0,
   TDIST_GROUP_FIELD_NAME = 1u << 1,
+  TDIST_GROUP_FIELD_DEVICE = 1u << 2,
 };
 typedef struct tdist_group_opts {
   uint64_t mask;
   int64_t timeout_ms; /* default: the parent's */
   const char *name;   /* default: "<parent>/<index>" */
+  /* NCCL groups: this rank's CUDA device for the new group (default: the
+   * parent's). A process that drives two GPUs makes one group per device.
+   * Set on every rank of the parent that calls tdist_new_group, or on none
+   * (TDIST_ERR_MISMATCH otherwise); the group's communicator is then made by
+   * ncclCommInitRankConfig over the new group's store, not ncclCommSplit
+   * (which keeps the parent's device). */
+  int device;
 } tdist_group_opts_t;
 
 /*
@@ -98,9 +106,13 @@ typedef struct tdist_group_opts {
  * list, in the same order of calls). Members get a group whose rank i is
  * ranks[i]; non-members get *group = NULL and 0. The CPU backend reuses the
  * parent's connections; the NCCL backend calls ncclCommSplit (non-members pass
- * NCCL_SPLIT_NOCOLOR).
+ * NCCL_SPLIT_NOCOLOR), or, with TDIST_GROUP_FIELD_DEVICE, makes a new
+ * communicator on that device.
  * @return 0; TDIST_ERR_INVALID_ARGUMENT for an empty list, a rank out of range
- *         or a duplicate; TDIST_ERR_ABORTED if the parent was aborted.
+ *         or a duplicate, or a device option on a group whose backend has no
+ *         devices; TDIST_ERR_MISMATCH if ranks disagree on the members or on
+ *         whether a device is named; TDIST_ERR_ABORTED if the parent was
+ *         aborted.
  */
 int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_group_opts_t *opts,
                     tdist_group_t **group);

@@ -127,6 +127,8 @@ typedef struct tdist__bk_params {
   tdist_store_t *store;               /* a prefix view private to the group, or NULL */
   int64_t timeout_ms;                 /* bound for every blocking step */
   int device;                         /* parent's device (split, shrink), else -1 */
+  int own_device;                     /* split: the group names its own device (then
+                                         `device` is it, for members) */
   const tdist_init_opts_t *init_opts; /* init: the caller's options, or NULL */
   void *parent;                       /* split, shrink: the parent's backend state */
   int parent_rank;                    /* split, shrink: this process's rank in the parent */

@@ -217,8 +217,9 @@ fail:
 /* ---- split ------------------------------------------------------------------------ */
 
 /* "c m0,m1,..." : a rank's colour and member list, as it passed them. */
-static int list_text(char *buf, size_t cap, int color, const int *members, int n) {
-  size_t len = (size_t)snprintf(buf, cap, "%d ", color);
+static int list_text(char *buf, size_t cap, int color, int own_device, const int *members,
+                     int n) {
+  size_t len = (size_t)snprintf(buf, cap, "%d%s ", color, own_device ? "d" : "");
   for (int i = 0; i < n && len < cap; i++)
     len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", members[i]);
   return len < cap ? (int)len : -1;
@@ -254,8 +255,14 @@ static int contains(const int *list, int n, int r) {
  * any backend can hang in its split. (Mesh lines that do not overlap are not
  * compared.) Skipped without a store (then nothing can hang: no peer).
  */
-static int agree_members(tdist_group_t *parent, unsigned idx, int color, const int *members,
-                         int n) {
+/* The first token of a published list ends with 'd': a device was named. */
+static int names_device(const void *v, size_t len) {
+  const char *sp = memchr(v, ' ', len);
+  return sp && sp > (const char *)v && sp[-1] == 'd';
+}
+
+static int agree_members(tdist_group_t *parent, unsigned idx, int color, int own_device,
+                         const int *members, int n) {
   int rc = 0, size = parent->size;
   if (!parent->store || size < 2) return 0;
   char tag[48];
@@ -266,7 +273,8 @@ static int agree_members(tdist_group_t *parent, unsigned idx, int color, const i
   size_t *lens = tdist__calloc((size_t)size, sizeof(size_t));
   int *lists = tdist__calloc((size_t)size * (size_t)size, sizeof(int)),
       *cnt = tdist__calloc((size_t)size, sizeof(int));
-  if (!mine || !vals || !lens || !lists || !cnt || list_text(mine, cap, color, members, n) < 0) {
+  if (!mine || !vals || !lens || !lists || !cnt ||
+      list_text(mine, cap, color, own_device, members, n) < 0) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "new group of '%s': out of memory", parent->name);
     goto out;
   }
@@ -281,8 +289,15 @@ static int agree_members(tdist_group_t *parent, unsigned idx, int color, const i
     goto out;
   }
   if (rc) goto out;
-  for (int r = 0; r < size; r++)
+  for (int r = 0; r < size; r++) {
     cnt[r] = list_parse(vals[r], lens[r], lists + (size_t)r * size, size);
+    if (!rc && names_device(vals[r], lens[r]) != own_device)
+      rc = tdist__error(TDIST_ERR_MISMATCH,
+                        "new group of '%s': rank %d %s a device for it (TDIST_GROUP_FIELD_DEVICE) "
+                        "but rank %d %s",
+                        parent->name, parent->rank, own_device ? "names" : "does not name", r,
+                        own_device ? "does not" : "does");
+  }
   for (int a = 0; a < size && !rc; a++)
     for (int b = a + 1; b < size && !rc; b++) {
       const int *la = lists + (size_t)a * size, *lb = lists + (size_t)b * size;
@@ -316,8 +331,14 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
   if (atomic_load(&parent->aborted))
     return tdist__error(parent->abort_status, "group '%s' was aborted: %s", parent->name,
                         parent->abort_reason);
+  int own_device = opts && (opts->mask & TDIST_GROUP_FIELD_DEVICE);
+  if (own_device && (!(parent->bk->caps.mem & TDIST__MEM_DEVICE) || opts->device < 0))
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "new group of '%s': a device (%d) is named, but %s",
+                        parent->name, opts->device,
+                        opts->device < 0 ? "it is negative" : "the backend has no devices");
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
-  TDIST_CHECK(agree_members(parent, idx, color, members, n));
+  TDIST_CHECK(agree_members(parent, idx, color, own_device, members, n));
   tdist__bk_params_t p;
   tdist__bk_out_t bo = {NULL, 0, -1};
   if (color != TDIST__NOCOLOR) {
@@ -332,6 +353,8 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
                     fail);
     tdist__group_params(child, &p);
     p.color = color;
+    p.own_device = own_device;
+    if (own_device) p.device = opts->device;
   } else {
     memset(&p, 0, sizeof(p));
     p.progress = parent->ctx->progress;
@@ -340,6 +363,7 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
     p.device = parent->device;
     p.timeout_ms = atomic_load(&parent->timeout_ms);
     p.color = TDIST__NOCOLOR;
+    p.own_device = own_device;
     p.rank = -1;
   }
   TDIST_CHECKGOTO(tdist__inject("split.backend"), rc, fail);

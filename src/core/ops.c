@@ -161,6 +161,11 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
     if (rc < 0) {
       tdist__work_unref(w);
       tdist__work_unref(w);
+      /* Refused because the group failed meanwhile: report the group's
+       * cause (which names a dead rank), as check_group does. */
+      if (atomic_load(&g->aborted))
+        return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s",
+                            tdist_op_name(a->type), g->name, g->abort_reason);
       return rc;
     }
   }

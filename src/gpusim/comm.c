@@ -221,7 +221,7 @@ void gs_comm_leave(ncclComm_t c) { atomic_fetch_sub(&c->in_call, 1); }
 
 /* ---- jobs --------------------------------------------------------------------------- */
 typedef struct gs_job {
-  ncclComm_t c;
+  ncclComm_t c = NULL;
   gs_job_fn fn;
   void *arg;
 } gs_job_t;
@@ -232,20 +232,21 @@ static void *job_main(void *p) {
   gs_set_current_device(j.c->dev); /* NCCL's job threads cudaSetDevice(comm->cudaDev) */
   ncclResult_t r = j.fn(j.c, j.arg);
   gs_comm_set_async(j.c, r);
+  /* Detached: the end is announced, not joined, so a process that exits
+   * with a job just finished leaves no thread behind. */
   pthread_mutex_lock(&j.c->mu);
+  j.c->job_running = 0;
   pthread_cond_broadcast(&j.c->cv);
   pthread_mutex_unlock(&j.c->mu);
   return NULL;
 }
 
-/* Join a finished (or finishing) job thread. Caller thread, not under mu. */
+/* Wait until the job thread (if any) has ended. Caller thread, not under mu
+ * (NCCL joins its job thread the same way before the next job). */
 static void job_join(ncclComm_t c) {
   pthread_mutex_lock(&c->mu);
-  int running = c->job_running;
-  pthread_t t = c->job;
-  c->job_running = 0;
+  while (c->job_running) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
-  if (running) pthread_join(t, NULL);
 }
 
 ncclResult_t gs_comm_job(ncclComm_t c, gs_job_fn fn, void *arg) {
@@ -263,10 +264,15 @@ ncclResult_t gs_comm_job(ncclComm_t c, gs_job_fn fn, void *arg) {
   j->fn = fn;
   j->arg = arg;
   gs_comm_set_async(c, ncclInProgress);
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   pthread_mutex_lock(&c->mu);
-  int rc = pthread_create(&c->job, NULL, job_main, j);
-  if (rc == 0) c->job_running = 1;
+  c->job_running = 1;
+  int rc = pthread_create(&c->job, &at, job_main, j);
+  if (rc != 0) c->job_running = 0;
   pthread_mutex_unlock(&c->mu);
+  pthread_attr_destroy(&at);
   if (rc != 0) {
     free(j);
     gs_comm_set_async(c, ncclSystemError);
@@ -360,7 +366,7 @@ GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, nccl
   cudaError_t ce = gs_context_use(dev);
   if (ce != cudaSuccess)
     return gs_fail(ncclUnhandledCudaError, "Cuda failure '%s'", cudaGetErrorString(ce));
-  ncclComm_t c;
+  ncclComm_t c = NULL;
   r = gs_comm_create(&c, (const unsigned char *)id.internal + 8, rank, nranks, dev, config, 1,
                      "", 0);
   if (r != ncclSuccess) return r;

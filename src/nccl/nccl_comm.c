@@ -89,6 +89,25 @@ fail:
   return rc;
 }
 
+/* The device current, the state set up, comm ready: make NCCL's runtime
+ * connection for collectives now, with a one-float all_reduce that every
+ * rank of the new group runs as it is created. NCCL (2.22 and later)
+ * connects at a communicator's first collective, inside the enqueue, which
+ * blocks until every rank arrives; a rank that never came would then stall
+ * the first op's submit, where the core cannot tell who is missing. With
+ * the connection made here, a late rank shows as an op in flight, which the
+ * watchdog times out naming it. */
+static int connect_now(tdist__nccl_t *nc, ncclComm_t comm) {
+  int rc = 0;
+  ncclResult_t r = ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, comm, nc->stream);
+  if (r != ncclSuccess && r != ncclInProgress)
+    rc = tdist__nccl_err(comm, r, "ncclAllReduce (connecting)");
+  else
+    rc = tdist__nccl_wait_ready(comm, nc->group, nc->name, "the first all_reduce (connecting)",
+                                nc->timeout_ms);
+  return rc;
+}
+
 /* Release what state_setup and the event pool made; comm must be gone and no
  * worker job pending. */
 static void state_free(tdist__nccl_t *nc) {
@@ -293,20 +312,29 @@ static int comm_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *g
   return rc;
 }
 
+static int init_on(const tdist__bk_params_t *p, int device, tdist__bk_out_t *out);
+
 int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
-  int rc = 0;
-  tdist__nccl_t *nc = NULL;
-  ncclUniqueId id;
-  ncclConfig_t cfg;
-  ncclComm_t comm = NULL;
   if (p->size > 1 && !p->store)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "nccl: group '%s' of %d ranks has no store",
                         p->name, p->size);
   TDIST_CHECK(tdist__nccl_load());
   int ndev = 0, device = 0;
-  tdist__nccl_dev_t dev = {0, 0};
   TDIST_CHECK(device_count(&ndev));
   TDIST_CHECK(pick_device(p->init_opts, ndev, &device));
+  return init_on(p, device, out);
+}
+
+/* A communicator of its own for the group of `p` on `device`: a fresh
+ * unique id through the group's store (init, or a new group naming its
+ * device: ncclCommSplit would keep the parent's). */
+static int init_on(const tdist__bk_params_t *p, int device, tdist__bk_out_t *out) {
+  int rc = 0;
+  tdist__nccl_t *nc = NULL;
+  ncclUniqueId id;
+  ncclConfig_t cfg;
+  ncclComm_t comm = NULL;
+  tdist__nccl_dev_t dev = {0, 0};
   TDIST_CHECKGOTO(state_new(device, p, &nc), rc, fail);
   TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, fail);
   TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
@@ -317,6 +345,7 @@ int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   /* Every rank is there now (NCCL's init waited for them all). */
   TDIST_CHECKGOTO(exchange_cc(p, nc->device, &nc->min_cc), rc, fail);
   TDIST_CHECKGOTO(state_setup(nc), rc, fail);
+  TDIST_CHECKGOTO(connect_now(nc, comm), rc, fail);
   tdist__nccl_dev_leave(&dev);
   state_publish(nc, comm, out);
   TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", nc->name,
@@ -336,6 +365,7 @@ static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
   int rc = tdist__nccl_dev_enter(nc->device, &dev);
   if (rc == 0) {
     rc = state_setup(nc);
+    if (rc == 0) rc = connect_now(nc, comm);
     tdist__nccl_dev_leave(&dev);
   }
   if (rc != 0) {
@@ -431,6 +461,18 @@ int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   tdist__nccl_dev_t dev = {0, 0};
   int member = p->color != TDIST__NOCOLOR, failed = 0;
   int key = member ? p->rank : p->parent_rank;
+  if (p->own_device) {
+    /* The group names its device: a communicator of its own, made by the
+     * members alone (the core checked that every rank named one). */
+    if (!member) return 0;
+    int ndev = 0;
+    TDIST_CHECK(device_count(&ndev));
+    if (p->device >= ndev)
+      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                          "new group '%s': CUDA device %d out of range: this process sees %d",
+                          p->name, p->device, ndev);
+    return init_on(p, p->device, out);
+  }
   if (member) TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, member ? nc->name : pn->name);
   TDIST_CHECKGOTO(drain_parent(pn, "split", p->timeout_ms), rc, fail);
@@ -486,7 +528,14 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   ncclConfig_t cfg;
   tdist__nccl_dev_t dev = {0, 0};
   int failed = 0, stopped = 0;
-  TDIST_CHECK(TDIST__NCCL_NEED("tdist_group_shrink", ncclCommShrink, 2, 27));
+  /* No communicator left to shrink (the parent was aborted: a timeout, a
+   * failed enqueue) or nobody to leave out (every rank survived, e.g. a
+   * rank that skipped an op): the survivors make a communicator of their
+   * own over the new group's store, as init does. */
+  pthread_mutex_lock(&pn->mu);
+  int own = wait_jobs(pn) == 0 && (!pn->comm || p->nexclude == 0 || !NC.ncclCommShrink);
+  pthread_mutex_unlock(&pn->mu);
+  if (own) return init_on(p, child_device(p, pn), out);
   TDIST_CHECKGOTO(state_new(child_device(p, pn), p, &nc), rc, fail);
   nccl_config(&cfg, nc->name);
   slot = tdist__calloc(1, sizeof(*slot));
@@ -497,10 +546,8 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
   pthread_mutex_lock(&pn->mu);
   rc = wait_jobs(pn); /* the revoke was issued */
-  if (rc == 0 && !pn->comm)
-    rc = tdist__error(TDIST_ERR_ABORTED,
-                      "shrink of group '%s': its communicator was aborted, not revoked (only a "
-                      "peer failure leaves one to shrink)",
+  if (rc == 0 && !pn->comm) /* aborted since the check above */
+    rc = tdist__error(TDIST_ERR_ABORTED, "shrink of group '%s': its communicator was aborted",
                       pn->name);
   /* A revoked communicator must be quiescent first (the parent is aborted,
    * so no abort check). A live one has its ongoing work terminated by NCCL

@@ -36,6 +36,7 @@
 
 #include "util/alloc.h"
 #include "nccl/nccl_backend.h"
+#include "util/clock.h"
 #include "util/memkind.h"
 
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out) {
@@ -350,6 +351,39 @@ static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what, char
   if (comm) ncclCommAbort(comm);
 }
 
+/* mu not held: a submit whose enqueue the group's abort interrupted returns
+ * only once NCCL can no longer launch it on the caller's buffers -- the
+ * abort thread has run, and a revoked communicator is quiescent (its revoke
+ * job ended, which NCCL ends only after its other jobs). Past the op's
+ * timeout, the communicator is aborted here instead. */
+static void settle_after_abort(tdist__nccl_t *nc, int64_t timeout_ms) {
+  int64_t deadline = tdist__now_ns() + (timeout_ms > 0 ? timeout_ms : 600000) * 1000000;
+  for (;;) {
+    pthread_mutex_lock(&nc->mu);
+    int idle = nc->dead && nc->jobs == 0;
+    ncclComm_t c = nc->comm;
+    if (idle && c) {
+      ncclResult_t st = ncclInProgress;
+      if (ncclCommGetAsyncError(c, &st) != ncclSuccess || st != ncclInProgress) c = NULL;
+    }
+    if (!idle || c) {
+      if (tdist__now_ns() < deadline) {
+        pthread_mutex_unlock(&nc->mu);
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        continue;
+      }
+      if (idle && nc->comm) { /* revoked, yet never quiescent: abort it */
+        ncclCommAbort(nc->comm);
+        nc->comm = NULL;
+        nc->revoked = 0;
+      }
+    }
+    pthread_mutex_unlock(&nc->mu);
+    return;
+  }
+}
+
 /* mu not held (the progress thread's abort takes it): fail the group for a
  * doomed enqueue, and return once the group reads as aborted, so the caller
  * never sees its failed submit on a live group. */
@@ -368,7 +402,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   const tdist__op_args_t *a = op->args;
   ncclDataType_t dt = ncclFloat32;
   ncclRedOp_t rop = ncclSum;
-  int premul = 0, doomed = 0;
+  int premul = 0, doomed = 0, settle = 0;
   char doom_msg[300];
   cudaEvent_t end = NULL;
   /* The core checked the capabilities; these guard the mapping itself. */
@@ -424,6 +458,15 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   if (r == ncclInProgress) {
     rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
                                 op->timeout_ms);
+    if (rc == TDIST_ERR_ABORTED && tdist__bk_aborted(nc->group)) {
+      /* The group failed meanwhile (a peer died, another op timed out): its
+       * abort stops NCCL (a revoke, kept for shrink); submit returns once
+       * it has (settle, below). The op's PreMulSum handle stays: the
+       * communicator is in progress and takes no calls now. */
+      settle = 1;
+      premul = 0;
+      goto fail;
+    }
     if (rc != 0) {
       doom_after_enqueue(nc, rc, tdist_op_name(a->type), doom_msg, sizeof(doom_msg));
       doomed = 1;
@@ -455,5 +498,6 @@ out:
     fail_and_await(nc, rc, doom_msg);
     tdist__error(rc, "%s", doom_msg); /* the message the caller reads */
   }
+  if (settle) settle_after_abort(nc, op->timeout_ms);
   return rc;
 }

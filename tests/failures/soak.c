@@ -5,9 +5,11 @@
  *   soak [--trials N | --seconds S] [--seed X] [--no-load]
  *        [--launcher-only | --no-launcher] [--verbose] [--keep]
  *        [--strict-latency] [--strict-store-host] [--store-in-process]
+ *        [--kinds K,...] [--backend cpu|nccl]
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
- * cpu, 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
+ * cpu, or with --backend nccl the NCCL backend on the simulated GPU, each
+ * rank on its own device; 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
  * a victim (rank 0 one time in three), the iteration and the delay of the
  * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
  * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
@@ -62,6 +64,16 @@
 #ifndef TDIST_STORE_BIN
 #error "TDIST_STORE_BIN (path of tdist-store) must be defined"
 #endif
+/* GPUSIM_LIB: path of libtdist_gpusim.so (undefined when it is not built:
+ * --backend nccl is then refused). With --backend nccl every process of a
+ * trial gets TDIST_BACKEND=nccl and TDIST_NCCL_LIBRARY and
+ * TDIST_CUDART_LIBRARY naming it; each rank takes device LOCAL_RANK of the
+ * simulation's 8 (TDIST_GPUSIM_DEVICES), one per rank. Every fault kind
+ * applies on NCCL as on cpu: a dead or stopped rank is named by the store's
+ * death record (the monitor) or the NCCL backend's peer-failure path
+ * (ncclRemoteError: the communicator revoked, the grace lets the monitor
+ * name the rank), `skip` by the op timeout's diagnosis, and the shrink is
+ * ncclCommShrink. */
 
 /* Sanitizer builds run the ranks several times slower. */
 #if defined(__SANITIZE_THREAD__)
@@ -107,6 +119,7 @@ static struct {
   int load, launcher; /* launcher: 0 any, 1 only tdistrun, -1 never */
   int verbose, keep, strict_latency, strict_store_host, store_in_process;
   unsigned kinds; /* --kinds: a mask of the fault kinds drawn; 0 = all */
+  int nccl;       /* --backend nccl */
 } opt = {.load = 1};
 
 /* 30 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
@@ -600,13 +613,20 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     perror("soak: mkdtemp");
     exit(2);
   }
-  char env[8][64], rank_env[MAX_N][7][64], *envp[MAX_N + 1][16];
+  char env[8][640], rank_env[MAX_N][7][64], *envp[MAX_N + 1][24];
   int k = 0;
-  snprintf(env[k++], 64, "TDIST_HEARTBEAT_INTERVAL_MS=%d", HB_INTERVAL_MS);
-  snprintf(env[k++], 64, "TDIST_HEARTBEAT_TIMEOUT_MS=%d", HB_TIMEOUT_MS);
-  snprintf(env[k++], 64, "TDIST_TIMEOUT_MS=%d", TIMEOUT_MS);
-  snprintf(env[k++], 64, "SOAK_SKIP_TIMEOUT_MS=%d", SKIP_TIMEOUT_MS);
-  snprintf(env[k++], 64, "SOAK_SCALE=%d", SOAK_SCALE);
+  snprintf(env[k++], 640, "TDIST_HEARTBEAT_INTERVAL_MS=%d", HB_INTERVAL_MS);
+  snprintf(env[k++], 640, "TDIST_HEARTBEAT_TIMEOUT_MS=%d", HB_TIMEOUT_MS);
+  snprintf(env[k++], 640, "TDIST_TIMEOUT_MS=%d", TIMEOUT_MS);
+  snprintf(env[k++], 640, "SOAK_SKIP_TIMEOUT_MS=%d", SKIP_TIMEOUT_MS);
+  snprintf(env[k++], 640, "SOAK_SCALE=%d", SOAK_SCALE);
+#ifdef GPUSIM_LIB
+  if (opt.nccl) {
+    snprintf(env[k++], 640, "TDIST_BACKEND=nccl");
+    snprintf(env[k++], 640, "TDIST_NCCL_LIBRARY=%s", GPUSIM_LIB);
+    snprintf(env[k++], 640, "TDIST_CUDART_LIBRARY=%s", GPUSIM_LIB);
+  }
+#endif
 #ifdef SOAK_TSAN
   /* TSan's _exit sleeps atexit_sleep_ms (1 s) before exiting: the `exit`
    * victim would seem to die 1 s after its fault time. */
@@ -643,8 +663,12 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     port = tdist_mp_free_port();
   }
   if (p->mode == M_TDISTRUN) {
-    char *argv[] = {TDISTRUN, "-n", n_s,     "--no-fail-fast", SOAK_RANK, kind_s,
-                    victim_s, it_s, delay_s, size_s,           dir,       NULL};
+    char *argv[16];
+    int a = 0;
+    argv[a++] = TDISTRUN, argv[a++] = "-n", argv[a++] = n_s, argv[a++] = "--no-fail-fast";
+    if (opt.nccl) argv[a++] = "--backend", argv[a++] = "nccl";
+    argv[a++] = SOAK_RANK, argv[a++] = kind_s, argv[a++] = victim_s, argv[a++] = it_s;
+    argv[a++] = delay_s, argv[a++] = size_s, argv[a++] = dir, argv[a] = NULL;
     if (ru_start(&procs[0], argv, envp[MAX_N]) == 0) nprocs = 1;
   } else if (port > 0) {
     for (int r = 0; r < p->n; r++) {
@@ -784,9 +808,10 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     if (have_store) show_proc("tdist-store", &store);
   }
   if (!res->ok)
-    printf("soak: replay with: soak --trials 1 --seed 0x%016" PRIx64 "%s%s\n", p->seed,
+    printf("soak: replay with: soak --trials 1 --seed 0x%016" PRIx64 "%s%s%s%s\n", p->seed,
            p->mode == M_TDISTRUN ? " --launcher-only" : " --no-launcher",
-           opt.load ? "" : " --no-load");
+           opt.load ? "" : " --no-load", opt.nccl ? " --backend nccl" : "",
+           opt.store_in_process ? " --store-in-process" : "");
   fflush(stdout);
   for (int i = 0; i < nprocs; i++)
     ru_free(&procs[i]);
@@ -887,8 +912,8 @@ static void summary(void) {
            "store host lost: %d\n",
            "trials", s->trials, s->failed, s->by_mode[M_HOST0], s->by_mode[M_EXTSTORE],
            s->by_mode[M_TDISTRUN], s->victim0, s->store_lost);
-    printf("  %-22s %d with the victim's op in flight, %d on a >= 256 KiB op (single copy)\n",
-           "faults", s->mid_op, s->large_op);
+    printf("  %-22s %d with the victim's op in flight, %d on a >= 256 KiB op%s\n", "faults",
+           s->mid_op, s->large_op, opt.nccl ? "" : " (single copy)");
     printf("  %-22s %d:", "survivor reports", s->reports);
     for (int i = 0; i < 8 && s->codes[i][0]; i++)
       printf(" %s %d", s->codes[i], s->code_count[i]);
@@ -938,7 +963,8 @@ static unsigned parse_kinds(const char *list) {
 static void usage(void) {
   fprintf(stderr, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
                   "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
-                  "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...]\n");
+                  "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...] "
+                  "[--backend cpu|nccl]\n");
   exit(2);
 }
 
@@ -972,7 +998,19 @@ int main(int argc, char **argv) {
       opt.store_in_process = 1;
     else if (!strcmp(a, "--kinds") && i + 1 < argc)
       opt.kinds = parse_kinds(argv[++i]);
-    else
+    else if (!strcmp(a, "--backend") && i + 1 < argc) {
+      const char *b = argv[++i];
+      if (!strcmp(b, "nccl")) {
+#ifdef GPUSIM_LIB
+        opt.nccl = 1;
+#else
+        fprintf(stderr, "soak: --backend nccl needs libtdist_gpusim.so, which this build lacks "
+                        "(-DTDIST_BUILD_GPUSIM=ON)\n");
+        exit(2);
+#endif
+      } else if (strcmp(b, "cpu") != 0)
+        usage();
+    } else
       usage();
   }
   if (opt.trials > 0 && opt.seconds > 0) usage();
@@ -987,9 +1025,9 @@ int main(int argc, char **argv) {
   const char *g = getenv("SOAK_GUARD_S");
   if (g && atoi(g) > 0) guard_s = atoi(g);
   signal(SIGPIPE, SIG_IGN);
-  printf("soak: seed 0x%016" PRIx64 ", %s %g, load %s, launcher %s, scale %d (guard %d s), "
-         "heartbeat %d/%d ms, timeout %d ms, skip op timeout %d ms\n",
-         opt.seed, opt.trials > 0 ? "trials" : "seconds",
+  printf("soak: seed 0x%016" PRIx64 ", backend %s, %s %g, load %s, launcher %s, scale %d (guard "
+         "%d s), heartbeat %d/%d ms, timeout %d ms, skip op timeout %d ms\n",
+         opt.seed, opt.nccl ? "nccl (simulated GPU)" : "cpu", opt.trials > 0 ? "trials" : "seconds",
          opt.trials > 0 ? (double)opt.trials : opt.seconds, opt.load ? "on" : "off",
          opt.launcher > 0   ? "only"
          : opt.launcher < 0 ? "never"

@@ -8,14 +8,26 @@
  * under tdistrun --no-fail-fast (env://, the launcher hosts the store) and
  * under the driver's fork/exec harness (RANK, WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT per child; rank 0 hosts the store, or an external tdist-store
- * with TDIST_STORE_HOSTED=1). Backend cpu. DIR is the trial's scratch
- * directory: pids, the fault time, the report and shrink markers and the
- * flight-recorder dumps go there.
+ * with TDIST_STORE_HOSTED=1). DIR is the trial's scratch directory: pids,
+ * the fault time, the report and shrink markers and the flight-recorder
+ * dumps go there.
+ *
+ * Backend: $TDIST_BACKEND, "cpu" when unset (soak --backend nccl sets
+ * "nccl", and TDIST_NCCL_LIBRARY / TDIST_CUDART_LIBRARY to the simulated GPU,
+ * libtdist_gpusim.so). On "nccl" every op runs on one device buffer of this
+ * rank's device (LOCAL_RANK modulo the device count: the device the backend
+ * picks too, each rank its own), allocated once with cudaMalloc; the host
+ * array is copied in with cudaMemcpy before each op and the result copied
+ * out after it, then checked exactly as on "cpu". The CUDA runtime calls come
+ * from the library TDIST_CUDART_LIBRARY names (dlopen: the backend opens the
+ * same file, so both share one instance of it), so the program needs no CUDA
+ * at build time and runs on a real GPU as well.
  *
  * Every rank runs checked all_reduces (float32 SUM of small integers, exact
  * in any order, compared element by element with the reference): iteration
  * `it` moves a count drawn from SIZE_SEED, below 256 KiB on even iterations
- * (TCP path) and from 256 KiB to 8 MiB on odd ones (single-copy path). At
+ * (cpu: the TCP path) and from 256 KiB to 8 MiB on odd ones (cpu: the
+ * single-copy path). At
  * iteration FAULT_IT the victim, DELAY_US after submitting (before, for
  * skip and callback_crash), does its fault:
  *   kill9           SIGKILLs itself, its op in flight;
@@ -65,6 +77,7 @@
  * slow-down factor for this program's own bounded waits, default 1), plus
  * the TDIST_* settings the driver gives every process.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -95,12 +108,90 @@ static int64_t skip_timeout_ms = 1500;
 static int store_lost;
 static char dir[256];
 
+/* ---- backend nccl: the device buffer ------------------------------------------ */
+
+static int nccl;                          /* TDIST_BACKEND=nccl */
+static float *dbuf;                       /* device memory of DBUF_FLOATS floats (nccl) */
+#define DBUF_FLOATS ((8u << 20) / 4 + 64) /* the largest op: 8 MiB */
+
+/* The CUDA runtime calls this program makes (cudaError_t: int, 0 success;
+ * cudaMemcpyKind: 1 host to device, 2 device to host). */
+static struct {
+  int (*get_device_count)(int *);
+  int (*set_device)(int);
+  int (*malloc_)(void **, size_t);
+  int (*free_)(void *);
+  int (*memcpy_)(void *, const void *, size_t, int);
+  const char *(*error_name)(int);
+} cu;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* dlopen TDIST_CUDART_LIBRARY, set this thread's device (the group's:
+ * LOCAL_RANK modulo the device count, as the backend picks it) and allocate
+ * the buffer. 0, or -1 with an error line said. */
+static int cuda_setup(int world_rank) {
+  const char *lib = getenv("TDIST_CUDART_LIBRARY");
+  if (!lib || !*lib) lib = "libcudart.so";
+  void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    say("SOAK rank %d error dlopen %s: %s\n", world_rank, lib, dlerror());
+    return -1;
+  }
+#define SOAK_SYM(field, name)                                        \
+  if (!(*(void **)&cu.field = dlsym(h, name))) {                     \
+    say("SOAK rank %d error %s has no %s\n", world_rank, lib, name); \
+    return -1;                                                       \
+  }
+  SOAK_SYM(get_device_count, "cudaGetDeviceCount")
+  SOAK_SYM(set_device, "cudaSetDevice")
+  SOAK_SYM(malloc_, "cudaMalloc")
+  SOAK_SYM(free_, "cudaFree")
+  SOAK_SYM(memcpy_, "cudaMemcpy")
+  SOAK_SYM(error_name, "cudaGetErrorName")
+#undef SOAK_SYM
+  int n = 0, e = cu.get_device_count(&n);
+  const char *lr = getenv("LOCAL_RANK");
+  int dev = lr && n > 0 ? atoi(lr) % n : 0;
+  if (e != 0 || n <= 0 || (e = cu.set_device(dev)) != 0 ||
+      (e = cu.malloc_((void **)&dbuf, DBUF_FLOATS * sizeof(float))) != 0) {
+    say("SOAK rank %d error CUDA setup (%d devices, device %d): %s\n", world_rank, n, dev,
+        cu.error_name(e));
+    return -1;
+  }
+  return 0;
+}
+
+/* The buffer an op of `count` floats runs on, holding host[0, count): host
+ * itself on cpu, the device buffer on nccl. Exits on a CUDA error. */
+static float *op_buf(float *host, size_t count) {
+  if (!nccl) return host;
+  int e = cu.memcpy_(dbuf, host, count * sizeof(float), 1);
+  if (e != 0) {
+    say("SOAK rank %d error cudaMemcpy to the device (%zu floats): %s\n", me, count,
+        cu.error_name(e));
+    exit(1);
+  }
+  return dbuf;
+}
+
+/* After a successful op: its result into host[0, count) (nccl). */
+static void op_result(float *host, size_t count) {
+  if (!nccl) return;
+  int e = cu.memcpy_(host, dbuf, count * sizeof(float), 2);
+  if (e != 0) {
+    say("SOAK rank %d error cudaMemcpy from the device (%zu floats): %s\n", me, count,
+        cu.error_name(e));
+    exit(1);
+  }
+}
+
 static int log_rank = -1; /* world rank for DIR/log.<rank>, known before init */
 static FILE *log_file;
 
 /* A line on stdout, flushed, and in DIR/log.<rank> too: what the driver
  * shows for a rank whose launcher was killed before it relayed its output. */
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
+static void say(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vprintf(fmt, ap);
@@ -244,6 +335,7 @@ static void crash_cb(tdist_work_t *w, void *arg) {
 /* kill9, stop, exit, callback_crash at iteration fault_it; never returns. */
 static void die_now(tdist_group_t *g, float *v, size_t count) {
   tdist_work_t *w = NULL;
+  v = op_buf(v, count);
   fault_fd = fault_arm(dir, "fault_time");
   if (kind == K_CRASH) {
     sleep_us(delay_us);
@@ -344,7 +436,9 @@ static void survive_loop(tdist_group_t *g, seen_t *s) {
     int short_op = kind == K_SKIP && it == fault_it;
     tdist_work_t *w = NULL;
     s->t_submit = mono_us();
-    int rc = tdist_all_reduce(g, v, v, count, TDIST_FLOAT32, TDIST_SUM, short_op ? &o : NULL, &w);
+    float *buf = op_buf(v, count);
+    int rc =
+        tdist_all_reduce(g, buf, buf, count, TDIST_FLOAT32, TDIST_SUM, short_op ? &o : NULL, &w);
     const char *msg = tdist_last_error();
     if (rc == 0) {
       rc = tdist_work_wait(w, 0);
@@ -360,6 +454,7 @@ static void survive_loop(tdist_group_t *g, seen_t *s) {
       return;
     }
     tdist_work_release(w);
+    op_result(v, count);
     check_sum(g, v, count, it, "loop", it);
     free(v);
     s->ok_before++;
@@ -372,7 +467,9 @@ static int shrunk_op(tdist_group_t *s, size_t count, int salt, char *err, size_t
   if (!v) return snprintf(err, cap, "out of memory"), -1;
   for (size_t i = 0; i < count; i++)
     v[i] = gen(me, i, salt);
-  int rc = tdist_all_reduce(s, v, v, count, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  float *buf = op_buf(v, count);
+  int rc = tdist_all_reduce(s, buf, buf, count, TDIST_FLOAT32, TDIST_SUM, NULL, NULL);
+  if (rc == 0) op_result(v, count);
   if (rc != 0) {
     char m[1024];
     one_line(m, sizeof(m), tdist_last_error());
@@ -489,8 +586,15 @@ int main(int argc, char **argv) {
     put_num(name, getpid()); /* for the stop kill and the driver's hang cleanup */
   }
 
+  const char *backend = getenv("TDIST_BACKEND");
+  if (!backend || !*backend) backend = "cpu";
+  nccl = !strcmp(backend, "nccl");
+  /* The device before init, as a program on a GPU does (cudaSetDevice on
+   * the local rank); the backend picks the same one. */
+  if (nccl && cuda_setup(world_rank) != 0) return 1;
+
   tdist_group_t *g = NULL;
-  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_BACKEND, .backend = "cpu"};
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_BACKEND, .backend = backend};
   int rc = tdist_init_process_group(&o, &g);
   if (rc) {
     say("SOAK rank %d error init failed: %s: %s\n", world_rank, tdist_err_name(rc),
@@ -542,5 +646,6 @@ int main(int argc, char **argv) {
   int drc = tdist_group_destroy(g);
   say("SOAK rank %d done destroy_ms=%.1f (%s)\n", me, (double)(mono_us() - t0) / 1000.0,
       tdist_err_name(drc));
+  if (nccl) cu.free_(dbuf);
   return 0;
 }

@@ -39,6 +39,9 @@
  *                                    (was: NCCL_ERROR, communicator aborted)
  *   shrink_live_inflight_fails       #7: a live parent shrunk with an op in
  *                                    flight: the op fails, never completes
+ *   two_gpus_one_process             two devices, one group each, two threads
+ *   compute_overlaps_all_reduce      a spinning compute kernel on another
+ *                                    stream does not hold the all_reduce
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -525,6 +528,110 @@ static void shrink_live_inflight_fails(void **st) {
   assert_int_equal(codes[2], 128 + SIGKILL);
 }
 
+/* ---- two GPUs in one process, one group each (the world on device 0, a
+ * group naming device 1: TDIST_GROUP_FIELD_DEVICE), driven from two threads
+ * at once: each thread's data on its own device, its current device kept, a
+ * context on each of the two devices and no other (issue 24 #3, #4). ----- */
+typedef struct gpu_thread {
+  tdist_group_t *g;
+  int rank, device, rc;
+} gpu_thread_t;
+
+static void *gpu_main(void *arg) {
+  gpu_thread_t *t = arg;
+  int32_t h[256], o[256];
+  int ok = cudaSetDevice(t->device) == cudaSuccess;
+  for (int it = 0; it < 20 && ok; it++) {
+    for (int i = 0; i < 256; i++)
+      h[i] = (t->rank + 1) * (t->device + 1) * (i + it);
+    int32_t *d = ns_dev(h, sizeof(h));
+    struct cudaPointerAttributes at;
+    ok = d && cudaPointerGetAttributes(&at, d) == cudaSuccess && at.device == t->device;
+    ok = ok && tdist_all_reduce(t->g, d, d, 256, TDIST_INT32, TDIST_SUM, NULL, NULL) == 0;
+    ok = ok && ns_get(o, d, sizeof(o)) == 0;
+    for (int i = 0; ok && i < 256; i++) /* sum over ranks of (r+1) = 3 at n = 2 */
+      ok = o[i] == 3 * (t->device + 1) * (i + it);
+    int dev = -1;
+    ok = ok && cudaGetDevice(&dev) == cudaSuccess && dev == t->device;
+    if (!ok) fprintf(stderr, "two_gpus: device %d, round %d: %s\n", t->device, it, tdist_last_error());
+    cudaFree(d);
+  }
+  t->rc = !ok;
+  return NULL;
+}
+
+static int two_gpus_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *world = NULL, *g1 = NULL;
+  MP_CHECK_RC(ns_world_on("nccl", rank, n, port, 20000, 0, &world));
+  int all[2] = {0, 1};
+  tdist_group_opts_t o = {.mask = TDIST_GROUP_FIELD_DEVICE, .device = 1};
+  MP_CHECK_RC(tdist_new_group(world, all, 2, &o, &g1));
+  MP_CHECK(tdist_gpusim_context_count(1) == 1);
+  gpu_thread_t t[2] = {{world, rank, 0, 1}, {g1, rank, 1, 1}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    MP_CHECK(pthread_create(&th[i], NULL, gpu_main, &t[i]) == 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+  MP_CHECK(t[0].rc == 0 && t[1].rc == 0);
+  /* A device named by only some ranks is a mismatch, not a hang. */
+  if (rank == 0)
+    NS_EXPECT(tdist_new_group(world, all, 2, &o, &g1 /* unused on failure */), TDIST_ERR_MISMATCH);
+  else
+    NS_EXPECT(tdist_new_group(world, all, 2, NULL, &g1), TDIST_ERR_MISMATCH);
+  MP_CHECK(tdist_gpusim_context_count(0) == 1 && tdist_gpusim_context_count(1) == 1);
+  for (int d = 2; d < 8; d++)
+    MP_CHECK(tdist_gpusim_context_count(d) == 0);
+  MP_CHECK_RC(tdist_group_destroy(t[1].g));
+  MP_CHECK_RC(tdist_group_destroy(world));
+  return 0;
+}
+static void two_gpus_one_process(void **s) { (void)s; run_n(2, two_gpus_child, 90); }
+
+/* ---- a compute kernel overlapping an all_reduce: a host function spins on
+ * another stream of the same device while the collective runs; the
+ * collective completes first, the compute's stream is not held by it, and
+ * data that waited on the result (wait_stream) sees it. ------------------ */
+static volatile int compute_release;
+static void compute_kernel(void *arg) {
+  (void)arg;
+  while (!__atomic_load_n(&compute_release, __ATOMIC_ACQUIRE))
+    usleep(1000);
+}
+static void read_kernel(void *arg) { (void)arg; }
+
+static int overlap_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
+  cudaStream_t compute, user;
+  NS_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  NS_CUDA(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+  __atomic_store_n(&compute_release, 0, __ATOMIC_RELEASE);
+  NS_CUDA(cudaLaunchHostFunc(compute, compute_kernel, NULL));
+  float h[1024];
+  for (int i = 0; i < 1024; i++)
+    h[i] = (float)(rank + i);
+  float *d = ns_dev(h, sizeof(h));
+  tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_STREAM, .stream = user};
+  tdist_work_t *w = NULL;
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 1024, TDIST_FLOAT32, TDIST_SUM, &o, &w));
+  MP_CHECK_RC(tdist_work_wait(w, 10000)); /* done while the compute still runs */
+  MP_CHECK(cudaStreamQuery(compute) == cudaErrorNotReady);
+  MP_CHECK_RC(tdist_work_wait_stream(w, user));
+  NS_CUDA(cudaLaunchHostFunc(user, read_kernel, NULL));
+  NS_CUDA(cudaStreamSynchronize(user));
+  const float *v = tdist_gpusim_host_view(d);
+  MP_CHECK(v && v[0] == 1.0f && v[1023] == 2047.0f);
+  __atomic_store_n(&compute_release, 1, __ATOMIC_RELEASE);
+  NS_CUDA(cudaStreamSynchronize(compute));
+  tdist_work_release(w);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+static void compute_overlaps_all_reduce(void **s) { (void)s; run_n(2, overlap_child, 60); }
+
 int main(int argc, char **argv) {
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1);
   if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -543,6 +650,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(abort_stalls_no_other_group),
       cmocka_unit_test(inflight_death_shrink),
       cmocka_unit_test(shrink_live_inflight_fails),
+      cmocka_unit_test(two_gpus_one_process),
+      cmocka_unit_test(compute_overlaps_all_reduce),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
