@@ -203,6 +203,8 @@ typedef struct tdist__caps {
   int stream_wait; /* vtable->wait_stream works */
   int any_source;  /* receives take TDIST_ANY_SOURCE / TDIST_ANY_TAG (and fill
                       tdist__bk_op_t.rx_*); without it ops.c refuses them */
+  int wakes;       /* an op's completion calls tdist__progress_wake_any: the
+                      progress thread need not spin while its ops are in flight */
 } tdist__caps_t;
 
 #define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)

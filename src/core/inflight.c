@@ -272,7 +272,8 @@ static int group_poll(tdist__poller_t *pl, int *busy) {
   *busy = 0;
   if (tdist__list_empty(&g->inflight) || atomic_load(&g->aborted)) return 0;
   int n = g->bk->ops->poll(g->bstate);
-  *busy = !tdist__list_empty(&g->inflight);
+  if (!tdist__list_empty(&g->inflight))
+    *busy = g->bk->caps.wakes ? TDIST__POLL_BUSY_WOKEN : TDIST__POLL_BUSY;
   return n;
 }
 

@@ -53,7 +53,8 @@ struct tdist_progress {
   /* shared */
   _Atomic(tdist__qnode_t *) queue;
   atomic_int sleeping;
-  int refs; /* guarded by global_mu */
+  atomic_int woken; /* tdist__progress_wake_any: poll now */
+  int refs;         /* guarded by global_mu */
 
   /* progress thread */
   uv_loop_t loop;
@@ -108,6 +109,18 @@ static int drain(tdist_progress_t *p) {
 }
 
 static void on_idle(uv_idle_t *h);
+
+void tdist__progress_wake_any(void) {
+  /* global_mu: the thread cannot be stopped and freed meanwhile (release
+   * clears `global` under it before stopping the loop). */
+  pthread_mutex_lock(&global_mu);
+  tdist_progress_t *p = global;
+  if (p) {
+    atomic_store(&p->woken, 1);
+    if (atomic_load(&p->sleeping)) uv_async_send(&p->async);
+  }
+  pthread_mutex_unlock(&global_mu);
+}
 
 void tdist__progress_defer(tdist_progress_t *p, tdist__qnode_t *node) {
   node->next = NULL;
@@ -166,7 +179,7 @@ static int poll_all(tdist_progress_t *p, int *busy) {
     tdist__poller_t *pl = tdist__list_entry(it, tdist__poller_t, link);
     int b = 0;
     n += pl->fn(pl, &b);
-    if (b) *busy = 1;
+    if (b == TDIST__POLL_BUSY || (b && !*busy)) *busy = b;
   }
   return n;
 }
@@ -185,7 +198,10 @@ static void progress_round(tdist_progress_t *p) {
    * before it) to come round. */
   n += run_deferred(p);
   if (n) p->last_activity_ns = now;
-  int64_t spin_ns = (busy ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
+  /* Spin long only for pollers nothing wakes (a woken one is polled at
+   * once when its work completes; spinning would take the CPU from the
+   * threads that wait for it, on a small machine). */
+  int64_t spin_ns = (busy == TDIST__POLL_BUSY ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
   if (now - p->last_activity_ns < spin_ns || p->defer_head) {
     if (!uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, on_idle);
     return;
@@ -222,9 +238,11 @@ static void on_prepare(uv_prepare_t *h) {
   if (uv_is_active((uv_handle_t *)&p->idle)) return; /* will not block */
   for (;;) {
     atomic_store(&p->sleeping, 1);
-    if (!atomic_load(&p->queue)) return;
+    if (!atomic_load(&p->queue) && !atomic_load(&p->woken)) return;
     atomic_store(&p->sleeping, 0);
+    if (atomic_exchange(&p->woken, 0)) tdist__progress_kick(p);
     if (drain(p)) tdist__progress_kick(p);
+    if (uv_is_active((uv_handle_t *)&p->idle)) return; /* a round runs before any block */
   }
 }
 
@@ -237,6 +255,7 @@ static void on_check(uv_check_t *h) {
 
 static void on_async(uv_async_t *h) {
   tdist_progress_t *p = h->data;
+  if (atomic_exchange(&p->woken, 0)) tdist__progress_kick(p);
   if (drain(p)) {
     run_deferred(p); /* the posts returned: deliver what they completed */
     tdist__progress_kick(p);

@@ -38,7 +38,11 @@ typedef struct tdist__qnode {
 
 /* A registered poller. fn runs on the progress thread; it returns the number
  * of things it finished (0 lets the loop back off) and sets *busy when it
- * still has work in flight (so it wants to be called again). */
+ * still has work in flight (so it wants to be called again):
+ * TDIST__POLL_BUSY, or TDIST__POLL_BUSY_WOKEN when whatever completes that
+ * work also calls tdist__progress_wake_any (then the loop does not spin for
+ * it, only polls on its back-off timers, for errors). */
+enum { TDIST__POLL_IDLE = 0, TDIST__POLL_BUSY = 1, TDIST__POLL_BUSY_WOKEN = 2 };
 typedef struct tdist__poller {
   tdist__list_t link; /* (progress) */
   int (*fn)(struct tdist__poller *self, int *busy);
@@ -88,6 +92,9 @@ void tdist__progress_ticker_arm(tdist_progress_t *p);
 uv_loop_t *tdist__progress_loop(tdist_progress_t *p);
 /* Progress thread: note activity so the pollers keep spinning. */
 void tdist__progress_kick(tdist_progress_t *p);
+/* Any thread, a CUDA host function included (it takes a mutex, calls no
+ * CUDA): make the process's progress thread poll now. */
+void tdist__progress_wake_any(void);
 
 /* Any thread: 1 if the calling thread is a progress thread. */
 int tdist__progress_on_thread(void);

@@ -221,7 +221,7 @@ void gs_comm_leave(ncclComm_t c) { atomic_fetch_sub(&c->in_call, 1); }
 
 /* ---- jobs --------------------------------------------------------------------------- */
 typedef struct gs_job {
-  ncclComm_t c = NULL;
+  ncclComm_t c;
   gs_job_fn fn;
   void *arg;
 } gs_job_t;

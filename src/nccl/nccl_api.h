@@ -127,6 +127,7 @@ typedef cudaError_t (*tdist__cudaMallocAsync_fn)(void **p, size_t n, cudaStream_
 typedef cudaError_t (*tdist__cudaFreeAsync_fn)(void *p, cudaStream_t s);
 typedef cudaError_t (*tdist__cudaMemsetAsync_fn)(void *p, int v, size_t n, cudaStream_t s);
 typedef cudaError_t (*tdist__cudaGetDevice_fn)(int *device);
+typedef cudaError_t (*tdist__cudaLaunchHostFunc_fn)(cudaStream_t s, cudaHostFn_t fn, void *arg);
 typedef cudaError_t (*tdist__cudaDeviceGetAttribute_fn)(int *value, enum cudaDeviceAttr attr,
                                                         int device);
 typedef cudaError_t (*tdist__cudaStreamIsCapturing_fn)(cudaStream_t s,

@@ -80,6 +80,7 @@ typedef struct tdist__nccl {
   int min_cc;               /* smallest compute capability of the group's devices (90 = 9.0) */
   int64_t remote_ns;        /* (progress) when poll first saw ncclRemoteError, else 0 */
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
+  cudaStream_t notify;  /* waits for each end event, then wakes the progress thread */
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
@@ -163,7 +164,8 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
   X(cudaGetDevice)                 \
   X(cudaDeviceGetAttribute)        \
   X(cudaStreamIsCapturing)         \
-  X(cudaThreadExchangeStreamCaptureMode)
+  X(cudaThreadExchangeStreamCaptureMode) \
+  X(cudaLaunchHostFunc)
 // clang-format on
 
 /*
@@ -237,6 +239,7 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define cudaFreeAsync(...) tdist__nccl_fn.cudaFreeAsync(__VA_ARGS__)
 #define cudaMemsetAsync(...) tdist__nccl_fn.cudaMemsetAsync(__VA_ARGS__)
 #define cudaGetDevice(...) tdist__nccl_fn.cudaGetDevice(__VA_ARGS__)
+#define cudaLaunchHostFunc(...) tdist__nccl_fn.cudaLaunchHostFunc(__VA_ARGS__)
 #define cudaDeviceGetAttribute(...) tdist__nccl_fn.cudaDeviceGetAttribute(__VA_ARGS__)
 #define cudaStreamIsCapturing(...) tdist__nccl_fn.cudaStreamIsCapturing(__VA_ARGS__)
 #define cudaThreadExchangeStreamCaptureMode(...) \

@@ -81,6 +81,7 @@ static void nccl_config(ncclConfig_t *cfg, const char *name) {
 static int state_setup(tdist__nccl_t *nc) {
   int rc = 0; /* the caller made nc->device current */
   CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking), rc, fail);
+  CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->notify, cudaStreamNonBlocking), rc, fail);
   CUDACHECKGOTO(cudaEventCreateWithFlags(&nc->start_ev, cudaEventDisableTiming), rc, fail);
   /* Stream-ordered, so freeing it at destroy never synchronises the device. */
   CUDACHECKGOTO(cudaMallocAsync(&nc->scratch, sizeof(float), nc->stream), rc, fail);
@@ -121,6 +122,7 @@ static void state_free(tdist__nccl_t *nc) {
   /* Destroying a stream with work pending is allowed: CUDA releases it once
    * the work is done (or never, for a kernel that never ends). */
   if (nc->stream) cudaStreamDestroy(nc->stream);
+  if (nc->notify) cudaStreamDestroy(nc->notify);
   tdist__nccl_dev_leave(&dev);
   tdist__free(nc->all);
   tdist__free(nc->free);
@@ -685,5 +687,6 @@ const tdist__backend_t tdist__nccl_backend = {
                   BIT(TDIST_AVG) | BIT(TDIST_PREMUL_SUM),
         .shrink = 1,
         .stream_wait = 1,
+        .wakes = 1, /* nccl_ops.c: a host function after each end event */
     },
 };

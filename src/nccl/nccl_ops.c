@@ -395,6 +395,12 @@ static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
   }
 }
 
+/* A CUDA host function (CUDA's callback thread): no CUDA call in it. */
+static void wake_progress(void *arg) {
+  (void)arg;
+  tdist__progress_wake_any();
+}
+
 int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   int rc = 0;
   tdist__nccl_t *nc = state;
@@ -475,6 +481,12 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
     }
   }
   CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, fail);
+  /* Wake the progress thread when the end event completes: it may sleep on
+   * a back-off timer of up to TDIST_POLL_MAX_MS, and a completion must not
+   * wait for it. On a side stream, so the NCCL stream never waits for a host
+   * function; the function touches nothing of nc (freed by then, maybe). */
+  CUDACHECKGOTO(cudaStreamWaitEvent(nc->notify, end, 0), rc, fail);
+  CUDACHECKGOTO(cudaLaunchHostFunc(nc->notify, wake_progress, NULL), rc, fail);
   /* Launched: on the FIFO in launch order, which is stream order. */
   no->end = end;
   end = NULL;
