@@ -35,6 +35,15 @@ timeout 300 "$build/tests/gpu/tdist_gpu_nccl" one "$(port)" 2>&1 | tee "$logs/gp
 fails=${PIPESTATUS[0]}
 echo "world size 1: exit $fails"
 
+echo "== the simulated GPU's tdistrun job on the real GPU(s): one rank per device"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$ngpu" -ge 1 ] || ngpu=1
+timeout 300 "$build/tools/launcher/tdistrun" -n "$ngpu" --backend nccl "$build/tests/gpu/tdist_gpu_rank" \
+  2>&1 | tee "$logs/gpu-rank.log"
+rank_rc=${PIPESTATUS[0]}
+echo "tdistrun job: exit $rank_rc"
+fails=$((fails + (rank_rc != 0)))
+
 echo "== two ranks on one GPU (different NCCL_HOSTID; unsupported by NCCL, report only)"
 p=$(port)
 for r in 0 1; do
