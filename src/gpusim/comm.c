@@ -312,8 +312,13 @@ ncclResult_t gs_comm_init_job(ncclComm_t c, void *arg) {
       uint32_t w = gs_seg_word(&c->seg);
       if (atomic_load(&gs_slot(&c->seg, j)->state) != GS_SLOT_FREE) break;
       if (atomic_load(&c->abort_flag) ||
-          (c->init_parent && atomic_load(&c->init_parent->abort_flag)))
+          (c->init_parent && atomic_load(&c->init_parent->abort_flag))) {
+        /* The init is abandoned (a rank never came): take the name away, so
+         * no file is left in /dev/shm (a rank still to come would make a
+         * new one and wait alone, as it would for a job that is gone). */
+        gs_seg_unlink(&c->seg);
         return ncclInternalError;
+      }
       gs_seg_sleep(&c->seg, w);
     }
     int cc = gs_slot(&c->seg, j)->cc;
