@@ -91,22 +91,24 @@ static int g_long_lo_ms = 3, g_long_hi_ms = 10;
 static int g_peers = 0;
 static char g_tag[48] = "tdist-nccl-sim";
 
-#define DIE(...)                                                                                   \
-  do {                                                                                             \
-    fprintf(stderr, "complat_sim: " __VA_ARGS__);                                                  \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
+#define DIE(...)                                  \
+  do {                                            \
+    fprintf(stderr, "complat_sim: " __VA_ARGS__); \
+    fputc('\n', stderr);                          \
+    exit(1);                                      \
   } while (0)
-#define CU(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e__ = (call);                                                                      \
-    if (e__ != cudaSuccess) DIE("%s:%d: %s = %s", __FILE__, __LINE__, #call, cudaGetErrorName(e__)); \
+#define CU(call)                                                               \
+  do {                                                                         \
+    cudaError_t e__ = (call);                                                  \
+    if (e__ != cudaSuccess)                                                    \
+      DIE("%s:%d: %s = %s", __FILE__, __LINE__, #call, cudaGetErrorName(e__)); \
   } while (0)
-#define TD(call)                                                                                   \
-  do {                                                                                             \
-    int rc__ = (call);                                                                             \
-    if (rc__ != 0)                                                                                 \
-      DIE("%s:%d: %s = %s (%s)", __FILE__, __LINE__, #call, tdist_err_name(rc__), tdist_last_error()); \
+#define TD(call)                                                                  \
+  do {                                                                            \
+    int rc__ = (call);                                                            \
+    if (rc__ != 0)                                                                \
+      DIE("%s:%d: %s = %s (%s)", __FILE__, __LINE__, #call, tdist_err_name(rc__), \
+          tdist_last_error());                                                    \
   } while (0)
 
 static inline int64_t now_ns(void) {
@@ -182,8 +184,8 @@ static double pct(const double *v, size_t n, double q) {
 
 typedef struct {
   tdist_group_t *g;
-  cudaStream_t user;     /* the caller's stream (holds the ops) */
-  float *buf;            /* one float of device memory */
+  cudaStream_t user; /* the caller's stream (holds the ops) */
+  float *buf;        /* one float of device memory */
 } ctx_t;
 
 static tdist_work_t *g_w[MAXK];
@@ -304,9 +306,10 @@ static int parse_list(const char *arg, const char *const *names, int nnames, int
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: tdist_bench_complat_sim [-k 1,8,64] [-m query,poll,wait] [-H short,long]\n"
-                  "         [-T seconds_per_case] [-S short_us] [-L lo_ms,hi_ms] [-P] [-t tag] "
-                  "[-s seed]\n");
+  fprintf(stderr,
+          "usage: tdist_bench_complat_sim [-k 1,8,64] [-m query,poll,wait] [-H short,long]\n"
+          "         [-T seconds_per_case] [-S short_us] [-L lo_ms,hi_ms] [-P] [-t tag] "
+          "[-s seed]\n");
   exit(2);
 }
 

@@ -217,8 +217,7 @@ fail:
 /* ---- split ------------------------------------------------------------------------ */
 
 /* "c m0,m1,..." : a rank's colour and member list, as it passed them. */
-static int list_text(char *buf, size_t cap, int color, int own_device, const int *members,
-                     int n) {
+static int list_text(char *buf, size_t cap, int color, int own_device, const int *members, int n) {
   size_t len = (size_t)snprintf(buf, cap, "%d%s ", color, own_device ? "d" : "");
   for (int i = 0; i < n && len < cap; i++)
     len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", members[i]);
@@ -334,8 +333,8 @@ int tdist__group_split(tdist_group_t *parent, int color, const int *members, int
   int own_device = opts && (opts->mask & TDIST_GROUP_FIELD_DEVICE);
   if (own_device && (!(parent->bk->caps.mem & TDIST__MEM_DEVICE) || opts->device < 0))
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "new group of '%s': a device (%d) is named, but %s",
-                        parent->name, opts->device,
+                        "new group of '%s': a device (%d) is named, but %s", parent->name,
+                        opts->device,
                         opts->device < 0 ? "it is negative" : "the backend has no devices");
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
   TDIST_CHECK(agree_members(parent, idx, color, own_device, members, n));

@@ -201,7 +201,8 @@ static void progress_round(tdist_progress_t *p) {
   /* Spin long only for pollers nothing wakes (a woken one is polled at
    * once when its work completes; spinning would take the CPU from the
    * threads that wait for it, on a small machine). */
-  int64_t spin_ns = (busy == TDIST__POLL_BUSY ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
+  int64_t spin_ns =
+      (busy == TDIST__POLL_BUSY ? tdist__param_PollSpinUs() : tdist__param_SpinUs()) * 1000;
   if (now - p->last_activity_ns < spin_ns || p->defer_head) {
     if (!uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, on_idle);
     return;

@@ -40,8 +40,10 @@ void gs_capture_unref_locked(gs_capture_t *c) {
 void gs_capture_append_locked(struct CUstream_st *st, gs_item_t *it) {
   struct CUgraph_st *g = st->cap->graph;
   it->next = NULL;
-  if (g->tail) g->tail->next = it;
-  else g->head = it;
+  if (g->tail)
+    g->tail->next = it;
+  else
+    g->head = it;
   g->tail = it;
   st->clock[st->cap_idx]++;
 }
@@ -60,9 +62,9 @@ cudaError_t gs_capture_unsafe(void) {
   pthread_mutex_lock(&gs_lock);
   for (gs_capture_t *c = g_captures; c; c = c->next) {
     bool mine = pthread_equal(c->owner, self);
-    bool hit = (mine && c->mode != cudaStreamCaptureModeRelaxed) ||
-               (!mine && tl_mode == cudaStreamCaptureModeGlobal &&
-                c->mode == cudaStreamCaptureModeGlobal);
+    bool hit =
+        (mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && tl_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal);
     if (hit) {
       gs_capture_invalidate_locked(c);
       bad = true;
@@ -81,11 +83,14 @@ static void capture_end_locked(gs_capture_t *c, struct CUgraph_st **graph) {
   }
   c->status = GS_CAP_ENDED;
   gs_capture_t **pp = &g_captures;
-  while (*pp != c) pp = &(*pp)->next;
+  while (*pp != c)
+    pp = &(*pp)->next;
   *pp = c->next;
   atomic_fetch_sub(&gs_capture_count, 1);
-  if (graph) *graph = c->graph;
-  else gs_graph_unref_locked(c->graph);
+  if (graph)
+    *graph = c->graph;
+  else
+    gs_graph_unref_locked(c->graph);
   c->graph = NULL;
   gs_capture_unref_locked(c);
 }
@@ -170,10 +175,14 @@ GS_API cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCapture
   struct CUgraph_st *g = calloc(1, sizeof(*g));
   pthread_mutex_lock(&gs_lock);
   struct CUstream_st *st = gs_stream_get_locked(s);
-  if (!c || !g) e = cudaErrorMemoryAllocation;
-  else if (!st) e = cudaErrorInvalidResourceHandle;
-  else if ((e = gs_sticky(st->dev)) != cudaSuccess) (void)0;
-  else if (st->cap) e = cudaErrorIllegalState;
+  if (!c || !g)
+    e = cudaErrorMemoryAllocation;
+  else if (!st)
+    e = cudaErrorInvalidResourceHandle;
+  else if ((e = gs_sticky(st->dev)) != cudaSuccess)
+    (void)0;
+  else if (st->cap)
+    e = cudaErrorIllegalState;
   if (e == cudaSuccess) {
     g->refs = 1;
     c->refs = 1; /* the capture list's, dropped at the end */
@@ -258,7 +267,7 @@ GS_API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureS
       if (b->dev == st->dev && b->cap && !(b->flags & cudaStreamNonBlocking))
         e = cudaErrorStreamCaptureImplicit;
   } else {
-    *status = !st->cap                          ? cudaStreamCaptureStatusNone
+    *status = !st->cap                           ? cudaStreamCaptureStatusNone
               : st->cap->status == GS_CAP_ACTIVE ? cudaStreamCaptureStatusActive
                                                  : cudaStreamCaptureStatusInvalidated;
   }
@@ -269,8 +278,7 @@ GS_API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureS
 /* CUDA Runtime API, cudaThreadExchangeStreamCaptureMode: sets the calling
  * thread's mode and returns the previous one in *mode. */
 GS_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
-  if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
-    return gs_err(cudaErrorInvalidValue);
+  if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed) return gs_err(cudaErrorInvalidValue);
   int old = tl_mode;
   tl_mode = *mode;
   *mode = (enum cudaStreamCaptureMode)old;
@@ -294,8 +302,10 @@ GS_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph
   struct CUgraphExec_st *x = calloc(1, sizeof(*x));
   if (!x) return gs_err(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&gs_lock);
-  if (!gs_hset_has(&gs_graphs, graph)) e = cudaErrorInvalidResourceHandle;
-  else if (gs_hset_add(&gs_execs, x) != 0) e = cudaErrorMemoryAllocation;
+  if (!gs_hset_has(&gs_graphs, graph))
+    e = cudaErrorInvalidResourceHandle;
+  else if (gs_hset_add(&gs_execs, x) != 0)
+    e = cudaErrorMemoryAllocation;
   if (e == cudaSuccess) {
     x->g = graph;
     graph->refs++;

@@ -134,7 +134,8 @@ static void reg_del(ncclComm_t c) {
 int gs_comm_valid(ncclComm_t c) {
   int ok = 0;
   pthread_mutex_lock(&reg_mu);
-  for (int i = 0; i < nreg && !ok; i++) ok = reg[i] == c;
+  for (int i = 0; i < nreg && !ok; i++)
+    ok = reg[i] == c;
   pthread_mutex_unlock(&reg_mu);
   return ok;
 }
@@ -204,8 +205,9 @@ ncclResult_t gs_comm_ensure_ready(ncclComm_t c) {
   if (atomic_load(&c->abort_flag)) return ncclSuccess; /* the job is being aborted */
   ncclResult_t r = gs_comm_get_async(c);
   if (r == ncclInProgress)
-    return gs_fail(ncclInvalidArgument,
-                   "Attempt to use communicator before the previous operation returned ncclSuccess");
+    return gs_fail(
+        ncclInvalidArgument,
+        "Attempt to use communicator before the previous operation returned ncclSuccess");
   return r;
 }
 
@@ -245,7 +247,8 @@ static void *job_main(void *p) {
  * (NCCL joins its job thread the same way before the next job). */
 static void job_join(ncclComm_t c) {
   pthread_mutex_lock(&c->mu);
-  while (c->job_running) pthread_cond_wait(&c->cv, &c->mu);
+  while (c->job_running)
+    pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -292,7 +295,8 @@ void gs_comm_wake(ncclComm_t c) {
 
 void gs_comm_drain(ncclComm_t c) {
   pthread_mutex_lock(&c->mu);
-  while (c->inflight > 0) pthread_cond_wait(&c->cv, &c->mu);
+  while (c->inflight > 0)
+    pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -372,8 +376,8 @@ GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, nccl
   if (ce != cudaSuccess)
     return gs_fail(ncclUnhandledCudaError, "Cuda failure '%s'", cudaGetErrorString(ce));
   ncclComm_t c = NULL;
-  r = gs_comm_create(&c, (const unsigned char *)id.internal + 8, rank, nranks, dev, config, 1,
-                     "", 0);
+  r = gs_comm_create(&c, (const unsigned char *)id.internal + 8, rank, nranks, dev, config, 1, "",
+                     0);
   if (r != ncclSuccess) return r;
   /* Non-blocking: *newcomm is written before the job starts, so the
    * caller can poll it (init.cc ncclCommInitRankDev). */
@@ -445,7 +449,8 @@ static void comm_free(ncclComm_t c) {
 
 GS_API ncclResult_t ncclCommDestroy(ncclComm_t c) {
   if (c == NULL) return ncclSuccess;
-  if (!gs_comm_valid(c)) return gs_fail(ncclInvalidArgument, "comm %p has already been destroyed", (void *)c);
+  if (!gs_comm_valid(c))
+    return gs_fail(ncclInvalidArgument, "comm %p has already been destroyed", (void *)c);
   gs_comm_enter(c);
   /* init.cc ncclCommDestroy: NCCLCHECK(ncclCommEnsureReady(comm)) -- a
    * communicator in progress or with an async error is NOT destroyed; the
@@ -473,7 +478,7 @@ GS_API ncclResult_t ncclCommAbort(ncclComm_t c) {
 
 static ncclResult_t revoke_job(ncclComm_t c, void *arg) {
   (void)arg;
-  gs_comm_drain(c);               /* commRevokeAsync: synchronise the streams */
+  gs_comm_drain(c); /* commRevokeAsync: synchronise the streams */
   /* ncclProxyStop stops the proxy whose connection failed. The simulation
    * takes that to end the proxy's error too, so that the flow NCCL 2.28
    * documents for a failed peer -- revoke, then shrink -- can go on (an

@@ -24,14 +24,14 @@ enum { LOG_NONE, LOG_WARN, LOG_INFO };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_once_t g_log_once = PTHREAD_ONCE_INIT; /* apart: init_once logs */
-static int g_ndev;                 /* visible devices */
-static int g_cc[GS_MAX_DEVICES];   /* per visible device: major * 10 + minor */
+static int g_ndev;                                    /* visible devices */
+static int g_cc[GS_MAX_DEVICES];                      /* per visible device: major * 10 + minor */
 static int g_log = LOG_NONE;
 static char g_host[64];
 static atomic_int g_ctx[GS_MAX_DEVICES];    /* primary context made: 0/1 */
 static atomic_int g_sticky[GS_MAX_DEVICES]; /* cudaError_t, 0 = none */
 
-static _Thread_local int tl_dev;                 /* current device, 0 until set */
+static _Thread_local int tl_dev;                        /* current device, 0 until set */
 static _Thread_local cudaError_t tl_last = cudaSuccess; /* cudaGetLastError */
 
 /* "9.0" -> 90; -1 when malformed. */
@@ -48,8 +48,10 @@ static int parse_cc(const char *s, const char **end) {
 
 static void log_once(void) {
   const char *dbg = getenv("NCCL_DEBUG");
-  if (dbg && strcasecmp(dbg, "INFO") == 0) g_log = LOG_INFO;
-  else if (dbg && strcasecmp(dbg, "WARN") == 0) g_log = LOG_WARN;
+  if (dbg && strcasecmp(dbg, "INFO") == 0)
+    g_log = LOG_INFO;
+  else if (dbg && strcasecmp(dbg, "WARN") == 0)
+    g_log = LOG_WARN;
   /* NCCL prints the host name up to its first dot (utils.cc getHostName). */
   if (gethostname(g_host, sizeof(g_host) - 1) != 0) snprintf(g_host, sizeof(g_host), "localhost");
   g_host[sizeof(g_host) - 1] = '\0';
@@ -63,13 +65,16 @@ static void init_once(void) {
   if (nd && *nd) {
     char *e;
     long v = strtol(nd, &e, 10);
-    if (*e == '\0' && v >= 0 && v <= GS_MAX_DEVICES) nphys = (int)v;
-    else gs_warn("TDIST_GPUSIM_DEVICES=%s is not 0..%d; using 8", nd, GS_MAX_DEVICES);
+    if (*e == '\0' && v >= 0 && v <= GS_MAX_DEVICES)
+      nphys = (int)v;
+    else
+      gs_warn("TDIST_GPUSIM_DEVICES=%s is not 0..%d; using 8", nd, GS_MAX_DEVICES);
   }
   /* Compute capability per physical device; the last entry of the list
    * applies to the devices after it. */
   int cc[GS_MAX_DEVICES];
-  for (int i = 0; i < GS_MAX_DEVICES; i++) cc[i] = 90;
+  for (int i = 0; i < GS_MAX_DEVICES; i++)
+    cc[i] = 90;
   const char *ccs = getenv("TDIST_GPUSIM_CC");
   if (ccs && *ccs) {
     const char *p = ccs;
@@ -86,7 +91,8 @@ static void init_once(void) {
       cc[i++] = last = v;
       p = *e == ',' ? e + 1 : e;
     }
-    for (; i < GS_MAX_DEVICES; i++) cc[i] = last;
+    for (; i < GS_MAX_DEVICES; i++)
+      cc[i] = last;
   }
   /* CUDA_VISIBLE_DEVICES as CUDA reads it (CUDA C Programming Guide, CUDA
    * Environment Variables): a comma list of indices; the devices listed
@@ -95,19 +101,22 @@ static void init_once(void) {
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
   if (!vis) {
     g_ndev = nphys;
-    for (int i = 0; i < nphys; i++) g_cc[i] = cc[i];
+    for (int i = 0; i < nphys; i++)
+      g_cc[i] = cc[i];
     return;
   }
   int seen[GS_MAX_DEVICES] = {0};
   const char *p = vis;
   g_ndev = 0;
   while (*p && g_ndev < GS_MAX_DEVICES) {
-    while (*p == ' ') p++;
+    while (*p == ' ')
+      p++;
     char *e;
     errno = 0;
     long v = strtol(p, &e, 10);
     if (e == p || errno || v < 0 || v >= nphys || seen[v]) break;
-    while (*e == ' ') e++;
+    while (*e == ' ')
+      e++;
     if (*e != ',' && *e != '\0') break;
     seen[v] = 1;
     g_cc[g_ndev++] = cc[v];

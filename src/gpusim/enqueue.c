@@ -47,8 +47,8 @@ static ncclResult_t group_err_check(ncclResult_t r) {
 }
 
 static const char *func_name(gs_func_t f) {
-  static const char *const n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
-                                  "AlltoAll",  "Gather",    "Scatter", "Send",     "Recv"};
+  static const char *const n[] = {"AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
+                                  "AlltoAll",  "Gather",    "Scatter", "Send",      "Recv"};
   return n[f];
 }
 
@@ -114,7 +114,8 @@ static ncclResult_t check_and_append(ncclComm_t c, gs_task_t *t, ncclRedOp_t op)
   if (t->root < 0 || t->root >= c->nranks)
     return gs_fail(ncclInvalidArgument, "%s : invalid root %d (root should be in the 0..%d range)",
                    name, t->root, c->nranks);
-  if (gs_dtype_size(t->dt) == 0) return gs_fail(ncclInvalidArgument, "%s : invalid type %d", name, (int)t->dt);
+  if (gs_dtype_size(t->dt) == 0)
+    return gs_fail(ncclInvalidArgument, "%s : invalid type %d", name, (int)t->dt);
   if (is_reducing(t->func)) {
     t->has_red = 1;
     ncclResult_t r = resolve_op(c, t, op, name);
@@ -125,7 +126,8 @@ static ncclResult_t check_and_append(ncclComm_t c, gs_task_t *t, ncclRedOp_t op)
     if ((t->dt == ncclFloat8e4m3 || t->dt == ncclFloat8e5m2) && c->min_cc < 90 &&
         t->func != GS_ALLGATHER && t->func != GS_BROADCAST && t->func != GS_ALLTOALL &&
         t->func != GS_SCATTER && t->func != GS_GATHER)
-      return gs_fail(ncclInvalidArgument, "FP8 reduction support begins with sm90 capable devices.");
+      return gs_fail(ncclInvalidArgument,
+                     "FP8 reduction support begins with sm90 capable devices.");
   }
   return plan_add(c, t);
 }
@@ -134,8 +136,8 @@ static ncclResult_t group_end_internal(void);
 
 static ncclResult_t enqueue(gs_task_t *t, ncclRedOp_t op, ncclComm_t c) {
   if (!gs_comm_valid(c))
-    return group_err_check(gs_fail(ncclInvalidArgument, "%s : comm argument is invalid",
-                                   func_name(t->func)));
+    return group_err_check(
+        gs_fail(ncclInvalidArgument, "%s : comm argument is invalid", func_name(t->func)));
   pthread_mutex_lock(&c->mu);
   int revoked = c->revoked;
   pthread_mutex_unlock(&c->mu);
@@ -164,8 +166,8 @@ static ncclResult_t await_peer(ncclComm_t c, int j, int coll) {
   gs_slot_t *s = gs_slot(seg, j);
   for (;;) {
     uint32_t w = gs_seg_word(seg);
-    int done = coll ? atomic_load(&s->coll_connected) != 0
-                    : atomic_load(&s->peer_connected[c->rank]) != 0;
+    int done =
+        coll ? atomic_load(&s->coll_connected) != 0 : atomic_load(&s->peer_connected[c->rank]) != 0;
     if (done) return ncclSuccess;
     if (atomic_load(&c->abort_flag)) return ncclInternalError;
     if (gs_peer_gone(seg, j))
@@ -184,8 +186,10 @@ static ncclResult_t connect(ncclComm_t c, const plan_t *p) {
   int coll = 0;
   for (int i = 0; i < p->n; i++) {
     const gs_task_t *t = &p->tasks[i];
-    if (t->func != GS_SEND && t->func != GS_RECV) coll = 1;
-    else atomic_store(&me->peer_connected[t->root], 1);
+    if (t->func != GS_SEND && t->func != GS_RECV)
+      coll = 1;
+    else
+      atomic_store(&me->peer_connected[t->root], 1);
   }
   coll = coll && !atomic_load(&c->coll_connected);
   if (coll) atomic_store(&me->coll_connected, 1);
@@ -248,9 +252,11 @@ static ncclResult_t group_end_internal(void) {
   nplans = capplans = 0;
   int blocking = -1;
   for (int i = 0; r == ncclSuccess && i < n; i++) {
-    if (blocking < 0) blocking = ps[i].c->blocking;
+    if (blocking < 0)
+      blocking = ps[i].c->blocking;
     else if (blocking != ps[i].c->blocking)
-      r = gs_fail(ncclInvalidUsage, "Blocking and nonblocking communicators are not allowed in the same group.");
+      r = gs_fail(ncclInvalidUsage,
+                  "Blocking and nonblocking communicators are not allowed in the same group.");
   }
   ncclResult_t out = r;
   for (int i = 0; i < n; i++) {
@@ -285,7 +291,13 @@ GS_API ncclResult_t ncclGroupEnd(void) { return group_end_internal(); }
 
 /* ---- the calls ----------------------------------------------------------------------- */
 #define TASK(f, sb, rb, n, d, rt, s) \
-  gs_task_t t = {.func = (f), .send = (sb), .recv = (rb), .count = (n), .dt = (d), .root = (rt), .stream = (s)}
+  gs_task_t t = {.func = (f),        \
+                 .send = (sb),       \
+                 .recv = (rb),       \
+                 .count = (n),       \
+                 .dt = (d),          \
+                 .root = (rt),       \
+                 .stream = (s)}
 
 GS_API ncclResult_t ncclAllReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt,
                                   ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
@@ -297,8 +309,8 @@ GS_API ncclResult_t ncclBroadcast(const void *sb, void *rb, size_t n, ncclDataTy
   TASK(GS_BROADCAST, sb, rb, n, dt, root, s);
   return enqueue(&t, ncclSum, c);
 }
-GS_API ncclResult_t ncclReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclRedOp_t op,
-                               int root, ncclComm_t c, cudaStream_t s) {
+GS_API ncclResult_t ncclReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt,
+                               ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t s) {
   TASK(GS_REDUCE, sb, rb, n, dt, root, s);
   return enqueue(&t, op, c);
 }
@@ -312,8 +324,8 @@ GS_API ncclResult_t ncclReduceScatter(const void *sb, void *rb, size_t n, ncclDa
   TASK(GS_REDUCESCATTER, sb, rb, n, dt, 0, s);
   return enqueue(&t, op, c);
 }
-GS_API ncclResult_t ncclAlltoAll(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclComm_t c,
-                                 cudaStream_t s) {
+GS_API ncclResult_t ncclAlltoAll(const void *sb, void *rb, size_t n, ncclDataType_t dt,
+                                 ncclComm_t c, cudaStream_t s) {
   TASK(GS_ALLTOALL, sb, rb, n, dt, 0, s);
   return enqueue(&t, ncclSum, c);
 }
@@ -341,11 +353,13 @@ GS_API ncclResult_t ncclRecv(void *rb, size_t n, ncclDataType_t dt, int peer, nc
 /* ---- PreMulSum (enqueue.cc ncclRedOpCreatePreMulSum / ncclRedOpDestroy) ------------- */
 GS_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t dt,
                                              ncclScalarResidence_t residence, ncclComm_t c) {
-  if (!gs_comm_valid(c)) return gs_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : comm is not valid");
+  if (!gs_comm_valid(c))
+    return gs_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : comm is not valid");
   ncclResult_t r = gs_comm_ensure_ready(c); /* join the init thread first */
   if (r != ncclSuccess) return r;
   size_t es = gs_dtype_size(dt);
-  if (!op || !scalar || es == 0) return gs_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid arguments");
+  if (!op || !scalar || es == 0)
+    return gs_fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid arguments");
   gs_comm_enter(c);
   pthread_mutex_lock(&c->mu);
   int ix = -1;
@@ -357,12 +371,15 @@ GS_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nccl
     p->used = 1;
     p->dt = dt;
     p->residence = residence;
-    if (residence == ncclScalarHostImmediate) memcpy(p->host, scalar, es);
-    else p->dev_scalar = scalar;
+    if (residence == ncclScalarHostImmediate)
+      memcpy(p->host, scalar, es);
+    else
+      p->dev_scalar = scalar;
   }
   pthread_mutex_unlock(&c->mu);
   gs_comm_leave(c);
-  if (ix < 0) return gs_fail(ncclInvalidUsage, "too many PreMulSum ops on communicator %s", c->name);
+  if (ix < 0)
+    return gs_fail(ncclInvalidUsage, "too many PreMulSum ops on communicator %s", c->name);
   *op = (ncclRedOp_t)(GS_NUM_OPS + ix);
   return ncclSuccess;
 }
@@ -370,7 +387,8 @@ GS_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nccl
 GS_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t c) {
   if ((int)op < GS_NUM_OPS)
     return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : operator is a NCCL builtin.");
-  if (!gs_comm_valid(c)) return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : comm is not valid");
+  if (!gs_comm_valid(c))
+    return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : comm is not valid");
   int ix = (int)op - GS_NUM_OPS;
   gs_comm_enter(c);
   pthread_mutex_lock(&c->mu);
@@ -379,6 +397,7 @@ GS_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t c) {
   pthread_mutex_unlock(&c->mu);
   gs_comm_leave(c);
   if (!ok)
-    return gs_fail(ncclInvalidArgument, "ncclRedOpDestroy : operator unknown to this communicator.");
+    return gs_fail(ncclInvalidArgument,
+                   "ncclRedOpDestroy : operator unknown to this communicator.");
   return ncclSuccess;
 }

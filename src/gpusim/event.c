@@ -164,7 +164,8 @@ GS_API cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   if (e != cudaSuccess) return gs_err(e);
   if (rs) {
     pthread_mutex_lock(&gs_lock);
-    while (rs->done < rseq) pthread_cond_wait(&gs_progress, &gs_lock);
+    while (rs->done < rseq)
+      pthread_cond_wait(&gs_progress, &gs_lock);
     gs_stream_unref_locked(rs);
     pthread_mutex_unlock(&gs_lock);
   }
@@ -205,8 +206,10 @@ GS_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned 
   if (flags & ~(unsigned)GS_EVENT_WAIT_EXTERNAL) return gs_err(cudaErrorInvalidValue);
   pthread_mutex_lock(&gs_lock);
   struct CUstream_st *st = gs_stream_get_locked(s);
-  if (!st || !gs_hset_has(&gs_events, ev)) e = cudaErrorInvalidResourceHandle;
-  else if ((e = gs_sticky(st->dev)) == cudaSuccess) e = gs_wait_mark_locked(st, &ev->mark, flags, ev);
+  if (!st || !gs_hset_has(&gs_events, ev))
+    e = cudaErrorInvalidResourceHandle;
+  else if ((e = gs_sticky(st->dev)) == cudaSuccess)
+    e = gs_wait_mark_locked(st, &ev->mark, flags, ev);
   gs_unlock();
   return gs_err(e);
 }

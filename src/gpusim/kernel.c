@@ -46,9 +46,9 @@ typedef struct gs_nk {
 } gs_nk_t;
 
 static const char *kname(gs_func_t f) {
-  static const char *const n[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce",
-                                  "ncclAllGather", "ncclReduceScatter", "ncclAlltoAll",
-                                  "ncclGather", "ncclScatter", "ncclSend", "ncclRecv"};
+  static const char *const n[] = {
+      "ncclAllReduce", "ncclBroadcast", "ncclReduce",  "ncclAllGather", "ncclReduceScatter",
+      "ncclAlltoAll",  "ncclGather",    "ncclScatter", "ncclSend",      "ncclRecv"};
   return n[f];
 }
 
@@ -205,8 +205,10 @@ static void reduce_range(const gs_nk_t *k, const gs_task_t *t, const gs_desc_t *
   for (int j = 0; j < k->c->nranks; j++) {
     if (d[j].publish < a + n) continue;
     const unsigned char *src = gs_chunk(&k->c->seg, j, par) + (a % k->c->seg.hdr->chunk);
-    if (first) gs_reduce_first(&t->red, out, src, cnt);
-    else gs_reduce_next(&t->red, out, src, cnt);
+    if (first)
+      gs_reduce_first(&t->red, out, src, cnt);
+    else
+      gs_reduce_next(&t->red, out, src, cnt);
     first = 0;
   }
   if (!first) gs_reduce_last(&t->red, out, cnt);
@@ -219,14 +221,15 @@ static void compute(const gs_nk_t *k, const gs_task_t *t, const view_t *v, const
   ncclComm_t c = k->c;
   int r = c->rank, n = c->nranks;
   size_t ch = c->seg.hdr->chunk, B = t->count * gs_dtype_size(t->dt);
-#define CHUNK_AT(j, x) (gs_chunk(&c->seg, (j), par) + ((x) - a) + (a % ch))
+#define CHUNK_AT(j, x) (gs_chunk(&c->seg, (j), par) + ((x)-a) + (a % ch))
   switch (t->func) {
   case GS_ALLREDUCE:
   case GS_REDUCE:
     if (v->out_bytes >= b) reduce_range(k, t, d, par, a, b - a, v->out + a);
     break;
   case GS_BROADCAST:
-    if (d[t->root].publish >= b && v->out_bytes >= b) memcpy(v->out + a, CHUNK_AT(t->root, a), b - a);
+    if (d[t->root].publish >= b && v->out_bytes >= b)
+      memcpy(v->out + a, CHUNK_AT(t->root, a), b - a);
     break;
   case GS_ALLGATHER:
   case GS_GATHER:
@@ -236,7 +239,8 @@ static void compute(const gs_nk_t *k, const gs_task_t *t, const view_t *v, const
   case GS_REDUCESCATTER:
   case GS_ALLTOALL:
   case GS_SCATTER: {
-    size_t x0 = a > (size_t)r * B ? a : (size_t)r * B, x1 = b < (size_t)(r + 1) * B ? b : (size_t)(r + 1) * B;
+    size_t x0 = a > (size_t)r * B ? a : (size_t)r * B,
+           x1 = b < (size_t)(r + 1) * B ? b : (size_t)(r + 1) * B;
     if (x0 >= x1 || v->out_bytes < x1 - (size_t)r * B) break;
     unsigned char *o = v->out + (x0 - (size_t)r * B);
     if (t->func == GS_REDUCESCATTER) {
@@ -301,9 +305,9 @@ static int run_coll(gs_nk_t *k, gs_task_t *t, const view_t *v) {
 typedef struct p2p {
   gs_task_t *t;
   unsigned char *buf;
-  size_t bytes;    /* of this side's buffer */
-  size_t msg;      /* recv: payload length announced by the sender */
-  size_t done;     /* stream bytes moved, header included */
+  size_t bytes; /* of this side's buffer */
+  size_t msg;   /* recv: payload length announced by the sender */
+  size_t done;  /* stream bytes moved, header included */
   int finished;
 } p2p_t;
 
@@ -327,7 +331,8 @@ static int p2p_step(gs_nk_t *k, p2p_t *p) {
   ncclComm_t c = k->c;
   size_t cap = c->seg.hdr->ring;
   int send = p->t->func == GS_SEND;
-  gs_ring_t *rg = send ? gs_ring(&c->seg, c->rank, p->t->root) : gs_ring(&c->seg, p->t->root, c->rank);
+  gs_ring_t *rg =
+      send ? gs_ring(&c->seg, c->rank, p->t->root) : gs_ring(&c->seg, p->t->root, c->rank);
   uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_acquire);
   int moved = 0;
@@ -393,7 +398,8 @@ static int run_p2p(gs_nk_t *k, p2p_t *ps, int n) {
       /* Messages between a pair go in issue order. */
       int blocked = 0;
       for (int e = 0; e < i && !blocked; e++)
-        blocked = !ps[e].finished && ps[e].t->func == ps[i].t->func && ps[e].t->root == ps[i].t->root;
+        blocked =
+            !ps[e].finished && ps[e].t->func == ps[i].t->func && ps[e].t->root == ps[i].t->root;
       if (!blocked) moved |= p2p_step(k, &ps[i]);
       left += !ps[i].finished;
     }
