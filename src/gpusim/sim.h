@@ -125,13 +125,6 @@ struct gs_kernel {
  * the capture errors of capture.c. */
 cudaError_t gs_launch(cudaStream_t s, gs_kernel_t *k, int *captured);
 
-/* The device of stream s (special handles resolve to the calling thread's
- * current device), or -1 for an invalid handle. */
-int gs_stream_device(cudaStream_t s);
-
-/* 1 when s is capturing (cudaStreamCaptureStatusActive), else 0. */
-int gs_stream_capturing(cudaStream_t s);
-
 /* Make stream `waiter` wait for everything enqueued on `signaler` so far
  * (an internal event; NCCL's strong-stream joins). Either may be capturing,
  * with CUDA's rules for a wait across a capture. */

@@ -545,27 +545,6 @@ cudaError_t gs_launch(cudaStream_t s, gs_kernel_t *k, int *captured) {
   return gs_err(e);
 }
 
-int gs_stream_device(cudaStream_t s) {
-  if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) {
-    int dev = gs_current_device();
-    return dev >= 0 && dev < gs_device_count() ? dev : -1;
-  }
-  pthread_mutex_lock(&gs_lock);
-  struct CUstream_st *st = gs_stream_get_locked(s);
-  int dev = st ? st->dev : -1;
-  pthread_mutex_unlock(&gs_lock);
-  return dev;
-}
-
-int gs_stream_capturing(cudaStream_t s) {
-  if (s == NULL || s == cudaStreamLegacy) return 0;
-  pthread_mutex_lock(&gs_lock);
-  struct CUstream_st *st = gs_stream_get_locked(s);
-  int r = st && st->cap && st->cap->status == GS_CAP_ACTIVE;
-  pthread_mutex_unlock(&gs_lock);
-  return r;
-}
-
 /* sim.h: waiter waits for everything queued on signaler so far, as an
  * event recorded on signaler and waited for by waiter would. */
 cudaError_t gs_stream_join(cudaStream_t waiter, cudaStream_t signaler) {
