@@ -6,7 +6,8 @@ layer and the ones below it:
 
     util      src/util/                 allocation, logging, settings, errors, lists, worker
     store     src/store/                TCP/file store, prefix views, liveness, rendezvous
-    progress  src/core/progress.c       the loop, the queues, pollers, tickers
+    progress  src/core/{progress,wakeup}.c  the loop, the queues, pollers, tickers,
+                                        the wake-up of callers driving their ops
     work      src/core/work.c           the pool, the states, waiting
     trace     src/core/trace.c          the flight recorder's ring
     group     src/core/{context,group,inflight,monitor}.c
@@ -42,7 +43,7 @@ ORDER = ["util", "store", "progress", "work", "trace", "group", "backend", "ops"
 RANK = {name: i for i, name in enumerate(ORDER)}
 
 CORE_FILES = {
-    "progress": "progress", "work": "work", "trace": "trace",
+    "progress": "progress", "wakeup": "progress", "work": "work", "trace": "trace",
     "context": "group", "group": "group", "inflight": "group", "monitor": "group",
     "ops": "ops", "ops_v": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
     "ops_int": "ops",

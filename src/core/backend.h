@@ -20,6 +20,8 @@
  *       They may block (store exchanges, NCCL init polling) but only within
  *       the group's timeout. To touch the event loop they use
  *       tdist__progress_call().
+ *   test (optional) runs on any caller thread, next to the others: it only
+ *       reads (backend.h, the vtable entry).
  *   post, poll, abort run on the PROGRESS thread and must not block (no file
  *       writes, no ncclCommAbort: hand blocking work to tdist__worker_run).
  *       Only the progress thread touches the libuv loop.
@@ -187,6 +189,21 @@ typedef struct tdist__backend_ops {
 
   /* Caller thread, optional: make `stream` wait for op (NCCL). */
   int (*wait_stream)(void *state, tdist__bk_op_t *op, void *stream);
+
+  /* Any caller thread (never the progress thread), optional: 1 when op has
+   * finished successfully and may be reported so now, else 0 (not yet, or
+   * failed: failures are the progress thread's to report). A thread blocked
+   * on the op, or testing it, calls this to see its completion without
+   * waiting for the progress thread (work.c, "caller-observed completion");
+   * the progress thread still completes the op through poll as usual, and
+   * the first of the two to claim the work decides its status. Must not
+   * block (trylock, not lock), must not change the thread's visible state
+   * (its CUDA device, its capture mode), and may run at the same time as
+   * poll, abort, submit and another test of the same op. Called only while
+   * the op is posted and not yet finished, and never after destroy began.
+   * A backend whose completions come through tdist__progress_wake_any sets
+   * this, so that the woken caller sees them (wakeup.c). */
+  int (*test)(void *state, tdist__bk_op_t *op);
 } tdist__backend_ops_t;
 
 /* Memory kinds a backend's buffers may be in. */

@@ -450,6 +450,9 @@ int tdist_group_destroy(tdist_group_t *g) {
     tdist__progress_call(g->ctx->progress, abort_task, &r);
     wait_pending(g, 5000);
   }
+  /* Every work is finished: a thread still inside the backend's test of
+   * one (it read the work as running just before) returns first. */
+  tdist__work_quiesce_tests();
   TDIST_INFO(INIT, "group '%s' destroyed", g->name);
   /* Off the progress thread's lists first (group_unwind): once that
    * returns no poll or watchdog pass runs on g, so the backend may free

@@ -67,7 +67,8 @@ static void finish_fmt(tdist_work_t *w, int status, const char *fmt, ...)
 static void finish_fmt(tdist_work_t *w, int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  set_message(w, status, fmt, ap);
+  /* A caller that saw the op succeed first keeps its status (work.h). */
+  if (tdist__work_claim(w)) set_message(w, status, fmt, ap);
   va_end(ap);
   finish(w);
 }
@@ -78,10 +79,10 @@ static void deliver_completion(tdist__qnode_t *node) {
 
 void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...) {
   tdist_work_t *w = tdist__work_of(op);
-  assert(!w->completing && !tdist__work_done(w));
+  assert(!w->completing && (tdist__work_caller_claimed(w) || !tdist__work_done(w)));
   va_list ap;
   va_start(ap, fmt);
-  set_message(w, status, fmt, ap);
+  if (tdist__work_claim(w)) set_message(w, status, fmt, ap);
   va_end(ap);
   w->completing = 1;
   w->dnode.run = deliver_completion;
@@ -234,7 +235,9 @@ void tdist__group_start_work(tdist__qnode_t *node) {
   tdist__trace_start(g->trace, w);
   tdist__progress_ticker_arm(g->ctx->progress);
   int rc = g->bk->ops->post(g->bstate, &w->bop);
-  if (rc < 0 && !w->completing && !tdist__work_done(w))
+  /* Still on the list: nothing finished it inside post (a caller may have
+   * claimed its success already; finish_fmt keeps that). */
+  if (rc < 0 && !w->completing && tdist__list_linked(&w->inflight))
     finish_fmt(w, rc, "backend '%s' could not start the op: %s", g->bk->name, tdist_strerror(rc));
 }
 
@@ -248,7 +251,9 @@ int tdist__group_watchdog(tdist__ticker_t *t) {
     tdist__list_t *it;
     tdist__list_foreach(it, &g->inflight) {
       tdist_work_t *w = tdist__list_entry(it, tdist_work_t, inflight);
-      if (w->completing || !w->deadline_ns || now < w->deadline_ns) continue;
+      /* A caller saw it succeed (work.h): poll finishes it soon. */
+      if (w->completing || tdist__work_caller_claimed(w) || !w->deadline_ns || now < w->deadline_ns)
+        continue;
       /* Before failing, let the monitor learn from the store which ranks
        * never reached this op (bounded: past the grace, fail without it). */
       int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;

@@ -172,6 +172,9 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
   /* Numbered only once it is certain to run: a refused op takes no number,
    * so every rank's sequence stays in step (work.h). */
   w->bop.seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  /* Waiters may test it themselves (backend.h, vtable->test; work.c). */
+  w->test = g->bk->ops->test;
+  w->test_state = g->bstate;
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
   tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {

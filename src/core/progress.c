@@ -111,6 +111,9 @@ static int drain(tdist_progress_t *p) {
 static void on_idle(uv_idle_t *h);
 
 void tdist__progress_wake_any(void) {
+  /* Callers blocked on an op they test themselves first (wakeup.c): they
+   * are the ones waiting on the critical path. */
+  tdist__wakeup_all();
   /* global_mu: the thread cannot be stopped and freed meanwhile (release
    * clears `global` under it before stopping the loop). */
   pthread_mutex_lock(&global_mu);
@@ -170,15 +173,21 @@ void tdist__progress_poller_remove(tdist_progress_t *p, tdist__poller_t *poller)
   if (tdist__list_linked(&poller->link)) tdist__list_remove(&poller->link);
 }
 
-/* Call every poller; *busy = some poller still has work in flight. */
-static int poll_all(tdist_progress_t *p, int *busy) {
+/* Call every poller; *busy = some poller still has work in flight. Returns
+ * what pollers nothing wakes finished; *woken_n what the woken ones did. */
+static int poll_all(tdist_progress_t *p, int *busy, int *woken_n) {
   int n = 0;
   *busy = 0;
+  *woken_n = 0;
   tdist__list_t *it, *tmp;
   tdist__list_foreach_safe(it, tmp, &p->pollers) {
     tdist__poller_t *pl = tdist__list_entry(it, tdist__poller_t, link);
     int b = 0;
-    n += pl->fn(pl, &b);
+    int k = pl->fn(pl, &b);
+    if (b == TDIST__POLL_BUSY_WOKEN)
+      *woken_n += k;
+    else
+      n += k;
     if (b == TDIST__POLL_BUSY || (b && !*busy)) *busy = b;
   }
   return n;
@@ -188,15 +197,18 @@ static void on_poll_timer(uv_timer_t *t);
 
 /* One round of work; decides whether to keep spinning. */
 static void progress_round(tdist_progress_t *p) {
-  int busy = 0;
+  int busy = 0, woken_n = 0;
   int64_t now = tdist__now_ns();
   int n = drain(p);
   if (p->stopping) return;
-  n += poll_all(p, &busy);
+  n += poll_all(p, &busy, &woken_n);
   /* The posts and polls above have returned: what they completed can be
    * delivered now, without waiting for the check phase (and the epoll call
-   * before it) to come round. */
-  n += run_deferred(p);
+   * before it) to come round. Completions of woken pollers do not make the
+   * loop spin: the next one wakes it again, and on a small machine the spin
+   * would take the CPU from the threads that run (and wait for) the ops. */
+  int delivered = run_deferred(p);
+  if (delivered > woken_n) n += delivered - woken_n;
   if (n) p->last_activity_ns = now;
   /* Spin long only for pollers nothing wakes (a woken one is polled at
    * once when its work completes; spinning would take the CPU from the
@@ -225,6 +237,14 @@ static void on_idle(uv_idle_t *h) { progress_round(h->data); }
 
 static void on_poll_timer(uv_timer_t *t) { progress_round(t->data); }
 
+/* A wake (tdist__progress_wake_any): one round now, but no spin after it
+ * (unlike a kick, it is not activity of its own). */
+static void poke(tdist_progress_t *p) {
+  if (p->stopping) return;
+  p->poll_interval_ms = 0;
+  if (!uv_is_active((uv_handle_t *)&p->idle)) uv_idle_start(&p->idle, on_idle);
+}
+
 void tdist__progress_kick(tdist_progress_t *p) {
   if (p->stopping) return;
   p->last_activity_ns = tdist__now_ns();
@@ -241,7 +261,7 @@ static void on_prepare(uv_prepare_t *h) {
     atomic_store(&p->sleeping, 1);
     if (!atomic_load(&p->queue) && !atomic_load(&p->woken)) return;
     atomic_store(&p->sleeping, 0);
-    if (atomic_exchange(&p->woken, 0)) tdist__progress_kick(p);
+    if (atomic_exchange(&p->woken, 0)) poke(p);
     if (drain(p)) tdist__progress_kick(p);
     if (uv_is_active((uv_handle_t *)&p->idle)) return; /* a round runs before any block */
   }
@@ -256,7 +276,7 @@ static void on_check(uv_check_t *h) {
 
 static void on_async(uv_async_t *h) {
   tdist_progress_t *p = h->data;
-  if (atomic_exchange(&p->woken, 0)) tdist__progress_kick(p);
+  if (atomic_exchange(&p->woken, 0)) poke(p);
   if (drain(p)) {
     run_deferred(p); /* the posts returned: deliver what they completed */
     tdist__progress_kick(p);

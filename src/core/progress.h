@@ -24,6 +24,7 @@
 #ifndef TDIST_CORE_PROGRESS_H
 #define TDIST_CORE_PROGRESS_H
 
+#include <stdint.h>
 #include <uv.h>
 
 #include "util/list.h"
@@ -93,8 +94,21 @@ uv_loop_t *tdist__progress_loop(tdist_progress_t *p);
 /* Progress thread: note activity so the pollers keep spinning. */
 void tdist__progress_kick(tdist_progress_t *p);
 /* Any thread, a CUDA host function included (it takes a mutex, calls no
- * CUDA): make the process's progress thread poll now. */
+ * CUDA): make the process's progress thread poll now, and wake the callers
+ * sleeping in tdist__wakeup_sleep. */
 void tdist__progress_wake_any(void);
+
+/* The wake-up of caller threads that drive their own completion (wakeup.c):
+ * prepare counts the caller as a sleeper and returns the generation; the
+ * caller then tests its condition once more and either cancels (it holds) or
+ * sleeps until the generation moves or the absolute CLOCK_MONOTONIC deadline
+ * (ns) passes (spurious returns are allowed: test again). wakeup_all, after
+ * making a condition true, wakes every sleeper (one fence and one load when
+ * none sleeps). Any thread, CUDA host functions included. */
+uint32_t tdist__wakeup_prepare(void);
+void tdist__wakeup_cancel(void);
+void tdist__wakeup_sleep(uint32_t seen, int64_t deadline_ns);
+void tdist__wakeup_all(void);
 
 /* Any thread: 1 if the calling thread is a progress thread. */
 int tdist__progress_on_thread(void);

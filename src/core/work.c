@@ -8,9 +8,21 @@
  * The free list is a mutex-protected stack: submit and release each take the
  * lock once, uncontended in the common case (tens of ns).
  *
- * State: written only by the progress thread (tdist__work_publish), published
- * with a release store after status and message; readers use acquire loads,
- * so tdist_work_is_completed is one load.
+ * State: written by the progress thread (tdist__work_publish), published
+ * with a store after status and message; readers use acquire loads, so
+ * tdist_work_is_completed of a finished work is one load.
+ *
+ * Caller-observed completion: a caller thread that tests or waits on a
+ * RUNNING work whose backend has vtable->test asks the backend itself
+ * (drive) instead of waiting for the progress thread to notice, publish and
+ * wake it -- on a loaded machine each of those hand-offs costs tens of
+ * microseconds (bench/nccl/complat_sim.c). Single writer: the caller claims
+ * the work with one CAS on w->claim before it writes status and state; the
+ * progress thread claims it the same way before it writes a status
+ * (tdist__work_claim), and the loser writes nothing. Only success is ever
+ * claimed by a caller; failures stay the progress thread's. A waiter that
+ * finds its op still running sleeps on the process-wide wake-up (wakeup.c)
+ * that the backend's completion wake and every publication signal.
  */
 #include "core/work.h"
 
@@ -88,6 +100,9 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   atomic_store_explicit(&w->state, TDIST_WORK_QUEUED, memory_order_relaxed);
   w->status = TDIST_ERR_IN_PROGRESS;
   w->completing = 0;
+  w->test = NULL;
+  w->test_state = NULL;
+  atomic_store_explicit(&w->claim, TDIST__CLAIM_OPEN, memory_order_relaxed);
   w->group = g;
   w->bop.args = &w->args;
   w->bop.seq = 0;
@@ -127,25 +142,84 @@ void tdist__work_running(tdist_work_t *w) {
   atomic_store_explicit(&w->state, TDIST_WORK_RUNNING, memory_order_release);
 }
 
-void tdist__work_publish(tdist_work_t *w) {
-  assert(!tdist__work_done(w));
-  if (!w->t_end_ns) w->t_end_ns = tdist__now_ns();
+/* Threads inside a backend's test right now (tdist__work_quiesce_tests). */
+static atomic_int testing;
+
+int tdist__work_claim(tdist_work_t *w) {
+  int open = TDIST__CLAIM_OPEN;
+  if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_PROGRESS)) return 1;
+  if (open == TDIST__CLAIM_PROGRESS) return 1;
+  /* A caller won: it writes the status, then the state, in a moment. */
+  while (!tdist__work_done(w))
+    sched_yield();
+  return 0;
+}
+
+void tdist__work_quiesce_tests(void) {
+  while (atomic_load(&testing) > 0)
+    sched_yield();
+}
+
+/* Store the terminal state (status and msg written before: readers see
+ * them after this), wake the waiters; return the callback to run, if any. */
+static tdist_work_cb_t store_state(tdist_work_t *w, int run_cb) {
   pthread_mutex_lock(&w->mu);
-  /* status and msg were written before: readers see them after this. */
-  atomic_store_explicit(&w->state, tdist__work_state_for(w->status), memory_order_release);
+  atomic_store(&w->state, tdist__work_state_for(w->status));
   tdist_work_cb_t cb = NULL;
-  if (w->cb_state == 1) {
+  if (run_cb && w->cb_state == 1) {
     cb = w->cb;
     w->cb_state = 2;
   }
   if (w->waiters) pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
+  tdist__wakeup_all(); /* the waiters that drive their own op (wakeup.c) */
+  return cb;
+}
+
+void tdist__work_publish(tdist_work_t *w) {
+  if (!w->t_end_ns) w->t_end_ns = tdist__now_ns();
+  tdist_work_cb_t cb = NULL;
+  if (tdist__work_caller_claimed(w)) {
+    /* Published by a caller already (drive); the callback is ours. */
+    pthread_mutex_lock(&w->mu);
+    if (w->cb_state == 1) {
+      cb = w->cb;
+      w->cb_state = 2;
+    }
+    pthread_mutex_unlock(&w->mu);
+  } else {
+    assert(!tdist__work_done(w));
+    cb = store_state(w, 1);
+  }
   if (cb) cb(w, w->cb_arg);
+}
+
+/* Caller thread (never the progress thread): ask the backend whether the
+ * work succeeded, and if so claim and publish it. The callback is left to
+ * the progress thread (the type's contract names it or the registering
+ * thread), which finishes the work when it sees it. Returns 1 once the work
+ * is done, by anyone. */
+static int drive(tdist_work_t *w) {
+  if (tdist__work_done(w)) return 1;
+  if (!w->test || tdist__progress_on_thread()) return 0;
+  /* Counted before the state is read: a group destroy that saw every work
+   * finished then waits for this test to return (tdist__work_quiesce_tests). */
+  atomic_fetch_add(&testing, 1);
+  if (atomic_load(&w->state) == TDIST_WORK_RUNNING && atomic_load(&w->claim) == TDIST__CLAIM_OPEN &&
+      w->test(w->test_state, &w->bop)) {
+    int open = TDIST__CLAIM_OPEN;
+    if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_CALLER)) {
+      w->status = 0; /* msg is "" since alloc */
+      store_state(w, 0);
+    }
+  }
+  atomic_fetch_sub(&testing, 1);
+  return tdist__work_done(w);
 }
 
 /* ---- public API --------------------------------------------------------- */
 
-int tdist_work_is_completed(const tdist_work_t *w) { return w ? tdist__work_done(w) : 0; }
+int tdist_work_is_completed(const tdist_work_t *w) { return w ? drive((tdist_work_t *)w) : 0; }
 
 int tdist_work_status(const tdist_work_t *w) {
   if (!w) return TDIST_ERR_INVALID_ARGUMENT;
@@ -168,6 +242,28 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *w) {
 
 uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->bop.seq : 0; }
 
+/* A waiter that tests its own op (drive) sleeps on the process-wide
+ * wake-up, which the backend's completion wake and every publication signal
+ * (wakeup.c); this nap bounds a sleep that nothing signals (a work still
+ * QUEUED when its op finished is tested again after the progress thread
+ * publishes it, which signals too; the nap is only a safety net). */
+#define DRIVE_NAP_NS (100 * 1000000LL)
+
+static int wait_driving(tdist_work_t *w, int64_t deadline_ns) {
+  while (!drive(w)) {
+    int64_t now = tdist__now_ns();
+    if (deadline_ns && now >= deadline_ns) return TDIST_ERR_IN_PROGRESS;
+    uint32_t seen = tdist__wakeup_prepare();
+    if (drive(w)) {
+      tdist__wakeup_cancel();
+      break;
+    }
+    int64_t until = now + DRIVE_NAP_NS;
+    tdist__wakeup_sleep(seen, deadline_ns && deadline_ns < until ? deadline_ns : until);
+  }
+  return w->status;
+}
+
 /* Wait until done or until the absolute CLOCK_MONOTONIC deadline (ns; 0:
  * none). Most small ops finish within microseconds, and a futex sleep/wake
  * costs more than that, so first spin: 2 us busy, then yielding the CPU
@@ -176,11 +272,12 @@ uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->bop.seq : 0; }
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   int64_t start = tdist__now_ns(), now = start;
   int64_t spin_end = start + tdist__param_WaitSpinNs();
-  while (!tdist__work_done(w) && now < spin_end) {
+  while (!drive(w) && now < spin_end) {
     if (now - start > 2000) sched_yield();
     now = tdist__now_ns();
   }
   if (tdist__work_done(w)) return w->status;
+  if (w->test) return wait_driving(w, deadline_ns);
   pthread_mutex_lock(&w->mu);
   w->waiters++;
   int timed_out = 0;
@@ -273,7 +370,7 @@ int tdist_wait_any(tdist_work_t *const *works, size_t n, int64_t timeout_ms, siz
   long sleep_ns = 1000;
   for (;;) {
     for (size_t i = 0; i < n; i++)
-      if (works[i] && tdist__work_done(works[i])) {
+      if (works[i] && drive(works[i])) {
         *index = i;
         return works[i]->status;
       }

@@ -11,7 +11,12 @@
  * (tdist__work_running); terminal when the progress thread publishes it
  * (tdist__work_publish), which the group layer calls when it finishes a work
  * (a backend's deferred completion, a failure, a timeout, an abort). Only the
- * progress thread changes the state; other threads read it (acquire).
+ * progress thread changes the state; other threads read it (acquire) --
+ * with one exception: a caller thread that waits on or tests a RUNNING work
+ * whose backend offers vtable->test may see it succeed first, claim it
+ * (w->claim, one CAS: exactly one of it and the progress thread decides the
+ * outcome) and publish COMPLETED itself (work.c). The progress thread then
+ * only finishes it (lists, trace, callback) and keeps the status.
  */
 #ifndef TDIST_CORE_WORK_H
 #define TDIST_CORE_WORK_H
@@ -37,6 +42,12 @@ struct tdist_work {
   _Atomic int state; /* tdist_work_state_t, release-stored */
   int status;        /* valid once state is terminal */
   int completing;    /* (progress) a completion is queued: status and msg are set */
+  /* Caller-observed completion (backend.h, vtable->test; work.c): the
+   * backend's test and its state, set at submission (caller), NULL when the
+   * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
+  int (*test)(void *state, tdist__bk_op_t *op);
+  void *test_state;
+  _Atomic int claim;
   struct tdist_group *group;
   tdist__op_args_t args; /* (caller) the validated op */
   tdist__bk_op_t bop;    /* what the backend sees: bop.args == &args */
@@ -53,6 +64,11 @@ struct tdist_work {
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
   char msg[320];
 };
+
+/* Who decides a work's outcome (w->claim): nobody yet; a caller thread that
+ * saw it succeed (backend test) and published it; the progress thread, which
+ * writes the status and message itself. */
+enum { TDIST__CLAIM_OPEN = 0, TDIST__CLAIM_CALLER = 1, TDIST__CLAIM_PROGRESS = 2 };
 
 /* The work that holds a backend op. */
 static inline tdist_work_t *tdist__work_of(tdist__bk_op_t *op) {
@@ -71,10 +87,28 @@ void tdist__work_running(tdist_work_t *w);
 /*
  * Progress thread: publish the terminal state for w->status (0 ->
  * COMPLETED, TIMEOUT -> TIMED_OUT, ABORTED/REMOTE_FAILED -> ABORTED, others
- * FAILED; w->msg already written), wake the waiters and run the callback.
+ * FAILED; w->msg already written, tdist__work_claim called), wake the
+ * waiters and run the callback. Of a work a caller claimed, only the
+ * callback is left to run.
  * The caller (group layer) drops the runtime's reference afterwards.
  */
 void tdist__work_publish(tdist_work_t *w);
+
+/* Progress thread, before it writes a work's status: 1 when the progress
+ * thread decides the outcome, 0 when a caller already published success
+ * (then the status stands; this returns once that publication is visible).
+ * Either way the progress thread still finishes the work (lists, trace,
+ * callback, references). */
+int tdist__work_claim(tdist_work_t *w);
+
+/* 1 when a caller thread published the work's success (backend test). */
+static inline int tdist__work_caller_claimed(const tdist_work_t *w) {
+  return atomic_load(&((tdist_work_t *)w)->claim) == TDIST__CLAIM_CALLER;
+}
+
+/* Caller thread: return once no caller thread is inside a backend's test,
+ * so a group whose works are all finished may free its backend state. */
+void tdist__work_quiesce_tests(void);
 
 /* The terminal state a status leads to. */
 int tdist__work_state_for(int status);

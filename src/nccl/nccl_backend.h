@@ -71,16 +71,16 @@ typedef struct tdist__nccl {
   int jobs;            /* (mu) worker jobs not yet finished on this state */
 
   /* Set at creation (caller thread), then read-only. */
-  tdist__bk_group_t *group; /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
+  tdist__bk_group_t *group;        /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
   struct tdist_progress *progress; /* the progress thread (caller-side failure reports) */
-  char name[64];            /* the group's name, for messages and the NCCL config */
-  int64_t timeout_ms;       /* the group's timeout at creation: bounds destroy */
-  int rank, size;           /* in the group (v-ops: nccl_ops_v.c) */
+  char name[64];                   /* the group's name, for messages and the NCCL config */
+  int64_t timeout_ms;              /* the group's timeout at creation: bounds destroy */
+  int rank, size;                  /* in the group (v-ops: nccl_ops_v.c) */
   int device;
-  int min_cc;               /* smallest compute capability of the group's devices (90 = 9.0) */
-  int64_t remote_ns;        /* (progress) when poll first saw ncclRemoteError, else 0 */
+  int min_cc;           /* smallest compute capability of the group's devices (90 = 9.0) */
+  int64_t remote_ns;    /* (progress, mu) when poll first saw ncclRemoteError, else 0 */
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
-  cudaStream_t notify;  /* waits for each end event, then wakes the progress thread */
+  cudaStream_t notify;  /* waits for each end event, then wakes the progress thread and waiters */
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
@@ -144,26 +144,26 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
   X(ncclScatter, 2, 28)
 
 /* The CUDA runtime calls (all in CUDA 11.2 and later). */
-#define TDIST__CUDART_REQUIRED(X) \
-  X(cudaGetErrorString)           \
-  X(cudaGetErrorName)             \
-  X(cudaGetLastError)             \
-  X(cudaGetDeviceCount)           \
-  X(cudaSetDevice)                \
-  X(cudaPointerGetAttributes)     \
-  X(cudaStreamCreateWithFlags)    \
-  X(cudaStreamDestroy)            \
-  X(cudaEventCreateWithFlags)     \
-  X(cudaEventDestroy)             \
-  X(cudaEventRecord)              \
-  X(cudaEventQuery)               \
-  X(cudaStreamWaitEvent)          \
-  X(cudaMallocAsync)              \
-  X(cudaFreeAsync)                \
-  X(cudaMemsetAsync)               \
-  X(cudaGetDevice)                 \
-  X(cudaDeviceGetAttribute)        \
-  X(cudaStreamIsCapturing)         \
+#define TDIST__CUDART_REQUIRED(X)        \
+  X(cudaGetErrorString)                  \
+  X(cudaGetErrorName)                    \
+  X(cudaGetLastError)                    \
+  X(cudaGetDeviceCount)                  \
+  X(cudaSetDevice)                       \
+  X(cudaPointerGetAttributes)            \
+  X(cudaStreamCreateWithFlags)           \
+  X(cudaStreamDestroy)                   \
+  X(cudaEventCreateWithFlags)            \
+  X(cudaEventDestroy)                    \
+  X(cudaEventRecord)                     \
+  X(cudaEventQuery)                      \
+  X(cudaStreamWaitEvent)                 \
+  X(cudaMallocAsync)                     \
+  X(cudaFreeAsync)                       \
+  X(cudaMemsetAsync)                     \
+  X(cudaGetDevice)                       \
+  X(cudaDeviceGetAttribute)              \
+  X(cudaStreamIsCapturing)               \
   X(cudaThreadExchangeStreamCaptureMode) \
   X(cudaLaunchHostFunc)
 // clang-format on
@@ -338,7 +338,8 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
  *   nccl_comm.c     init, split, shrink, destroy       (caller thread)
  *   nccl_ops.c      submit                             (caller thread)
  *   nccl_progress.c post, poll, abort                  (progress thread)
- *                   wait_stream                        (caller thread) */
+ *                   wait_stream                        (caller thread)
+ *                   test                               (any caller thread) */
 int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out);
 int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out);
 int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out);
@@ -348,6 +349,7 @@ int tdist__nccl_post(void *state, tdist__bk_op_t *op);
 int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream);
+int tdist__nccl_test(void *state, tdist__bk_op_t *op);
 
 /* ---- variable-size collectives (nccl_ops_v.c), caller thread, mu held ---------- */
 /* The NCCL calls of a v-op (tdist__op_is_v) on nc->stream, in one NCCL group. */

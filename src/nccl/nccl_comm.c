@@ -100,7 +100,8 @@ fail:
  * watchdog times out naming it. */
 static int connect_now(tdist__nccl_t *nc, ncclComm_t comm) {
   int rc = 0;
-  ncclResult_t r = ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, comm, nc->stream);
+  ncclResult_t r =
+      ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, comm, nc->stream);
   if (r != ncclSuccess && r != ncclInProgress)
     rc = tdist__nccl_err(comm, r, "ncclAllReduce (connecting)");
   else
@@ -250,13 +251,14 @@ static int exchange_cc(const tdist__bk_params_t *p, int device, int *min_cc) {
   if (!vals || !lens) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': out of memory", p->name);
   } else {
-    rc = tdist__store_allgather(p->store, "nccl_cc", p->rank, p->size, &mine, sizeof(mine), NULL,
-                                0, vals, lens, p->timeout_ms);
+    rc = tdist__store_allgather(p->store, "nccl_cc", p->rank, p->size, &mine, sizeof(mine), NULL, 0,
+                                vals, lens, p->timeout_ms);
     for (int i = 0; rc == 0 && i < p->size; i++) {
       int cc;
       if (!vals[i] || lens[i] != sizeof(cc)) {
-        rc = tdist__error(TDIST_ERR_PROTOCOL, "group '%s': compute capability of rank %d: %zu bytes",
-                          p->name, i, lens[i]);
+        rc =
+            tdist__error(TDIST_ERR_PROTOCOL, "group '%s': compute capability of rank %d: %zu bytes",
+                         p->name, i, lens[i]);
         break;
       }
       memcpy(&cc, vals[i], sizeof(cc));
@@ -400,8 +402,8 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
       return tdist__error(TDIST_ERR_ABORTED, "%s of group '%s': group aborted", what, pn->name);
     if (timeout_ms > 0 && tdist__now_ns() >= deadline)
       return tdist__error(TDIST_ERR_TIMEOUT,
-                          "%s of group '%s': its ops in flight did not finish within %lld ms",
-                          what, pn->name, (long long)timeout_ms);
+                          "%s of group '%s': its ops in flight did not finish within %lld ms", what,
+                          pn->name, (long long)timeout_ms);
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
   }
@@ -420,8 +422,8 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
  * is aborted (NULL: never; a shrink's parent is aborted already).
  */
 static int finish_child(tdist__nccl_t *pn, const tdist__bk_group_t *gate, ncclResult_t r,
-                        ncclComm_t *slot, const char *what, int64_t timeout_ms,
-                        ncclComm_t *child, int *failed) {
+                        ncclComm_t *slot, const char *what, int64_t timeout_ms, ncclComm_t *child,
+                        int *failed) {
   int rc;
   if (r != ncclSuccess && r != ncclInProgress)
     rc = tdist__nccl_err(pn->comm, r, what);
@@ -547,7 +549,7 @@ int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   }
   TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
   pthread_mutex_lock(&pn->mu);
-  rc = wait_jobs(pn); /* the revoke was issued */
+  rc = wait_jobs(pn);       /* the revoke was issued */
   if (rc == 0 && !pn->comm) /* aborted since the check above */
     rc = tdist__error(TDIST_ERR_ABORTED, "shrink of group '%s': its communicator was aborted",
                       pn->name);
@@ -664,6 +666,7 @@ static const tdist__backend_ops_t nccl_ops = {
     .abort = tdist__nccl_abort,
     .destroy = tdist__nccl_destroy,
     .wait_stream = tdist__nccl_wait_stream,
+    .test = tdist__nccl_test,
 };
 
 #define BIT(x) (1u << (x))

@@ -25,6 +25,9 @@
  *   poll only trylocks mu: a caller thread that holds it (a long enqueue, a
  *   split) makes this tick skip the group rather than stall the thread.
  *
+ * test (any caller thread): poll's verdict on one op, success only, for a
+ * caller that waits on it (backend.h, vtable->test).
+ *
  * abort (progress thread): marks the state dead and forgets the launched
  * ops under mu; after a peer failure the communicator is revoked and kept
  * (quiescence is polled later by shrink), otherwise it is taken out of the
@@ -259,6 +262,43 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
   }
   pthread_mutex_unlock(&nc->mu);
   if (comm) start_abort(nc, comm, revoke);
+}
+
+/* Any caller thread (backend.h, vtable->test): what poll would decide for
+ * this one op, read-only. A caller blocked in tdist_work_wait, or spinning
+ * on tdist_work_is_completed, sees its op's end event complete without
+ * waiting for the progress thread (torch's isCompleted queries the event
+ * the same way). Success only: the communicator alive, not revoked, no
+ * asynchronous error (a remote error within its grace counts as one), and
+ * the end event complete. An op a shrink abort cut short reads as not done
+ * here: the shrink forgets the ops (dead) before NCCL stops them. The
+ * caller's device and capture mode come back as they were; a busy mu (poll,
+ * a submit, an abort) answers "not yet" rather than wait. */
+int tdist__nccl_test(void *state, tdist__bk_op_t *op) {
+  tdist__nccl_t *nc = state;
+  tdist__nccl_op_t *no = tdist__nccl_op(op);
+  int done = 0;
+  if (pthread_mutex_trylock(&nc->mu) != 0) return 0;
+  /* Linked with its event: launched and not yet unlinked by poll or
+   * forgotten by abort (both under mu), so the event is not recycled. */
+  if (nc->dead || !nc->comm || nc->revoked || nc->remote_ns || !no->end ||
+      !tdist__list_linked(&op->link))
+    goto out;
+  tdist__nccl_dev_t dev;
+  if (tdist__nccl_dev_enter(nc->device, &dev) != 0) goto out;
+  /* Relaxed for this thread meanwhile: a query during another thread's
+   * global-mode capture would otherwise invalidate that capture. */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  int relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(nc->comm, &st) == ncclSuccess &&
+      (st == ncclSuccess || st == ncclInProgress))
+    done = cudaEventQuery(no->end) == cudaSuccess;
+  if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
+  tdist__nccl_dev_leave(&dev);
+out:
+  pthread_mutex_unlock(&nc->mu);
+  return done;
 }
 
 int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream) {
