@@ -56,6 +56,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "util/param.h"
 #include "core/progress.h"
 #include "nccl/nccl_api.h"
 #include "util/error.h"
@@ -310,6 +311,11 @@ typedef struct tdist__nccl_dev {
 } tdist__nccl_dev_t;
 int tdist__nccl_dev_enter(int dev, tdist__nccl_dev_t *g);
 void tdist__nccl_dev_leave(const tdist__nccl_dev_t *g);
+
+/* How long a peer failure NCCL saw first (ncclRemoteError) may stand before
+ * it is reported unnamed: poll, and a submit whose enqueue it broke, leave
+ * the monitor that long to name the dead rank (its death record). */
+TDIST_PARAM(NcclRemoteGraceMs, "TDIST_NCCL_REMOTE_GRACE_MS", 1000)
 
 /* Threads tdist owns (progress thread, abort threads): `dev` current and
  * the thread's capture mode relaxed, so that its event queries neither make

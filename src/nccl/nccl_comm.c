@@ -32,7 +32,10 @@ TDIST_PARAM(NcclPollSleepUs, "TDIST_NCCL_POLL_SLEEP_US", 20)
 
 int tdist__nccl_err(ncclComm_t comm, ncclResult_t r, const char *what) {
   const char *last = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
-  return tdist__error(TDIST_ERR_NCCL_ERROR, "%s failed: %s%s%s", what, ncclGetErrorString(r),
+  /* A peer gone (NCCL's proxy or bootstrap saw its connection close) is a
+   * peer failure, on every path (issue 24 #8), not an NCCL fault. */
+  int code = r == ncclRemoteError ? TDIST_ERR_REMOTE_FAILED : TDIST_ERR_NCCL_ERROR;
+  return tdist__error(code, "%s failed: %s%s%s", what, ncclGetErrorString(r),
                       last && *last ? ": " : "", last ? last : "");
 }
 
@@ -51,8 +54,9 @@ int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const ch
     if (r != ncclSuccess) return tdist__nccl_err(comm, r, "ncclCommGetAsyncError");
     if (st == ncclSuccess) return 0;
     if (st != ncclInProgress)
-      return tdist__error(TDIST_ERR_NCCL_ERROR, "%s for group '%s': %s: %s", what, gname,
-                          ncclGetErrorString(st), ncclGetLastError(comm));
+      return tdist__error(st == ncclRemoteError ? TDIST_ERR_REMOTE_FAILED : TDIST_ERR_NCCL_ERROR,
+                          "%s for group '%s': %s: %s", what, gname, ncclGetErrorString(st),
+                          ncclGetLastError(comm));
     /* The progress thread's abort waits for mu, which our caller holds:
      * give up at once so it waits at most one turn. */
     if (g && tdist__bk_aborted(g))

@@ -311,8 +311,8 @@ static int check_fp8_cc(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
                       "backend 'nccl': %s of %s on group '%s' needs compute capability 9.0 on "
                       "every rank's device (NCCL reduces float8 from sm_90 on); the oldest "
                       "device of the group is %d.%d",
-                      tdist_op_name(a->type), tdist_dtype_name(a->dtype), nc->name,
-                      nc->min_cc / 10, nc->min_cc % 10);
+                      tdist_op_name(a->type), tdist_dtype_name(a->dtype), nc->name, nc->min_cc / 10,
+                      nc->min_cc % 10);
 }
 
 /* A stream being captured into a CUDA graph: tdist does not capture NCCL
@@ -339,8 +339,7 @@ static int check_capture(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
  * the communicator out and abort it here -- ncclCommAbort returns only once
  * NCCL's threads and kernels stopped -- and fail the group, so no call
  * returns while NCCL can still touch the buffers. */
-static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what, char *msg,
-                               size_t n) {
+static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what, char *msg, size_t n) {
   ncclComm_t comm = nc->comm;
   snprintf(msg, n, "%s on group '%s' could not be enqueued: %s", what, nc->name,
            tdist_last_error());
@@ -388,6 +387,16 @@ static void settle_after_abort(tdist__nccl_t *nc, int64_t timeout_ms) {
  * doomed enqueue, and return once the group reads as aborted, so the caller
  * never sees its failed submit on a live group. */
 static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
+  if (rc == TDIST_ERR_REMOTE_FAILED) {
+    /* A peer gone, as NCCL saw it: the monitor usually names it within
+     * milliseconds (its death record aborts the group with the name);
+     * report it unnamed only after the grace, as poll does. */
+    int64_t until = tdist__now_ns() + tdist__param_NcclRemoteGraceMs() * 1000000;
+    while (!tdist__bk_aborted(nc->group) && tdist__now_ns() < until) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+  }
   tdist__nccl_fail_group(nc, rc, "%s", msg);
   for (int i = 0; i < 20000 && !tdist__bk_aborted(nc->group); i++) {
     struct timespec ts = {0, 100000};

@@ -44,10 +44,6 @@
 #include "util/clock.h"
 #include "util/param.h"
 
-/* How long a ncclRemoteError may stand before poll reports it unnamed
- * (the monitor names the dead rank first in the usual case). */
-TDIST_PARAM(NcclRemoteGraceMs, "TDIST_NCCL_REMOTE_GRACE_MS", 1000)
-
 /* At most this many completions per poll (bounded stack array). */
 #define BATCH 64
 
