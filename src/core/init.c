@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/group.h"
 #include "store/rendezvous.h"
@@ -30,15 +31,31 @@ static const tdist__backend_t *table[MAX_BACKENDS] = {
     &tdist__nccl_backend,
 };
 
+/* Backend names are matched without regard to case ("CPU", "NCCL", "Gloo"),
+ * as torch does. */
 const tdist__backend_t *tdist__backend_find(const char *name) {
   if (!name) return NULL;
-  if (strcmp(name, "gloo") == 0) name = "cpu"; /* torch's name for the CPU backend */
+  if (strcasecmp(name, "gloo") == 0) name = "cpu"; /* torch's name for the CPU backend */
   const tdist__backend_t *found = NULL;
   pthread_mutex_lock(&table_mu);
   for (int i = 0; i < MAX_BACKENDS && table[i] && !found; i++)
-    if (strcmp(table[i]->name, name) == 0) found = table[i];
+    if (strcasecmp(table[i]->name, name) == 0) found = table[i];
   pthread_mutex_unlock(&table_mu);
   return found;
+}
+
+/* The error for a name no backend answers to, listing the known ones:
+ * "unknown backend 'foo'; known: cpu, nccl (gloo = cpu)". */
+static int unknown_backend(const char *name) {
+  char names[256] = "";
+  size_t len = 0;
+  pthread_mutex_lock(&table_mu);
+  for (int i = 0; i < MAX_BACKENDS && table[i] && len < sizeof(names); i++)
+    len +=
+        (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "", table[i]->name);
+  pthread_mutex_unlock(&table_mu);
+  return tdist__error(TDIST_ERR_NOT_SUPPORTED, "unknown backend '%s'; known: %s (gloo = cpu)", name,
+                      names);
 }
 
 int tdist__backend_register(const tdist__backend_t *b) {
@@ -48,7 +65,7 @@ int tdist__backend_register(const tdist__backend_t *b) {
   pthread_mutex_lock(&table_mu);
   int i = 0;
   for (; i < MAX_BACKENDS && table[i]; i++)
-    if (strcmp(table[i]->name, b->name) == 0) break;
+    if (strcasecmp(table[i]->name, b->name) == 0) break;
   if (i < MAX_BACKENDS && !table[i]) {
     table[i] = b;
     rc = 0;
@@ -70,9 +87,7 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
                             ? o->backend
                             : tdist__param_str("TDIST_BACKEND", "cpu");
   const tdist__backend_t *bk = tdist__backend_find(backend);
-  if (!bk)
-    return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend '%s' is not built into this library",
-                        backend);
+  if (!bk) return unknown_backend(backend);
   const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
   tdist__rdzv_t r;
   TDIST_CHECK(tdist__rendezvous_join(o, &r));

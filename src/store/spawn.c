@@ -14,8 +14,13 @@
  * not start), then to /dev/null or $TDIST_STORE_LOG; no other inherited
  * descriptor (a test harness waiting for its pipes to close must not wait
  * for the store). It ends when rank 0 stops it (tdist__store_proc_stop, once
- * every rank left), or by itself once rank 0 is gone and every rank left or
- * died (tools/store/tdist_store_main.c, --job-size).
+ * every rank left), which also reaps it, so that nothing of the store is left
+ * when rank 0 returns; or by itself, within 20 ms, once rank 0 is gone and
+ * every rank left or died (tools/store/tdist_store_main.c, --job-size). It
+ * is then reaped by the process that adopted it: PID 1, or the nearest
+ * ancestor that is a child subreaper (PR_SET_CHILD_SUBREAPER), as a launcher
+ * that must leave nothing behind should be. Not PR_SET_PDEATHSIG: the store
+ * must outlive a killed rank 0, or the survivors could agree on nothing.
  *
  * Thread: the caller's (rank 0 in init and cleanup). posix_spawn, not fork:
  * the process has other threads.

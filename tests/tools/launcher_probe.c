@@ -21,16 +21,30 @@
  *                       and exit 1
  *   wait-signal         print "ready", then report SIGUSR1 and exit 0 on
  *                       SIGTERM/SIGINT ("got SIGxxx")
+ *   init [R]            join the tdist job (tdist_init_process_group), a
+ *                       barrier, print "INIT <backend>"; rank 0 first prints
+ *                       "STORE <pid> <start time>" of the tdist-store it
+ *                       started, if any; then destroy and exit 0 - except
+ *                       rank R (if given), which _exit(0)s without destroying
+ *                       anything
+ *   stop-self R         every rank prints "PID <pid>", joins the tdist job
+ *                       (tdist_init_process_group: heartbeats to the store)
+ *                       and waits in a barrier; then rank R stops itself
+ *                       (raise(SIGSTOP): no heartbeat any more, its
+ *                       connections open) and the others destroy the group,
+ *                       print "done" and exit 0
  *
  * "Others wait" means: print "waiting", sleep up to 60 s, and on SIGTERM print
  * "TERM" and exit 0.
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "run_util.h"
 #include "store/rendezvous.h"
 #include "tdist/tdist.h"
 
@@ -96,6 +110,37 @@ fail:
   fprintf(stderr, "store: %s\n", tdist_last_error());
   tdist_store_release(s);
   return 1;
+}
+
+/* The tdist-store this process started (its child), printed as
+ * "STORE <pid> <start time>" so that the test can tell later whether that
+ * very process is still there. */
+static void print_store_child(void) {
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char comm[32], state;
+    pid_t ppid;
+    unsigned long long start;
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid <= 0 || ru_proc_stat(pid, comm, sizeof(comm), &state, &ppid, &start) != 0) continue;
+    if (ppid == getpid() && !strcmp(comm, "tdist-store"))
+      printf("STORE %d %llu\n", (int)pid, start);
+  }
+  if (d) closedir(d);
+}
+
+static int do_init(int rank, int exiter) {
+  tdist_group_t *g = NULL;
+  if (tdist_init_process_group(NULL, &g) || tdist_barrier(g, NULL, NULL)) {
+    fprintf(stderr, "init: %s\n", tdist_last_error());
+    return 1;
+  }
+  if (rank == 0) print_store_child();
+  printf("INIT %s\n", tdist_group_backend(g));
+  fflush(stdout);
+  if (rank == exiter) _exit(0);
+  return tdist_group_destroy(g) ? 1 : 0;
 }
 
 static int do_lines(int rank, int k) {
@@ -190,6 +235,23 @@ int main(int argc, char **argv) {
     if (!f || fputs("done\n", f) < 0 || fclose(f)) return 10;
     tdist_store_release(s);
     return 1;
+  }
+  if (!strcmp(mode, "init")) return do_init(rank, argc > 2 ? atoi(argv[2]) : -1);
+  if (!strcmp(mode, "stop-self") && argc > 2) {
+    tdist_group_t *g = NULL;
+    printf("PID %d\n", (int)getpid());
+    if (tdist_init_process_group(NULL, &g) || tdist_barrier(g, NULL, NULL)) {
+      fprintf(stderr, "stop-self: %s\n", tdist_last_error());
+      return 1;
+    }
+    if (rank == atoi(argv[2])) {
+      printf("stopping\n");
+      raise(SIGSTOP);
+      return 9; /* only if someone sent SIGCONT: the launcher must SIGKILL */
+    }
+    tdist_group_destroy(g);
+    printf("done\n");
+    return 0;
   }
   if (!strcmp(mode, "wait-signal")) {
     signal(SIGUSR1, on_sig);

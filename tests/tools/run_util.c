@@ -102,3 +102,31 @@ int ru_count_lines(const char *s, const char *prefix, const char *needle) {
   }
   return n;
 }
+
+int ru_proc_stat(pid_t pid, char *comm, size_t commlen, char *state, pid_t *ppid,
+                 unsigned long long *start) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  /* "pid (comm) S ppid ...": comm may hold spaces and parentheses, so it
+   * ends at the last ')'. Field 22 is the start time. */
+  char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+  if (!open || !close || close < open) return -1;
+  snprintf(comm, commlen, "%.*s", (int)(close - open - 1), open + 1);
+  char st = 0;
+  int pp = 0;
+  unsigned long long t = 0;
+  if (sscanf(close + 2,
+             "%c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+             "%*d %llu",
+             &st, &pp, &t) != 3)
+    return -1;
+  *state = st;
+  *ppid = (pid_t)pp;
+  *start = t;
+  return 0;
+}

@@ -30,5 +30,11 @@ char *ru_peek_out(const ru_proc_t *p);
 void ru_free(ru_proc_t *p);
 /* Number of lines of s that start with `prefix` and contain `needle`. */
 int ru_count_lines(const char *s, const char *prefix, const char *needle);
+/* From /proc/<pid>/stat: the command name (comm, up to 15 characters), the
+ * state ('R', 'S', 'T', 'Z'...), the parent and the start time (clock ticks
+ * after boot; with the pid it names one process, pids being reused). 0, or
+ * -1 when no such process exists (gone, and reaped if it was a zombie). */
+int ru_proc_stat(pid_t pid, char *comm, size_t commlen, char *state, pid_t *ppid,
+                 unsigned long long *start);
 
 #endif

@@ -298,13 +298,66 @@ static int coord_tick(void *arg, char *msg, size_t len) {
   return 1;
 }
 
+/* ---- the store's death records ----------------------------------------------- */
+
+/* What the launcher knows of the job's death records (liveness.h): the store
+ * declares a rank dead by setting "tdist/dead/<rank>" = reason, then the
+ * abort record "tdist/aborts/<n>" with n from "tdist/aborts/count". */
+typedef struct deaths {
+  tdist_store_t *store; /* coord.store: not owned */
+  int64_t seen;         /* count of records up to which every death was looked at */
+} deaths_t;
+
+/* Scan (supervision loop, main thread, every ~250 ms): mark the running
+ * ranks the store declared dead. The per-rank keys are only read when the
+ * record count moved; the count is taken as seen once its last record
+ * exists (the count is bumped before the dead key is set), so a death is
+ * never missed and a quiet job costs two requests per tick. */
+static void deaths_scan(void *arg, trun_job_t *job) {
+  deaths_t *d = arg;
+  const char *ck = "tdist/aborts/count";
+  int exists = 0;
+  int64_t n = 0;
+  void *v = NULL;
+  size_t vl = 0;
+  char num[32];
+  /* Read, not add 0: no write (an etcd store would count a revision). */
+  if (tdist_store_check(d->store, &ck, 1, &exists) != 0 || !exists) return;
+  if (tdist_store_get(d->store, ck, &v, &vl, 1000) != 0) return;
+  snprintf(num, sizeof(num), "%.*s", (int)vl, (char *)v); /* decimal text */
+  tdist_store_free(v);
+  n = strtoll(num, NULL, 10);
+  if (n == d->seen) return;
+  char key[64];
+  snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, n);
+  const char *rk = key;
+  int last = 0;
+  if (tdist_store_check(d->store, &rk, 1, &last) != 0) return;
+  for (int i = 0; i < job->nlocal; i++) {
+    trun_rank_t *r = &job->ranks[i];
+    if (r->pid <= 0 || r->dead) continue;
+    char dkey[48];
+    snprintf(dkey, sizeof(dkey), "tdist/dead/%d", r->global_rank);
+    const char *dk = dkey;
+    if (tdist_store_check(d->store, &dk, 1, &exists) != 0 || !exists) continue;
+    if (tdist_store_get(d->store, dkey, &v, &vl, 1000) != 0) continue;
+    snprintf(r->dead_why, sizeof(r->dead_why), "%.*s", (int)vl, (char *)v);
+    tdist_store_free(v);
+    r->dead = 1;
+  }
+  if (last) d->seen = n;
+}
+
 /* After this node's ranks are gone: report a local failure (first one wins),
  * count this node done, and on the hosting node wait (bounded, interruptible
  * by the handled signals) until every node is done before the store stops. */
 static void coord_finish(coord_t *c, const trun_job_t *job, int hosting, int nnodes) {
   if (job->fail_rank >= 0) {
-    char msg[200], why[96];
-    trun_describe_status(job->fail_status, why, sizeof(why));
+    char msg[256], why[200];
+    if (job->fail_dead)
+      snprintf(why, sizeof(why), "was declared dead by the store (%s)", job->fail_why);
+    else
+      trun_describe_status(job->fail_status, why, sizeof(why));
     snprintf(msg, sizeof(msg), "node %d: rank %d %s", c->node_rank, job->fail_rank, why);
     tdist_store_compare_set(c->store, "tdistrun/failed", NULL, 0, msg, strlen(msg), NULL, NULL);
   }
@@ -329,6 +382,7 @@ int main(int argc, char **argv) {
   int rc = 1, nenv = 0;
   tdist_store_server_t *srv = NULL;
   coord_t coord = {.node_rank = o.node_rank};
+  deaths_t deaths = {.seen = 0};
   trun_job_t job = {.nlocal = o.nproc,
                     .grace_s = o.grace_s,
                     .dump_grace_s = o.dump_grace_ms / 1000.0,
@@ -379,15 +433,32 @@ int main(int argc, char **argv) {
             addr);
     goto done;
   }
+  /* A connection of the launcher's own: the death records (every job) and
+   * the coordination between nodes (multi-node). A single-node job whose
+   * store cannot be reached still starts (its ranks will say why), only
+   * without the death watch; its ops give up after 5 s, so a store that
+   * went away cannot hold the supervision loop. */
+  tdist_store_opts_t co = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 5000};
+  if (o.nnodes > 1) co.mask = 0; /* the other launchers may start much later */
+  int crc = o.store_url ? tdist_store_open_url(o.store_url, &co, &coord.store)
+                        : tdist_store_connect(addr, port, &co, &coord.store);
+  if (crc != 0 && o.nnodes > 1) {
+    fprintf(stderr, "tdistrun: cannot reach the store at %s: %s\n",
+            o.store_url ? o.store_url : addr, tdist_last_error());
+    goto done;
+  }
+  if (crc != 0) {
+    fprintf(stderr,
+            "tdistrun: cannot reach the store at %s (%s): ranks the store declares "
+            "dead will not be stopped\n",
+            o.store_url ? o.store_url : addr, tdist_last_error());
+    coord.store = NULL;
+  } else {
+    deaths.store = coord.store;
+    job.scan = deaths_scan;
+    job.scan_arg = &deaths;
+  }
   if (o.nnodes > 1) {
-    tdist_store_opts_t co = {0};
-    int crc = o.store_url ? tdist_store_open_url(o.store_url, &co, &coord.store)
-                          : tdist_store_connect(addr, port, &co, &coord.store);
-    if (crc != 0) {
-      fprintf(stderr, "tdistrun: cannot reach the store at %s: %s\n",
-              o.store_url ? o.store_url : addr, tdist_last_error());
-      goto done;
-    }
     job.tick = coord_tick;
     job.tick_arg = &coord;
   }
@@ -401,7 +472,7 @@ int main(int argc, char **argv) {
   }
   if (trun_spawn(&job, o.argv, envs) != 0) goto done;
   rc = trun_supervise(&job);
-  if (coord.store) coord_finish(&coord, &job, hosting, o.nnodes);
+  if (coord.store && o.nnodes > 1) coord_finish(&coord, &job, hosting, o.nnodes);
   goto done;
 nomem:
   fprintf(stderr, "tdistrun: out of memory\n");

@@ -296,6 +296,49 @@ static int reap(trun_job_t *job, deadlines_t *dl) {
   return running;
 }
 
+/* Once per tick: ask the store which running ranks it declared dead, and
+ * kill those seen on the previous tick that are still running. A stopped
+ * (SIGSTOP) or hung rank never exits by itself, and with --no-fail-fast
+ * nothing else would stop it: the launcher would wait forever. The tick of
+ * delay lets a rank whose own exit made the store declare it dead (its
+ * connection closed) be reaped first, and reported as the exit it was. */
+static void check_dead(trun_job_t *job, deadlines_t *dl) {
+  for (int i = 0; i < job->nlocal; i++)
+    if (job->ranks[i].pid > 0 && job->ranks[i].dead) job->ranks[i].dead++;
+  job->scan(job->scan_arg, job);
+  for (int i = 0; i < job->nlocal; i++) {
+    trun_rank_t *r = &job->ranks[i];
+    if (r->pid <= 0 || r->dead != 2) continue;
+    r->dead = 3; /* acted upon */
+    int already = stopping(job);
+    signal_rank(r, SIGKILL); /* reaped by reap() like any rank */
+    if (already) continue;   /* the job is being stopped: not the first failure */
+    if (job->fail_rank < 0) {
+      job->fail_rank = r->global_rank;
+      job->fail_status = SIGKILL; /* a waitpid status: killed by SIGKILL */
+      job->fail_dead = 1;
+      snprintf(job->fail_why, sizeof(job->fail_why), "%s", r->dead_why);
+    }
+    if (job->keep_going) {
+      fprintf(stderr,
+              "tdistrun: rank %d was declared dead by the store (%s): killed it (SIGKILL); "
+              "the other ranks go on (--no-fail-fast)\n",
+              r->global_rank, r->dead_why);
+      continue;
+    }
+    int others = 0;
+    for (int k = 0; k < job->nlocal; k++)
+      others += k != i && job->ranks[k].pid > 0;
+    char what[256];
+    snprintf(what, sizeof(what), "rank %d was declared dead by the store (%s): killed it",
+             r->global_rank, r->dead_why);
+    if (others)
+      fail_stop(job, what, "the other ranks", dl);
+    else
+      fprintf(stderr, "tdistrun: %s\n", what);
+  }
+}
+
 int trun_supervise(trun_job_t *job) {
   int n = job->nlocal;
   struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof(*pfd));
@@ -378,9 +421,10 @@ int trun_supervise(trun_job_t *job) {
       stop_all(job, SIGKILL, &dl);
       killed = 1;
     }
-    if (running > 0 && job->tick && t >= next_tick) {
+    if (running > 0 && t >= next_tick) {
       next_tick = t + 0.25;
-      if (!job->remote_msg[0] && !stopping(job) &&
+      if (job->scan) check_dead(job, &dl);
+      if (job->tick && !job->remote_msg[0] && !stopping(job) &&
           job->tick(job->tick_arg, job->remote_msg, sizeof(job->remote_msg))) {
         if (job->keep_going) {
           fprintf(stderr, "tdistrun: %s; this node's ranks go on (--no-fail-fast)\n",
@@ -410,6 +454,11 @@ int trun_supervise(trun_job_t *job) {
   free(owner);
 
   char why[96], name[32];
+  if (job->fail_rank >= 0 && job->fail_dead) {
+    fprintf(stderr, "tdistrun: rank %d was declared dead by the store (%s) and killed (SIGKILL)\n",
+            job->fail_rank, job->fail_why);
+    return 128 + SIGKILL;
+  }
   if (job->fail_rank >= 0) {
     trun_describe_status(job->fail_status, why, sizeof(why));
     fprintf(stderr, "tdistrun: rank %d %s\n", job->fail_rank, why);

@@ -31,9 +31,11 @@ typedef struct trun_stream {
 
 typedef struct trun_rank {
   int global_rank;
-  pid_t pid;   /* also its process group id; 0 once reaped */
-  int status;  /* waitpid status once reaped */
-  int stopped; /* 1 if the launcher sent it a stop signal */
+  pid_t pid;          /* also its process group id; 0 once reaped */
+  int status;         /* waitpid status once reaped */
+  int stopped;        /* 1 if the launcher sent it a stop signal */
+  int dead;           /* the store declared it dead: ticks since that was seen (0: not) */
+  char dead_why[160]; /* the store's reason ("no heartbeat for ...") */
   trun_stream_t out, err;
 } trun_rank_t;
 
@@ -42,7 +44,16 @@ typedef struct trun_rank {
  * outside this node (another node's rank failed), else 0. */
 typedef int (*trun_tick_fn)(void *arg, char *msg, size_t msglen);
 
-typedef struct trun_job {
+typedef struct trun_job trun_job_t;
+
+/* Called by the supervision loop about every 250 ms while ranks run (NULL for
+ * none): sets dead = 1 and dead_why for each running rank (pid > 0, dead == 0)
+ * that the store has declared dead ("tdist/dead/<rank>"). The loop kills a
+ * rank still running one tick later (so that a rank whose exit caused the
+ * record is reaped and reported as the exit it was). */
+typedef void (*trun_scan_fn)(void *arg, trun_job_t *job);
+
+struct trun_job {
   /* set by the caller */
   int nlocal; /* ranks started by this launcher */
   trun_rank_t *ranks;
@@ -55,13 +66,17 @@ typedef struct trun_job {
                           does not stop the others; the first is reported at the end */
   trun_tick_fn tick;
   void *tick_arg;
+  trun_scan_fn scan; /* the store's death records (main.c), or NULL */
+  void *scan_arg;
   int sigfd; /* signalfd of the handled signals (trun_signals_block) */
   /* set by trun_supervise: what ended the job */
   int fail_rank;        /* first rank that failed, -1 if none */
   int fail_status;      /* its waitpid status */
+  int fail_dead;        /* 1: that rank was declared dead by the store and killed */
+  char fail_why[160];   /* then the store's reason */
   int interrupt_sig;    /* signal the launcher received, 0 if none */
   char remote_msg[256]; /* tick's message, "" if none */
-} trun_job_t;
+};
 
 /* Block the handled signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
  * SIGUSR2, SIGCHLD) in the calling thread, and hence in threads it starts
@@ -87,6 +102,9 @@ int trun_spawn(trun_job_t *job, char *const *argv, char **const *envs);
  * happen and the first one decides the exit code once all ranks ended. Returns the
  * launcher's exit code: 0 if every rank exited 0, the failed rank's code (or
  * 128 + signal), 128 + the signal the launcher got, or 1 (remote failure).
+ * A rank the store declared dead (scan) is a failure too: it is killed
+ * (SIGKILL, it may be stopped or hung) at once, with keep_going as well, and
+ * counts as killed by SIGKILL (128 + 9), the message naming the death.
  * Prints the final "tdistrun: rank r ..." message on stderr. */
 int trun_supervise(trun_job_t *job);
 

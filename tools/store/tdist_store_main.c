@@ -16,7 +16,9 @@
  *     ("tdist/dead/<r>"), or
  *   - rank 0 was killed before the rendezvous completed ("tdist/rdzv/arrived"
  *     < N): the job cannot start.
- * It checks every 250 ms through a connection of its own. --detach: after
+ * It checks through a connection of its own: every 250 ms while rank 0
+ * lives, every 20 ms once rank 0 is gone or dead (nobody else will stop it,
+ * and it must not linger after its job). --detach: after
  * the "listening" line, stdout and stderr go to $TDIST_STORE_LOG (appended)
  * or /dev/null, so that no reader of rank 0's output waits for the store.
  */
@@ -45,14 +47,23 @@ static int key_exists(tdist_store_t *c, const char *key) {
   return tdist_store_check(c, keys, 1, &exists) == 0 && exists;
 }
 
-/* 1 when the job no longer needs this store (see the header). */
-static int job_over(tdist_store_t *c, int size, pid_t parent) {
+/* 1 when the job no longer needs this store (see the header). *alone: 1
+ * once rank 0 is gone or declared dead, so that nobody will stop this store
+ * and it must notice the end of the job by itself. */
+static int job_over(tdist_store_t *c, int size, pid_t parent, int *alone) {
   int parent_gone = getppid() != parent;
   if (!parent_gone && !key_exists(c, "tdist/dead/0")) return 0; /* rank 0 will stop us */
-  int64_t left = 0, arrived = 0;
+  *alone = 1;
+  int64_t left = 0, arrived = 0, records = 0;
   if (tdist_store_add(c, "tdist/rdzv/arrived", 0, &arrived) != 0) return 0;
   if (parent_gone && arrived < size) return 1;
   if (tdist_store_add(c, "tdist/rdzv/left", 0, &left) != 0) return 0;
+  /* Every death is also an abort record: while left plus the records fall
+   * short of the job, the dead set (one request per rank) cannot fill it. */
+  if (key_exists(c, "tdist/aborts/count") &&
+      tdist_store_add(c, "tdist/aborts/count", 0, &records) != 0)
+    return 0;
+  if (left + records < size) return 0;
   int dead = 0;
   for (int r = 0; r < size; r++) {
     char key[48];
@@ -136,16 +147,21 @@ int main(int argc, char **argv) {
     if (tdist_store_connect("127.0.0.1", port, &co, &c) != 0)
       fprintf(stderr, "tdist-store: cannot watch the job: %s\n", tdist_last_error());
   }
+  int alone = 0;
   for (;;) {
     if (!c) {
       sigwait(&set, &sig);
       break;
     }
-    struct timespec ts = {0, 250 * 1000 * 1000};
+    /* While rank 0 lives it stops this store (and reaps it): a slow check
+     * for its death is enough. Once rank 0 is gone, the end of the job is
+     * seen within 20 ms, so the store does not linger after its last rank
+     * left (its new parent, PID 1 or a subreaper, then reaps it). */
+    struct timespec ts = {0, (alone ? 20 : 250) * 1000 * 1000};
     sig = sigtimedwait(&set, NULL, &ts);
     if (sig > 0) break;
     if (sig < 0 && errno != EAGAIN && errno != EINTR) break;
-    if (job_over(c, job_size, parent)) {
+    if (job_over(c, job_size, parent, &alone)) {
       sig = 0;
       break;
     }
