@@ -108,11 +108,23 @@ typedef struct tdist_group_opts {
  * parent's connections; the NCCL backend calls ncclCommSplit (non-members pass
  * NCCL_SPLIT_NOCOLOR), or, with TDIST_GROUP_FIELD_DEVICE, makes a new
  * communicator on that device.
+ * Every rank of the parent waits, up to the new group's timeout (opts, else
+ * the parent's), until every other rank of the parent has called it.
+ * Thread: any caller thread (not a completion or abort callback).
  * @return 0; TDIST_ERR_INVALID_ARGUMENT for an empty list, a rank out of range
  *         or a duplicate, or a device option on a group whose backend has no
  *         devices; TDIST_ERR_MISMATCH if ranks disagree on the members or on
- *         whether a device is named; TDIST_ERR_ABORTED if the parent was
- *         aborted.
+ *         whether a device is named; TDIST_ERR_TIMEOUT if a rank of the
+ *         parent never called it within that timeout, the message naming the
+ *         group and the missing ranks (parent and world ranks), e.g.
+ *         "tdist_new_group 'tp' (ranks 0,1,2,3 of 'world'): rank 3 of 'world'
+ *         (world rank 3) never joined within 1000 ms ...";
+ *         TDIST_ERR_REMOTE_FAILED at once (well before the timeout) if such a
+ *         rank was declared dead by the store meanwhile, naming it; the
+ *         parent's abort status (TDIST_ERR_ABORTED, TDIST_ERR_REMOTE_FAILED...)
+ *         if the parent was or gets aborted. After a TIMEOUT the parent's
+ *         ops still work, but its ranks no longer agree on how many splits
+ *         it made: do not split it again.
  */
 int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_group_opts_t *opts,
                     tdist_group_t **group);
@@ -123,9 +135,14 @@ int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_
  * (row-major, like torch's init_device_mesh). For each dimension d, this rank
  * gets in groups[d] the group of ranks that differ from it only in
  * coordinate d. Collective over the parent.
+ * Each dimension is one split, with the waits and errors of
+ * tdist_new_group (`opts`' timeout bounds each).
  * @param coords  optional out: this rank's coordinate in each dimension.
  * @return 0; TDIST_ERR_INVALID_ARGUMENT if a dimension is < 1 or the product
- *         of dims differs from the parent's size (the message says both).
+ *         of dims differs from the parent's size (the message says both);
+ *         TDIST_ERR_TIMEOUT naming the mesh, the dimension, the group and the
+ *         parent ranks that never called it; TDIST_ERR_REMOTE_FAILED if one
+ *         of them died; as tdist_new_group otherwise.
  *         On failure no group is returned.
  */
 int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,
@@ -198,15 +215,39 @@ typedef void (*tdist_group_abort_cb_t)(tdist_group_t *group, int status, const c
 /*
  * tdist_group_on_abort - have `cb` called once when the group is aborted, for
  * any cause (a peer's failure, a timeout, tdist_group_abort here or on
- * another rank), the moment the progress thread aborts it: after the pending
- * ops were failed, before any later op is submitted. The role of MPI's error
- * handler: a rank busy computing learns of a failure at once, without an op
- * to wait on.
- * Thread: any. `cb` runs on the progress thread; if the group is already
- * aborted, at once on the calling thread. Like a completion callback, on the
- * progress thread it must not block (blocking tdist calls from there fail at
- * once) and must not destroy the group. It never runs after tdist_group_destroy
- * returned.
+ * another rank, a destroy that had to abort pending ops). The role of MPI's
+ * error handler: a rank busy computing learns of a failure at once, without
+ * an op to wait on.
+ *
+ * Order, for a callback registered before the abort. The progress thread
+ * aborts the group in this order:
+ *   1. marks it aborted: from here tdist_group_is_aborted() returns 1 and a
+ *      new op on the group is refused at submission with the abort's status
+ *      (these two may be seen before the callback ran);
+ *   2. runs `cb` and waits for it to return;
+ *   3. fails the group's pending ops (the op that timed out with
+ *      TDIST_ERR_TIMEOUT, the others with the abort's status): only now can
+ *      tdist_work_wait/wait_all/wait_any return their failure,
+ *      tdist_work_is_completed return 1 for them, or their completion
+ *      callbacks run. Ops still queued fail after that too.
+ * So a thread that sees an op of the group fail because of the abort finds
+ * the callback's effects done (a flag it set, with the usual happens-before:
+ * the wait's return acquires what the progress thread released). While `cb`
+ * runs, the pending ops are still running: one whose success a waiter had
+ * already seen stays a success. Across groups there is no order: the world
+ * and a subgroup aborted by the same death run their callbacks in any order.
+ *
+ * Registered when the group is already aborted (or while the progress thread
+ * is aborting it), `cb` runs at once on the calling thread, before this call
+ * returns; ops may then have been reported failed before it.
+ *
+ * Thread: any. `cb` runs on the progress thread (or, as above, on the
+ * registering thread). Like a completion callback, on the progress thread it
+ * must not block (blocking tdist calls from there fail at once) and must not
+ * destroy the group. It never runs after tdist_group_destroy returned: one
+ * not yet started by then never starts, one running on another thread has
+ * returned (so after a shrink, destroying the old group guarantees its late
+ * callback cannot touch state the program resets afterwards).
  * @param cb   the callback (not NULL); @param arg  passed to it.
  * @return 0; TDIST_ERR_INVALID_ARGUMENT for a NULL group or cb;
  *         TDIST_ERR_INVALID_STATE if a callback is already registered.
@@ -218,7 +259,10 @@ int tdist_group_on_abort(tdist_group_t *group, tdist_group_abort_cb_t cb, void *
  * abort what is left, release the backend (NCCL: finalize then destroy), free
  * the group. Destroying the last group stops the progress thread. Not
  * collective for the CPU backend; NCCL's finalize expects every rank to call
- * it. NULL is ignored.
+ * it. NULL is ignored. Once it returns, the group's abort callback neither
+ * runs nor will run (tdist_group_on_abort).
+ * Thread: any caller thread; not from a completion callback or from the
+ * group's own abort callback (TDIST_ERR_INVALID_STATE).
  * @return 0, or TDIST_ERR_TIMEOUT if work had to be aborted.
  */
 int tdist_group_destroy(tdist_group_t *group);

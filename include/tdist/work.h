@@ -21,6 +21,12 @@
  *
  * The last four states are terminal; a handle never leaves them.
  *
+ * When a group aborts, its abort callback (tdist_group_on_abort, if
+ * registered before the abort) has returned before any op that the abort
+ * fails (FAILED, TIMED_OUT or ABORTED) is seen complete by
+ * tdist_work_is_completed/wait/wait_all/wait_any or a completion callback
+ * (tdist/group.h, tdist_group_on_abort, gives the whole order).
+ *
  * Thread safety: every function here may be called from any thread, at the
  * same time as the runtime completes the work. A handle must not be used after
  * the caller's tdist_work_release().

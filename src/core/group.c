@@ -1,7 +1,7 @@
 /*
- * group.c - group life cycle: creation, split (new_group and meshes build on
- * it), destroy, abort on demand, accessors, and the flight recorder's public
- * dump.
+ * group.c - group life cycle: creation, the pieces a split or a shrink builds
+ * a child from (mesh.c, shrink.c), destroy, abort on demand, the abort
+ * callback's registration, accessors.
  *
  * One unwind path: a group is built in steps (identity, context, store view,
  * backend state, registration); tdist__group_free undoes whichever of them
@@ -9,8 +9,8 @@
  * (init, split, mesh, shrink) fails through it, so a failure after the
  * backend made its state never leaks it.
  *
- * Threads: creation, split and destroy run on the caller's thread and reach
- * the progress thread with tdist__progress_call.
+ * Threads: creation and destroy run on the caller's thread and reach the
+ * progress thread with tdist__progress_call.
  */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "core/group.h"
-#include "store/bootstrap.h"
 #include "store/store_impl.h"
 #include "util/alloc.h"
 #include "util/clock.h"
@@ -214,196 +213,6 @@ fail:
   return rc;
 }
 
-/* ---- split ------------------------------------------------------------------------ */
-
-/* "c m0,m1,..." : a rank's colour and member list, as it passed them. */
-static int list_text(char *buf, size_t cap, int color, int own_device, const int *members, int n) {
-  size_t len = (size_t)snprintf(buf, cap, "%d%s ", color, own_device ? "d" : "");
-  for (int i = 0; i < n && len < cap; i++)
-    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", members[i]);
-  return len < cap ? (int)len : -1;
-}
-
-/* Parse "c m0,..." into members (at most cap); returns the count, -1 if bad. */
-static int list_parse(const char *v, size_t len, int *members, int cap) {
-  char *text = tdist__malloc(len + 1);
-  if (!text) return -1;
-  memcpy(text, v, len);
-  text[len] = '\0';
-  char *p = strchr(text, ' ');
-  int n = 0;
-  while (p && *++p && n < cap) {
-    members[n++] = (int)strtol(p, &p, 10);
-    if (*p != ',') break;
-  }
-  tdist__free(text);
-  return n;
-}
-
-static int contains(const int *list, int n, int r) {
-  for (int i = 0; i < n; i++)
-    if (list[i] == r) return 1;
-  return 0;
-}
-
-/*
- * Every parent rank publishes the colour and member list it passed; two
- * ranks of which one lists the other must have passed the same list. So a
- * tdist_new_group called with different lists on different ranks fails
- * here, on every rank, with MISMATCH naming the ranks and both lists, before
- * any backend can hang in its split. (Mesh lines that do not overlap are not
- * compared.) Skipped without a store (then nothing can hang: no peer).
- */
-/* The first token of a published list ends with 'd': a device was named. */
-static int names_device(const void *v, size_t len) {
-  const char *sp = memchr(v, ' ', len);
-  return sp && sp > (const char *)v && sp[-1] == 'd';
-}
-
-static int agree_members(tdist_group_t *parent, unsigned idx, int color, int own_device,
-                         const int *members, int n) {
-  int rc = 0, size = parent->size;
-  if (!parent->store || size < 2) return 0;
-  char tag[48];
-  snprintf(tag, sizeof(tag), "split%u/members", idx);
-  size_t cap = (size_t)n * 12 + 32;
-  char *mine = tdist__malloc(cap);
-  void **vals = tdist__calloc((size_t)size, sizeof(void *));
-  size_t *lens = tdist__calloc((size_t)size, sizeof(size_t));
-  int *lists = tdist__calloc((size_t)size * (size_t)size, sizeof(int)),
-      *cnt = tdist__calloc((size_t)size, sizeof(int));
-  if (!mine || !vals || !lens || !lists || !cnt ||
-      list_text(mine, cap, color, own_device, members, n) < 0) {
-    rc = tdist__error(TDIST_ERR_NO_MEMORY, "new group of '%s': out of memory", parent->name);
-    goto out;
-  }
-  rc = tdist__store_allgather(parent->store, tag, parent->rank, size, mine, strlen(mine), NULL, 0,
-                              vals, lens, atomic_load(&parent->timeout_ms));
-  if (rc == TDIST_ERR_CLOSED || rc == TDIST_ERR_IO) {
-    /* The store is gone (killed): the lists cannot be compared, and a split
-     * of a backend that needs no store (CPU) still works. */
-    TDIST_WARN(CORE, "new group of '%s': member lists not compared: %s", parent->name,
-               tdist_last_error());
-    rc = 0;
-    goto out;
-  }
-  if (rc) goto out;
-  for (int r = 0; r < size; r++) {
-    cnt[r] = list_parse(vals[r], lens[r], lists + (size_t)r * size, size);
-    if (!rc && names_device(vals[r], lens[r]) != own_device)
-      rc = tdist__error(TDIST_ERR_MISMATCH,
-                        "new group of '%s': rank %d %s a device for it (TDIST_GROUP_FIELD_DEVICE) "
-                        "but rank %d %s",
-                        parent->name, parent->rank, own_device ? "names" : "does not name", r,
-                        own_device ? "does not" : "does");
-  }
-  for (int a = 0; a < size && !rc; a++)
-    for (int b = a + 1; b < size && !rc; b++) {
-      const int *la = lists + (size_t)a * size, *lb = lists + (size_t)b * size;
-      if (!contains(la, cnt[a], b) && !contains(lb, cnt[b], a)) continue;
-      if (cnt[a] == cnt[b] && memcmp(la, lb, sizeof(int) * (size_t)cnt[a]) == 0) continue;
-      const char *sa = memchr(vals[a], ' ', lens[a]), *sb = memchr(vals[b], ' ', lens[b]);
-      sa = sa ? sa + 1 : vals[a];
-      sb = sb ? sb + 1 : vals[b];
-      rc = tdist__error(TDIST_ERR_MISMATCH,
-                        "new group of '%s': ranks disagree on its members: rank %d passed "
-                        "[%.*s] but rank %d passed [%.*s]",
-                        parent->name, a, (int)(lens[a] - (size_t)(sa - (char *)vals[a])), sa, b,
-                        (int)(lens[b] - (size_t)(sb - (char *)vals[b])), sb);
-    }
-out:
-  for (int r = 0; vals && r < size; r++)
-    tdist_store_free(vals[r]);
-  tdist__free(mine);
-  tdist__free(vals);
-  tdist__free(lens);
-  tdist__free(lists);
-  tdist__free(cnt);
-  return rc;
-}
-
-int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
-                       const tdist_group_opts_t *opts, tdist_group_t **out) {
-  int rc;
-  tdist_group_t *child = NULL;
-  *out = NULL;
-  if (atomic_load(&parent->aborted))
-    return tdist__error(parent->abort_status, "group '%s' was aborted: %s", parent->name,
-                        parent->abort_reason);
-  int own_device = opts && (opts->mask & TDIST_GROUP_FIELD_DEVICE);
-  if (own_device && (!(parent->bk->caps.mem & TDIST__MEM_DEVICE) || opts->device < 0))
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "new group of '%s': a device (%d) is named, but %s", parent->name,
-                        opts->device,
-                        opts->device < 0 ? "it is negative" : "the backend has no devices");
-  unsigned idx = atomic_fetch_add(&parent->split_count, 1);
-  TDIST_CHECK(agree_members(parent, idx, color, own_device, members, n));
-  tdist__bk_params_t p;
-  tdist__bk_out_t bo = {NULL, 0, -1};
-  if (color != TDIST__NOCOLOR) {
-    char name[96], tag[48];
-    if (color == 0)
-      snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
-    else
-      snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
-    snprintf(tag, sizeof(tag), "%u.%d/", idx, color);
-    uint64_t uid = tdist__mix64(tdist__mix64(parent->uid, idx), (uint64_t)(unsigned)color);
-    TDIST_CHECKGOTO(tdist__group_child_new(parent, members, n, opts, name, uid, tag, &child), rc,
-                    fail);
-    tdist__group_params(child, &p);
-    p.color = color;
-    p.own_device = own_device;
-    if (own_device) p.device = opts->device;
-  } else {
-    memset(&p, 0, sizeof(p));
-    p.progress = parent->ctx->progress;
-    p.parent = parent->bstate;
-    p.parent_rank = parent->rank;
-    p.device = parent->device;
-    p.timeout_ms = atomic_load(&parent->timeout_ms);
-    p.color = TDIST__NOCOLOR;
-    p.own_device = own_device;
-    p.rank = -1;
-  }
-  TDIST_CHECKGOTO(tdist__inject("split.backend"), rc, fail);
-  TDIST_CHECKGOTO(parent->bk->ops->split(&p, &bo), rc, fail);
-  if (child) TDIST_CHECKGOTO(tdist__group_adopt(child, &bo), rc, fail);
-  *out = child;
-  return 0;
-fail:
-  if (child && !child->bstate && bo.state && parent->bk->ops->destroy)
-    parent->bk->ops->destroy(bo.state); /* made, not adopted yet */
-  tdist__group_free(child);
-  return rc;
-}
-
-int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_group_opts_t *opts,
-                    tdist_group_t **group) {
-  tdist__error_clear();
-  if (!group) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_new_group: NULL out-param");
-  *group = NULL;
-  if (!parent || !ranks || n < 1)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_new_group: %s",
-                        !parent ? "NULL parent" : "empty rank list");
-  if (n > parent->size)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "tdist_new_group: %d ranks given, parent '%s' has %d", n, parent->name,
-                        parent->size);
-  int member = 0;
-  for (int i = 0; i < n; i++) {
-    if (ranks[i] < 0 || ranks[i] >= parent->size)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                          "tdist_new_group: ranks[%d] = %d is not in [0, %d)", i, ranks[i],
-                          parent->size);
-    for (int j = 0; j < i; j++)
-      if (ranks[j] == ranks[i])
-        return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_new_group: rank %d is listed twice",
-                            ranks[i]);
-    if (ranks[i] == parent->rank) member = 1;
-  }
-  return tdist__group_split(parent, member ? 0 : TDIST__NOCOLOR, ranks, n, opts, group);
-}
-
 /* ---- destroy, abort and accessors ---------------------------------------------------- */
 
 static int wait_pending(tdist_group_t *g, int64_t timeout_ms) {
@@ -436,6 +245,25 @@ static void abort_task(void *arg) {
   tdist__group_abort_now(r->g, r->status, 3, r->fmt, r->reason); /* found here: tell, publish */
 }
 
+/* Caller thread, in destroy: the abort callback never starts from now on
+ * (its slot is closed), and one running on another thread (the progress
+ * thread, or a tdist_group_on_abort caller) has returned when this does.
+ * The progress thread never waits for this thread, so the wait ends. */
+static int close_abort_cb(tdist_group_t *g) {
+  pthread_mutex_lock(&g->mu);
+  if (g->abort_cb_running && pthread_equal(g->abort_cb_thread, pthread_self())) {
+    pthread_mutex_unlock(&g->mu);
+    return tdist__error(TDIST_ERR_INVALID_STATE,
+                        "tdist_group_destroy: group '%s' destroyed from its own abort callback",
+                        g->name);
+  }
+  if (g->abort_cb_state != TDIST__ABORT_CB_TAKEN) g->abort_cb_state = TDIST__ABORT_CB_CLOSED;
+  while (g->abort_cb_running)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+  return 0;
+}
+
 int tdist_group_destroy(tdist_group_t *g) {
   if (!g) return 0;
   if (tdist__progress_on_thread())
@@ -453,6 +281,7 @@ int tdist_group_destroy(tdist_group_t *g) {
   /* Every work is finished: a thread still inside the backend's test of
    * one (it read the work as running just before) returns first. */
   tdist__work_quiesce_tests();
+  TDIST_CHECK(close_abort_cb(g));
   TDIST_INFO(INIT, "group '%s' destroyed", g->name);
   /* Off the progress thread's lists first (group_unwind): once that
    * returns no poll or watchdog pass runs on g, so the backend may free
@@ -474,25 +303,36 @@ int tdist_group_is_aborted(const tdist_group_t *g) {
 }
 
 /* Any thread. mu orders this against the progress thread's run_abort_cb
- * (inflight.c), which reads the state only after `aborted` was set: either
- * the progress thread finds the callback registered, or this call finds the
- * group aborted and runs it itself. */
+ * (inflight.c), which takes the callback only
+ * after `aborted` was set: either the progress thread finds it registered,
+ * or this call finds the group aborted and runs it itself (marked running,
+ * so that a destroy on another thread waits for it). */
 int tdist_group_on_abort(tdist_group_t *g, tdist_group_abort_cb_t cb, void *arg) {
   if (!g || !cb)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_on_abort: NULL %s",
                         g ? "callback" : "group");
   pthread_mutex_lock(&g->mu);
-  if (g->abort_cb_state != 0) {
+  if (g->abort_cb_state != TDIST__ABORT_CB_NONE) {
+    int closed = g->abort_cb_state == TDIST__ABORT_CB_CLOSED;
     pthread_mutex_unlock(&g->mu);
-    return tdist__error(TDIST_ERR_INVALID_STATE,
-                        "tdist_group_on_abort: group '%s' already has an abort callback", g->name);
+    return tdist__error(TDIST_ERR_INVALID_STATE, "tdist_group_on_abort: group '%s' %s", g->name,
+                        closed ? "is being destroyed" : "already has an abort callback");
   }
   g->abort_cb = cb;
   g->abort_cb_arg = arg;
   int now = atomic_load_explicit(&g->aborted, memory_order_acquire);
-  g->abort_cb_state = now ? 2 : 1;
+  g->abort_cb_state = now ? TDIST__ABORT_CB_TAKEN : TDIST__ABORT_CB_REGISTERED;
+  if (now) {
+    g->abort_cb_running = 1;
+    g->abort_cb_thread = pthread_self();
+  }
   pthread_mutex_unlock(&g->mu);
-  if (now) cb(g, g->abort_status, g->abort_reason, arg); /* already aborted: here */
+  if (!now) return 0;
+  cb(g, g->abort_status, g->abort_reason, arg); /* already aborted: here */
+  pthread_mutex_lock(&g->mu);
+  g->abort_cb_running = 0;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
   return 0;
 }
 

@@ -25,6 +25,16 @@
 #include "core/trace.h"
 #include "core/work.h"
 
+/* tdist_group_t.abort_cb_state. A callback is taken (REGISTERED -> TAKEN)
+ * by the one thread that runs it; destroy closes the slot (-> CLOSED), so
+ * one not taken by then never runs. */
+enum {
+  TDIST__ABORT_CB_NONE = 0,
+  TDIST__ABORT_CB_REGISTERED = 1,
+  TDIST__ABORT_CB_TAKEN = 2,
+  TDIST__ABORT_CB_CLOSED = 3,
+};
+
 typedef struct tdist__ctx {
   _Atomic int refs;
   tdist_progress_t *progress; /* (caller) a reference */
@@ -80,11 +90,13 @@ struct tdist_group {
   char fail_reason[256];
   tdist__trace_t *trace; /* flight recorder, or NULL */
 
-  /* (mu) tdist_group_on_abort's callback: 0 none, 1 registered, 2 taken
-   * (run, or running) */
+  /* (mu) tdist_group_on_abort's callback (TDIST__ABORT_CB_*), and whether
+   * it is running now and on which thread (destroy waits for it) */
   tdist_group_abort_cb_t abort_cb;
   void *abort_cb_arg;
   int abort_cb_state;
+  int abort_cb_running;
+  pthread_t abort_cb_thread;
 
   /* pending reaching 0 is signalled here, for destroy; guards abort_cb */
   pthread_mutex_t mu;
@@ -119,12 +131,6 @@ int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int ra
 int tdist__group_create(const tdist__backend_t *bk, int rank, int size, const char *name,
                         tdist_store_t *store, int64_t timeout_ms, const tdist_init_opts_t *opts,
                         tdist_group_t **out);
-
-/* Split (caller thread, collective over parent): ranks with the same colour
- * form a child; `members` lists the child's parent ranks in child-rank order
- * (ignored for TDIST__NOCOLOR). *out = NULL for non-members. */
-int tdist__group_split(tdist_group_t *parent, int color, const int *members, int n,
-                       const tdist_group_opts_t *opts, tdist_group_t **out);
 
 /* Caller thread: a child of `parent` whose rank i is parent rank members[i]
  * (the caller must be one of them; TDIST_ERR_INTERNAL if not): identity, rank

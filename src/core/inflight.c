@@ -128,27 +128,40 @@ static int mark_aborted(tdist_group_t *g, int status, const char *reason, int sp
   return 1;
 }
 
-/* The user's abort callback, once (tdist_group_on_abort): after the works
- * were failed, so their states are final when it runs. */
+/* The user's abort callback, once (tdist_group_on_abort), run right after
+ * the group was marked aborted and before any of its works is published
+ * failed because of it: a thread that sees an op fail (a wait returning,
+ * is_completed, the op's callback) finds the callback done. Works still
+ * RUNNING meanwhile (a caller may still claim one's success: work.h). Not
+ * once destroy closed the slot; marked running so that destroy waits for it. */
 static void run_abort_cb(tdist_group_t *g) {
   pthread_mutex_lock(&g->mu);
-  tdist_group_abort_cb_t cb = g->abort_cb_state == 1 ? g->abort_cb : NULL;
-  if (cb) g->abort_cb_state = 2;
+  tdist_group_abort_cb_t cb = g->abort_cb_state == TDIST__ABORT_CB_REGISTERED ? g->abort_cb : NULL;
+  if (cb) {
+    g->abort_cb_state = TDIST__ABORT_CB_TAKEN;
+    g->abort_cb_running = 1;
+    g->abort_cb_thread = pthread_self();
+  }
   pthread_mutex_unlock(&g->mu);
-  if (cb) cb(g, g->abort_status, g->abort_reason, g->abort_cb_arg);
+  if (!cb) return;
+  cb(g, g->abort_status, g->abort_reason, g->abort_cb_arg);
+  pthread_mutex_lock(&g->mu);
+  g->abort_cb_running = 0;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
 }
 
-/* Finish everything in flight (but what the backend already completed: it
- * keeps its own status), tell the user's abort callback, then have the
- * flight recorder written. */
+/* Tell the user's abort callback, then finish everything in flight (but
+ * what the backend already completed: it keeps its own status), then have
+ * the flight recorder written. */
 static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
+  run_abort_cb(g);
   tdist__list_t *it, *tmp;
   tdist__list_foreach_safe(it, tmp, &g->inflight) {
     tdist_work_t *w = tdist__list_entry(it, tdist_work_t, inflight);
     if (w->completing) continue;
     finish_fmt(w, status, "%s", reason);
   }
-  run_abort_cb(g);
   tdist__trace_meta_t m;
   tdist__group_trace_meta(g, &m);
   tdist__trace_dump_on_failure(g->trace, &m);
@@ -212,6 +225,7 @@ void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
            tdist_op_name(w->args.type), w->bop.seq, (long long)waited_ms, diag ? "; " : "",
            diag ? diag : "");
   if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, SPREAD_LOCAL)) return;
+  run_abort_cb(g); /* before the op that timed out is published */
   if (!w->completing)
     finish_fmt(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
                (long long)waited_ms, (long long)w->bop.timeout_ms, diag ? "; " : "",
@@ -235,6 +249,12 @@ void tdist__group_start_work(tdist__qnode_t *node) {
   tdist__trace_start(g->trace, w);
   tdist__progress_ticker_arm(g->ctx->progress);
   int rc = g->bk->ops->post(g->bstate, &w->bop);
+  /* A group failure the backend queued with the refusal is delivered first:
+   * the abort (and its callback) comes before the op is seen failed. */
+  if (rc < 0 && g->fail_queued) {
+    tdist__progress_undefer(g->ctx->progress, &g->fail_node);
+    deliver_failure(&g->fail_node);
+  }
   /* Still on the list: nothing finished it inside post (a caller may have
    * claimed its success already; finish_fmt keeps that). */
   if (rc < 0 && !w->completing && tdist__list_linked(&w->inflight))
