@@ -1,11 +1,22 @@
 /*
- * monitor.c - see monitor.h. One thread per runtime context, one store
- * connection of its own (so its long waits never hold up the groups' store
- * calls).
+ * monitor.c - see monitor.h. Two threads per runtime context, each with a
+ * store connection of its own:
+ *   - the monitor thread publishes abort records, waits for records, runs
+ *     diagnoses and refreshes the heartbeat's value; its handlers go through
+ *     the progress thread (tdist__progress_call), so it may wait behind one
+ *     long step of that thread;
+ *   - the heartbeat thread only writes "tdist/hb/<rank>": the value the
+ *     monitor thread just refreshed (every TDIST_HEARTBEAT_INTERVAL_MS), or,
+ *     when none came for an interval plus one monitor round, the last one;
+ *     and "bye" when it stops. It calls no handler and waits on nothing but
+ *     its timer and the store, so how long one data-path step takes (a
+ *     400 MB copy on a loaded host: seconds) never delays a heartbeat: a
+ *     process whose threads run is never declared dead.
  *
- * Ownership: the queues and `stop` are guarded by m->mu, which is never held
- * across a store call or a handler; the connection, `next` and `last_hb_ms`
- * are the monitor thread's.
+ * Ownership: the queues, the value (`snap`) and the stop flags are guarded
+ * by m->mu, which is never held across a store call or a handler; `conn`,
+ * `next`, `last_snap_ms` and `last_ok_ms` are the monitor thread's,
+ * `hb_conn` the heartbeat thread's (after start).
  */
 #include "core/monitor.h"
 
@@ -36,7 +47,12 @@ TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
 
 struct tdist__monitor {
   pthread_mutex_t mu;
+  pthread_cond_t cv; /* wakes the heartbeat thread: a fresh value, or stop */
   int stop;
+  int hb_stop;
+  char snap[4096]; /* the heartbeat's value, refreshed by the monitor thread */
+  size_t snap_len;
+  int snap_fresh; /* refreshed since the last heartbeat */
   int nq;
   char queue[QUEUE_MAX][320];
   int ndiag; /* timeout diagnoses asked for by the progress thread */
@@ -50,9 +66,13 @@ struct tdist__monitor {
   tdist__mon_handlers_t h;
   int world_rank;
   int64_t next; /* next record number to wait for */
-  int64_t last_hb_ms;
+  int64_t last_snap_ms;
   int64_t last_ok_ms; /* the store last answered */
   int store_lost;     /* on_store_lost was called */
+
+  /* heartbeat thread (and start/stop) */
+  pthread_t hb_thread;
+  tdist_store_t *hb_conn;
 };
 
 void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason) {
@@ -118,20 +138,86 @@ static void publish_queued(tdist__monitor_t *m) {
   }
 }
 
-/* ---- heartbeats and timeout diagnosis (monitor thread) ---------------------- */
+/* ---- heartbeats (heartbeat thread; the value from the monitor thread) ---------- */
 
+/* (monitor) Ask the group layer for the heartbeat's value. This waits for
+ * the progress thread, which is why the heartbeat thread never does it: a
+ * stale value only makes a diagnosis one interval older. */
+static void refresh_snapshot(tdist__monitor_t *m) {
+  char buf[sizeof(m->snap)];
+  size_t len = m->h.snapshot(m->h.arg, buf, sizeof(buf));
+  if (len == 0 || len > sizeof(buf)) len = (size_t)snprintf(buf, sizeof(buf), "-");
+  pthread_mutex_lock(&m->mu);
+  memcpy(m->snap, buf, len);
+  m->snap_len = len;
+  m->snap_fresh = 1; /* the heartbeat thread sends it now */
+  pthread_cond_signal(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* (heartbeat, or the caller in start) One heartbeat on hb_conn: the value
+ * the monitor thread left, or "bye". A broken connection is reopened
+ * first (the store came back). */
 static void heartbeat(tdist__monitor_t *m, int bye) {
-  char key[48], buf[4096];
+  char key[48], buf[sizeof(m->snap)];
   size_t len;
   snprintf(key, sizeof(key), "tdist/hb/%d", m->world_rank);
-  if (bye)
+  if (bye) {
     len = (size_t)snprintf(buf, sizeof(buf), "bye");
-  else
-    len = m->h.snapshot(m->h.arg, buf, sizeof(buf));
-  if (len == 0) len = (size_t)snprintf(buf, sizeof(buf), "-");
-  if (tdist_store_set(m->conn, key, buf, len) != 0)
+  } else {
+    pthread_mutex_lock(&m->mu);
+    len = m->snap_len;
+    memcpy(buf, m->snap, len);
+    pthread_mutex_unlock(&m->mu);
+  }
+  if (!tdist__store_alive(m->hb_conn)) {
+    tdist_store_t *fresh = NULL;
+    if (tdist__store_reconnect(m->hb_conn, STORE_CALL_MS, &fresh) != 0) {
+      TDIST_INFO(CORE, "monitor: heartbeat connection: %s", tdist_last_error());
+      return;
+    }
+    fresh->timeout_ms = m->hb_conn->timeout_ms;
+    tdist_store_release(m->hb_conn);
+    m->hb_conn = fresh;
+  }
+  if (tdist_store_set(m->hb_conn, key, buf, len) != 0)
     TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
 }
+
+/* (heartbeat) Beat as soon as the monitor thread left a fresh value, so a
+ * heartbeat is as recent as it was when one thread did both; and on its own
+ * when none came for an interval plus one monitor round (the monitor
+ * thread is waiting for a busy progress thread): the last value then, but
+ * the beat is never late. */
+static void *heartbeat_main(void *arg) {
+  tdist__monitor_t *m = arg;
+  int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
+  if (period < 1) period = 1;
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    struct timespec due;
+    clock_gettime(CLOCK_MONOTONIC, &due);
+    due.tv_sec += period / 1000;
+    due.tv_nsec += (period % 1000) * 1000000;
+    if (due.tv_nsec >= 1000000000) {
+      due.tv_sec++;
+      due.tv_nsec -= 1000000000;
+    }
+    while (!m->hb_stop && !m->snap_fresh && pthread_cond_timedwait(&m->cv, &m->mu, &due) == 0) {
+    }
+    if (m->hb_stop) break;
+    m->snap_fresh = 0;
+    pthread_mutex_unlock(&m->mu);
+    heartbeat(m, 0);
+    pthread_mutex_lock(&m->mu);
+  }
+  pthread_mutex_unlock(&m->mu);
+  m->hb_conn->timeout_ms = STORE_CALL_MS; /* leaving: do not wait long for a store gone */
+  heartbeat(m, 1);                        /* leaving cleanly: not a death */
+  return NULL;
+}
+
+/* ---- timeout diagnosis (monitor thread) ------------------------------------------ */
 
 /* next_seq of group `uid` in a heartbeat value (not NUL-terminated); -1 if
  * absent. */
@@ -252,14 +338,11 @@ static void *monitor_main(void *arg) {
     pthread_mutex_unlock(&m->mu);
     publish_queued(m); /* also on the way out: a final abort must get out */
     run_diagnoses(m);
-    if (stop) {
-      heartbeat(m, 1); /* leaving cleanly: not a death */
-      break;
-    }
+    if (stop) break; /* the heartbeat thread says "bye" after us */
     int64_t now = tdist__now_ms();
-    if (now - m->last_hb_ms >= tdist__param_HeartbeatIntervalMs()) {
-      heartbeat(m, 0);
-      m->last_hb_ms = now;
+    if (now - m->last_snap_ms >= tdist__param_HeartbeatIntervalMs()) {
+      refresh_snapshot(m);
+      m->last_snap_ms = now;
     }
     char key[64];
     snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, m->next);
@@ -287,43 +370,83 @@ static void *monitor_main(void *arg) {
 
 int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_handlers_t *h,
                          tdist__monitor_t **out) {
-  int rc = 0;
+  int rc = 0, registered = 0, monitor_started = 0;
   *out = NULL;
   tdist__monitor_t *m = tdist__calloc(1, sizeof(*m));
   if (!m) return tdist__error(TDIST_ERR_NO_MEMORY, "monitor: out of memory");
   pthread_mutex_init(&m->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&m->cv, &ca);
+  pthread_condattr_destroy(&ca);
   m->world_rank = world_rank;
   m->h = *h;
   /* No lock is held here: connecting may take a while. */
   TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
   m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
+  TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->hb_conn), rc, fail);
+  /* A heartbeat may wait for a slow store up to the heartbeat timeout: one
+   * that gives up sooner closes its connection, which the store takes for a
+   * death. */
+  int64_t hb_timeout = tdist__param_HeartbeatTimeoutMs();
+  m->hb_conn->timeout_ms = hb_timeout > STORE_CALL_MS ? hb_timeout : STORE_CALL_MS;
   int64_t count = 0;
   TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
   m->next = count + 1; /* records of earlier jobs on this store are history */
   /* Register with the liveness detector before the group exists, so a rank
    * that dies at once is still known (and declared dead). */
+  refresh_snapshot(m);
   heartbeat(m, 0);
-  m->last_hb_ms = m->last_ok_ms = tdist__now_ms();
+  m->snap_fresh = 0; /* sent; no thread runs yet */
+  registered = 1;
+  m->last_snap_ms = m->last_ok_ms = tdist__now_ms();
   if (pthread_create(&m->thread, NULL, monitor_main, m) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "monitor: cannot start its thread");
+    goto fail;
+  }
+  monitor_started = 1;
+  if (pthread_create(&m->hb_thread, NULL, heartbeat_main, m) != 0) {
+    rc = tdist__error(TDIST_ERR_INTERNAL, "monitor: cannot start its heartbeat thread");
     goto fail;
   }
   *out = m;
   return 0;
 fail:
+  if (monitor_started) {
+    pthread_mutex_lock(&m->mu);
+    m->stop = 1;
+    pthread_mutex_unlock(&m->mu);
+    pthread_join(m->thread, NULL);
+  }
+  if (registered) {
+    m->hb_conn->timeout_ms = STORE_CALL_MS;
+    heartbeat(m, 1); /* registered but never ran: not a death */
+  }
+  if (m->hb_conn) tdist_store_release(m->hb_conn);
   if (m->conn) tdist_store_release(m->conn);
+  pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   tdist__free(m);
   return rc;
 }
 
+/* (caller) The monitor thread first (it publishes the last abort records),
+ * then the heartbeat thread, whose "bye" is this process's last word. */
 void tdist__monitor_stop(tdist__monitor_t *m) {
   if (!m) return;
   pthread_mutex_lock(&m->mu);
   m->stop = 1;
   pthread_mutex_unlock(&m->mu);
   pthread_join(m->thread, NULL); /* returns within one wait interval */
+  pthread_mutex_lock(&m->mu);
+  m->hb_stop = 1;
+  pthread_cond_signal(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  pthread_join(m->hb_thread, NULL);
+  tdist_store_release(m->hb_conn);
   tdist_store_release(m->conn);
+  pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   tdist__free(m);
 }

@@ -14,7 +14,11 @@
  *     at once, and hands it to the on_record handler;
  *   - writes a heartbeat "tdist/hb/<world rank>" every
  *     TDIST_HEARTBEAT_INTERVAL_MS whose value the snapshot handler gives (each
- *     group's next sequence number), and "bye" when it stops;
+ *     group's next sequence number), and "bye" when it stops. The writes
+ *     come from a heartbeat thread of its own (a third connection) that
+ *     calls no handler: the snapshot waits for the progress thread, the
+ *     heartbeat never does (it sends the latest value the monitor thread
+ *     took), so a long data-path step cannot delay it;
  *   - answers timeout diagnoses: which ranks of a group never submitted an op,
  *     from their heartbeats, handed to the on_verdict handler;
  *   - watches the store itself: when it has answered nothing for

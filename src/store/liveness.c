@@ -1,6 +1,15 @@
 /*
  * liveness.c - see liveness.h. A table indexed by world rank; a timer that
- * scans it every quarter of the timeout (at most every 250 ms).
+ * asks for a scan every quarter of the timeout (at most every 250 ms).
+ *
+ * The scan never runs from the timer itself. libuv runs timers before it
+ * polls for I/O, so after the loop stalled (the server's process starved of
+ * CPU or stopped for a while) a scan run from the timer would judge every
+ * rank by heartbeats that are waiting, unread, in its sockets, and declare
+ * live ranks dead. So the timer starts an idle handle (the next poll does
+ * not block) and a check handle, and the check callback, which libuv runs
+ * right after that poll read what was pending, does the scan: a rank is
+ * declared silent only by a scan that has read everything it sent.
  */
 #include "store/liveness.h"
 
@@ -28,12 +37,17 @@ typedef struct rank_state {
 
 struct tdist__live {
   uv_timer_t timer;
+  uv_idle_t idle;   /* active while a scan is due: the poll after it never blocks */
+  uv_check_t check; /* runs the due scan, after that poll */
+  int open_handles; /* freed when the last one is closed */
   uv_loop_t *loop;
   tdist__kv_t *kv;
   int64_t timeout_ms;
   rank_state_t *ranks;
   int cap;
-  int in_publish; /* our own writes come back through on_write */
+  int in_publish;              /* our own writes come back through on_write */
+  void (*declared)(void *arg); /* after a scan that declared deaths */
+  void *declared_arg;
 };
 
 /* Run one request body through the engine; returns the reply frame in out. */
@@ -82,9 +96,13 @@ done:
   tdist__buf_free(&out);
 }
 
-static void on_timer(uv_timer_t *t) {
-  tdist__live_t *l = t->data;
+/* (server loop) Check phase, after the poll that followed a timer tick. */
+static void on_check(uv_check_t *c) {
+  tdist__live_t *l = c->data;
+  uv_idle_stop(&l->idle);
+  uv_check_stop(&l->check);
   uint64_t now = uv_now(l->loop);
+  int declared = 0;
   for (int i = 0; i < l->cap; i++) {
     rank_state_t *r = &l->ranks[i];
     if (r->state == R_ALIVE && now - r->last_ms > (uint64_t)l->timeout_ms) {
@@ -92,8 +110,25 @@ static void on_timer(uv_timer_t *t) {
       snprintf(why, sizeof(why), "no heartbeat for %" PRIu64 " ms (timeout %" PRId64 " ms)",
                now - r->last_ms, l->timeout_ms);
       declare_dead(l, i, why);
+      declared = 1;
     }
   }
+  if (declared && l->declared) l->declared(l->declared_arg);
+}
+
+void tdist__live_on_declared(tdist__live_t *l, void (*fn)(void *arg), void *arg) {
+  if (!l) return;
+  l->declared = fn;
+  l->declared_arg = arg;
+}
+
+static void on_idle(uv_idle_t *h) { (void)h; }
+
+/* (server loop) A scan is due: run it after the next poll (see the top). */
+static void on_timer(uv_timer_t *t) {
+  tdist__live_t *l = t->data;
+  uv_idle_start(&l->idle, on_idle);
+  uv_check_start(&l->check, on_check);
 }
 
 int tdist__live_start(uv_loop_t *loop, tdist__kv_t *kv, tdist__live_t **out) {
@@ -106,11 +141,17 @@ int tdist__live_start(uv_loop_t *loop, tdist__kv_t *kv, tdist__live_t **out) {
   l->kv = kv;
   l->timeout_ms = timeout;
   uv_timer_init(loop, &l->timer);
-  l->timer.data = l;
+  uv_idle_init(loop, &l->idle);
+  uv_check_init(loop, &l->check);
+  l->timer.data = l->idle.data = l->check.data = l;
+  l->open_handles = 3;
   uint64_t every = (uint64_t)(timeout / 4 < 250 ? timeout / 4 : 250);
   if (every < 10) every = 10;
   uv_timer_start(&l->timer, on_timer, every, every);
-  uv_unref((uv_handle_t *)&l->timer); /* never keeps the server loop alive */
+  /* never keep the server loop alive */
+  uv_unref((uv_handle_t *)&l->timer);
+  uv_unref((uv_handle_t *)&l->idle);
+  uv_unref((uv_handle_t *)&l->check);
   *out = l;
   return 0;
 }
@@ -156,10 +197,14 @@ void tdist__live_on_close(tdist__live_t *l, const void *conn) {
 
 static void on_closed(uv_handle_t *h) {
   tdist__live_t *l = h->data;
+  if (--l->open_handles > 0) return;
   tdist__free(l->ranks);
   tdist__free(l);
 }
 
 void tdist__live_stop(tdist__live_t *l) {
-  if (l) uv_close((uv_handle_t *)&l->timer, on_closed);
+  if (!l) return;
+  uv_close((uv_handle_t *)&l->timer, on_closed);
+  uv_close((uv_handle_t *)&l->idle, on_closed);
+  uv_close((uv_handle_t *)&l->check, on_closed);
 }

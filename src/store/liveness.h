@@ -5,7 +5,9 @@
  * every TDIST_HEARTBEAT_INTERVAL_MS); the value "bye" says the rank is
  * leaving cleanly. The server declares a registered rank dead when
  *   - it has been silent for TDIST_HEARTBEAT_TIMEOUT_MS (the server's
- *     environment; default 5000, 0 disables the detector), or
+ *     environment; default 5000, 0 disables the detector), judged only
+ *     right after the loop polled its sockets, so heartbeats that arrived
+ *     while the loop stalled are counted first, or
  *   - the connection its heartbeats came on closed without a "bye" (a killed
  *     process: detected at once).
  * A death is recorded as "tdist/dead/<rank>" = reason (the dead set that
@@ -29,6 +31,9 @@ typedef struct tdist__live tdist__live_t;
 
 /* NULL (and 0) when the detector is disabled; -1 on allocation failure. */
 int tdist__live_start(uv_loop_t *loop, tdist__kv_t *kv, tdist__live_t **out);
+/* fn(arg) runs after the detector's own scan declared ranks dead (the
+ * server wakes the connections waiting for the records it wrote). */
+void tdist__live_on_declared(tdist__live_t *l, void (*fn)(void *arg), void *arg);
 /* A write of entry e happened on connection `conn` (NULL: internal write). */
 void tdist__live_on_write(tdist__live_t *l, const tdist__kv_entry_t *e, const void *conn);
 /* Connection `conn` closed (the server is not stopping). */

@@ -86,7 +86,7 @@ struct tdist_store_server {
    * WARN_BURST per WARN_WINDOW_MS, then one summary of what was held back. */
   uint64_t warn_window_start;
   int warn_in_window, warn_held;
-  conn_t *current;     /* connection whose request is executing */
+  conn_t *current; /* connection whose request is executing */
   int stopping;
   _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
 };
@@ -193,6 +193,10 @@ static void drain_ready(struct tdist_store_server *srv) {
   atomic_store_explicit(&srv->num_keys, srv->kv.npresent, memory_order_relaxed);
 }
 
+/* After the detector's scan declared deaths: the monitors waiting for those
+ * records are woken now, not at the next request that drains the list. */
+static void on_declared(void *arg) { drain_ready(arg); }
+
 /* ---- connection lifetime -------------------------------------------------------- */
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -294,7 +298,7 @@ static int handle_hello(conn_t *c, const uint8_t *body, size_t n, const char **w
     return *why = "malformed handshake", -1;
   if (ver != TDIST__STORE_VERSION) {
     warn_client(c->srv, "client %s speaks protocol %u, server %u", c->peer, ver,
-               TDIST__STORE_VERSION);
+                TDIST__STORE_VERSION);
     reply_status(c, TDIST__ST_VERSION, TDIST__STORE_VERSION);
     return 1;
   }
@@ -524,6 +528,7 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "store server: out of memory");
     goto fail;
   }
+  tdist__live_on_declared(srv->live, on_declared, srv);
   struct sockaddr_storage addr;
   if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
       uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
