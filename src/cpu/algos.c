@@ -32,9 +32,14 @@ int tdist__cpu_op_reserve(cpu_op_t *op, int n) {
   cpu_xfer_t *s = tdist__realloc(op->sends, sizeof(cpu_xfer_t) * (size_t)n);
   if (!s) return TDIST_ERR_NO_MEMORY;
   op->sends = s;
-  cpu_xfer_t *r = tdist__realloc(op->recvs, sizeof(cpu_xfer_t) * (size_t)n);
+  /* The signature bitmap (cpu_op_t.heard, n bits) lives past the receives:
+   * one allocation, freed with them. */
+  size_t words = ((size_t)n + 63) / 64;
+  cpu_xfer_t *r =
+      tdist__realloc(op->recvs, sizeof(cpu_xfer_t) * (size_t)n + words * sizeof(uint64_t));
   if (!r) return TDIST_ERR_NO_MEMORY;
   op->recvs = r;
+  op->heard = (uint64_t *)(r + n);
   op->cap = n;
   return 0;
 }

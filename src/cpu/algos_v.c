@@ -19,8 +19,10 @@
  * (tdist__cpu_check_v, called by tdist__cpu_check_coll for every header of
  * a v-op), so "rank i's send_counts[j] != rank j's recv_counts[i]" fails the
  * group with MISMATCH on rank j, naming both numbers, and rank j's abort
- * tells everyone. Stall probes (probe.c) carry the sender's own count, not a
- * per-peer one: for them only the op, dtype, root and reduction are compared.
+ * tells everyone. Stall probes (probe.c) and signatures (sigcheck.c: the
+ * rooted gather_v and scatter_v hear every member before completing) carry
+ * the sender's own count, not a per-peer one: for them only the op, dtype,
+ * root and reduction are compared.
  *
  * The count arrays are the caller's (core/backend.h: valid until the op
  * completes); they are read here at setup and in the checks, both while the
@@ -271,12 +273,12 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
              h->seq, src, tdist_op_name((tdist_optype_t)h->optype),
              tdist_dtype_name((tdist_dtype_t)h->dtype), ea, cg->rank, tdist_op_name(op->type),
              tdist_dtype_name(op->dtype), eb);
-    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+    tdist__cpu_mismatch(cg, h->seq, "%s", text);
     return 1;
   }
   /* Counts: data messages of a running op only (a probe carries the
    * sender's own count; a completed op's arrays may be gone). */
-  if (h->kind == CPU_MSG_PROBE || !op->args) return 0;
+  if (h->kind == CPU_MSG_PROBE || h->kind == CPU_MSG_SIG || !op->args) return 0;
   size_t want = 0;
   char mine[40], theirs[40];
   if (!expected(op, src, &want, mine, sizeof(mine), theirs, sizeof(theirs))) {
@@ -284,7 +286,7 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
              "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
              " %s to rank %d in %s, which expects nothing from it",
              h->seq, src, h->count, tdist_dtype_name(op->dtype), cg->rank, tdist_op_name(op->type));
-    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+    tdist__cpu_mismatch(cg, h->seq, "%s", text);
     return 1;
   }
   if (h->count == want) return 0;
@@ -293,6 +295,6 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
            " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",
            h->seq, src, h->count, tdist_dtype_name(op->dtype), cg->rank, tdist_op_name(op->type),
            theirs, cg->rank, want, src, mine);
-  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+  tdist__cpu_mismatch(cg, h->seq, "%s", text);
   return 1;
 }

@@ -71,10 +71,12 @@ enum {
   CPU_MSG_P2P = 2,
   CPU_MSG_ERR = 3,
   CPU_MSG_BYE = 4,
-  CPU_MSG_RMA = 5,  /* a COLL or P2P message whose payload stays in the sender:
-                       the payload on the wire is a cpu_rma_desc_t (cma.c) */
-  CPU_MSG_ACK = 6,  /* header only: the RMA message with cookie `seq` was read */
-  CPU_MSG_PROBE = 7 /* header only: a stalled collective's signature (probe.c) */
+  CPU_MSG_RMA = 5,   /* a COLL or P2P message whose payload stays in the sender:
+                        the payload on the wire is a cpu_rma_desc_t (cma.c) */
+  CPU_MSG_ACK = 6,   /* header only: the RMA message with cookie `seq` was read */
+  CPU_MSG_PROBE = 7, /* header only: a stalled collective's signature (probe.c) */
+  CPU_MSG_SIG = 8    /* header only: a collective's signature, sent at its round 0
+                        to members that round sends nothing to (sigcheck.c) */
 };
 
 /* Fixed 48-byte header, host byte order (all ranks run on one architecture;
@@ -196,6 +198,18 @@ struct cpu_op {
   size_t seg; /* segment bytes (pipelined algorithms) */
   int nseg;   /* segments per chunk */
   int pof2, extra;
+  /* signatures (sigcheck.c): members whose header of this op (data, SIG or
+   * PROBE) agreed with it; bit i of heard is group rank i. heard lies past
+   * the recvs array in the same allocation (tdist__cpu_op_reserve), with
+   * room for cap bits. */
+  uint64_t *heard;
+  int nheard;
+  int need_sigs;     /* complete only once every member was heard */
+  int rounds_done;   /* the last round finished; waiting for signatures */
+  int received;      /* some round of it had a receive (sigcheck.c) */
+  int lagging;       /* completed for the core before every member was heard:
+                        kept (bop NULL) until it is (cpu_group_t.lagging) */
+  uint64_t probe_at; /* uv_now() when the next probe is due (probe.c) */
 };
 
 /* A group's backend state. The fields above `link` are set on the caller
@@ -230,6 +244,16 @@ struct cpu_group {
     uint8_t type, dtype, redop, valid;
   } done[64];
   int aborted; /* vtable->abort ran: no more traffic */
+  /* 1 + the lowest collective number with a mismatch reported here, or 0
+   * (none; the struct starts zeroed): the engine advances no op of the
+   * group from that collective on (tdist__cpu_blocked), so none completes
+   * between the report and the core's abort (sigcheck.c,
+   * docs/cpu-backend.md "Mismatch"). */
+  uint64_t broken_at;
+  /* The collective that completed before it heard every member (at most
+   * one, sigcheck.c "lag one"): no later op of the group completes until it
+   * has; NULL when none. */
+  cpu_op_t *lagging;
   /* cma.c: a sender aborted under a read; fail at poison_at + 1 s with
    * poison_why, unless its cause arrives first */
   int poisoned;
@@ -318,6 +342,11 @@ struct cpu_ctx {
   /* stalled collectives send probes (probe.c); runs while any is posted */
   uv_timer_t probe_timer;
   int probe_timer_on;
+  /* long copies made in steps (copy_steps.c); copy_idle runs while any is
+   * queued, initialised on first use */
+  uv_idle_t copy_idle;
+  int copy_idle_on;
+  tdist__list_t copies;
 };
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
@@ -330,6 +359,7 @@ TDIST_PARAM(CpuSendChunk, "TDIST_CPU_SEND_CHUNK", 1 << 20)
 TDIST_PARAM(CpuCacheBytes, "TDIST_CPU_CACHE_BYTES", 256 << 20)
 TDIST_PARAM(CpuDeferBytes, "TDIST_CPU_DEFER_BYTES", 256 << 10)
 TDIST_PARAM(CpuDeferUs, "TDIST_CPU_DEFER_US", 5000)
+TDIST_PARAM(CpuLingerMs, "TDIST_CPU_LINGER_MS", 1000) /* conn.c: leaving, wait for EOFs */
 TDIST_PARAM(CpuCma, "TDIST_CPU_CMA", 1)
 /* A collective still running after this long sends its signature to the
  * other members, and again each period (probe.c); 0 turns probes off. */
@@ -353,6 +383,10 @@ void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thr
 void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m);
 cpu_msg_t *tdist__cpu_msg_new(void);
 void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
+/* As close, but a live connection's fd (goodbye said, writes shut) is
+ * returned for the caller to linger on and close (conn.c); -1 when the
+ * connection had failed (its fd is closed here). */
+int tdist__cpu_conn_detach(cpu_conn_t *c);
 /* Drop queued messages of ops of group uid (abort), copying a partly sent one. */
 void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
 /* Deferred reads. A rank that is idle (no op active, no receive posted) and
@@ -473,6 +507,9 @@ void tdist__cpu_ready(cpu_op_t *op);
 /* The engine: advance the ready ops until none is left. Top-level points
  * only (cpu.h). */
 void tdist__cpu_run_ready(cpu_ctx_t *ctx);
+/* Mismatch checks (sigcheck.c): a peer's header against the local op, a
+ * collective's or a p2p receive's; 1 (the group's failure reported) when
+ * they disagree. */
 int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
 /* A COLL message for collective h->seq, which is not running here: if it
  * completed here, the sender disagreed with it; fail the group (MISMATCH)
@@ -483,6 +520,61 @@ cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq); /* active op #seq *
 /* The done-ring entry of completed collective #seq, or NULL (not posted, or
  * too old). */
 const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq);
+
+/* ---- sigcheck.c: every rank completes a collective only once it knows every
+ * member agrees with it (progress thread; docs/cpu-backend.md "Mismatch") ---- */
+/* Reset op's signature state at post; decide whether it must hear every
+ * member directly (need_sigs). */
+void tdist__cpu_sig_posted(cpu_op_t *op);
+/* Round 0 of op was listed (engine, nothing sent yet): take the SIGs that
+ * arrived before the post, then (need_sigs ops) send a SIG to every member
+ * round 0 sends nothing to. 1: a failure was reported, op must stop. */
+int tdist__cpu_sig_round0(cpu_op_t *op);
+/* src's header of op agreed with it: mark src heard; when op only waits
+ * for signatures and this was the last one, op goes on the ready list.
+ * Records only: safe anywhere in the transport. */
+void tdist__cpu_sig_heard(cpu_op_t *op, int src);
+/* op may complete: it needs no signatures, or has heard every member. */
+static inline int tdist__cpu_sigs_complete(const cpu_op_t *op) {
+  return !op->need_sigs || op->nheard >= op->size - 1;
+}
+void tdist__cpu_on_sig(cpu_conn_t *c); /* a SIG header arrived (transport) */
+/* Engine: an earlier collective of op's group still lacks signatures, so op
+ * must not complete yet (it is readied again when that one has them). */
+static inline int tdist__cpu_lag_blocks(const cpu_op_t *op) {
+  const cpu_op_t *l = op->cg->lagging;
+  return l && l != op && op->cseq > l->cseq;
+}
+/* Engine: lagging op has heard every member: back to the pool, and the
+ * ops that waited for it are readied. */
+void tdist__cpu_lag_clear(cpu_op_t *op);
+/* Engine: op's rounds are done. 1: complete it; 2: complete it, lagging
+ * (it keeps waiting for signatures); 0: not yet (readied again by its last
+ * signature or by the lagging op's clearing). */
+int tdist__cpu_sig_finish(const cpu_op_t *op);
+/* Report a mismatch of cg in collective #seq (UINT64_MAX: a point-to-point
+ * one): ops from #seq on stop advancing (tdist__cpu_blocked) and the
+ * group's failure is reported (deferred). */
+void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* op may not advance: a mismatch was reported in its collective or an
+ * earlier one (a p2p op: one posted before it). cseq of a p2p op is the
+ * number of collectives posted before it (tdist__cpu_post_p2p). */
+static inline int tdist__cpu_blocked(const cpu_op_t *op) {
+  uint64_t b = op->cg->broken_at;
+  return b && (op->p2p ? op->cseq >= b : op->cseq + 1 >= b);
+}
+
+/* ---- copy_steps.c: long copies in bounded steps (progress thread) ------------ */
+#define CPU_COPY_STEP ((size_t)4 << 20) /* most bytes copied per loop iteration */
+/* A send to oneself: copy len bytes of src into u (on cg->ux), then mark it
+ * complete, offer it to a posted receive and finish op's transfer, at once
+ * or in steps. */
+void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void *src, size_t len);
+/* Deliver complete p2p message u to receive x in steps: 1 if taken (u off
+ * its list, freed and x done at the last step), 0: copy it now. */
+int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
+void tdist__cpu_copy_cancel(cpu_op_t *op); /* op is freed: drop its copies */
 
 /* ---- probe.c: stall probes (progress thread) ---------------------------------- */
 void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx);        /* with the other timers */

@@ -31,10 +31,14 @@ static int may_park(cpu_ctx_t *ctx, const cpu_hdr_t *h) {
   if (ctx->no_park || !ctx->timer_on || min <= 0 || tdist__param_CpuDeferUs() <= 0) return 0;
   if (min < 2 * CPU_RX_CAP) min = 2 * CPU_RX_CAP; /* more than can be staged */
   if (h->len < (uint64_t)min) return 0;
-  tdist__list_t *n;
+  tdist__list_t *n, *m;
   tdist__list_foreach(n, &ctx->groups) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
-    if (!tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->precv)) return 0;
+    if (!tdist__list_empty(&cg->precv)) return 0;
+    tdist__list_foreach(m, &cg->ops) {
+      /* an op that completed and only waits for signatures runs nothing */
+      if (!tdist__list_entry(m, cpu_op_t, link)->lagging) return 0;
+    }
   }
   return 1;
 }
@@ -53,6 +57,10 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   }
   if (h->kind == CPU_MSG_PROBE) {
     tdist__cpu_on_probe(c);
+    return;
+  }
+  if (h->kind == CPU_MSG_SIG) {
+    tdist__cpu_on_sig(c); /* sigcheck.c */
     return;
   }
   if (h->kind == CPU_MSG_RMA) {
@@ -81,6 +89,8 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   if (h->kind == CPU_MSG_COLL) {
     cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
     if (op && tdist__cpu_check_coll(cg, op, h, src)) return;
+    /* completed here (lagging for signatures): as for any completed op */
+    if (op && op->lagging && tdist__cpu_check_done(cg, h, src)) return;
     if (!op && tdist__cpu_check_done(cg, h, src)) return; /* read and discarded */
     if (op && op->round == (int)h->slot) {
       cpu_xfer_t *x = tdist__cpu_round_recv(op, src);
@@ -212,6 +222,8 @@ static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
     }
     for (int i = 0; i < op->nrecv; i++)
       if (op->recvs[i].peer == r && !op->recvs[i].done) return 1;
+    /* a collective that must still hear its signature (sigcheck.c) */
+    if (op->need_sigs && !((op->heard[r / 64] >> (r % 64)) & 1)) return 1;
   }
   return 0;
 }

@@ -104,6 +104,7 @@ cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg) {
   op->tmp_cap = 0;
   op->finish_fn = NULL;
   op->round_fn = NULL;
+  op->need_sigs = op->rounds_done = op->lagging = op->nheard = op->received = 0; /* sigcheck.c */
   return op;
 }
 
@@ -117,6 +118,9 @@ static void release_stages(cpu_op_t *op) {
 
 void tdist__cpu_op_put(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
+  if (cg->lagging == op) cg->lagging = NULL;
+  op->lagging = 0;
+  tdist__cpu_copy_cancel(op); /* before its buffers go back to the caller */
   if (tdist__list_linked(&op->link)) tdist__list_remove(&op->link);
   if (tdist__list_linked(&op->rlink)) tdist__list_remove(&op->rlink);
   release_stages(op);
@@ -133,8 +137,11 @@ void tdist__cpu_op_put(cpu_op_t *op) {
 
 /* Engine only: the op is done; the core hears after this I/O step. A
  * collective is remembered (tdist__cpu_check_done), and a message of it
- * that arrived early and is still unclaimed means a peer ran another op. */
-static void op_complete(cpu_op_t *op) {
+ * that arrived early and is still unclaimed means a peer ran another op.
+ * lag: the op has not heard every member yet (sigcheck.c): the core's op
+ * completes, but the engine's stays on the active list, without its core
+ * op and buffers, until the last signature (tdist__cpu_lag_clear). */
+static void op_complete(cpu_op_t *op, int lag) {
   tdist__bk_op_t *bop = op->bop;
   cpu_group_t *cg = op->cg;
   if (op->finish_fn) op->finish_fn(op);
@@ -155,33 +162,32 @@ static void op_complete(cpu_op_t *op) {
         break;
     }
   }
-  tdist__cpu_op_put(op);
+  if (lag) {
+    release_stages(op);
+    if (op->tmp) tdist__cpu_buf_put(cg->ctx, op->tmp);
+    op->tmp = NULL;
+    bop->priv = NULL;
+    op->bop = NULL;
+    op->args = NULL;
+    op->lagging = 1;
+    cg->lagging = op;
+  } else {
+    tdist__cpu_op_put(op);
+  }
   tdist__bk_complete(bop, 0, "ok");
+}
+
+/* Engine: the op's rounds are done; complete it now, lagging, or not yet
+ * (sigcheck.c: tdist__cpu_sig_finish). */
+static void finish(cpu_op_t *op) {
+  int how = tdist__cpu_sig_finish(op);
+  if (how) op_complete(op, how == 2);
 }
 
 const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq) {
   if (seq >= cg->next_cseq) return NULL;
   const struct cpu_done *d = &cg->done[seq % DONE_RING];
   return d->valid && d->cseq == seq ? d : NULL;
-}
-
-int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src) {
-  if (h->seq >= cg->next_cseq) return 0; /* not posted here yet */
-  const struct cpu_done *d = tdist__cpu_done_of(cg, h->seq);
-  if (d) {
-    cpu_op_t ran = {.type = (tdist_optype_t)d->type,
-                    .dtype = (tdist_dtype_t)d->dtype,
-                    .redop = (tdist_redop_t)d->redop,
-                    .count = d->count,
-                    .root = d->root};
-    if (tdist__cpu_check_coll(cg, &ran, h, src)) return 1;
-  }
-  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH,
-                 "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
-                 " root %d for it, which had completed on rank %d without that message",
-                 h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count, (int)h->root,
-                 cg->rank);
-  return 1;
 }
 
 cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq) {
@@ -191,64 +197,6 @@ cpu_op_t *tdist__cpu_op_find(cpu_group_t *cg, uint64_t seq) {
     if (!op->p2p && op->cseq == seq) return op;
   }
   return NULL;
-}
-
-/* ---- mismatches ------------------------------------------------------------ */
-
-/* Compare a peer's header with the local op; 1 (and the group's failure
- * reported) if they disagree. The text names both sides. */
-int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
-  /* v-ops: per-message counts (algos_v.c) */
-  if (tdist__op_is_v(op->type)) return tdist__cpu_check_v(cg, op, h, src);
-  int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
-               op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
-  int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
-                 op->type == TDIST_OP_REDUCE_SCATTER;
-  if (h->optype == op->type && h->dtype == op->dtype && h->count == op->count &&
-      (!rooted || h->root == op->root) && (!reducing || h->redop == op->redop))
-    return 0;
-  char text[256], extra_a[48] = "", extra_b[48] = "";
-  if (rooted) {
-    snprintf(extra_a, sizeof(extra_a), " root %d", (int)h->root);
-    snprintf(extra_b, sizeof(extra_b), " root %d", op->root);
-  }
-  if (reducing) {
-    size_t la = strlen(extra_a), lb = strlen(extra_b);
-    snprintf(extra_a + la, sizeof(extra_a) - la, " %s", tdist_redop_name(h->redop));
-    snprintf(extra_b + lb, sizeof(extra_b) - lb, " %s", tdist_redop_name(op->redop));
-  }
-  snprintf(text, sizeof(text),
-           "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
-           " %s%s but rank %d "
-           "posted %s count %zu %s%s",
-           h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
-           tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->rank, tdist_op_name(op->type),
-           op->count, tdist_dtype_name(op->dtype), extra_b);
-  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
-  return 1;
-}
-
-int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
-  if (h->count == x->count && h->dtype == x->dtype) return 0;
-  char text[256];
-  if (x->peer < 0 || x->tag < 0) {
-    /* A wildcard receive takes up to its count (tdist/ops.h). */
-    if (h->count <= x->count && h->dtype == x->dtype) return 0;
-    snprintf(text, sizeof(text),
-             "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but the matching "
-             "wildcard receive of rank %d takes at most count %zu %s",
-             src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
-             x->count, tdist_dtype_name(x->dtype));
-    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
-    return 1;
-  }
-  snprintf(text, sizeof(text),
-           "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but rank %d posted a "
-           "receive of count %zu %s",
-           src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
-           x->count, tdist_dtype_name(x->dtype));
-  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
-  return 1;
 }
 
 /* ---- recording progress (safe anywhere in the transport) --------------------- */
@@ -271,7 +219,7 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
     snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
              tdist__cpu_grank_of(cg, u->src), u->hdr.len, x->len);
     tdist__cpu_ux_free(cg->ctx, u);
-    tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+    tdist__cpu_mismatch(cg, op->p2p ? UINT64_MAX : op->cseq, "%s", text);
     return;
   }
   if (u->rma) {
@@ -292,6 +240,7 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
     x->stage = u->data; /* reduced at the end of the round */
     u->data = NULL;
   } else if (u->hdr.len) {
+    if (tdist__cpu_copy_deliver(cg, op, x, u)) return; /* in steps; it finishes x */
     memcpy(x->ptr, u->data, u->hdr.len);
   }
   x->done = 1;
@@ -368,11 +317,24 @@ static void send_one(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int k) {
 
 /* One step of a ready op (its pending count is 0): fold the finished round's
  * staged receives in, then start the next round or complete the op. A
- * round that is done at once puts the op back on the ready list. */
+ * round that is done at once puts the op back on the ready list. A
+ * collective completes only once it has heard every member it must
+ * (sigcheck.c); until then it waits, and the last signature readies it. */
 static void advance(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
+  /* A mismatch was reported in this op or an earlier one: it neither moves
+   * nor completes before the core's abort (sigcheck.c). */
+  if (tdist__cpu_blocked(op)) return;
+  if (op->lagging) { /* completed already: its last signature is in */
+    if (tdist__cpu_sigs_complete(op)) tdist__cpu_lag_clear(op);
+    return;
+  }
   if (op->p2p) {
-    op_complete(op);
+    if (!tdist__cpu_lag_blocks(op)) op_complete(op, 0);
+    return;
+  }
+  if (op->rounds_done) {
+    finish(op);
     return;
   }
   for (int i = 0; i < op->nrecv; i++) {
@@ -385,8 +347,12 @@ static void advance(cpu_op_t *op) {
   }
   op->nsend = op->nrecv = 0;
   int k = ++op->round;
-  if (op->round_fn(op, k)) {
-    op_complete(op);
+  int last = op->round_fn(op, k);
+  if (op->nrecv) op->received = 1;
+  if (k == 0 && tdist__cpu_sig_round0(op)) return;
+  if (last) {
+    op->rounds_done = 1;
+    finish(op);
     return;
   }
   op->pending = op->nsend + op->nrecv;
@@ -510,6 +476,7 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
   int n = a->type == TDIST_OP_BATCH_P2P ? a->np2p : 1;
   TDIST_CHECK(tdist__cpu_op_reserve(op, n));
   op->pending = n;
+  op->cseq = cg->next_cseq; /* collectives posted before it (tdist__cpu_blocked) */
   int me = cg->global_ranks[cg->rank];
   for (int i = 0; i < n; i++) {
     const tdist_p2p_op_t *p = &list[i];
@@ -535,11 +502,8 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       /* To self: a copy queued as if it had arrived. */
       cpu_ux_t *u = tdist__cpu_ux_new(cg->ctx, &h, me, 0);
       if (!u) return TDIST_ERR_NO_MEMORY;
-      if (len) memcpy(u->data, p->buf, len);
-      u->complete = 1;
       tdist__list_push_back(&cg->ux, &u->link);
-      tdist__cpu_claim_p2p(cg, u);
-      tdist__cpu_xfer_done(op);
+      tdist__cpu_copy_self(cg, op, u, p->buf, len); /* a long copy in steps */
     } else if (pc && pc->dead && (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
       tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
                      p->peer, pc->peer, pc->addr);

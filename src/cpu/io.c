@@ -485,8 +485,9 @@ void tdist__cpu_conn_start(cpu_conn_t *c) {
   uv_poll_start(&c->poll, UV_READABLE, on_poll);
 }
 
-void tdist__cpu_conn_close(cpu_conn_t *c) {
-  if (!c->dead) {
+int tdist__cpu_conn_detach(cpu_conn_t *c) {
+  int alive = !c->dead;
+  if (alive) {
     /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
      * left on purpose (it still fails ops it was running with us). */
     cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
@@ -501,6 +502,16 @@ void tdist__cpu_conn_close(cpu_conn_t *c) {
   c->dead = 1;
   uv_poll_stop(&c->poll);
   tdist__cpu_conn_free_queues(c);
-  if (c->fd >= 0) close(c->fd);
+  int fd = c->fd;
   c->fd = -1;
+  if (fd >= 0 && !alive) {
+    close(fd); /* failed before: nothing to wait for */
+    fd = -1;
+  }
+  return fd;
+}
+
+void tdist__cpu_conn_close(cpu_conn_t *c) {
+  int fd = tdist__cpu_conn_detach(c);
+  if (fd >= 0) close(fd);
 }

@@ -50,23 +50,28 @@ static void send_probe(cpu_group_t *cg, const cpu_op_t *op) {
   }
 }
 
-/* Timer callback (progress thread, top level). */
+/* Timer callback (progress thread, top level). One-shot, re-armed for the
+ * earliest probe due: each op probes exactly one period after its post and
+ * every period after that, so a stall is reported within one period (a
+ * periodic timer started by an earlier op could add up to one more). */
 static void on_probe_timer(uv_timer_t *t) {
   cpu_ctx_t *ctx = t->data;
-  uint64_t now = uv_now(t->loop), p = period_ms();
-  int running = 0;
+  uint64_t now = uv_now(t->loop), p = period_ms(), next = UINT64_MAX;
   tdist__list_t *n, *m;
   tdist__list_foreach(n, &ctx->groups) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
     if (cg->aborted) continue;
     tdist__list_foreach(m, &cg->ops) {
       cpu_op_t *op = tdist__list_entry(m, cpu_op_t, link);
-      if (op->p2p) continue;
-      running = 1;
-      if (p && now - op->posted_at >= p) send_probe(cg, op);
+      if (op->p2p || !p) continue;
+      if (now >= op->probe_at) {
+        send_probe(cg, op);
+        op->probe_at = now + p;
+      }
+      if (op->probe_at < next) next = op->probe_at;
     }
   }
-  if (!running) uv_timer_stop(t);
+  if (next != UINT64_MAX) uv_timer_start(t, on_probe_timer, next - now, 0);
   tdist__cpu_run_ready(ctx); /* what the writes here finished */
 }
 
@@ -79,9 +84,14 @@ void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx) {
 void tdist__cpu_probe_posted(cpu_op_t *op) {
   cpu_ctx_t *ctx = op->cg->ctx;
   op->posted_at = uv_now(tdist__progress_loop(ctx->progress));
+  tdist__cpu_sig_posted(op); /* sigcheck.c */
   uint64_t p = period_ms();
-  if (!p || !ctx->probe_timer_on || uv_is_active((uv_handle_t *)&ctx->probe_timer)) return;
-  uv_timer_start(&ctx->probe_timer, on_probe_timer, p, p);
+  op->probe_at = op->posted_at + p;
+  if (!p || !ctx->probe_timer_on) return;
+  uv_timer_t *t = &ctx->probe_timer;
+  /* Armed for a later probe of an older op: this one is due first. */
+  if (uv_is_active((uv_handle_t *)t) && uv_timer_get_due_in(t) <= p) return;
+  uv_timer_start(t, on_probe_timer, p, 0);
 }
 
 void tdist__cpu_on_probe(cpu_conn_t *c) {

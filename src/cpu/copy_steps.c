@@ -1,0 +1,148 @@
+/*
+ * copy_steps.c - long memory copies on the progress thread, in bounded steps.
+ *
+ * Why: the progress thread serves every group, every socket, the core's
+ * queue and its timers from one loop. A point-to-point message of hundreds
+ * of MB copied in one callback (a rank sending to itself: into a staging
+ * buffer, then out to the receive) held that loop for seconds on a loaded
+ * host: no other op moved, no task the monitor asked for ran. So a copy of
+ * more than CPU_COPY_STEP bytes is queued on the context instead and made
+ * CPU_COPY_STEP bytes per loop iteration from an idle handle (which also
+ * keeps the loop from sleeping in its poll while copies remain), in order;
+ * the rest of the loop runs between two steps.
+ *
+ * Two kinds:
+ *   SELF     the payload of a send to oneself into its staging buffer (an
+ *            unexpected message already on the group's list, incomplete
+ *            until the last step, like a message still arriving on a
+ *            socket); then it is complete, offered to a posted receive, and
+ *            the send's transfer is done;
+ *   DELIVER  a complete unexpected p2p message into its receive; the
+ *            message is off the group's list and owned by the copy until
+ *            the last step, then freed and the receive's transfer is done.
+ *            The receive is marked done at once (no peer is needed for it
+ *            any more: a goodbye of the sender must not fail the op).
+ * Either way the op's transfer stays pending until the last byte is
+ * copied, so the op cannot complete (and its buffers stay the caller's
+ * business) before. An op freed before that (abort, destroy: the core
+ * aborts before it hands buffers back) drops its copies first
+ * (tdist__cpu_copy_cancel from tdist__cpu_op_put), so no copy touches a
+ * buffer after its op is gone.
+ *
+ * Threads: progress thread only. The idle callback is a top-level point:
+ * it runs the engine (tdist__cpu_run_ready) for what the copies finished.
+ */
+#include <string.h>
+
+#include "util/alloc.h"
+#include "cpu/cpu.h"
+
+enum { COPY_SELF, COPY_DELIVER };
+
+typedef struct cpu_copy {
+  tdist__list_t link; /* ctx->copies, in order */
+  int kind;
+  cpu_group_t *cg;
+  cpu_op_t *op;
+  cpu_xfer_t *x; /* DELIVER: the receive */
+  cpu_ux_t *u;   /* SELF: on cg->ux; DELIVER: owned */
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t len, off;
+} cpu_copy_t;
+
+/* (progress) Last step done: what the copy stood for happens now. */
+static void finish(cpu_copy_t *k) {
+  if (k->kind == COPY_SELF) {
+    k->u->complete = 1;
+    tdist__cpu_claim_p2p(k->cg, k->u); /* a posted receive takes it (maybe in steps) */
+  } else {
+    tdist__cpu_ux_free(k->cg->ctx, k->u);
+  }
+  tdist__cpu_xfer_done(k->op);
+}
+
+/* (progress) One loop iteration's share: CPU_COPY_STEP bytes at most. */
+static void on_idle(uv_idle_t *h) {
+  cpu_ctx_t *ctx = h->data;
+  size_t budget = CPU_COPY_STEP;
+  tdist__list_t *n;
+  while (budget > 0 && (n = tdist__list_first(&ctx->copies))) {
+    cpu_copy_t *k = tdist__list_entry(n, cpu_copy_t, link);
+    size_t take = k->len - k->off < budget ? k->len - k->off : budget;
+    memcpy(k->dst + k->off, k->src + k->off, take);
+    k->off += take;
+    budget -= take;
+    if (k->off < k->len) break;
+    tdist__list_remove(&k->link);
+    finish(k); /* may queue a DELIVER copy behind the others */
+    tdist__free(k);
+  }
+  if (!tdist__list_first(&ctx->copies)) uv_idle_stop(h);
+  tdist__cpu_run_ready(ctx); /* ops whose last transfer these copies finished */
+}
+
+/* (progress) Queue k; NULL-safe: 0 when it could not be queued. */
+static int queue(cpu_ctx_t *ctx, cpu_copy_t *k) {
+  if (!k) return 0;
+  if (!ctx->copy_idle_on) {
+    uv_idle_init(tdist__progress_loop(ctx->progress), &ctx->copy_idle);
+    ctx->copy_idle.data = ctx;
+    tdist__list_init(&ctx->copies);
+    ctx->copy_idle_on = 1;
+  }
+  tdist__list_push_back(&ctx->copies, &k->link);
+  if (!uv_is_active((uv_handle_t *)&ctx->copy_idle)) uv_idle_start(&ctx->copy_idle, on_idle);
+  return 1;
+}
+
+void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void *src, size_t len) {
+  cpu_copy_t *k = len > CPU_COPY_STEP ? tdist__calloc(1, sizeof(*k)) : NULL;
+  if (k) {
+    *k = (cpu_copy_t){
+        .kind = COPY_SELF, .cg = cg, .op = op, .u = u, .dst = u->data, .src = src, .len = len};
+    queue(cg->ctx, k);
+    return;
+  }
+  /* Small (or no memory for the bookkeeping): at once, as before. */
+  if (len) memcpy(u->data, src, len);
+  u->complete = 1;
+  tdist__cpu_claim_p2p(cg, u);
+  tdist__cpu_xfer_done(op);
+}
+
+int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
+  if (!op->p2p || u->hdr.len <= CPU_COPY_STEP || !u->data) return 0;
+  cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
+  if (!k) return 0;
+  *k = (cpu_copy_t){.kind = COPY_DELIVER,
+                    .cg = cg,
+                    .op = op,
+                    .x = x,
+                    .u = u,
+                    .dst = x->ptr,
+                    .src = u->data,
+                    .len = u->hdr.len};
+  /* Taken: no other receive may match it while it is copied. And x is done
+   * as far as its peer goes (its bytes are all here): no other message is
+   * matched to it, and a peer that says goodbye now is not needed (the op
+   * still completes only after the last step, through op->pending). */
+  if (tdist__list_linked(&u->link)) tdist__list_remove(&u->link);
+  x->done = 1;
+  return queue(cg->ctx, k);
+}
+
+void tdist__cpu_copy_cancel(cpu_op_t *op) {
+  cpu_ctx_t *ctx = op->cg->ctx;
+  if (!ctx->copy_idle_on) return;
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &ctx->copies) {
+    cpu_copy_t *k = tdist__list_entry(n, cpu_copy_t, link);
+    if (k->op != op) continue;
+    tdist__list_remove(&k->link);
+    /* SELF too: a message of a send that is gone must never be delivered. */
+    tdist__cpu_ux_free(ctx, k->u);
+    tdist__free(k);
+  }
+  if (!tdist__list_first(&ctx->copies)) uv_idle_stop(&ctx->copy_idle);
+}
