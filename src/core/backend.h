@@ -236,7 +236,8 @@ typedef struct tdist__backend {
   tdist__caps_t caps;
 } tdist__backend_t;
 
-/* Any thread: the backend called `name` ("gloo" is "cpu"), or NULL. */
+/* Any thread: the backend called `name`, whatever its case ("gloo" is
+ * "cpu"), or NULL. */
 const tdist__backend_t *tdist__backend_find(const char *name);
 /* Any thread: add a backend to the table (tests). TDIST_ERR_INVALID_STATE if
  * the name is taken or the table is full. */

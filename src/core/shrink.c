@@ -34,6 +34,20 @@ static int is_dead(tdist_group_t *g, int wr) {
   return tdist_store_check(g->ctx->root, keys, 1, &exists) == 0 && exists;
 }
 
+/* 1 if world rank `wr` is dead or left the job (its last heartbeat, the
+ * monitor's "bye" at release): either way it will never join a shrink. */
+static int is_gone(tdist_group_t *g, int wr) {
+  if (is_dead(g, wr)) return 1;
+  char key[48];
+  snprintf(key, sizeof(key), "tdist/hb/%d", wr);
+  void *v = NULL;
+  size_t len = 0;
+  if (tdist_store_get(g->ctx->root, key, &v, &len, 1) != 0) return 0; /* 1 ms: it exists */
+  int left = len == 3 && memcmp(v, "bye", 3) == 0;
+  tdist_store_free(v);
+  return left;
+}
+
 /* Steps 1 and 2: wait until every rank came or died. in[r] = 1 if r came. */
 static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t deadline_ms) {
   int rc;
@@ -54,7 +68,7 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
       TDIST_CHECK(tdist_store_check(g->store, keys, 1, &exists));
       if (exists)
         in[r] = 1;
-      else if (!is_dead(g, g->global_ranks[r])) {
+      else if (!is_gone(g, g->global_ranks[r])) {
         if (missing < 0) missing = r;
         nmissing++;
       }
@@ -64,7 +78,7 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
     if (left <= 0)
       return tdist__error(TDIST_ERR_TIMEOUT,
                           "tdist_group_shrink of '%s': %d rank(s), first rank %d, neither joined "
-                          "nor were declared dead in time",
+                          "nor were declared dead nor left in time",
                           g->name, nmissing, missing);
     /* Woken by that rank's arrival; a death is seen on the next round. */
     snprintf(key, sizeof(key), "shrink%u/in/%d", e, missing);

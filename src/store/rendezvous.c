@@ -487,7 +487,12 @@ int tdist__rendezvous_cleanup(void) {
   if (!v) return 0;
   int64_t left = 0;
   int rc = tdist_store_add(v, "left", 1, &left);
-  if (rc == 0 && left % size == 0) rc = tdist_store_set(v, "all_left", "", 0);
+  if (rc == 0 && left % size == 0) {
+    rc = tdist_store_set(v, "all_left", "", 0);
+    /* The host may have seen the count reach the size first and stopped
+     * serving: every rank left, which is all this write says. */
+    if (rc == TDIST_ERR_CLOSED && !srv && proc.pid <= 0) rc = 0;
+  }
   if ((srv || proc.pid > 0) && rc == 0) {
     /* Keep serving until every rank is done with the store; a rank the
      * store declared dead (store/liveness.h) will never say so. */

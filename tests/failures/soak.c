@@ -9,7 +9,8 @@
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, or with --backend nccl the NCCL backend on the simulated GPU, each
- * rank on its own device; 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash),
+ * rank on its own device; 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash,
+ * abort_exit),
  * a victim (rank 0 one time in three), the iteration and the delay of the
  * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
  * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
@@ -107,8 +108,9 @@
 
 #define MAX_N 5
 
-enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"kill9", "stop", "exit", "skip", "callback_crash"};
+enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_ABORTX, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"kill9", "stop",           "exit",
+                                                "skip",  "callback_crash", "abort_exit"};
 enum { M_HOST0, M_EXTSTORE, M_TDISTRUN, M_COUNT };
 static const char *const mode_names[M_COUNT] = {"host0", "extstore", "tdistrun"};
 
@@ -155,6 +157,8 @@ static plan_t plan_make(uint64_t seed) {
   while (opt.kinds && !(opt.kinds & (1u << p.kind))) /* the next allowed kind after it */
     p.kind = (p.kind + 1) % K_COUNT;
   p.victim = splitmix(&s) % 3 == 0 ? 0 : 1 + (int)(splitmix(&s) % (uint64_t)(p.n - 1));
+  /* abort_exit leaves in order: rank 0 would take the store it hosts along. */
+  if (p.kind == K_ABORTX && p.victim == 0) p.victim = 1;
   int m = (int)(splitmix(&s) % 5); /* host0 2/5, extstore 1/5, tdistrun 2/5 */
   p.mode = m < 2 ? M_HOST0 : m < 3 ? M_EXTSTORE : M_TDISTRUN;
   int fork_mode = splitmix(&s) % 3 == 0 ? M_EXTSTORE : M_HOST0;
@@ -390,16 +394,25 @@ static void judge(const plan_t *p, obs_t *obs, const int *codes, int launcher_co
     ks->reports++;
     add_code(ks, o->code);
     /* the code */
-    int code_ok =
-        p->kind == K_SKIP
-            ? !strcmp(o->code, "TDIST_ERR_TIMEOUT") || !strcmp(o->code, "TDIST_ERR_ABORTED")
-            : !strcmp(o->code, "TDIST_ERR_REMOTE_FAILED") || !strcmp(o->code, "TDIST_ERR_ABORTED");
+    int code_ok = p->kind == K_SKIP ? !strcmp(o->code, "TDIST_ERR_TIMEOUT") ||
+                                          !strcmp(o->code, "TDIST_ERR_ABORTED")
+                  : p->kind == K_ABORTX ? !strcmp(o->code, "TDIST_ERR_ABORTED")
+                                        : !strcmp(o->code, "TDIST_ERR_REMOTE_FAILED") ||
+                                              !strcmp(o->code, "TDIST_ERR_ABORTED");
     if (!code_ok)
       problem(v, P_CODE, "rank %d: wrong code %s at it %d (fault at it %d): %s", r, o->code,
               o->failed_it, p->fault_it, o->msg);
     /* the name */
     if (o->rc != 0 && code_ok) {
-      if (p->kind == K_SKIP) {
+      if (p->kind == K_ABORTX) {
+        /* The cause itself, which a reset could drop (the victim's ERR),
+         * leaving only "rank V left". */
+        char why[64];
+        snprintf(why, sizeof(why), "soak abort_exit by rank %d", V);
+        if (!strstr(o->msg, why))
+          problem(v, P_NAME, "rank %d: %s without the victim's cause '%s': %s", r, o->code, why,
+                  o->msg);
+      } else if (p->kind == K_SKIP) {
         int behind[MAX_N], k = not_reached(o->msg, n, behind), others = 0;
         for (int s = 0; s < n && k > 0; s++)
           others += s != V && behind[s];
@@ -736,6 +749,11 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     kill(store.pid, SIGKILL);
     ru_wait(&store, GUARD_S + 600);
   }
+  /* What this driver adopted (a child subreaper, main): a store process its
+   * rank 0 left behind ends by itself once the job is over; reap it, so no
+   * zombie of a trial outlives it. */
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
 
   /* Gather and judge. */
   size_t cap = 1;
@@ -1014,6 +1032,9 @@ int main(int argc, char **argv) {
       usage();
   }
   if (opt.trials > 0 && opt.seconds > 0) usage();
+  /* Orphans of a trial (a store whose rank 0 died first) become ours, not
+   * PID 1's, and are reaped after each trial (run_trial). */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   if (opt.trials <= 0 && opt.seconds <= 0) opt.seconds = 60; /* the test soak_short */
   if (!seed_given) {
     struct timespec ts;

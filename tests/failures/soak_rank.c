@@ -4,7 +4,7 @@
  *
  *   soak_rank KIND VICTIM FAULT_IT DELAY_US SIZE_SEED DIR
  *
- * KIND is kill9, stop, exit, skip or callback_crash. The same program runs
+ * KIND is kill9, stop, exit, skip, callback_crash or abort_exit. The same program runs
  * under tdistrun --no-fail-fast (env://, the launcher hosts the store) and
  * under the driver's fork/exec harness (RANK, WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT per child; rank 0 hosts the store, or an external tdist-store
@@ -39,7 +39,12 @@
  *                   (the others' op has a $SOAK_SKIP_TIMEOUT_MS timeout),
  *                   reports what a barrier then says, and joins the shrink;
  *   callback_crash  submits the op with a completion callback
- *                   (tdist_work_on_complete) that calls abort().
+ *                   (tdist_work_on_complete) that calls abort();
+ *   abort_exit      aborts the world with tdist_group_abort (reason "soak
+ *                   abort_exit by rank V"), its op in flight and the
+ *                   others' data unread, destroys it and _exit(0)s: the
+ *                   reset case (docs/cpu-backend.md, "Leaving"): the
+ *                   survivors must get the cause, not only "rank V left".
  * The victim writes the fault time (CLOCK_MONOTONIC, one clock for every
  * process of the host) to DIR/fault_time just before the fault.
  *
@@ -93,8 +98,9 @@
 #include "faults.h"
 #include "tdist/tdist.h"
 
-enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"kill9", "stop", "exit", "skip", "callback_crash"};
+enum { K_KILL9, K_STOP, K_EXIT, K_SKIP, K_CRASH, K_ABORTX, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"kill9", "stop",           "exit",
+                                                "skip",  "callback_crash", "abort_exit"};
 
 #define MAX_RANKS 16
 #define SHRUNK_SMALL 1003u            /* floats, TCP path */
@@ -381,6 +387,15 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
     fflush(stdout);
     _exit(3);
   case K_EXIT: _exit(0);
+  case K_ABORTX: {
+    char why[64];
+    snprintf(why, sizeof(why), "soak abort_exit by rank %d", me);
+    tdist_group_abort(g, why);
+    tdist_work_wait(w, 0);
+    tdist_work_release(w);
+    tdist_group_destroy(g); /* leaves: goodbyes, then closes its sockets */
+    _exit(0);
+  }
   }
   for (;;)
     pause();
@@ -546,8 +561,9 @@ static void shrink_and_go_on(tdist_group_t *g, int aborted) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc != 7) {
-    fprintf(stderr, "usage: soak_rank kill9|stop|exit|skip|callback_crash VICTIM FAULT_IT "
-                    "DELAY_US SIZE_SEED DIR\n");
+    fprintf(stderr,
+            "usage: soak_rank kill9|stop|exit|skip|callback_crash|abort_exit VICTIM FAULT_IT "
+            "DELAY_US SIZE_SEED DIR\n");
     return 2;
   }
   kind = -1;

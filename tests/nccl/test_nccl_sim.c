@@ -294,10 +294,22 @@ static void run_n(int n, tdist_mp_fn fn, int timeout_s) {
   assert_int_equal(tdist_mp_run(n, fn, NULL, timeout_s), 0);
 }
 
-static void ops_n1(void **s) { (void)s; run_n(1, ops_child, 60); }
-static void ops_n2(void **s) { (void)s; run_n(2, ops_child, 60); }
-static void ops_n3(void **s) { (void)s; run_n(3, ops_child, 60); }
-static void ops_n4(void **s) { (void)s; run_n(4, ops_child, 60); }
+static void ops_n1(void **s) {
+  (void)s;
+  run_n(1, ops_child, 60);
+}
+static void ops_n2(void **s) {
+  (void)s;
+  run_n(2, ops_child, 60);
+}
+static void ops_n3(void **s) {
+  (void)s;
+  run_n(3, ops_child, 60);
+}
+static void ops_n4(void **s) {
+  (void)s;
+  run_n(4, ops_child, 60);
+}
 
 /* ---- PREMUL_SUM: each input times the scalar (in the op's type), summed ------------------ */
 
@@ -343,7 +355,10 @@ static int premul_child(int rank, int n, void *arg) {
   cudaFree(recv);
   return 0;
 }
-static void premul_sum(void **s) { (void)s; run_n(3, premul_child, 60); }
+static void premul_sum(void **s) {
+  (void)s;
+  run_n(3, premul_child, 60);
+}
 
 /* ---- stream order ---------------------------------------------------------------------- */
 
@@ -394,8 +409,8 @@ static int stream_child(int rank, int n, void *arg) {
     NS_CUDA(cudaLaunchHostFunc(prod, gate_fn, &gt));
     tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_STREAM, .stream = prod};
     tdist_work_t *w = NULL;
-    MP_CHECK_RC(tdist_all_reduce(g, send, recv, 4, TDIST_FLOAT32, TDIST_SUM,
-                                 round == 0 ? &o : NULL, &w));
+    MP_CHECK_RC(
+        tdist_all_reduce(g, send, recv, 4, TDIST_FLOAT32, TDIST_SUM, round == 0 ? &o : NULL, &w));
     /* Not before the producer ran. */
     MP_CHECK(tdist_work_is_completed(w) == 0);
     NS_EXPECT(tdist_work_wait(w, 50), TDIST_ERR_IN_PROGRESS);
@@ -426,7 +441,10 @@ static int stream_child(int rank, int n, void *arg) {
   cudaFree(recv);
   return 0;
 }
-static void stream_order(void **s) { (void)s; run_n(2, stream_child, 60); }
+static void stream_order(void **s) {
+  (void)s;
+  run_n(2, stream_child, 60);
+}
 
 /* ---- many ops in flight, rounds: the event pool recycles ---------------------------------- */
 
@@ -454,7 +472,10 @@ static int recycle_child(int rank, int n, void *arg) {
   cudaFree(dev);
   return 0;
 }
-static void events_recycled(void **s) { (void)s; run_n(2, recycle_child, 60); }
+static void events_recycled(void **s) {
+  (void)s;
+  run_n(2, recycle_child, 60);
+}
 
 /* ---- batched point-to-point: a ring both ways and self ---------------------------------- */
 
@@ -504,10 +525,22 @@ static int batch_child(int rank, int n, void *arg) {
   cudaFree(self);
   return 0;
 }
-static void batch_p2p_n1(void **s) { (void)s; run_n(1, batch_child, 60); }
-static void batch_p2p_n2(void **s) { (void)s; run_n(2, batch_child, 60); }
-static void batch_p2p_n3(void **s) { (void)s; run_n(3, batch_child, 60); }
-static void batch_p2p_n4(void **s) { (void)s; run_n(4, batch_child, 60); }
+static void batch_p2p_n1(void **s) {
+  (void)s;
+  run_n(1, batch_child, 60);
+}
+static void batch_p2p_n2(void **s) {
+  (void)s;
+  run_n(2, batch_child, 60);
+}
+static void batch_p2p_n3(void **s) {
+  (void)s;
+  run_n(3, batch_child, 60);
+}
+static void batch_p2p_n4(void **s) {
+  (void)s;
+  run_n(4, batch_child, 60);
+}
 
 /* ---- refused at submit ------------------------------------------------------------------- */
 
@@ -547,8 +580,8 @@ static int refuse_child(int rank, int n, void *arg) {
   NS_EXPECT(tdist_all_reduce(g, dev, hostbuf + 16, 8, TDIST_FLOAT32, TDIST_SUM, NULL, &w),
             TDIST_ERR_INVALID_ARGUMENT);
   NS_HAS(tdist_last_error(), "recvbuf");
-  tdist_p2p_op_t p = {.kind = TDIST_P2P_SEND, .buf = hostbuf, .count = 4, .dtype = TDIST_UINT8,
-                      .peer = 0};
+  tdist_p2p_op_t p = {
+      .kind = TDIST_P2P_SEND, .buf = hostbuf, .count = 4, .dtype = TDIST_UINT8, .peer = 0};
   NS_EXPECT(tdist_batch_isend_irecv(g, &p, 1, NULL, &w), TDIST_ERR_INVALID_ARGUMENT);
   NS_HAS(tdist_last_error(), "is host memory");
   MP_CHECK(w == NULL);
@@ -573,7 +606,10 @@ static int refuse_child(int rank, int n, void *arg) {
   cudaFree(dev);
   return 0;
 }
-static void refused_at_submit(void **s) { (void)s; run_n(1, refuse_child, 60); }
+static void refused_at_submit(void **s) {
+  (void)s;
+  run_n(1, refuse_child, 60);
+}
 
 /* ---- loading checks: no device, device out of range (one process each: the
  * simulation reads its settings once, at its first call) ------------------------------- */
@@ -656,8 +692,8 @@ static int vops_child(int rank, int n, void *arg) {
     v[k] = rank * 10 + (double)k;
   MP_CHECK(fill_dev(TDIST_INT32, sb, v, gc[rank]) == 0);
   MP_CHECK(ns_put(rb, (int32_t[16]){0}, 64) == 0);
-  MP_CHECK_RC(tdist_gather_v(g, sb, gc[rank], rb, rank == 2 ? gc : NULL, NULL, TDIST_INT32, 2, NULL,
-                             NULL));
+  MP_CHECK_RC(
+      tdist_gather_v(g, sb, gc[rank], rb, rank == 2 ? gc : NULL, NULL, TDIST_INT32, 2, NULL, NULL));
   if (rank == 2) {
     size_t o = 0;
     for (int j = 0; j < NV; j++)
@@ -733,7 +769,10 @@ static int vops_child(int rank, int n, void *arg) {
   cudaFree(rb);
   return 0;
 }
-static void vops(void **s) { (void)s; run_n(NV, vops_child, 60); }
+static void vops(void **s) {
+  (void)s;
+  run_n(NV, vops_child, 60);
+}
 
 /* ---- init while a rank arrives late ---------------------------------------------------- */
 
@@ -751,7 +790,10 @@ static int late_child(int rank, int n, void *arg) {
   cudaFree(d);
   return 0;
 }
-static void init_late_rank(void **s) { (void)s; run_n(3, late_child, 60); }
+static void init_late_rank(void **s) {
+  (void)s;
+  run_n(3, late_child, 60);
+}
 
 /* ---- a rank that never joins an op: TIMEOUT, the group aborted, then a new world --------- */
 
@@ -801,7 +843,10 @@ static int timeout_child(int rank, int n, void *arg) {
   cudaFree(d);
   return 0;
 }
-static void op_timeout(void **s) { (void)s; run_n(2, timeout_child, 60); }
+static void op_timeout(void **s) {
+  (void)s;
+  run_n(2, timeout_child, 60);
+}
 
 /* ---- tdist_group_abort ------------------------------------------------------------------ */
 
@@ -845,7 +890,10 @@ static int abort_child(int rank, int n, void *arg) {
   cudaFree(d);
   return 0;
 }
-static void group_abort(void **s) { (void)s; run_n(2, abort_child, 60); }
+static void group_abort(void **s) {
+  (void)s;
+  run_n(2, abort_child, 60);
+}
 
 /* ---- destroy -------------------------------------------------------------------------- */
 
@@ -882,7 +930,10 @@ static int destroy_child(int rank, int n, void *arg) {
   cudaFree(d);
   return 0;
 }
-static void destroy(void **s) { (void)s; run_n(2, destroy_child, 60); }
+static void destroy(void **s) {
+  (void)s;
+  run_n(2, destroy_child, 60);
+}
 
 /* ---- concurrent submit ------------------------------------------------------------------ */
 
@@ -976,8 +1027,14 @@ static int threads_child(int rank, int n, void *arg) {
   cudaFree(cb_buf);
   return 0;
 }
-static void concurrent_submit_n1(void **s) { (void)s; run_n(1, threads_child, 60); }
-static void concurrent_submit_n2(void **s) { (void)s; run_n(2, threads_child, 60); }
+static void concurrent_submit_n1(void **s) {
+  (void)s;
+  run_n(1, threads_child, 60);
+}
+static void concurrent_submit_n2(void **s) {
+  (void)s;
+  run_n(2, threads_child, 60);
+}
 
 /* ---- a killed peer, then shrink --------------------------------------------------------- */
 
@@ -1042,7 +1099,10 @@ static int abort_enqueue_child(int rank, int n, void *arg) {
   MP_CHECK(ns_now_ms() - t0 < 5000);
   return 0;
 }
-static void abort_during_enqueue(void **s) { (void)s; run_n(2, abort_enqueue_child, 60); }
+static void abort_during_enqueue(void **s) {
+  (void)s;
+  run_n(2, abort_enqueue_child, 60);
+}
 
 /* ---- split: one rank never calls it (timeout), the parent goes on --------------------- */
 static int split_timeout_child(int rank, int n, void *arg) {
@@ -1052,9 +1112,10 @@ static int split_timeout_child(int rank, int n, void *arg) {
   int32_t h = rank + 1, *d = ns_dev(&h, 4);
   MP_CHECK_RC(tdist_all_reduce(g, d, d, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
   if (rank == 0) {
-    /* The members are agreed through the store under the parent's timeout
-     * (the new group's option is the child's): shorten the parent's. A rank
-     * that is missing is caught there, before ncclCommSplit. */
+    /* The members are agreed through the store under the new group's
+     * timeout, the parent's when no option sets one: shorten the parent's.
+     * A rank that is missing is caught there, before ncclCommSplit, and
+     * named in the error. */
     int all[2] = {0, 1};
     MP_CHECK_RC(tdist_group_set_timeout(g, 400));
     long long t0 = ns_now_ms();
@@ -1062,6 +1123,7 @@ static int split_timeout_child(int rank, int n, void *arg) {
     MP_CHECK(ns_now_ms() - t0 < 5000);
     MP_CHECK_RC(tdist_group_set_timeout(g, 10000));
     MP_CHECK(rc == TDIST_ERR_TIMEOUT);
+    NS_HAS(tdist_last_error(), "rank 1 of 'world' (world rank 1) never joined");
     MP_CHECK(sub == NULL);
   } else {
     usleep(800 * 1000);
@@ -1075,7 +1137,10 @@ static int split_timeout_child(int rank, int n, void *arg) {
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
-static void split_timeout(void **s) { (void)s; run_n(2, split_timeout_child, 60); }
+static void split_timeout(void **s) {
+  (void)s;
+  run_n(2, split_timeout_child, 60);
+}
 
 /* ---- ops in flight when a peer dies: REMOTE_FAILED naming it (issue 24 #8 asks this
  * of the race where NCCL sees the death first; here the store wins) ------------------- */

@@ -13,6 +13,9 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include "store/rendezvous.h"
@@ -149,29 +152,46 @@ static void test_errors_name_the_variable(void **state) {
   assert_int_equal(tdist_mp_run(1, error_child, NULL, 30), 0);
 }
 
-/* Two processes claim RANK=1 of 2: one of them fails naming RANK. */
+/* Two processes claim RANK=1 of 2: exactly one of them fails naming RANK
+ * (whichever comes second: on a loaded machine the later-started one may
+ * well come first). Counted in memory shared across the fork. */
+static atomic_int *dup_counts; /* [0] joined as RANK=1, [1] refused */
+
 static int dup_child(int rank, int n, void *arg) {
   int r = rank == 0 ? 0 : 1;
   set_env(r, 2);
-  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 3000};
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 10000};
   if (rank == 2) st_sleep_ms(300);
   tdist__rdzv_t out;
   int rc = tdist__rendezvous_join(&o, &out);
-  if (rank == 2) {
-    MP_CHECK(rc == TDIST_ERR_INVALID_ARGUMENT);
+  if (rank > 0 && rc == TDIST_ERR_INVALID_ARGUMENT) {
     MP_CHECK(strstr(tdist_last_error(), "RANK=1"));
+    atomic_fetch_add(&dup_counts[1], 1);
     return 0;
   }
   MP_CHECK_RC(rc);
+  if (rank > 0) atomic_fetch_add(&dup_counts[0], 1);
   tdist_store_release(out.store);
-  if (rank == 0) st_sleep_ms(800); /* keep serving until the duplicate was told */
+  /* Rank 0 keeps serving until the duplicate was told (bounded). */
+  for (int i = 0; rank == 0 && i < 2000; i++) {
+    if (atomic_load(&dup_counts[0]) + atomic_load(&dup_counts[1]) >= 2) break;
+    st_sleep_ms(10);
+  }
   tdist__rendezvous_cleanup();
   return 0;
 }
 
 static void test_duplicate_rank(void **state) {
   g_port = tdist_mp_free_port();
+  dup_counts =
+      mmap(NULL, 2 * sizeof(atomic_int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(dup_counts != MAP_FAILED);
+  atomic_store(&dup_counts[0], 0);
+  atomic_store(&dup_counts[1], 0);
   assert_int_equal(tdist_mp_run(3, dup_child, NULL, 30), 0);
+  assert_int_equal(atomic_load(&dup_counts[0]), 1);
+  assert_int_equal(atomic_load(&dup_counts[1]), 1);
+  munmap(dup_counts, 2 * sizeof(atomic_int));
 }
 
 int main(void) {
