@@ -113,4 +113,19 @@ static inline int close_enough(double got, double want, tdist_dtype_t dt) {
   return fabs(got - want) <= tol * (fabs(want) > 1 ? fabs(want) : 1);
 }
 
+/* 1 in a ThreadSanitizer build, where every access is checked: tests that
+ * move hundreds of MB or run many random trials use smaller defaults there,
+ * to keep the TSan pass of the test command near its budget (the plain and
+ * ASan passes run the full size). */
+#if defined(__SANITIZE_THREAD__)
+#define TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TEST_TSAN 1
+#endif
+#endif
+#ifndef TEST_TSAN
+#define TEST_TSAN 0
+#endif
+
 #endif

@@ -16,7 +16,7 @@
  * copy of such a message on a loaded host: the store declared the rank dead
  * ("no heartbeat for ... ms") while every call it made succeeded.
  *
- * TDIST_TEST_BUSY_MB sets the message size (default 256).
+ * TDIST_TEST_BUSY_MB sets the message size (default 256, 64 under TSan).
  *
  * abort_mid_copy: a group aborted while such copies are still being made
  * in steps (copy_steps.c) ends its ops and is destroyed cleanly.
@@ -223,7 +223,7 @@ static void test_busy_ranks_stay_alive(void **state) {
       mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   const char *mb = getenv("TDIST_TEST_BUSY_MB");
-  size_t bytes = (size_t)(mb && atoi(mb) > 0 ? atoi(mb) : 256) << 20;
+  size_t bytes = (size_t)(mb && atoi(mb) > 0 ? atoi(mb) : TEST_TSAN ? 64 : 256) << 20;
   sh->count = bytes / 4;
   sh->port = tdist_mp_free_port();
   pid_t stress = start_stress();

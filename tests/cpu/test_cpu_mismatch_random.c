@@ -18,7 +18,7 @@
  * Counts range over 1 element .. 1 MiB of payload; a few runs are large.
  *
  *   TDIST_MM_SEED  the seed (default fixed, printed: a failure reproduces)
- *   TDIST_MM_RUNS  how many runs (default 48)
+ *   TDIST_MM_RUNS  how many runs (default 48, 16 under TSan)
  * Prints "runs=N escapes=E" at the end; passes only with no escape and no
  * other failure. No timed assertion: a run that hangs fails at the harness
  * timeout.
@@ -233,7 +233,7 @@ static int good_failure(const struct shared *sh, int rc, const char *msg) {
 int main(void) {
   const char *s = getenv("TDIST_MM_SEED"), *r = getenv("TDIST_MM_RUNS");
   uint64_t seed = s ? strtoull(s, NULL, 0) : 0x7d15c0de2026ull;
-  int runs = r ? atoi(r) : 48;
+  int runs = r ? atoi(r) : TEST_TSAN ? 16 : 48;
   rng_state = seed ? seed : 1;
   /* Stalled disagreements are found by probes: a short period keeps the
    * test quick (the guarantee does not depend on it). */
