@@ -523,6 +523,8 @@ const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq);
 
 /* ---- sigcheck.c: every rank completes a collective only once it knows every
  * member agrees with it (progress thread; docs/cpu-backend.md "Mismatch") ---- */
+/* The header-only message carrying op's signature: a SIG or a PROBE. */
+cpu_hdr_t tdist__cpu_sig_hdr(const cpu_group_t *cg, const cpu_op_t *op, int kind);
 /* Reset op's signature state at post; decide whether it must hear every
  * member directly (need_sigs). */
 void tdist__cpu_sig_posted(cpu_op_t *op);

@@ -37,15 +37,7 @@ static void send_probe(cpu_group_t *cg, const cpu_op_t *op) {
     if (!c || c->dead) continue;
     cpu_msg_t *m = tdist__cpu_msg_new();
     if (!m) return; /* a probe is best effort; the next period tries again */
-    m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
-                         .kind = CPU_MSG_PROBE,
-                         .optype = (uint8_t)op->type,
-                         .dtype = (uint8_t)op->dtype,
-                         .redop = (uint8_t)op->redop,
-                         .uid = cg->uid,
-                         .seq = op->cseq,
-                         .count = op->count,
-                         .root = op->root};
+    m->hdr = tdist__cpu_sig_hdr(cg, op, CPU_MSG_PROBE);
     tdist__cpu_send(c, m);
   }
 }

@@ -104,21 +104,25 @@ void tdist__cpu_sig_heard(cpu_op_t *op, int src) {
 
 static int heard(const cpu_op_t *op, int r) { return (int)((op->heard[r / 64] >> (r % 64)) & 1); }
 
+cpu_hdr_t tdist__cpu_sig_hdr(const cpu_group_t *cg, const cpu_op_t *op, int kind) {
+  return (cpu_hdr_t){.magic = CPU_MAGIC,
+                     .kind = (uint8_t)kind,
+                     .optype = (uint8_t)op->type,
+                     .dtype = (uint8_t)op->dtype,
+                     .redop = (uint8_t)op->redop,
+                     .uid = cg->uid,
+                     .seq = op->cseq,
+                     .count = op->count,
+                     .root = op->root};
+}
+
 static void send_sig(cpu_group_t *cg, const cpu_op_t *op, cpu_conn_t *c) {
   cpu_msg_t *m = tdist__cpu_msg_new();
   if (!m) {
     tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     return;
   }
-  m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
-                       .kind = CPU_MSG_SIG,
-                       .optype = (uint8_t)op->type,
-                       .dtype = (uint8_t)op->dtype,
-                       .redop = (uint8_t)op->redop,
-                       .uid = cg->uid,
-                       .seq = op->cseq,
-                       .count = op->count,
-                       .root = op->root};
+  m->hdr = tdist__cpu_sig_hdr(cg, op, CPU_MSG_SIG);
   tdist__cpu_send(c, m);
 }
 
