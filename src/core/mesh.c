@@ -75,15 +75,24 @@ static void describe(char *buf, size_t cap, const tdist_group_t *parent, const c
   append(buf, cap, &len, " of '%s')", parent->name);
 }
 
-/* 1 if world rank `wr` is in the store's dead set ("tdist/dead/<wr>", written
- * by the server's liveness detector, as for shrink). Caller thread. */
+/* 1 if world rank `wr` will never join: it is in the store's dead set
+ * ("tdist/dead/<wr>", written by the server's liveness detector), or it left
+ * the job (its last heartbeat is the monitor's "bye"), as for shrink.
+ * Caller thread. */
 static int declared_dead(const tdist_group_t *parent, int wr) {
   if (!parent->ctx->root) return 0;
   char key[48];
   snprintf(key, sizeof(key), "tdist/dead/%d", wr);
   const char *keys[1] = {key};
   int exists = 0;
-  return tdist_store_check(parent->ctx->root, keys, 1, &exists) == 0 && exists;
+  if (tdist_store_check(parent->ctx->root, keys, 1, &exists) == 0 && exists) return 1;
+  snprintf(key, sizeof(key), "tdist/hb/%d", wr);
+  void *v = NULL;
+  size_t len = 0;
+  if (tdist_store_get(parent->ctx->root, key, &v, &len, 1) != 0) return 0; /* 1 ms: it exists */
+  int left = len == 3 && memcmp(v, "bye", 3) == 0;
+  tdist_store_free(v);
+  return left;
 }
 
 /*
@@ -140,8 +149,9 @@ static int gather_lists(tdist_group_t *parent, const char *tag, const char *what
     if (ndead) {
       name_ranks(names, sizeof(names), parent, dead, ndead);
       rc = tdist__error(TDIST_ERR_REMOTE_FAILED,
-                        "%s: %s failed before joining (the store declared %s dead)", what, names,
-                        ndead > 1 ? "them" : "it");
+                        "%s: %s failed or left the job before joining (the store declared %s "
+                        "dead, or %s monitor said goodbye)",
+                        what, names, ndead > 1 ? "them" : "it", ndead > 1 ? "their" : "its");
       goto out;
     }
     if (nmiss && deadline - tdist__now_ms() <= 0) {

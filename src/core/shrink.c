@@ -60,6 +60,9 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
                           "tdist_group_shrink: this rank (%d of '%s') was declared dead", g->rank,
                           g->name);
     int missing = -1, nmissing = 0;
+    char names[160];
+    size_t nlen = 0;
+    names[0] = '\0';
     for (int r = 0; r < g->size; r++) {
       if (in[r]) continue;
       snprintf(key, sizeof(key), "shrink%u/in/%d", e, r);
@@ -70,6 +73,10 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
         in[r] = 1;
       else if (!is_gone(g, g->global_ranks[r])) {
         if (missing < 0) missing = r;
+        /* "rank 2 (world rank 5), rank 3 (world rank 6)", the first few */
+        if (nmissing < 6 && nlen < sizeof(names))
+          nlen += (size_t)snprintf(names + nlen, sizeof(names) - nlen, "%srank %d (world rank %d)",
+                                   nmissing ? ", " : "", r, g->global_ranks[r]);
         nmissing++;
       }
     }
@@ -77,9 +84,9 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
     int64_t left = deadline_ms - tdist__now_ms();
     if (left <= 0)
       return tdist__error(TDIST_ERR_TIMEOUT,
-                          "tdist_group_shrink of '%s': %d rank(s), first rank %d, neither joined "
-                          "nor were declared dead nor left in time",
-                          g->name, nmissing, missing);
+                          "tdist_group_shrink of '%s': %s%s neither joined nor were declared dead "
+                          "nor left within the group's timeout",
+                          g->name, names, nmissing > 6 ? " and others" : "");
     /* Woken by that rank's arrival; a death is seen on the next round. */
     snprintf(key, sizeof(key), "shrink%u/in/%d", e, missing);
     const char *keys[1] = {key};

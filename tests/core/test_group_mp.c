@@ -117,14 +117,19 @@ static void mesh_names_a_rank_that_never_came(void **state) {
   assert_int_equal(tdist_mp_run(4, skip_mesh_child, NULL, 60), 0);
 }
 
-/* Rank 2 is killed before the call: the others fail with REMOTE_FAILED
- * naming it, long before the new group's 30 s. */
+/* Rank 2 is killed before the call (arg NULL), or leaves the job in order
+ * (arg non-NULL: destroys its world, its monitor says goodbye, exits): the
+ * others fail with REMOTE_FAILED naming it, long before the new group's
+ * 30 s. */
 static int dead_member_child(int rank, int n, void *arg) {
-  (void)arg;
   tb_world_t tw;
   MP_CHECK(tb_world_join(rank, n, port, 30000, &tw) == 0);
   MP_CHECK(tb_store_barrier(tw.st, "dead/joined", n) == 0);
-  if (rank == 2) raise(SIGKILL);
+  if (rank == 2 && !arg) raise(SIGKILL);
+  if (rank == 2) {
+    tdist_group_destroy(tw.g);
+    _exit(0);
+  }
   int all[] = {0, 1, 2};
   tdist_group_t *sub = NULL;
   int64_t t0 = tdist__now_ms();
@@ -150,6 +155,16 @@ static void new_group_fails_at_once_for_a_dead_rank(void **state) {
   assert_int_equal(codes[0], 0);
   assert_int_equal(codes[1], 0);
   assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
+static void new_group_fails_at_once_for_a_rank_that_left(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  int codes[3];
+  tdist_mp_run_codes(3, dead_member_child, (void *)1, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 0);
 }
 
 /* ---- the abort callback comes first ---------------------------------------------- */
@@ -303,6 +318,7 @@ int main(void) {
       cmocka_unit_test(new_group_names_a_rank_that_never_came),
       cmocka_unit_test(mesh_names_a_rank_that_never_came),
       cmocka_unit_test(new_group_fails_at_once_for_a_dead_rank),
+      cmocka_unit_test(new_group_fails_at_once_for_a_rank_that_left),
       cmocka_unit_test(abort_callback_runs_before_ops_fail),
       cmocka_unit_test(no_abort_callback_after_destroy),
   };
