@@ -26,7 +26,7 @@ gs_hset_t gs_events, gs_graphs, gs_execs;
 
 static struct CUstream_st *g_legacy[GS_MAX_DEVICES];
 static pthread_once_t g_pt_once = PTHREAD_ONCE_INIT;
-static pthread_key_t g_pt_key; /* value: per_thread_t of the thread */
+static pthread_key_t g_pt_key;            /* value: per_thread_t of the thread */
 static _Thread_local gs_item_t *tl_defer; /* items gs_unlock finishes */
 
 typedef struct {
@@ -39,8 +39,10 @@ static size_t hset_pos(const gs_hset_t *h, const void *p) {
   size_t lo = 0, hi = h->n;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if ((uintptr_t)h->v[mid] < (uintptr_t)p) lo = mid + 1;
-    else hi = mid;
+    if ((uintptr_t)h->v[mid] < (uintptr_t)p)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -111,7 +113,8 @@ void gs_unlock(void) {
 void gs_stream_unref_locked(struct CUstream_st *st) {
   if (--st->refs > 0) return;
   struct CUstream_st **pp = &gs_streams;
-  while (*pp != st) pp = &(*pp)->next;
+  while (*pp != st)
+    pp = &(*pp)->next;
   *pp = st->next;
   pthread_cond_destroy(&st->cv);
   free(st);
@@ -190,7 +193,8 @@ static void *worker(void *arg) {
     int64_t t = now_ns();
     pthread_mutex_lock(&gs_lock);
     complete_locked(st, t);
-    while (st->head && st->head->kind == GS_IT_RECORD) complete_locked(st, t);
+    while (st->head && st->head->kind == GS_IT_RECORD)
+      complete_locked(st, t);
     pthread_cond_broadcast(&gs_progress);
     gs_unlock();
     if (k) k->release(k);
@@ -272,8 +276,10 @@ struct CUstream_st *gs_stream_get_locked(cudaStream_t s) {
 
 static void push_locked(struct CUstream_st *st, gs_item_t *it) {
   it->next = NULL;
-  if (st->tail) st->tail->next = it;
-  else st->head = it;
+  if (st->tail)
+    st->tail->next = it;
+  else
+    st->head = it;
   st->tail = it;
   st->enq++;
 }
@@ -374,7 +380,8 @@ fail:
 void gs_stream_drain(struct CUstream_st *st) {
   pthread_mutex_lock(&gs_lock);
   uint64_t target = st->enq;
-  while (st->done < target) pthread_cond_wait(&gs_progress, &gs_lock);
+  while (st->done < target)
+    pthread_cond_wait(&gs_progress, &gs_lock);
   pthread_mutex_unlock(&gs_lock);
 }
 
@@ -384,7 +391,8 @@ void gs_stream_drain(struct CUstream_st *st) {
 void gs_device_drain(int dev) {
   pthread_mutex_lock(&gs_lock);
   size_t n = 0;
-  for (struct CUstream_st *st = gs_streams; st; st = st->next) n += st->dev == dev;
+  for (struct CUstream_st *st = gs_streams; st; st = st->next)
+    n += st->dev == dev;
   struct {
     struct CUstream_st *st;
     uint64_t target;
@@ -397,7 +405,8 @@ void gs_device_drain(int dev) {
       st->refs++;
     }
   for (size_t i = 0; i < k; i++) {
-    while (w[i].st->done < w[i].target) pthread_cond_wait(&gs_progress, &gs_lock);
+    while (w[i].st->done < w[i].target)
+      pthread_cond_wait(&gs_progress, &gs_lock);
     gs_stream_unref_locked(w[i].st);
   }
   pthread_mutex_unlock(&gs_lock);
@@ -503,8 +512,10 @@ GS_API cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg
   int captured;
   pthread_mutex_lock(&gs_lock);
   struct CUstream_st *st = gs_stream_get_locked(s);
-  if (st) e = gs_submit_locked(st, it, &captured);
-  else free(it);
+  if (st)
+    e = gs_submit_locked(st, it, &captured);
+  else
+    free(it);
   gs_unlock();
   return gs_err(st ? e : cudaErrorInvalidResourceHandle);
 }
@@ -519,8 +530,10 @@ cudaError_t gs_launch(cudaStream_t s, gs_kernel_t *k, int *captured) {
   for (int pass = 0; pass < 2; pass++) {
     pthread_mutex_lock(&gs_lock);
     struct CUstream_st *st = gs_stream_get_locked(s);
-    if (!st || st->dev != k->device) e = cudaErrorInvalidResourceHandle;
-    else e = gs_context_use(st->dev);
+    if (!st || st->dev != k->device)
+      e = cudaErrorInvalidResourceHandle;
+    else
+      e = gs_context_use(st->dev);
     if (e == cudaSuccess && (st->cap || pass == 1)) {
       gs_item_t *it = gs_item_new(GS_IT_KERNEL);
       if (!it) {
@@ -528,8 +541,10 @@ cudaError_t gs_launch(cudaStream_t s, gs_kernel_t *k, int *captured) {
       } else {
         /* Capturing: the graph keeps the proto (our ref); else the instance. */
         it->kernel = st->cap ? k : run;
-        if (st->cap) k = NULL;
-        else run = NULL;
+        if (st->cap)
+          k = NULL;
+        else
+          run = NULL;
         e = gs_submit_locked(st, it, captured);
       }
     }
