@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/group.h"
+#include "core/ops_int.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -75,21 +76,22 @@ static void describe(char *buf, size_t cap, const tdist_group_t *parent, const c
   append(buf, cap, &len, " of '%s')", parent->name);
 }
 
-/* 1 if world rank `wr` will never join: it is in the store's dead set
- * ("tdist/dead/<wr>", written by the server's liveness detector), or it left
- * the job (its last heartbeat is the monitor's "bye"), as for shrink.
- * Caller thread. */
-static int declared_dead(const tdist_group_t *parent, int wr) {
-  if (!parent->ctx->root) return 0;
+/* 1 if world rank `wr` will never join anything again: it is in the
+ * store's dead set ("tdist/dead/<wr>", written by the server's liveness
+ * detector), or (`or_left`) it left the job, its last heartbeat being the
+ * monitor's "bye". Caller thread; ops_int.h (shrink uses it too). */
+int tdist__ops_rank_gone(const tdist_group_t *g, int wr, int or_left) {
+  if (!g->ctx->root) return 0;
   char key[48];
   snprintf(key, sizeof(key), "tdist/dead/%d", wr);
   const char *keys[1] = {key};
   int exists = 0;
-  if (tdist_store_check(parent->ctx->root, keys, 1, &exists) == 0 && exists) return 1;
+  if (tdist_store_check(g->ctx->root, keys, 1, &exists) == 0 && exists) return 1;
+  if (!or_left) return 0;
   snprintf(key, sizeof(key), "tdist/hb/%d", wr);
   void *v = NULL;
   size_t len = 0;
-  if (tdist_store_get(parent->ctx->root, key, &v, &len, 1) != 0) return 0; /* 1 ms: it exists */
+  if (tdist_store_get(g->ctx->root, key, &v, &len, 1) != 0) return 0; /* 1 ms: it exists */
   int left = len == 3 && memcmp(v, "bye", 3) == 0;
   tdist_store_free(v);
   return left;
@@ -139,7 +141,7 @@ static int gather_lists(tdist_group_t *parent, const char *tag, const char *what
         continue;
       }
       miss[nmiss++] = r;
-      if (declared_dead(parent, parent->global_ranks[r])) dead[ndead++] = r;
+      if (tdist__ops_rank_gone(parent, parent->global_ranks[r], 1)) dead[ndead++] = r;
     }
     if (atomic_load(&parent->aborted)) {
       rc = tdist__error(parent->abort_status, "%s: '%s' was aborted while its ranks joined: %s",

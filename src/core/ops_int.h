@@ -11,6 +11,9 @@
 #include "core/group.h"
 
 /* ops.c: the checks of the fixed ops (see there), 0 or the recorded error. */
+/* Caller thread (mesh.c): 1 if world rank wr is dead in the store, or (or_left)
+ * left the job in order; such a rank never joins a split or shrink. */
+int tdist__ops_rank_gone(const tdist_group_t *g, int wr, int or_left);
 int tdist__ops_check_group(tdist_group_t *g, tdist_optype_t type, const char *fn);
 int tdist__ops_check_dtype(const tdist_group_t *g, tdist_dtype_t dt, size_t count, size_t blocks,
                            const char *fn);

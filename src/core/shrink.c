@@ -20,33 +20,11 @@
 #include <string.h>
 
 #include "core/group.h"
+#include "core/ops_int.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/inject.h"
-
-/* 1 if world rank `wr` is in the store's dead set. */
-static int is_dead(tdist_group_t *g, int wr) {
-  char key[48];
-  snprintf(key, sizeof(key), "tdist/dead/%d", wr);
-  const char *keys[1] = {key};
-  int exists = 0;
-  return tdist_store_check(g->ctx->root, keys, 1, &exists) == 0 && exists;
-}
-
-/* 1 if world rank `wr` is dead or left the job (its last heartbeat, the
- * monitor's "bye" at release): either way it will never join a shrink. */
-static int is_gone(tdist_group_t *g, int wr) {
-  if (is_dead(g, wr)) return 1;
-  char key[48];
-  snprintf(key, sizeof(key), "tdist/hb/%d", wr);
-  void *v = NULL;
-  size_t len = 0;
-  if (tdist_store_get(g->ctx->root, key, &v, &len, 1) != 0) return 0; /* 1 ms: it exists */
-  int left = len == 3 && memcmp(v, "bye", 3) == 0;
-  tdist_store_free(v);
-  return left;
-}
 
 /* Steps 1 and 2: wait until every rank came or died. in[r] = 1 if r came. */
 static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t deadline_ms) {
@@ -55,7 +33,7 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
   snprintf(key, sizeof(key), "shrink%u/in/%d", e, g->rank);
   TDIST_CHECK(tdist_store_set(g->store, key, "1", 1));
   for (;;) {
-    if (is_dead(g, g->global_ranks[g->rank]))
+    if (tdist__ops_rank_gone(g, g->global_ranks[g->rank], 0))
       return tdist__error(TDIST_ERR_REMOTE_FAILED,
                           "tdist_group_shrink: this rank (%d of '%s') was declared dead", g->rank,
                           g->name);
@@ -71,7 +49,7 @@ static int gather_survivors(tdist_group_t *g, unsigned e, char *in, int64_t dead
       TDIST_CHECK(tdist_store_check(g->store, keys, 1, &exists));
       if (exists)
         in[r] = 1;
-      else if (!is_gone(g, g->global_ranks[r])) {
+      else if (!tdist__ops_rank_gone(g, g->global_ranks[r], 1)) {
         if (missing < 0) missing = r;
         /* "rank 2 (world rank 5), rank 3 (world rank 6)", the first few */
         if (nmissing < 6 && nlen < sizeof(names))
