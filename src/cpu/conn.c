@@ -435,12 +435,12 @@ static void on_timer_closed(uv_handle_t *h) {
   ctx_maybe_free(ctx);
 }
 
-/* What the last release hands back to its caller: the fds of the live
- * connections, goodbye said and writes shut, to linger on. */
+/* What the last release hands back to its caller: the live connections,
+ * with what their queues still owed, to linger on (leave.c). */
 typedef struct release_req {
   cpu_ctx_t *ctx;
-  int *fds; /* ctx->size entries, or NULL: no lingering */
-  int nfds;
+  cpu_leaving_t *ls; /* ctx->size entries, or NULL: no lingering */
+  int n;
 } release_req_t;
 
 static void release_task(void *arg) {
@@ -471,67 +471,30 @@ static void release_task(void *arg) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c) continue;
     ctx->conns[i] = NULL;
-    /* Says bye, shuts writes, drops queued messages; the fd is the
-     * caller's to linger on (below), or closed here. */
-    int fd = tdist__cpu_conn_detach(c);
-    if (fd >= 0 && r->fds)
-      r->fds[r->nfds++] = fd;
-    else if (fd >= 0)
+    /* Out of the loop; with lingering, the fd and what the queue owes
+     * are the caller's (below), else closed here after a goodbye. */
+    cpu_leaving_t *l = r->ls ? &r->ls[r->n] : NULL;
+    if (l) tdist__list_init(&l->owed);
+    int fd = tdist__cpu_conn_detach(c, l ? &l->owed : NULL);
+    if (fd >= 0 && l) {
+      l->fd = fd;
+      r->n++;
+    } else if (fd >= 0) {
       close(fd);
+    }
     ctx->open_handles++;
     uv_close((uv_handle_t *)&c->poll, on_closed);
   }
   ctx_maybe_free(ctx);
 }
 
-/*
- * Caller thread: linger on the connections this rank leaves, then close
- * them. Why: closing a socket with the peer's data unread makes the kernel
- * answer with a reset, and the peer's kernel may then discard what it had
- * not read from us yet -- an ERR naming the cause this rank aborted for
- * among it -- so the peer would report only that we left. Each fd had its
- * goodbye said and its writes shut; read and discard until the peer's EOF
- * (it left too: nothing of ours is unread there any more) or an error, for
- * at most TDIST_CPU_LINGER_MS over all of them. A peer that outlives us
- * (it shrank and went on) costs the bound; a dead one costs nothing.
- */
-static void linger_and_close(int *fds, int n) {
-  int64_t deadline = tdist__now_ns() + tdist__param_CpuLingerMs() * 1000000;
-  struct pollfd pf[64];
-  char sink[16384]; /* discarded bytes */
-  int open = n;
-  while (open > 0) {
-    int64_t left_ms = (deadline - tdist__now_ns()) / 1000000;
-    if (left_ms <= 0) break;
-    /* At most 64 polled per pass; the rest wait for the next pass. */
-    int k = 0, idx[64];
-    for (int i = 0; i < n && k < 64; i++)
-      if (fds[i] >= 0) {
-        pf[k] = (struct pollfd){.fd = fds[i], .events = POLLIN};
-        idx[k++] = i;
-      }
-    if (poll(pf, (nfds_t)k, (int)(left_ms < 100 ? left_ms : 100)) < 0 && errno != EINTR) break;
-    for (int j = 0; j < k; j++) {
-      if (!pf[j].revents) continue;
-      ssize_t got;
-      while ((got = recv(pf[j].fd, sink, sizeof(sink), MSG_DONTWAIT)) > 0) {
-      }
-      if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        close(pf[j].fd); /* EOF (or the peer is gone): nothing left to lose */
-        fds[idx[j]] = -1;
-        open--;
-      }
-    }
-  }
-  for (int i = 0; i < n; i++)
-    if (fds[i] >= 0) close(fds[i]);
-}
-
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
   release_req_t r = {ctx, NULL, 0};
+  /* Lingering blocks: never on the progress thread (a release from a
+   * callback closes at once). */
   if (tdist__param_CpuLingerMs() > 0 && !tdist__progress_on_thread())
-    r.fds = tdist__malloc(sizeof(int) * (size_t)ctx->size);
+    r.ls = tdist__malloc(sizeof(*r.ls) * (size_t)ctx->size);
   tdist__progress_call(ctx->progress, release_task, &r);
-  if (r.fds) linger_and_close(r.fds, r.nfds);
-  tdist__free(r.fds);
+  if (r.ls) tdist__cpu_linger(r.ls, r.n);
+  tdist__free(r.ls);
 }

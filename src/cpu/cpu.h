@@ -382,11 +382,24 @@ void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thr
  * is done when m is written (or ACKed): recorded only (tdist__cpu_xfer_done). */
 void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m);
 cpu_msg_t *tdist__cpu_msg_new(void);
+/* ---- leave.c: leaving without losing what is owed ---------------------------- */
+/* A connection being left: its fd, and what its queue still owed (the
+ * caller's now: cpu_msg_t on plain heap memory, goodbye last). */
+typedef struct cpu_leaving {
+  int fd;
+  tdist__list_t owed;
+} cpu_leaving_t;
+#define CPU_LEAVE_IOV 64
 void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
-/* As close, but a live connection's fd (goodbye said, writes shut) is
- * returned for the caller to linger on and close (conn.c); -1 when the
- * connection had failed (its fd is closed here). */
-int tdist__cpu_conn_detach(cpu_conn_t *c);
+/* (progress) c leaves the loop. With `owed`, a live connection's queue
+ * moves there (goodbye appended) and its fd is returned for the caller to
+ * linger on (tdist__cpu_linger); without, the goodbye is written only if
+ * nothing is queued, writes are shut and the fd is returned to be closed.
+ * -1 when the connection had failed (its fd is closed here). */
+int tdist__cpu_conn_detach(cpu_conn_t *c, tdist__list_t *owed);
+/* (caller) Write what is owed, shut writes, read until each peer's EOF;
+ * at most TDIST_CPU_LINGER_MS over all of them; closes every fd. */
+void tdist__cpu_linger(cpu_leaving_t *ls, int n);
 /* Drop queued messages of ops of group uid (abort), copying a partly sent one. */
 void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid);
 /* Deferred reads. A rank that is idle (no op active, no receive posted) and

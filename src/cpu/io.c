@@ -484,34 +484,3 @@ void tdist__cpu_conn_start(cpu_conn_t *c) {
   c->events = UV_READABLE;
   uv_poll_start(&c->poll, UV_READABLE, on_poll);
 }
-
-int tdist__cpu_conn_detach(cpu_conn_t *c) {
-  int alive = !c->dead;
-  if (alive) {
-    /* Best effort goodbye: a peer that sees BYE before EOF knows this rank
-     * left on purpose (it still fails ops it was running with us). */
-    cpu_hdr_t bye = {.magic = CPU_MAGIC, .kind = CPU_MSG_BYE, .root = c->ctx->lost_peer};
-    if (tdist__list_empty(&c->txq))
-      (void)send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
-    shutdown(c->fd, SHUT_WR);
-  }
-  if (c->parked) {
-    c->parked = 0;
-    if (--c->ctx->nparked == 0) uv_timer_stop(&c->ctx->park_timer);
-  }
-  c->dead = 1;
-  uv_poll_stop(&c->poll);
-  tdist__cpu_conn_free_queues(c);
-  int fd = c->fd;
-  c->fd = -1;
-  if (fd >= 0 && !alive) {
-    close(fd); /* failed before: nothing to wait for */
-    fd = -1;
-  }
-  return fd;
-}
-
-void tdist__cpu_conn_close(cpu_conn_t *c) {
-  int fd = tdist__cpu_conn_detach(c);
-  if (fd >= 0) close(fd);
-}
