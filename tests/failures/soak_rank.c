@@ -45,6 +45,10 @@
  *                   others' data unread, destroys it and _exit(0)s: the
  *                   reset case (docs/cpu-backend.md, "Leaving"): the
  *                   survivors must get the cause, not only "rank V left".
+ *                   On cpu it first isends 8 MiB to every other rank
+ *                   (none receives it), so it leaves owing most of that
+ *                   with its ERR queued behind; on odd FAULT_IT over TCP
+ *                   (TDIST_CPU_CMA=0 in the victim), else as descriptors.
  * The victim writes the fault time (CLOCK_MONOTONIC, one clock for every
  * process of the host) to DIR/fault_time just before the fault.
  *
@@ -329,6 +333,7 @@ static void fault_line(int inflight) {
   fflush(stdout);
 }
 
+#define MAX_OWED 16       /* abort_exit: ranks sent the owed message */
 static int fault_fd = -1; /* fault_arm: DIR/fault_time, opened before the fault */
 
 static void crash_cb(tdist_work_t *w, void *arg) {
@@ -388,11 +393,25 @@ static void die_now(tdist_group_t *g, float *v, size_t count) {
     _exit(3);
   case K_EXIT: _exit(0);
   case K_ABORTX: {
+    /* On cpu, a large message to every other rank first, which none of
+     * them receives: the victim leaves owing most of it (their sockets
+     * fill), its ERR queued behind, with their data unread too. */
+    enum { OWED_FLOATS = 2u << 20 };
+    float *owed = nccl ? NULL : calloc(OWED_FLOATS, sizeof(float));
+    tdist_work_t *ow[MAX_OWED] = {0};
+    tdist_op_opts_t tag = {.mask = TDIST_OP_FIELD_TAG, .tag = 77};
+    for (int r = 0; owed && r < nranks && r < MAX_OWED; r++)
+      if (r != me) tdist_isend(g, owed, OWED_FLOATS, TDIST_FLOAT32, r, &tag, &ow[r]);
     char why[64];
     snprintf(why, sizeof(why), "soak abort_exit by rank %d", me);
     tdist_group_abort(g, why);
     tdist_work_wait(w, 0);
     tdist_work_release(w);
+    for (int r = 0; r < MAX_OWED; r++)
+      if (ow[r]) {
+        tdist_work_wait(ow[r], 0);
+        tdist_work_release(ow[r]);
+      }
     tdist_group_destroy(g); /* leaves: goodbyes, then closes its sockets */
     _exit(0);
   }
@@ -608,6 +627,10 @@ int main(int argc, char **argv) {
   /* The device before init, as a program on a GPU does (cudaSetDevice on
    * the local rank); the backend picks the same one. */
   if (nccl && cuda_setup(world_rank) != 0) return 1;
+  /* abort_exit on odd fault iterations: the victim's payloads go over TCP
+   * (its peers see single copy disabled too), so what it owes when it
+   * leaves is bytes in its queue, not a descriptor (leave.c). */
+  if (kind == K_ABORTX && world_rank == victim && (fault_it & 1)) setenv("TDIST_CPU_CMA", "0", 1);
 
   tdist_group_t *g = NULL;
   tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_BACKEND, .backend = backend};
