@@ -17,17 +17,25 @@
  *            until the last step, like a message still arriving on a
  *            socket); then it is complete, offered to a posted receive, and
  *            the send's transfer is done;
- *   DELIVER  a complete unexpected p2p message into its receive; the
- *            message is off the group's list and owned by the copy until
- *            the last step, then freed and the receive's transfer is done.
- *            The receive is marked done at once (no peer is needed for it
- *            any more: a goodbye of the sender must not fail the op).
+ *   DELIVER  a complete unexpected message (p2p, or a collective's
+ *            round that is not reduced) into its receive; the message is
+ *            off the group's list and owned by the copy until the last
+ *            step, then freed and the receive's transfer is done. The
+ *            receive is marked done at once (no peer is needed for it any
+ *            more: a goodbye of the sender must not fail the op). A
+ *            receive posted while its message is still arriving takes over
+ *            the rest of it (engine.c, adopt_ux) only while what came in
+ *            so far is one step or less; else the message completes in
+ *            its staging buffer and is delivered here.
  * Either way the op's transfer stays pending until the last byte is
  * copied, so the op cannot complete (and its buffers stay the caller's
  * business) before. An op freed before that (abort, destroy: the core
  * aborts before it hands buffers back) drops its copies first
  * (tdist__cpu_copy_cancel from tdist__cpu_op_put), so no copy touches a
  * buffer after its op is gone.
+ *
+ * Not here yet (docs/cpu-backend.md, Known limits): single-copy reads
+ * (cma.c) and the copy of an out-of-place op's input at its start.
  *
  * Threads: progress thread only. The idle callback is a top-level point:
  * it runs the engine (tdist__cpu_run_ready) for what the copies finished.
@@ -112,7 +120,7 @@ void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void
 }
 
 int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
-  if (!op->p2p || u->hdr.len <= CPU_COPY_STEP || !u->data) return 0;
+  if (u->hdr.len <= CPU_COPY_STEP || !u->data) return 0;
   cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
   if (!k) return 0;
   *k = (cpu_copy_t){.kind = COPY_DELIVER,

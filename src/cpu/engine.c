@@ -258,6 +258,10 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
 static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
   cpu_conn_t *c = cg->ctx->conns[u->src];
   if (!c || c->dead || !c->rx_body || c->rx_ux != u || u->hdr.len != x->len) return;
+  /* More than one copy step in already: not adopted. It completes in its
+   * staging buffer and is then delivered in steps (copy_steps.c), rather
+   * than copied here in one go on the progress thread. */
+  if (!x->reduce && c->rx_got > CPU_COPY_STEP) return;
   if (x->reduce) {
     c->rx_dst = u->data; /* becomes x->stage when complete */
     u->data = NULL;
