@@ -171,6 +171,10 @@ static void send_ack(cpu_conn_t *c, uint64_t cookie) {
   tdist__cpu_send(c, m);
 }
 
+void tdist__cpu_cma_ack(cpu_ctx_t *ctx, int src_world, uint64_t cookie) {
+  send_ack(ctx->conns ? ctx->conns[src_world] : NULL, cookie);
+}
+
 /* 1 when the sender's live word still holds d's token (it has not aborted
  * the group), 0 when it changed, -1 when it cannot be read (errno set). */
 static int live_intact(int pid, const cpu_rma_desc_t *d) {
@@ -180,13 +184,13 @@ static int live_intact(int pid, const cpu_rma_desc_t *d) {
   return w == d->token;
 }
 
-int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
-                        int *aborted) {
+int tdist__cpu_cma_read_range(int pid, void *dst, const cpu_rma_desc_t *d, size_t off, size_t len,
+                              char *why, size_t wl, int *aborted) {
   *aborted = 0;
-  size_t done = 0;
-  while (done < d->len) {
-    struct iovec l = {(uint8_t *)dst + done, d->len - done};
-    struct iovec r = {(void *)(uintptr_t)(d->addr + done), d->len - done};
+  size_t done = off, end = off + len;
+  while (done < end) {
+    struct iovec l = {(uint8_t *)dst + done, end - done};
+    struct iovec r = {(void *)(uintptr_t)(d->addr + done), end - done};
     ssize_t n = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -205,6 +209,10 @@ int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, 
     }
     done += (size_t)n;
   }
+  return 0;
+}
+
+int tdist__cpu_cma_read_end(int pid, const cpu_rma_desc_t *d, char *why, size_t wl, int *aborted) {
   /* The payload's loads before the live word's: a word still holding the
    * token means the sender had not aborted (and so not handed the buffer
    * back) when the last payload byte was read. */
@@ -218,6 +226,12 @@ int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, 
   return 0;
 }
 
+int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
+                        int *aborted) {
+  if (tdist__cpu_cma_read_range(pid, dst, d, 0, d->len, why, wl, aborted) != 0) return -1;
+  return tdist__cpu_cma_read_end(pid, d, why, wl, aborted);
+}
+
 static void arm(cpu_ctx_t *ctx, uint64_t ms);
 
 /* A read failed. A sender that is gone fails the group (-1; reported, the
@@ -228,7 +242,7 @@ static void arm(cpu_ctx_t *ctx, uint64_t ms);
  * one (on_timer), so every rank's error names the root cause rather than
  * the rank that gave up first. */
 #define CAUSE_MS 1000
-static int read_failed(cpu_group_t *cg, int src_world, int aborted, const char *why) {
+int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const char *why) {
   if (!cg || cg->aborted) return -1;
   char text[200];
   snprintf(text, sizeof(text), "rank %d (world rank %d): %s", tdist__cpu_grank_of(cg, src_world),
@@ -273,11 +287,17 @@ void tdist__cpu_cma_on_desc(cpu_conn_t *c) {
   if (c->rx_x) {
     char why[120];
     int aborted;
+    /* Large: read in steps (copy_steps.c, which ACKs and finishes the
+     * transfer); the connection reads on meanwhile. */
+    if (tdist__cpu_copy_read(c->rx_g, c->rx_op, c->rx_x, c->peer, c->pid, &d, c->rx_dst)) {
+      cpu_rx_clear(c);
+      return;
+    }
     if (tdist__cpu_cma_read(c->pid, c->rx_dst, &d, why, sizeof(why), &aborted) != 0) {
       cpu_group_t *cg = c->rx_g;
       if (c->rx_x->reduce) tdist__cpu_buf_put(ctx, c->rx_dst);
       cpu_rx_clear(c);
-      read_failed(cg, c->peer, aborted, why); /* the transfer stays undone */
+      tdist__cpu_cma_failed(cg, c->peer, aborted, why); /* the transfer stays undone */
       return;
     }
     send_ack(c, d.cookie);
@@ -297,15 +317,20 @@ void tdist__cpu_cma_on_desc(cpu_conn_t *c) {
   }
 }
 
+void tdist__cpu_cma_take(cpu_ctx_t *ctx, cpu_ux_t *u) {
+  if (!u->rma) return;
+  u->rma = 0;
+  ctx->rma_pending--;
+}
+
 int tdist__cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst) {
   cpu_conn_t *c = ctx->conns[u->src];
   char why[120];
   int aborted;
-  u->rma = 0;
-  ctx->rma_pending--;
-  if (!c || c->dead) return read_failed(cg, u->src, 0, "it is gone");
+  tdist__cpu_cma_take(ctx, u);
+  if (!c || c->dead) return tdist__cpu_cma_failed(cg, u->src, 0, "it is gone");
   if (tdist__cpu_cma_read(c->pid, dst, &u->desc, why, sizeof(why), &aborted) != 0)
-    return read_failed(cg, u->src, aborted, why);
+    return tdist__cpu_cma_failed(cg, u->src, aborted, why);
   send_ack(c, u->desc.cookie);
   return 0;
 }
@@ -342,6 +367,11 @@ static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u) {
 static int stage(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u) {
   uint8_t *buf = tdist__cpu_buf_get(ctx, u->desc.len);
   if (!buf) return 1;
+  cpu_conn_t *c = ctx->conns[u->src];
+  if (c && !c->dead && tdist__cpu_copy_stage(ctx, cg, u, c->pid, buf)) {
+    tdist__cpu_cma_take(ctx, u); /* the job reads, ACKs and sets u->data */
+    return 0;
+  }
   int rc = tdist__cpu_cma_fetch(ctx, cg, u, buf);
   if (rc != 0) {
     tdist__cpu_buf_put(ctx, buf);

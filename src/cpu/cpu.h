@@ -143,7 +143,8 @@ typedef struct cpu_ux {
   int complete;  /* payload fully read */
   int rma;       /* an RMA descriptor not read yet (data NULL; cma.c) */
   cpu_rma_desc_t desc;
-  uint64_t since; /* uv_now() when the descriptor arrived */
+  uint64_t since;       /* uv_now() when the descriptor arrived */
+  struct cpu_copy *job; /* being staged in steps (copy_steps.c), else NULL */
 } cpu_ux_t;
 
 /* One transfer of an op: a send or a receive with one peer. Lives in the
@@ -434,6 +435,17 @@ void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
  * fault of the sender's). Any thread (progress thread in the library). */
 int tdist__cpu_cma_read(int pid, void *dst, const cpu_rma_desc_t *d, char *why, size_t wl,
                         int *aborted);
+/* The same in parts: bytes [off, off + len) of d into dst + off, and after
+ * the last part the live word's check (which also counts the read). */
+int tdist__cpu_cma_read_range(int pid, void *dst, const cpu_rma_desc_t *d, size_t off, size_t len,
+                              char *why, size_t wl, int *aborted);
+int tdist__cpu_cma_read_end(int pid, const cpu_rma_desc_t *d, char *why, size_t wl, int *aborted);
+/* A read from world rank src_world failed (why): -1, cg's failure reported;
+ * -2 when the sender aborted (aborted != 0): cg waits up to 1 s for its
+ * cause first. cg may be NULL (an orphan's read): nothing to fail. */
+int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const char *why);
+void tdist__cpu_cma_ack(cpu_ctx_t *ctx, int src_world, uint64_t cookie); /* descriptor read */
+void tdist__cpu_cma_take(cpu_ctx_t *ctx, cpu_ux_t *u); /* pending u is read elsewhere */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
  * our memory and len >= TDIST_CPU_CMA_BYTES (m->hdr must be filled). */
 void tdist__cpu_msg_payload(cpu_conn_t *c, cpu_group_t *cg, cpu_msg_t *m, const void *ptr,
@@ -590,6 +602,18 @@ void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void
  * its list, freed and x done at the last step), 0: copy it now. */
 int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
 void tdist__cpu_copy_cancel(cpu_op_t *op); /* op is freed: drop its copies */
+/* Read descriptor d (from world rank src_world, process pid) into dst for
+ * receive x of op in steps; dst is a stage buffer of ours when x reduces.
+ * 1: queued (it ACKs and finishes x); 0: small or no memory, read at once. */
+int tdist__cpu_copy_read(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int src_world, int32_t pid,
+                         const cpu_rma_desc_t *d, uint8_t *dst);
+/* Stage pending descriptor u (no longer pending) into dst in steps; cg is
+ * NULL for an orphan. 1: queued (u->job set until done); 0: read at once. */
+int tdist__cpu_copy_stage(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, int32_t pid, uint8_t *dst);
+/* Receive x wants u, which is being staged: 1 and x waits for the last
+ * step (then tdist__cpu_deliver_ux(x, u)); 0 when u is not being staged. */
+int tdist__cpu_copy_wait_staged(cpu_ux_t *u, cpu_xfer_t *x);
+void tdist__cpu_copy_forget_ux(cpu_ctx_t *ctx, cpu_ux_t *u); /* u is freed: drop its staging */
 
 /* ---- probe.c: stall probes (progress thread) ---------------------------------- */
 void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx);        /* with the other timers */

@@ -54,6 +54,7 @@ cpu_ux_t *tdist__cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nod
 
 void tdist__cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u) {
   if (tdist__list_linked(&u->link)) tdist__list_remove(&u->link);
+  tdist__cpu_copy_forget_ux(ctx, u); /* being staged: stop (and ACK) */
   tdist__cpu_cma_drop(ctx, u);
   tdist__cpu_buf_put(ctx, u->data);
   tdist__free(u);
@@ -222,12 +223,20 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
     tdist__cpu_mismatch(cg, op->p2p ? UINT64_MAX : op->cseq, "%s", text);
     return;
   }
+  if (tdist__cpu_copy_wait_staged(u, x)) return; /* x gets it when it is in */
   if (u->rma) {
     /* Read from the sender now, into place (or a stage to reduce). */
     uint8_t *dst = x->reduce ? tdist__cpu_buf_get(cg->ctx, x->len) : x->ptr;
     if (!dst) {
       tdist__cpu_ux_free(cg->ctx, u);
       tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+      return;
+    }
+    cpu_conn_t *c = cg->ctx->conns[u->src];
+    if (c && !c->dead &&
+        tdist__cpu_copy_read(cg, op, x, u->src, c->pid, &u->desc, dst)) { /* in steps */
+      tdist__cpu_cma_take(cg->ctx, u);
+      tdist__cpu_ux_free(cg->ctx, u);
       return;
     }
     if (tdist__cpu_cma_fetch(cg->ctx, cg, u, dst) != 0) {

@@ -16,6 +16,15 @@
  *               the receiver posts the receive (staging held off by a 60 s
  *               TDIST_CPU_DEFER_US): the receive fails; it never completes
  *               with the overwritten bytes.
+ *   mid_read_receiver, mid_read_sender
+ *               a 64 MiB message is read in 4 MiB steps (copy_steps.c); the
+ *               receiver (or the sender) aborts a few ms after both posted,
+ *               for a few delays, so the abort lands between steps: the
+ *               receive completes with the right bytes or fails, the send
+ *               completes or fails (the receiver's abort still ACKs the
+ *               descriptor: no hang), a receive never completes with bytes
+ *               the sender overwrote after its abort, and the receiver frees
+ *               its buffer at once (ASan sees any step that comes later).
  */
 #include <signal.h>
 #include <stdatomic.h>
@@ -33,6 +42,8 @@ struct shared {
   int port;
   _Atomic int64_t posted_ms; /* eager: when the receiver posted */
   _Atomic int64_t sent_ms;   /* eager: when the sender's send completed */
+  int delay_us;              /* mid_read_*: from both posted to the abort */
+  _Atomic int both_posted;   /* mid_read_*: ranks that posted */
 };
 
 static void msleep(int ms) {
@@ -169,10 +180,11 @@ static int aborted(int rank, int n, void *arg) {
     MP_CHECK_RC(tdist_group_abort(g, "test: sender gives up"));
     int rc = tdist_work_wait(w, -1);
     MP_CHECK(rc != 0);
-    memset(v, 0xee, cnt * 4); /* the failed send handed the buffer back */
+    memset(v, 0xee, cnt * 4);                    /* the failed send handed the buffer back */
     atomic_store(&sh->sent_ms, tdist__now_ms()); /* tell rank 0: reused */
     tdist_work_release(w);
-    for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->posted_ms) && tdist__now_ms() - t0 < 20000;)
+    for (int64_t t0 = tdist__now_ms();
+         !atomic_load(&sh->posted_ms) && tdist__now_ms() - t0 < 20000;)
       msleep(5);
   } else {
     /* Only once the sender has aborted and reused its buffer (no fixed
@@ -193,10 +205,57 @@ static int aborted(int rank, int n, void *arg) {
   return 0;
 }
 
+/* mid_read_*: rank `aborter` aborts the group delay_us after both posted. */
+static int mid_read(int rank, struct shared *sh, int aborter) {
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, 2, 20000, &g));
+  size_t cnt = (64u << 20) / 4;
+  int32_t *v = malloc(cnt * 4);
+  MP_CHECK(v);
+  for (size_t i = 0; i < cnt; i++)
+    v[i] = rank == 1 ? (int32_t)(i * 7 + 1) : 0;
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  tdist_work_t *w = NULL;
+  if (rank == 0)
+    MP_CHECK_RC(tdist_irecv(g, v, cnt, TDIST_INT32, 1, NULL, &w));
+  else
+    MP_CHECK_RC(tdist_isend(g, v, cnt, TDIST_INT32, 0, NULL, &w));
+  atomic_fetch_add(&sh->both_posted, 1);
+  for (int64_t t0 = tdist__now_ms();
+       atomic_load(&sh->both_posted) < 2 && tdist__now_ms() - t0 < 20000;)
+    usleep(100);
+  if (rank == aborter) {
+    usleep((useconds_t)sh->delay_us);
+    MP_CHECK_RC(tdist_group_abort(g, "test: gives up mid-read"));
+  }
+  int rc = tdist_work_wait(w, 30000);
+  MP_CHECK(rc != TDIST_ERR_TIMEOUT);                       /* a dropped read must still ACK */
+  if (rank == 1 && aborter == 1) memset(v, 0xee, cnt * 4); /* handed back: reused */
+  if (rank == 0 && rc == 0)
+    for (size_t i = 0; i < cnt; i++)
+      MP_CHECK(v[i] == (int32_t)(i * 7 + 1));
+  tdist_work_release(w);
+  if (rank == 0) free(v); /* at once: no step may touch it any more */
+  tdist_group_destroy(g);
+  if (rank == 1) free(v);
+  return 0;
+}
+
+static int mid_read_receiver(int rank, int n, void *arg) {
+  (void)n;
+  return mid_read(rank, arg, 0);
+}
+
+static int mid_read_sender(int rank, int n, void *arg) {
+  (void)n;
+  return mid_read(rank, arg, 1);
+}
+
 static int run(const char *name, tdist_mp_fn fn, int n, struct shared *sh) {
   sh->port = tdist_mp_free_port();
   atomic_store(&sh->posted_ms, 0);
   atomic_store(&sh->sent_ms, 0);
+  atomic_store(&sh->both_posted, 0);
   int bad = tdist_mp_run(n, fn, sh, 90);
   printf("cpu_cma %s: %s\n", name, bad ? "FAILED" : "ok");
   return bad != 0;
@@ -216,5 +275,11 @@ int main(void) {
   setenv("TDIST_CPU_DEFER_US", "60000000", 1);
   fails += run("aborted", aborted, 2, sh);
   unsetenv("TDIST_CPU_DEFER_US");
+  const int delays[] = {0, 1000, 3000, 8000};
+  for (int i = 0; i < 4; i++) {
+    sh->delay_us = delays[i];
+    fails += run("mid_read_receiver", mid_read_receiver, 2, sh);
+    fails += run("mid_read_sender", mid_read_sender, 2, sh);
+  }
   return fails != 0;
 }
