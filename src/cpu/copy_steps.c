@@ -162,6 +162,16 @@ static void on_idle(uv_idle_t *h) {
   tdist__cpu_run_ready(ctx); /* ops whose last transfer these copies finished */
 }
 
+/* (progress) A copy of `len` bytes into dst for op (may be NULL); NULL when
+ * there is no memory (the caller then copies at once). */
+static cpu_copy_t *copy_new(int kind, cpu_ctx_t *ctx, cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x,
+                            uint8_t *dst, size_t len) {
+  cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
+  if (k)
+    *k = (cpu_copy_t){.kind = kind, .ctx = ctx, .cg = cg, .op = op, .x = x, .dst = dst, .len = len};
+  return k;
+}
+
 /* (progress) Queue k; NULL-safe: 0 when it could not be queued. */
 static int queue(cpu_ctx_t *ctx, cpu_copy_t *k) {
   if (!k) return 0;
@@ -177,16 +187,11 @@ static int queue(cpu_ctx_t *ctx, cpu_copy_t *k) {
 }
 
 void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void *src, size_t len) {
-  cpu_copy_t *k = len > CPU_COPY_STEP ? tdist__calloc(1, sizeof(*k)) : NULL;
+  cpu_copy_t *k =
+      len > CPU_COPY_STEP ? copy_new(COPY_SELF, cg->ctx, cg, op, NULL, u->data, len) : NULL;
   if (k) {
-    *k = (cpu_copy_t){.kind = COPY_SELF,
-                      .ctx = cg->ctx,
-                      .cg = cg,
-                      .op = op,
-                      .u = u,
-                      .dst = u->data,
-                      .src = src,
-                      .len = len};
+    k->u = u;
+    k->src = src;
     queue(cg->ctx, k);
     return;
   }
@@ -199,17 +204,10 @@ void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void
 
 int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) {
   if (u->hdr.len <= CPU_COPY_STEP || !u->data) return 0;
-  cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
+  cpu_copy_t *k = copy_new(COPY_DELIVER, cg->ctx, cg, op, x, x->ptr, u->hdr.len);
   if (!k) return 0;
-  *k = (cpu_copy_t){.kind = COPY_DELIVER,
-                    .ctx = cg->ctx,
-                    .cg = cg,
-                    .op = op,
-                    .x = x,
-                    .u = u,
-                    .dst = x->ptr,
-                    .src = u->data,
-                    .len = u->hdr.len};
+  k->u = u;
+  k->src = u->data;
   /* Taken: no other receive may match it while it is copied. And x is done
    * as far as its peer goes (its bytes are all here): no other message is
    * matched to it, and a peer that says goodbye now is not needed (the op
@@ -222,36 +220,24 @@ int tdist__cpu_copy_deliver(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux
 int tdist__cpu_copy_read(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int src_world, int32_t pid,
                          const cpu_rma_desc_t *d, uint8_t *dst) {
   if (d->len <= CPU_COPY_STEP) return 0;
-  cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
+  cpu_copy_t *k = copy_new(COPY_READ, cg->ctx, cg, op, x, dst, d->len);
   if (!k) return 0;
-  *k = (cpu_copy_t){.kind = COPY_READ,
-                    .ctx = cg->ctx,
-                    .cg = cg,
-                    .op = op,
-                    .x = x,
-                    .dst = dst,
-                    .len = d->len,
-                    .d = *d,
-                    .src_world = src_world,
-                    .pid = pid,
-                    .own_dst = x->reduce};
+  k->d = *d;
+  k->src_world = src_world;
+  k->pid = pid;
+  k->own_dst = x->reduce;
   TDIST_TRACE(CPU, "cma: reading %" PRIu64 " bytes from world rank %d in steps", d->len, src_world);
   return queue(cg->ctx, k);
 }
 
 int tdist__cpu_copy_stage(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, int32_t pid, uint8_t *dst) {
   if (u->desc.len <= CPU_COPY_STEP) return 0;
-  cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
+  cpu_copy_t *k = copy_new(COPY_STAGE, ctx, cg, NULL, NULL, dst, u->desc.len);
   if (!k) return 0;
-  *k = (cpu_copy_t){.kind = COPY_STAGE,
-                    .ctx = ctx,
-                    .cg = cg,
-                    .u = u,
-                    .dst = dst,
-                    .len = u->desc.len,
-                    .d = u->desc,
-                    .src_world = u->src,
-                    .pid = pid};
+  k->u = u;
+  k->d = u->desc;
+  k->src_world = u->src;
+  k->pid = pid;
   u->job = k;
   TDIST_TRACE(CPU, "cma: staging %" PRIu64 " bytes from world rank %d in steps", u->desc.len,
               u->src);

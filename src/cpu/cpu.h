@@ -382,6 +382,13 @@ void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thr
 /* Queue a message; writes at once if the queue was empty. m->op's transfer
  * is done when m is written (or ACKed): recorded only (tdist__cpu_xfer_done). */
 void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m);
+/* One sendmsg of queue q (oldest first: each message's unwritten header and
+ * payload, at most `budget` payload bytes): its result (errno on -1). */
+ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags);
+/* After `*left` more bytes of q were written: the oldest message now fully
+ * written, off q (the caller owns it), with *left reduced; NULL when none
+ * (the partly written one's offset is moved on). */
+cpu_msg_t *tdist__cpu_msgs_written(tdist__list_t *q, size_t *left);
 cpu_msg_t *tdist__cpu_msg_new(void);
 /* ---- leave.c: leaving without losing what is owed ---------------------------- */
 /* A connection being left: its fd, and what its queue still owed (the
@@ -390,7 +397,6 @@ typedef struct cpu_leaving {
   int fd;
   tdist__list_t owed;
 } cpu_leaving_t;
-#define CPU_LEAVE_IOV 64
 void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
 /* (progress) c leaves the loop. With `owed`, a live connection's queue
  * moves there (goodbye appended) and its fd is returned for the caller to

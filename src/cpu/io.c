@@ -139,26 +139,44 @@ static size_t send_chunk(void) {
   return v < 4096 ? 4096 : (size_t)v;
 }
 
+ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags) {
+  const size_t hs = sizeof(cpu_hdr_t);
+  struct iovec iov[MAX_IOV];
+  int cnt = 0;
+  for (tdist__list_t *n = q->next; n != q && cnt + 2 <= MAX_IOV && budget; n = n->next) {
+    cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
+    if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
+    size_t poff = m->off > hs ? m->off - hs : 0, left = m->hdr.len - poff;
+    if (left > budget) left = budget;
+    if (left) iov[cnt++] = (struct iovec){(void *)(m->data + poff), left};
+    budget -= left;
+  }
+  /* sendmsg, not writev: MSG_NOSIGNAL, a dead peer must not SIGPIPE us. */
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+  return sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
+}
+
+cpu_msg_t *tdist__cpu_msgs_written(tdist__list_t *q, size_t *left) {
+  tdist__list_t *it = tdist__list_first(q);
+  if (!it) return NULL;
+  cpu_msg_t *m = tdist__list_entry(it, cpu_msg_t, link);
+  size_t rest = sizeof(cpu_hdr_t) + m->hdr.len - m->off;
+  if (*left < rest) {
+    m->off += *left;
+    *left = 0;
+    return NULL;
+  }
+  *left -= rest;
+  tdist__list_remove(it);
+  return m;
+}
+
 /* Write what the socket takes. Transport only: a written message's op is
  * told with tdist__cpu_xfer_done, which records and returns. */
 static void flush(cpu_conn_t *c) {
-  const size_t hs = sizeof(cpu_hdr_t), chunk = send_chunk();
+  const size_t chunk = send_chunk();
   while (!tdist__list_empty(&c->txq) && !c->dead && !c->tx_err) {
-    struct iovec iov[MAX_IOV];
-    int cnt = 0;
-    size_t budget = chunk;
-    for (tdist__list_t *n = c->txq.next; n != &c->txq && cnt + 2 <= MAX_IOV && budget;
-         n = n->next) {
-      cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
-      if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
-      size_t poff = m->off > hs ? m->off - hs : 0, left = m->hdr.len - poff;
-      if (left > budget) left = budget;
-      if (left) iov[cnt++] = (struct iovec){(void *)(m->data + poff), left};
-      budget -= left;
-    }
-    /* sendmsg, not writev: MSG_NOSIGNAL, a dead peer must not SIGPIPE us. */
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-    ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    ssize_t n = tdist__cpu_msgs_write(c->fd, &c->txq, chunk, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -176,16 +194,8 @@ static void flush(cpu_conn_t *c) {
       return;
     }
     size_t left = (size_t)n;
-    tdist__list_t *it;
-    while ((it = tdist__list_first(&c->txq))) {
-      cpu_msg_t *m = tdist__list_entry(it, cpu_msg_t, link);
-      size_t rest = hs + m->hdr.len - m->off;
-      if (left < rest) {
-        m->off += left;
-        break;
-      }
-      left -= rest;
-      tdist__list_remove(it);
+    cpu_msg_t *m;
+    while ((m = tdist__cpu_msgs_written(&c->txq, &left))) {
       cpu_op_t *op = m->op;
       if (m->cookie && op) {
         /* RMA descriptor: the peer still reads the payload; the transfer is

@@ -34,9 +34,9 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "util/alloc.h"
@@ -115,34 +115,15 @@ void tdist__cpu_conn_close(cpu_conn_t *c) {
 /* (caller) Write what the socket takes of l's owed bytes; shut writes once
  * all are out. -1 on a write error (the peer is gone). */
 static int write_owed(cpu_leaving_t *l) {
-  const size_t hs = sizeof(cpu_hdr_t);
   while (!tdist__list_empty(&l->owed)) {
-    struct iovec iov[CPU_LEAVE_IOV];
-    int cnt = 0;
-    for (tdist__list_t *n = l->owed.next; n != &l->owed && cnt + 2 <= CPU_LEAVE_IOV; n = n->next) {
-      cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
-      if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
-      size_t poff = m->off > hs ? m->off - hs : 0;
-      if (m->hdr.len > poff)
-        iov[cnt++] = (struct iovec){(void *)(m->data + poff), m->hdr.len - poff};
-    }
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-    ssize_t got = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t got = tdist__cpu_msgs_write(l->fd, &l->owed, SIZE_MAX, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
     }
     size_t left = (size_t)got;
-    tdist__list_t *n;
-    while (left && (n = tdist__list_first(&l->owed))) {
-      cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
-      size_t rest = hs + m->hdr.len - m->off;
-      if (left < rest) {
-        m->off += left;
-        break;
-      }
-      left -= rest;
-      tdist__list_remove(n);
+    cpu_msg_t *m;
+    while ((m = tdist__cpu_msgs_written(&l->owed, &left))) {
       tdist__free(m->owned);
       tdist__free(m);
     }
