@@ -174,6 +174,14 @@ static int roundtrip(tdist_store_t *s, tdist__buf_t *req, tdist__buf_t *rep, int
                         s->prefix ? s->prefix : "", keys ? keys[0] : "", s->address, (int)ml,
                         (const char *)m);
   }
+  case TDIST__ST_FULL: {
+    const uint8_t *m = (const uint8_t *)"";
+    uint32_t ml = 0;
+    tdist__get_bytes(&r, &m, &ml, 4096);
+    return tdist__error(TDIST_ERR_NO_MEMORY, "store %s '%s%s' on %s: %.*s", what,
+                        s->prefix ? s->prefix : "", keys ? keys[0] : "", s->address, (int)ml,
+                        (const char *)m);
+  }
   default:
     return tdist__error(TDIST_ERR_PROTOCOL, "store %s: unexpected reply status %u from %s", what,
                         rep->p[0], s->address);

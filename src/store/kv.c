@@ -15,9 +15,10 @@
 
 int tdist__buf_reserve(tdist__buf_t *b, size_t extra) {
   if (b->cap - b->len >= extra) return 0;
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap - b->len < extra)
-    cap *= 2;
+  /* Double (appends stay amortised O(1)), but never past what is needed when
+   * one reservation is larger: a 64 MiB reply must not take 128 MiB. */
+  size_t cap = b->cap ? b->cap * 2 : 256;
+  if (cap - b->len < extra) cap = b->len + extra;
   uint8_t *p = tdist__realloc(b->p, cap);
   if (!p) return TDIST_ERR_NO_MEMORY;
   b->p = p;
@@ -62,6 +63,7 @@ int tdist__kv_init(tdist__kv_t *kv) {
   kv->buckets = tdist__calloc(1024, sizeof(*kv->buckets));
   if (!kv->buckets) return TDIST_ERR_NO_MEMORY;
   kv->mask = 1023;
+  kv->bytes = 1024 * sizeof(*kv->buckets);
   return 0;
 }
 
@@ -78,6 +80,7 @@ void tdist__kv_destroy(tdist__kv_t *kv) {
   }
   tdist__free(kv->buckets);
   kv->buckets = NULL;
+  kv->bytes = 0;
 }
 
 static tdist__kv_entry_t *find_h(tdist__kv_t *kv, const void *key, uint32_t klen, uint64_t h) {
@@ -105,16 +108,21 @@ static void grow(tdist__kv_t *kv) {
   }
   tdist__free(kv->buckets);
   kv->buckets = b;
+  kv->bytes += (nb / 2) * sizeof(*b);
   kv->mask = nb - 1;
 }
+
+/* What an entry of a klen-byte key costs, its value aside (kv->bytes). */
+#define ENTRY_BYTES(klen) (sizeof(tdist__kv_entry_t) + (klen) + 1)
 
 /* The entry for key, created as a placeholder if missing; NULL: no memory. */
 static tdist__kv_entry_t *get_or_make(tdist__kv_t *kv, const void *key, uint32_t klen) {
   uint64_t h = hash_key(key, klen);
   tdist__kv_entry_t *e = find_h(kv, key, klen, h);
   if (e) return e;
-  e = tdist__calloc(1, sizeof(*e) + klen + 1);
+  e = tdist__calloc(1, ENTRY_BYTES(klen));
   if (!e) return NULL;
+  kv->bytes += ENTRY_BYTES(klen);
   e->hash = h;
   e->klen = klen;
   memcpy(e->key, key, klen);
@@ -131,6 +139,7 @@ static void unlink_entry(tdist__kv_t *kv, tdist__kv_entry_t *e) {
     pp = &(*pp)->next;
   *pp = e->next;
   kv->nentries--;
+  kv->bytes -= ENTRY_BYTES(e->klen) + e->vcap;
   tdist__free(e->val);
   tdist__free(e);
 }
@@ -139,17 +148,36 @@ void tdist__kv_drop_if_unused(tdist__kv_t *kv, tdist__kv_entry_t *e) {
   if (!e->present && !e->waiters) unlink_entry(kv, e);
 }
 
+/* The capacity e's value buffer gets for a write of n bytes (e->vcap when it
+ * is kept). One rule for write_entry and for what a request would cost. */
+static uint32_t value_cap(const tdist__kv_entry_t *e, uint32_t n, int append) {
+  uint32_t need = ((append && e && e->present) ? e->vlen : 0) + n;
+  uint32_t vcap = e ? e->vcap : 0;
+  if (need <= vcap && !(need < vcap / 4 && vcap > 4096)) return vcap;
+  uint32_t cap = need < 16 ? 16 : need;
+  if (append && cap < vcap * 2 && vcap * 2 <= TDIST_STORE_MAX_VALUE) cap = vcap * 2;
+  return cap;
+}
+
+/* Bytes a write of n bytes to key (k, kl) would add to kv->bytes: a new entry
+ * and a larger value buffer (what x->admit is asked about). */
+static uint64_t write_cost(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, uint32_t n, int append) {
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  uint32_t cap = value_cap(e, n, append), vcap = e ? e->vcap : 0;
+  return (e ? 0 : ENTRY_BYTES(kl)) + (cap > vcap ? cap - vcap : 0);
+}
+
 /* Write v into e (replace or append), mark it present and tell the server. */
 static int write_entry(tdist__kv_t *kv, tdist__kv_entry_t *e, const void *v, uint32_t n,
                        int append) {
   uint32_t base = (append && e->present) ? e->vlen : 0;
   if ((uint64_t)base + n > TDIST_STORE_MAX_VALUE) return -2;
   uint32_t need = base + n;
-  if (need > e->vcap || (need < e->vcap / 4 && e->vcap > 4096)) {
-    uint32_t cap = need < 16 ? 16 : need;
-    if (append && cap < e->vcap * 2 && e->vcap * 2 <= TDIST_STORE_MAX_VALUE) cap = e->vcap * 2;
+  uint32_t cap = value_cap(e, n, append);
+  if (cap != e->vcap) {
     uint8_t *p = tdist__realloc(e->val, cap);
     if (!p) return -1;
+    kv->bytes += (uint64_t)cap - e->vcap;
     e->val = p;
     e->vcap = cap;
   }
@@ -185,13 +213,24 @@ static int reply_simple(tdist__buf_t *out, uint8_t status) {
   return TDIST__EXEC_DONE;
 }
 
-static int reply_invalid(tdist__buf_t *out, const char *msg) {
+static int reply_msg(tdist__buf_t *out, uint8_t status, const char *msg) {
   uint32_t n = (uint32_t)strlen(msg);
   RESERVE(9 + n);
-  size_t f = tdist__frame_begin(out, TDIST__ST_INVALID);
+  size_t f = tdist__frame_begin(out, status);
   tdist__put_bytes(out, msg, n);
   tdist__frame_end(out, f);
   return TDIST__EXEC_DONE;
+}
+
+static int reply_invalid(tdist__buf_t *out, const char *msg) {
+  return reply_msg(out, TDIST__ST_INVALID, msg);
+}
+
+/* Ask the owner's budget whether a request may add `store` bytes to the table
+ * and a `reply`-byte frame to `out`; NULL: yes (or no budget). Otherwise the
+ * message the request is answered FULL with. */
+static const char *refused(tdist__exec_t *x, uint64_t store, uint64_t reply) {
+  return x->admit ? x->admit(x->ctx, store, reply) : NULL;
 }
 
 /* Parse a decimal int64 value of exactly n bytes. */
@@ -258,6 +297,8 @@ static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_
   }
   if (op == TDIST__OP_WAIT) return reply_simple(out, TDIST__ST_OK);
   if (total > TDIST__STORE_MAX_FRAME) return reply_invalid(out, "reply too large");
+  const char *no = refused(x, 0, 5 + total);
+  if (no) return reply_msg(out, TDIST__ST_FULL, no);
   RESERVE(5 + total);
   size_t f = tdist__frame_begin(out, TDIST__ST_OK);
   tdist__rd_t r3 = {r->p, r->n, keys_off};
@@ -279,6 +320,7 @@ int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t 
   const uint8_t *k = NULL, *v = NULL, *v2 = NULL;
   uint32_t kl = 0, vl = 0, vl2 = 0;
   tdist__kv_entry_t *e;
+  const char *no;
   x->why = NULL;
   if (tdist__get_u8(&r, &op)) BAD("empty message");
   switch (op) {
@@ -291,6 +333,8 @@ int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t 
     if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
       BAD("bad key or value");
     if (r.off != r.n) BAD("trailing bytes");
+    if ((no = refused(x, write_cost(kv, k, kl, vl, op == TDIST__OP_APPEND), 5)))
+      return reply_msg(out, TDIST__ST_FULL, no);
     if (!(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
     switch (write_entry(kv, e, v, vl, op == TDIST__OP_APPEND)) {
     case -1: return TDIST__EXEC_NOMEM;
@@ -309,6 +353,8 @@ int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t 
     cur = (int64_t)((uint64_t)cur + d); /* wraps like torch's TCPStore */
     char num[32];
     int len = snprintf(num, sizeof(num), "%" PRId64, cur);
+    if ((no = refused(x, write_cost(kv, k, kl, (uint32_t)len, 0), 13)))
+      return reply_msg(out, TDIST__ST_FULL, no);
     if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
     if (write_entry(kv, e, num, (uint32_t)len, 0)) return TDIST__EXEC_NOMEM;
     RESERVE(13);
@@ -324,6 +370,13 @@ int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t 
       BAD("bad key or values");
     if (r.off != r.n) BAD("trailing bytes");
     e = tdist__kv_find(kv, k, kl);
+    {
+      int match =
+          (e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0;
+      uint64_t after = match ? vl2 : (e && e->present) ? e->vlen : 0;
+      if ((no = refused(x, match ? write_cost(kv, k, kl, vl2, 0) : 0, 9 + after)))
+        return reply_msg(out, TDIST__ST_FULL, no);
+    }
     if ((e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0) {
       if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
       if (write_entry(kv, e, v2, vl2, 0)) return TDIST__EXEC_NOMEM;
@@ -387,11 +440,16 @@ int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t 
     uint32_t cnt;
     if (tdist__get_u32(&r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
     size_t start = r.off;
-    /* Validate everything first so the set is all-or-nothing. */
-    for (uint32_t i = 0; i < cnt; i++)
+    /* Validate everything first so the set is all-or-nothing; its cost is
+     * an upper bound (a key named twice is counted twice). */
+    uint64_t cost = 0;
+    for (uint32_t i = 0; i < cnt; i++) {
       if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
         BAD("bad key or value");
+      cost += write_cost(kv, k, kl, vl, 0);
+    }
     if (r.off != r.n) BAD("trailing bytes");
+    if ((no = refused(x, cost, 5))) return reply_msg(out, TDIST__ST_FULL, no);
     r.off = start;
     for (uint32_t i = 0; i < cnt; i++) {
       tdist__get_key(&r, &k, &kl);

@@ -39,6 +39,7 @@ typedef struct tdist__kv {
   size_t nentries;  /* including placeholders */
   int64_t npresent; /* keys that exist */
   uint64_t version; /* bumped by every write (the file store's dirty check) */
+  uint64_t bytes;   /* allocated for entries, keys, values and buckets (the budget) */
   void (*on_write)(void *ctx, tdist__kv_entry_t *e);
   void *ctx;
 } tdist__kv_t;
@@ -54,6 +55,11 @@ typedef struct tdist__exec {
   /* in */
   int final; /* the deadline passed: reply TIMEOUT rather than block */
   int (*on_missing)(void *ctx, tdist__kv_entry_t *e); /* 0 or -1 (no memory) */
+  /* Optional memory budget (the server's): asked before a request adds
+   * `store` bytes to the table (kv->bytes) or appends a `reply`-byte frame;
+   * NULL admits it, a message refuses it: the request is answered
+   * TDIST__ST_FULL with that message and changes nothing. */
+  const char *(*admit)(void *ctx, uint64_t store, uint64_t reply);
   void *ctx;
   /* out */
   uint64_t timeout_ms; /* of a blocked request */

@@ -30,6 +30,8 @@
 /* Most keys in one wait/check/multi_get/multi_set. */
 #define TDIST__STORE_MAX_KEYS (1u << 16)
 #define TDIST__STORE_MAX_TOKEN 1024
+/* Largest frame before the handshake: a HELLO with a maximal token. */
+#define TDIST__STORE_MAX_HELLO (1u + 4 + 4 + 4 + TDIST__STORE_MAX_TOKEN)
 
 enum tdist__store_op {
   TDIST__OP_HELLO = 1,      /* u32 magic, u32 version, bytes token -> u32 version */
@@ -53,6 +55,7 @@ enum tdist__store_status {
   TDIST__ST_INVALID = 2, /* bytes message (e.g. add on a non-integer) */
   TDIST__ST_AUTH = 3,    /* token refused; the server closes */
   TDIST__ST_VERSION = 4, /* u32 server version; the server closes */
+  TDIST__ST_FULL = 5,    /* bytes message: the server's memory budget refused it */
 };
 
 /* A growable byte buffer. Owner: whoever embeds it. */

@@ -1,0 +1,511 @@
+/*
+ * server_conn.c - one connection of the TCP store server (server_impl.h).
+ *
+ * Per connection: a read buffer framed incrementally ([u32 len][body]); the
+ * first frame must be HELLO (magic, version, token) and may be at most
+ * TDIST__STORE_MAX_HELLO bytes; later frames at most TDIST__STORE_MAX_FRAME.
+ * Requests run through kv.c; replies collect in `out` and leave in one write
+ * per batch (uv_try_write, then uv_write for what remains). Anything
+ * malformed, oversized or out of order closes that connection, with the
+ * reason logged at WARN; other clients are not affected.
+ *
+ * Backpressure: requests run only while the connection's unsent replies are
+ * below SRV_PIPE_OUT_BYTES, and the socket is read only while they may run,
+ * so a client that sends requests and never reads holds at most one large
+ * reply and the frames the kernel buffered. The read buffer grows only to
+ * the frame at its head, charged to the budget as it grows; a frame that
+ * does not fit is read and dropped, then answered FULL.
+ *
+ * Half-close: at the end of input the requests already received still run
+ * and their replies are written before the connection closes, unless a
+ * request is parked waiting for a key (the client is taken to be gone).
+ *
+ * Waiting: a get/wait/multi_get whose keys are missing leaves its frame at
+ * the head of the read buffer, links a waiter onto each missing key's entry
+ * and arms the connection's timer with the request's timeout. A write to such
+ * a key (kv->on_write) puts the waiting connections on the ready list; the
+ * list is drained at the end of the callback that made the write, and each
+ * connection re-runs its head frame (blocking again if another key is still
+ * missing). The timer re-runs it with `final` set, which answers TIMEOUT.
+ * Nothing polls. While blocked, a connection keeps reading into the room its
+ * buffer has (so a disconnect is seen and its waiters are freed).
+ *
+ * Liveness (liveness.h): every write of a heartbeat key is reported to the
+ * dead-rank detector with its connection, and tdist__srv_conn_close(), the
+ * single place a connection ends, reports the close, so a rank whose
+ * connection drops without a "bye" is declared dead at once.
+ *
+ * Thread: the server's loop thread.
+ */
+#include <stdio.h>
+
+#include "store/server_impl.h"
+#include "util/alloc.h"
+
+typedef tdist__srv_conn_t conn_t;
+typedef tdist__srv_waiter_t waiter_t;
+
+static void conn_process(conn_t *c);
+static void read_start(conn_t *c);
+
+/* ---- waiters ---------------------------------------------------------------- */
+
+static int on_missing(void *ctx, tdist__kv_entry_t *e) {
+  conn_t *c = ctx;
+  waiter_t *w = tdist__malloc(sizeof(*w));
+  if (!w) return -1;
+  w->c = c;
+  w->e = e;
+  w->prev = NULL;
+  w->next = e->waiters;
+  if (w->next) w->next->prev = w;
+  e->waiters = w;
+  w->cnext = c->waiters;
+  c->waiters = w;
+  c->nwaiters++;
+  return 0;
+}
+
+/* Unlink and free every waiter of c; drop placeholders nobody needs. */
+static void conn_unwait(conn_t *c) {
+  waiter_t *w = c->waiters;
+  while (w) {
+    waiter_t *next = w->cnext;
+    if (w->prev)
+      w->prev->next = w->next;
+    else
+      w->e->waiters = w->next;
+    if (w->next) w->next->prev = w->prev;
+    tdist__kv_drop_if_unused(&c->srv->kv, w->e);
+    tdist__free(w);
+    w = next;
+  }
+  c->waiters = NULL;
+  c->nwaiters = 0;
+}
+
+static void make_ready(struct tdist_store_server *srv, conn_t *c) {
+  if (c->in_ready || c->closing) return;
+  c->in_ready = 1;
+  c->ready_next = NULL;
+  if (srv->ready_tail)
+    srv->ready_tail->ready_next = c;
+  else
+    srv->ready_head = c;
+  srv->ready_tail = c;
+}
+
+void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e) {
+  struct tdist_store_server *srv = ctx;
+  for (waiter_t *w = e->waiters; w; w = w->next)
+    make_ready(srv, w->c);
+  tdist__live_on_write(srv->live, e, srv->current);
+}
+
+void tdist__srv_drain_ready(struct tdist_store_server *srv) {
+  while (srv->ready_head) {
+    conn_t *c = srv->ready_head;
+    srv->ready_head = c->ready_next;
+    if (!srv->ready_head) srv->ready_tail = NULL;
+    c->in_ready = 0;
+    if (c->closing || !c->blocked) continue;
+    conn_unwait(c);
+    c->blocked = 0;
+    conn_process(c);
+  }
+  atomic_store_explicit(&srv->num_keys, srv->kv.npresent, memory_order_relaxed);
+}
+
+/* ---- buffers and state ------------------------------------------------------------ */
+
+/* Reply bytes not yet taken by the kernel (what the pipeline bound counts). */
+static size_t unsent(const conn_t *c) { return c->out.len + (c->writing ? c->wbuf.len : 0); }
+
+/* Free b when it is empty and large: an idle connection keeps no big buffer. */
+static void shrink_buf(tdist__buf_t *b) {
+  if (b->len == 0 && b->cap > SRV_KEEP_BYTES) tdist__buf_free(b);
+}
+
+/* Length of the frame at the head of the read buffer, or 0 when its length
+ * prefix has not arrived. */
+static uint32_t head_len(const conn_t *c) {
+  uint32_t len = 0;
+  if (c->rlen - c->rpos >= 4) memcpy(&len, c->rbuf + c->rpos, 4);
+  return len;
+}
+
+/* 1 when the head frame has begun but not fully arrived. */
+static int head_partial(const conn_t *c) {
+  size_t avail = c->rlen - c->rpos;
+  return c->discard > 0 || (avail > 0 && (avail < 4 || avail - 4 < head_len(c)));
+}
+
+/* Read while requests may run: not after the end of input, not while the
+ * pipeline is full. (A blocked connection reads into the room it has:
+ * on_alloc stops it when that is gone.) */
+static void update_reading(conn_t *c) {
+  if (c->closing) return;
+  int want = !c->eof && unsent(c) < SRV_PIPE_OUT_BYTES;
+  if (want && !c->reading) {
+    c->reading = 1;
+    read_start(c);
+  } else if (!want && c->reading) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+  }
+}
+
+/* ---- connection lifetime -------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  if (--c->handles_open > 0) return;
+  tdist__free(c->rbuf);
+  tdist__buf_free(&c->out);
+  tdist__buf_free(&c->wbuf);
+  tdist__free(c);
+}
+
+void tdist__srv_conn_close(conn_t *c, const char *why) {
+  if (c->closing) return;
+  if (why) tdist__srv_warn(c->srv, "closing connection from %s: %s", c->peer, why);
+  c->closing = 1;
+  conn_unwait(c);
+  tdist__srv_charge(c); /* closing: its buffers go with the handles */
+  struct tdist_store_server *srv = c->srv;
+  if (!srv->stopping) {
+    tdist__live_on_close(srv->live, c);
+    tdist__srv_drain_ready(srv); /* a death record wakes the monitors waiting for it */
+  }
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+  uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+}
+
+void tdist__srv_conn_sweep(conn_t *c, uint64_t now) {
+  struct tdist_store_server *srv = c->srv;
+  uint64_t t = srv->io_timeout_ms;
+  char why[160];
+  if (!t || c->closing) return;
+  if (!c->authed && now - c->t_open >= t) {
+    snprintf(why, sizeof(why), "no handshake within %llu ms", (unsigned long long)t);
+  } else if (c->t_frame && now - c->t_frame >= t) {
+    snprintf(why, sizeof(why), "a request begun %llu ms ago is still incomplete (%u bytes)",
+             (unsigned long long)(now - c->t_frame), c->discard ? c->discard_len : head_len(c));
+  } else if (c->writing && now - c->t_write >= t) {
+    snprintf(why, sizeof(why), "a reply of %zu bytes has not been taken in %llu ms", c->wbuf.len,
+             (unsigned long long)(now - c->t_write));
+  } else {
+    return;
+  }
+  tdist__srv_conn_close(c, why);
+}
+
+/* ---- writing -------------------------------------------------------------------- */
+
+static void conn_flush(conn_t *c);
+
+static void on_written(uv_write_t *req, int status) {
+  conn_t *c = req->data;
+  c->writing = 0;
+  c->wbuf.len = 0;
+  if (c->closing) return;
+  if (status < 0) {
+    tdist__srv_conn_close(c, NULL); /* the peer went away; nothing to report */
+    return;
+  }
+  shrink_buf(&c->wbuf);
+  conn_flush(c);
+  /* The pipeline has room again: run what waited, read again. */
+  conn_process(c);
+  tdist__srv_drain_ready(c->srv);
+}
+
+static void conn_flush(conn_t *c) {
+  if (c->closing || c->writing) return;
+  if (c->out.len == 0) {
+    shrink_buf(&c->out);
+    tdist__srv_charge(c);
+    if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
+    return;
+  }
+  uv_buf_t b = uv_buf_init((char *)c->out.p, (unsigned)c->out.len);
+  int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+  if (n == (int)c->out.len) {
+    c->out.len = 0;
+    shrink_buf(&c->out);
+    tdist__srv_charge(c);
+    if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
+    return;
+  }
+  if (n < 0 && n != UV_EAGAIN) {
+    tdist__srv_conn_close(c, NULL);
+    return;
+  }
+  if (n < 0) n = 0;
+  /* Hand the rest to uv_write from wbuf; `out` collects the next batch. */
+  tdist__buf_t t = c->wbuf;
+  c->wbuf = c->out;
+  c->out = t;
+  c->out.len = 0;
+  shrink_buf(&c->out);
+  b = uv_buf_init((char *)c->wbuf.p + n, (unsigned)(c->wbuf.len - (size_t)n));
+  c->wreq.data = c;
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
+    tdist__srv_conn_close(c, NULL);
+    return;
+  }
+  c->writing = 1;
+  c->t_write = uv_now(&c->srv->loop);
+  tdist__srv_charge(c);
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static int reply_status(conn_t *c, uint8_t st, uint32_t extra) {
+  if (tdist__buf_reserve(&c->out, 9)) return -1;
+  size_t f = tdist__frame_begin(&c->out, st);
+  tdist__put_u32(&c->out, extra);
+  tdist__frame_end(&c->out, f);
+  return 0;
+}
+
+/* A FULL answer (status, bytes message). 0 or -1 (no memory). */
+static int reply_full(conn_t *c, const char *msg) {
+  uint32_t n = (uint32_t)strlen(msg);
+  if (tdist__buf_reserve(&c->out, 9 + n)) return -1;
+  size_t f = tdist__frame_begin(&c->out, TDIST__ST_FULL);
+  tdist__put_bytes(&c->out, msg, n);
+  tdist__frame_end(&c->out, f);
+  return 0;
+}
+
+/* HELLO: 0 accepted; -1 close now (malformed); 1 refused (reply, then close). */
+static int handle_hello(conn_t *c, const uint8_t *body, size_t n, const char **why) {
+  tdist__rd_t r = {body, n, 0};
+  uint8_t op;
+  uint32_t magic, ver;
+  const uint8_t *tok;
+  uint32_t tl;
+  if (tdist__get_u8(&r, &op) || op != TDIST__OP_HELLO) return *why = "no handshake", -1;
+  if (tdist__get_u32(&r, &magic) || magic != TDIST__STORE_MAGIC) return *why = "bad magic", -1;
+  if (tdist__get_u32(&r, &ver) || tdist__get_bytes(&r, &tok, &tl, TDIST__STORE_MAX_TOKEN) ||
+      r.off != r.n)
+    return *why = "malformed handshake", -1;
+  if (ver != TDIST__STORE_VERSION) {
+    tdist__srv_warn(c->srv, "client %s speaks protocol %u, server %u", c->peer, ver,
+                    TDIST__STORE_VERSION);
+    reply_status(c, TDIST__ST_VERSION, TDIST__STORE_VERSION);
+    return 1;
+  }
+  const char *want = c->srv->token;
+  size_t wl = want ? strlen(want) : 0;
+  unsigned diff = (unsigned)(wl ^ tl);
+  for (size_t i = 0; i < wl && i < tl; i++)
+    diff |= (unsigned)(want[i] ^ tok[i]);
+  if (want && diff) {
+    tdist__srv_warn(c->srv, "client %s refused: wrong or missing token", c->peer);
+    reply_status(c, TDIST__ST_AUTH, 0);
+    return 1;
+  }
+  c->authed = 1;
+  return reply_status(c, TDIST__ST_OK, TDIST__STORE_VERSION);
+}
+
+static void on_timer(uv_timer_t *t) {
+  conn_t *c = t->data;
+  c->timer_armed = 0;
+  if (!c->blocked || c->closing) return;
+  conn_unwait(c);
+  c->blocked = 0;
+  c->final = 1; /* re-run the head frame once more: it answers TIMEOUT */
+  conn_process(c);
+  c->final = 0;
+  tdist__srv_drain_ready(c->srv);
+}
+
+/* Run one complete frame of len bytes at the head. 0 done (advance), 1
+ * blocked (keep it at the head), -1 the connection was closed. */
+static int run_frame(conn_t *c, const uint8_t *body, uint32_t len) {
+  struct tdist_store_server *srv = c->srv;
+  const char *why = NULL;
+  char why_buf[96];
+  if (!c->authed) {
+    int h = handle_hello(c, body, len, &why);
+    if (h < 0) return tdist__srv_conn_close(c, why), -1;
+    if (h > 0) c->close_after_flush = 1;
+    return 0;
+  }
+  tdist__exec_t x = {
+      .final = c->final, .on_missing = on_missing, .admit = tdist__srv_admit, .ctx = c};
+  srv->current = c;
+  int rc = tdist__kv_exec(&srv->kv, body, len, &c->out, &x);
+  srv->current = NULL;
+  if (rc == TDIST__EXEC_BLOCKED) {
+    c->blocked = 1;
+    if (!c->timer_armed) {
+      uv_timer_start(&c->timer, on_timer, x.timeout_ms, 0);
+      c->timer_armed = 1;
+    }
+    return 1;
+  }
+  if (rc != TDIST__EXEC_DONE) {
+    snprintf(why_buf, sizeof(why_buf), "%s request: %s", tdist__store_op_name(len ? body[0] : 0),
+             rc == TDIST__EXEC_NOMEM ? "out of memory" : x.why);
+    return tdist__srv_conn_close(c, why_buf), -1;
+  }
+  if (c->timer_armed) {
+    uv_timer_stop(&c->timer);
+    c->timer_armed = 0;
+  }
+  return 0;
+}
+
+/* Run complete frames until the buffer runs dry, a request blocks or the
+ * pipeline is full; then send, re-charge and decide whether to read. */
+static void conn_process(conn_t *c) {
+  struct tdist_store_server *srv = c->srv;
+  char why_buf[96];
+  while (!c->blocked && !c->closing && !c->close_after_flush && !c->discard &&
+         unsent(c) < SRV_PIPE_OUT_BYTES) {
+    size_t avail = c->rlen - c->rpos;
+    if (avail < 4) break;
+    uint32_t len = head_len(c);
+    uint32_t max = c->authed ? TDIST__STORE_MAX_FRAME : TDIST__STORE_MAX_HELLO;
+    if (len == 0 || len > max) {
+      snprintf(why_buf, sizeof(why_buf), "frame length %u outside 1..%u%s", len, max,
+               c->authed ? "" : " (before the handshake)");
+      tdist__srv_conn_close(c, why_buf);
+      return;
+    }
+    if (avail - 4 < len) break;
+    int rc = run_frame(c, c->rbuf + c->rpos + 4, len);
+    if (rc < 0) return;
+    if (rc > 0) break;
+    c->rpos += 4 + (size_t)len;
+  }
+  if (c->closing) return;
+  if (c->rpos == c->rlen) {
+    c->rpos = c->rlen = 0;
+    if (c->rcap > SRV_KEEP_BYTES) { /* the large frame has run: give its buffer back */
+      tdist__free(c->rbuf);
+      c->rbuf = NULL;
+      c->rcap = 0;
+    }
+  }
+  if (!head_partial(c) || c->blocked)
+    c->t_frame = 0;
+  else if (!c->t_frame)
+    c->t_frame = uv_now(&srv->loop);
+  /* End of input: a frame that has not fully arrived never will; once no
+   * complete one is left to run, close when the replies are out. */
+  if (c->eof && !c->blocked && (c->rlen - c->rpos < 4 || head_partial(c))) c->close_after_flush = 1;
+  /* before the replies leave, so a client that saw its write also sees it counted */
+  atomic_store_explicit(&srv->num_keys, srv->kv.npresent, memory_order_relaxed);
+  conn_flush(c);
+  if (c->closing) return;
+  tdist__srv_charge(c);
+  update_reading(c);
+}
+
+/* ---- reading -------------------------------------------------------------------- */
+
+/* The capacity the read buffer should have now (>= c->rcap unless it is
+ * unallocated): the head frame, grown in steps as its bytes arrive. */
+static size_t wanted_cap(const conn_t *c) {
+  size_t base = SRV_RBUF_PREAUTH;
+  if (c->rcap < base) return base;
+  if (c->blocked || c->discard || c->rcap - c->rlen >= 4096) return c->rcap;
+  size_t avail = c->rlen - c->rpos;
+  if (avail < 4) return c->rcap;
+  size_t end = c->rpos + 4 + (size_t)head_len(c); /* validated by conn_process */
+  if (end <= c->rcap) return c->rcap;
+  size_t cap = c->rcap * 2 > c->rlen + SRV_READ_CHUNK ? c->rcap * 2 : c->rlen + SRV_READ_CHUNK;
+  return cap < end ? cap : end;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  conn_t *c = h->data;
+  if (c->rcap - c->rlen < 4096 && c->rpos > 0) { /* the unprocessed bytes move to the front */
+    memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+    c->rlen -= c->rpos;
+    c->rpos = 0;
+  }
+  size_t cap = wanted_cap(c);
+  /* Small frames are always taken (a full store must still read a delete). */
+  if (cap > SRV_KEEP_BYTES && cap > c->rcap && !tdist__srv_fits(c->srv, cap - c->rcap)) {
+    /* The head frame does not fit in the budget: drop what came of it and
+     * the rest as it comes, then answer FULL (on_read). */
+    c->discard_len = head_len(c);
+    c->discard = 4 + (uint64_t)c->discard_len - (c->rlen - c->rpos);
+    c->rlen = c->rpos;
+    cap = c->rcap;
+  }
+  if (cap > c->rcap) {
+    uint8_t *p = tdist__realloc(c->rbuf, cap);
+    if (p) {
+      c->rbuf = p;
+      c->rcap = cap;
+      tdist__srv_charge(c);
+    }
+  }
+  /* len 0 (a blocked connection's buffer is full, or no memory): on_read
+   * gets UV_ENOBUFS and stops reading until the connection runs again. */
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+/* The end of input: see the half-close note in the header. */
+static void on_eof(conn_t *c) {
+  c->eof = 1;
+  if (c->blocked) {
+    tdist__srv_conn_close(c, NULL);
+    return;
+  }
+  if (c->discard) { /* a refused frame that will not complete */
+    c->discard = 0;
+    c->rlen = c->rpos;
+  }
+  conn_process(c);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  conn_t *c = s->data;
+  if (n == UV_ENOBUFS) {
+    uv_read_stop(s);
+    c->reading = 0;
+    return;
+  }
+  if (n == UV_EOF) {
+    on_eof(c);
+  } else if (n < 0) {
+    tdist__srv_conn_close(c, n == UV_ECONNRESET ? NULL : uv_strerror((int)n));
+  } else if (n > 0) {
+    if (c->discard) { /* bytes of a refused frame: drop them, keep what follows */
+      size_t take = (uint64_t)n < c->discard ? (size_t)n : (size_t)c->discard;
+      memmove(c->rbuf + c->rlen, c->rbuf + c->rlen + take, (size_t)n - take);
+      n -= (ssize_t)take;
+      c->discard -= take;
+      if (!c->discard && reply_full(c, tdist__srv_refuse_frame(c, c->discard_len))) {
+        tdist__srv_conn_close(c, "out of memory");
+        return;
+      }
+    }
+    c->rlen += (size_t)n;
+    conn_process(c);
+  }
+  tdist__srv_drain_ready(c->srv);
+}
+
+static void read_start(conn_t *c) {
+  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) c->reading = 0;
+}
+
+void tdist__srv_conn_start(conn_t *c) {
+  c->t_open = uv_now(&c->srv->loop);
+  tdist__srv_charge(c);
+  update_reading(c);
+}

@@ -1,0 +1,149 @@
+/*
+ * server_impl.h - the TCP store server's internals (internal), shared by
+ *   server.c       start, stop, the thread, accepting, the sweep timer and
+ *                  the rate-limited WARN lines about clients;
+ *   server_conn.c  one connection: reading and framing (with the frame
+ *                  limits and backpressure), running requests, replies,
+ *                  half-close and the single close path;
+ *   budget.c       the memory budget (what is charged, admission, the FULL
+ *                  answer and its warning), the settings, the heap purge.
+ *
+ * Memory bounds (docs/store-protocol.md, "Limits"): before its HELLO a
+ * connection may send a frame of at most TDIST__STORE_MAX_HELLO bytes into a
+ * buffer of SRV_RBUF_PREAUTH bytes; a connection runs requests only while its
+ * unsent replies are below SRV_PIPE_OUT_BYTES, and reads only while it may
+ * run them; everything the server allocates for values, queued replies and
+ * partial frames is charged to one budget (TDIST_STORE_MEMORY_BYTES), and a
+ * request that would exceed it is answered TDIST__ST_FULL.
+ *
+ * Thread: everything here runs on the server's loop thread, except what
+ * server.c documents for start/stop/port/num_keys.
+ */
+#ifndef TDIST_STORE_SERVER_IMPL_H
+#define TDIST_STORE_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <uv.h>
+
+#include "store/kv.h"
+#include "store/liveness.h"
+
+/* Read buffer of a connection that has not authenticated: a maximal HELLO
+ * (TDIST__STORE_MAX_HELLO + 4) fits; nothing larger is ever allocated for it. */
+#define SRV_RBUF_PREAUTH 2048
+/* Growth step of a read buffer holding part of a large frame. */
+#define SRV_READ_CHUNK (64 * 1024)
+/* Buffers above this are freed once empty, so an idle connection that once
+ * moved a large value keeps no large buffer. */
+#define SRV_KEEP_BYTES (64 * 1024)
+/* A connection's requests run only while its unsent replies are below this
+ * (the bounded pipeline); reading stops meanwhile. */
+#define SRV_PIPE_OUT_BYTES (256 * 1024)
+/* Replies up to this size are admitted whatever the budget (a full store
+ * must still answer a delete or a counter); they are charged all the same. */
+#define SRV_SMALL_REPLY (64 * 1024)
+
+typedef struct tdist__srv_conn tdist__srv_conn_t;
+
+typedef struct tdist__srv_waiter {
+  tdist__srv_conn_t *c;
+  tdist__kv_entry_t *e;
+  struct tdist__srv_waiter *prev, *next; /* in e->waiters */
+  struct tdist__srv_waiter *cnext;       /* in c->waiters */
+} tdist__srv_waiter_t;
+
+struct tdist__srv_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer; /* the deadline of a parked request */
+  uv_write_t wreq;
+  struct tdist_store_server *srv;
+  tdist__srv_conn_t *prev, *next; /* all connections */
+  uint8_t *rbuf;
+  size_t rlen, rcap, rpos; /* unprocessed bytes are rbuf[rpos..rlen) */
+  tdist__buf_t out;        /* replies not yet handed to the kernel */
+  tdist__buf_t wbuf;       /* the bytes of the uv_write in flight */
+  int writing, authed, closing, close_after_flush, handles_open;
+  int blocked, timer_armed, final;
+  int reading;          /* uv_read_start is in effect */
+  int eof;              /* the peer shut down its sending side */
+  uint64_t discard;     /* bytes still to drop of a frame the budget refused */
+  uint32_t discard_len; /* that frame's length (for its FULL answer) */
+  uint64_t t_open;      /* uv_now at accept (the handshake deadline) */
+  uint64_t t_frame;     /* uv_now when the incomplete head frame began; 0: none */
+  uint64_t t_write;     /* uv_now when the uv_write in flight began */
+  uint64_t charged;     /* bytes of this connection in srv->conn_bytes */
+  size_t nwaiters;
+  tdist__srv_waiter_t *waiters;
+  tdist__srv_conn_t *ready_next;
+  int in_ready;
+  char peer[64];
+};
+
+struct tdist_store_server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_async_t stop_async;
+  uv_timer_t sweep; /* timeouts and the idle heap purge (server.c) */
+  pthread_t thread;
+  tdist__kv_t kv;
+  tdist__srv_conn_t *conns;
+  tdist__srv_conn_t *ready_head, *ready_tail;
+  char *token;
+  int port;
+  tdist__live_t *live; /* dead-rank detector, or NULL */
+  /* WARN lines about clients, rate-limited (tdist__srv_warn). */
+  uint64_t warn_window_start;
+  int warn_in_window, warn_held;
+  tdist__srv_conn_t *current; /* connection whose request is executing */
+  int stopping;
+  _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
+  /* budget.c */
+  uint64_t limit;         /* TDIST_STORE_MEMORY_BYTES; 0: none */
+  uint64_t io_timeout_ms; /* TDIST_STORE_IO_TIMEOUT_MS; 0: none */
+  uint64_t conn_bytes;    /* sum of every connection's `charged` */
+  uint64_t peak;          /* most bytes charged since the last purge */
+  uint64_t full_window_start;
+  int full_warned, full_held; /* refusals logged / held back in the window */
+  char full_msg[320];         /* the message of the last FULL answer */
+};
+
+/* ---- server.c ---- */
+/* A WARN line about a client, at most 10 per 10 s (then counted). */
+void tdist__srv_warn(struct tdist_store_server *srv, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- server_conn.c ---- */
+/* A connection was accepted into c (linked, handles open): start reading. */
+void tdist__srv_conn_start(tdist__srv_conn_t *c);
+/* The one place a connection ends; why (may be NULL) is logged at WARN. */
+void tdist__srv_conn_close(tdist__srv_conn_t *c, const char *why);
+/* Close c if it is past one of its deadlines (see budget.c's settings). */
+void tdist__srv_conn_sweep(tdist__srv_conn_t *c, uint64_t now);
+/* Run every connection woken by a write. */
+void tdist__srv_drain_ready(struct tdist_store_server *srv);
+/* kv->on_write: wake the waiters of e, tell the liveness detector. */
+void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
+
+/* ---- budget.c ---- */
+/* Read the settings into srv (limit, io_timeout_ms). */
+void tdist__srv_budget_init(struct tdist_store_server *srv);
+/* Bytes charged now: the table plus every connection. */
+static inline uint64_t tdist__srv_used(const struct tdist_store_server *srv) {
+  return srv->kv.bytes + srv->conn_bytes;
+}
+/* Re-charge c after its buffers or waiters changed (and on close, with
+ * everything freed, to 0). */
+void tdist__srv_charge(tdist__srv_conn_t *c);
+/* 1 if `bytes` more fit in the budget. */
+int tdist__srv_fits(const struct tdist_store_server *srv, uint64_t bytes);
+/* tdist__exec_t.admit for connection ctx (kv.h). */
+const char *tdist__srv_admit(void *ctx, uint64_t store, uint64_t reply);
+/* The FULL message for a frame of `len` bytes that c could not buffer, with
+ * the warning. */
+const char *tdist__srv_refuse_frame(tdist__srv_conn_t *c, uint32_t len);
+/* After memory was given back (the charge fell well below its peak): return
+ * the allocator's free pages to the system (INFO line with the numbers). */
+void tdist__srv_maybe_purge(struct tdist_store_server *srv);
+
+#endif
