@@ -23,6 +23,14 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/param.h"
+
+/* etcd refuses a request whose protobuf encoding exceeds its
+ * --max-request-bytes (1.5 MiB by default) with "request is too large";
+ * the client refuses it before sending (tdist__etcd_post). */
+TDIST_PARAM(EtcdMaxRequest, "TDIST_STORE_ETCD_MAX_REQUEST_BYTES", 1572864)
+/* Room left for what the estimate does not see (the raft entry's header). */
+#define REQUEST_SLACK 64
 
 #define CONNECT_MS 2000 /* a member that does not accept within this is skipped */
 #define BACKOFF_MAX_MS 500
@@ -273,12 +281,50 @@ static void next_endpoint(tdist__etcd_http_t *h, int *tries, int64_t *backoff, i
   if (*backoff < BACKOFF_MAX_MS) *backoff *= 2;
 }
 
+/* What etcd counts of a request, its protobuf size, estimated from the JSON
+ * from above: base64 fields (key, value, range_end) decoded, other strings
+ * as written, numbers 8 bytes, and 6 bytes of tag and length per field and
+ * element. Over by at most a few bytes per field, never under. */
+static uint64_t request_bytes(json_object *o) {
+  uint64_t n = 0;
+  switch (json_object_get_type(o)) {
+  case json_type_object: {
+    json_object_object_foreach(o, k, v) {
+      int b64 = !strcmp(k, "key") || !strcmp(k, "value") || !strcmp(k, "range_end");
+      if (b64 && json_object_is_type(v, json_type_string))
+        n += (uint64_t)json_object_get_string_len(v) / 4 * 3 + 6;
+      else
+        n += request_bytes(v) + 6;
+    }
+    return n;
+  }
+  case json_type_array:
+    for (size_t i = 0, len = json_object_array_length(o); i < len; i++)
+      n += request_bytes(json_object_array_get_idx(o, i)) + 6;
+    return n;
+  case json_type_string: return (uint64_t)json_object_get_string_len(o);
+  default: return 8;
+  }
+}
+
 int tdist__etcd_post(tdist__etcd_http_t *h, const char *path, json_object *req, int64_t deadline_ms,
                      json_object **rep, int *ambiguous) {
   *rep = NULL;
   if (!req) {
     snprintf(h->why, sizeof(h->why), "out of memory for the request");
     return TDIST_ERR_NO_MEMORY;
+  }
+  int64_t max = tdist__param_EtcdMaxRequest();
+  uint64_t est = max > 0 ? request_bytes(req) + REQUEST_SLACK : 0;
+  if (max > 0 && est > (uint64_t)max) {
+    snprintf(h->why, sizeof(h->why),
+             "the request (about %" PRIu64
+             " bytes) exceeds TDIST_STORE_ETCD_MAX_REQUEST_BYTES=%" PRId64
+             ", etcd's --max-request-bytes (1.5 MiB by default): not sent; raise both for "
+             "larger values",
+             est, max);
+    json_object_put(req);
+    return TDIST_ERR_TOO_LARGE;
   }
   size_t blen = 0;
   const char *body = json_object_to_json_string_length(

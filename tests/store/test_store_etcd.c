@@ -260,6 +260,38 @@ static void test_semantics(void **state) {
   assert_int_equal(tdist_mp_run(1, args_child, NULL, 60), 0);
 }
 
+/* The client refuses what etcd would (TDIST_STORE_ETCD_MAX_REQUEST_BYTES,
+ * here etcd's default, although this cluster takes 100 MiB): nothing is
+ * sent, and the error names the setting. */
+static int limit_child(int rank, int n, void *arg) {
+  setenv("TDIST_STORE_ETCD_MAX_REQUEST_BYTES", "1572864", 1); /* read first here */
+  tdist_store_t *s;
+  MP_CHECK_RC(open_store(&s));
+  size_t n2 = 2 << 20;
+  char *v = calloc(1, n2);
+  MP_CHECK(tdist_store_set(s, "limit/big", v, n2) == TDIST_ERR_TOO_LARGE);
+  MP_CHECK(strstr(tdist_last_error(), "TDIST_STORE_ETCD_MAX_REQUEST_BYTES") != NULL);
+  int all = 1;
+  const char *k = "limit/big";
+  MP_CHECK_RC(tdist_store_check(s, &k, 1, &all));
+  MP_CHECK(all == 0); /* not written */
+  MP_CHECK_RC(tdist_store_set(s, "limit/ok", v, 1 << 20));
+  MP_CHECK(tdist_store_append(s, "limit/ok", v, 1 << 20) == TDIST_ERR_TOO_LARGE);
+  void *g;
+  size_t gl;
+  MP_CHECK_RC(tdist_store_get(s, "limit/ok", &g, &gl, 1000));
+  MP_CHECK(gl == 1 << 20);
+  tdist_store_free(g);
+  free(v);
+  tdist_store_release(s);
+  return 0;
+}
+
+static void test_request_limit(void **state) {
+  new_url("limit");
+  assert_int_equal(tdist_mp_run(1, limit_child, NULL, 60), 0);
+}
+
 /* ---- 2. failover ------------------------------------------------------------------------ */
 
 static void test_failover_list(void **state) {
@@ -534,8 +566,11 @@ int main(void) {
   setenv("TDIST_TRACE_PREFIX", prefix, 1);
   setenv("TDIST_HEARTBEAT_TIMEOUT_MS", "3000", 1);
   setenv("TDIST_HEARTBEAT_INTERVAL_MS", "250", 1);
+  /* The cluster takes requests of 100 MiB (etcd_cluster.h): so may the client. */
+  setenv("TDIST_STORE_ETCD_MAX_REQUEST_BYTES", "104857600", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_semantics),
+      cmocka_unit_test(test_request_limit),
       cmocka_unit_test(test_failover_list),
       cmocka_unit_test(test_launcher_store),
       cmocka_unit_test(test_job_member_and_rank0_killed),
