@@ -1,0 +1,466 @@
+/*
+ * test_store_memory.c - the store server's memory bounds (issue 26), each
+ * against a real `tdist-store` process started here with a budget of 256 MiB
+ * (TDIST_STORE_MEMORY_BYTES) and a short TDIST_STORE_IO_TIMEOUT_MS:
+ *   - clients that send GETs of a 64 MiB value back to back and never read;
+ *   - connections that never authenticate and send 64 MiB of a HELLO frame,
+ *     and one that sends nothing;
+ *   - authenticated connections that each send a 64 MiB SET, and one that
+ *     stops halfway;
+ *   - a GET of 64 MiB followed by shutdown(SHUT_WR).
+ * Each attack checks the server's peak resident memory (VmHWM of
+ * /proc/PID/status) against the budget plus a margin, and that another
+ * client's ping (the best of five num_keys round trips, taken while the
+ * attack is held) stays under 100 ms; the half-closed GET must receive every
+ * byte.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include "store/proto.h"
+#include "store_test_util.h"
+
+#define MIB ((size_t)1 << 20)
+#define BUDGET (256 * MIB)
+#define BIG (64 * MIB)
+
+/* Sanitizers change what resident memory means. ASan adds shadow (1/8 of the
+ * memory touched) and a quarantine of freed blocks (limited to 16 MiB in the
+ * server's environment below): the margin grows by budget/8 + 64 MiB. TSan's
+ * shadow is several times the memory touched, so under TSan the resident
+ * checks are skipped and only the behaviour (refusals, pings, bytes) is. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ST_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define ST_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define ST_TSAN 1
+#endif
+
+#ifdef ST_ASAN
+#define MARGIN (48 * MIB + BUDGET / 8 + 64 * MIB)
+#else
+#define MARGIN (48 * MIB)
+#endif
+
+typedef struct {
+  pid_t pid;
+  int port;
+} store_proc_t;
+
+/* Servers still running: a failed assertion leaves its test at once, and a
+ * server left behind would hold ctest's output pipe open. */
+static pid_t g_running[8];
+
+static void kill_leftovers(void) {
+  for (int i = 0; i < 8; i++)
+    if (g_running[i] > 0) {
+      kill(g_running[i], SIGKILL);
+      waitpid(g_running[i], NULL, 0);
+      g_running[i] = 0;
+    }
+}
+
+/* Start tdist-store on a free loopback port with the given budget, I/O
+ * timeout and token (NULL: none); wait for its "listening" line. */
+static store_proc_t start_store(size_t budget, int io_timeout_ms, const char *token) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char b[32], t[32], asan[512];
+    snprintf(b, sizeof(b), "%zu", budget);
+    snprintf(t, sizeof(t), "%d", io_timeout_ms);
+    setenv("TDIST_STORE_MEMORY_BYTES", b, 1);
+    setenv("TDIST_STORE_IO_TIMEOUT_MS", t, 1);
+    if (token)
+      setenv("TDIST_STORE_TOKEN", token, 1);
+    else
+      unsetenv("TDIST_STORE_TOKEN");
+    const char *a = getenv("ASAN_OPTIONS");
+    snprintf(asan, sizeof(asan), "%s%squarantine_size_mb=16", a ? a : "", a && *a ? ":" : "");
+    setenv("ASAN_OPTIONS", asan, 1);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(p[1], 1);
+    close(p[0]);
+    close(p[1]);
+    execl(TDIST_STORE_BIN, TDIST_STORE_BIN, "--host", "127.0.0.1", "--port", "0", (char *)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  for (int i = 0; i < 8; i++)
+    if (g_running[i] <= 0) {
+      g_running[i] = pid;
+      break;
+    }
+  char line[256];
+  size_t n = 0;
+  int64_t end = st_now_ms() + 30000;
+  while (n < sizeof(line) - 1 && st_now_ms() < end) {
+    ssize_t r = read(p[0], line + n, 1);
+    if (r <= 0) break;
+    if (line[n++] == '\n') break;
+  }
+  line[n] = 0;
+  close(p[0]);
+  const char *colon = strrchr(line, ':');
+  assert_non_null(colon);
+  store_proc_t s = {pid, atoi(colon + 1)};
+  assert_true(s.port > 0);
+  return s;
+}
+
+static void stop_store(store_proc_t *s) {
+  for (int i = 0; i < 8; i++)
+    if (g_running[i] == s->pid) g_running[i] = 0;
+  kill(s->pid, SIGTERM);
+  int status = 0;
+  waitpid(s->pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* A field of /proc/PID/status in bytes ("VmRSS", "VmHWM"). */
+static size_t proc_mem(pid_t pid, const char *field) {
+  char path[64], l[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t kb = 0, fl = strlen(field);
+  while (fgets(l, sizeof(l), f))
+    if (!strncmp(l, field, fl) && l[fl] == ':') kb = strtoull(l + fl + 1, NULL, 10);
+  fclose(f);
+  return kb * 1024;
+}
+
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    assert_true(w > 0);
+    c += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Read exactly n bytes (3 s without progress fails). */
+static void recv_all(int fd, void *p, size_t n) {
+  char *c = p;
+  while (n) {
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_true(poll(&pf, 1, 3000) == 1);
+    ssize_t r = recv(fd, c, n, 0);
+    assert_true(r > 0);
+    c += r;
+    n -= (size_t)r;
+  }
+}
+
+/* HELLO, and its OK reply read. */
+static void hello(int fd) {
+  tdist__buf_t b = {0};
+  assert_int_equal(tdist__buf_reserve(&b, 64), 0);
+  size_t f = tdist__frame_begin(&b, TDIST__OP_HELLO);
+  tdist__put_u32(&b, TDIST__STORE_MAGIC);
+  tdist__put_u32(&b, TDIST__STORE_VERSION);
+  tdist__put_bytes(&b, NULL, 0);
+  tdist__frame_end(&b, f);
+  send_all(fd, b.p, b.len);
+  tdist__buf_free(&b);
+  uint8_t r[9];
+  recv_all(fd, r, sizeof(r));
+  assert_int_equal(r[4], TDIST__ST_OK);
+}
+
+/* A GET request frame for key with timeout 0 into b (appended). */
+static void put_get(tdist__buf_t *b, const char *key) {
+  assert_int_equal(tdist__buf_reserve(b, 64 + strlen(key)), 0);
+  size_t f = tdist__frame_begin(b, TDIST__OP_GET);
+  tdist__put_u64(b, 0);
+  tdist__put_bytes(b, key, (uint32_t)strlen(key));
+  tdist__frame_end(b, f);
+}
+
+/* 1 if the server closed fd within ms (EOF or reset; replies are skipped). */
+static int closed_within(int fd, int ms) {
+  char buf[4096];
+  int64_t end = st_now_ms() + ms;
+  while (st_now_ms() < end) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 50) <= 0) continue;
+    ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) return 1;
+  }
+  return 0;
+}
+
+/* The best of five num_keys round trips on an open client, in ms. */
+static int64_t ping_ms(tdist_store_t *s) {
+  int64_t best = INT64_MAX;
+  for (int i = 0; i < 5; i++) {
+    int64_t n = 0, t0 = st_now_ms();
+    assert_int_equal(tdist_store_num_keys(s, &n), 0);
+    int64_t d = st_now_ms() - t0;
+    if (d < best) best = d;
+  }
+  return best;
+}
+
+static void check_peak(const store_proc_t *s, const char *what) {
+  size_t hwm = proc_mem(s->pid, "VmHWM");
+  printf("%s: server peak resident %.1f MiB (budget %zu MiB + margin %zu MiB)\n", what,
+         (double)hwm / MIB, BUDGET / MIB, (size_t)MARGIN / MIB);
+#ifndef ST_TSAN
+  assert_true(hwm <= BUDGET + MARGIN);
+#endif
+}
+
+static char *big_value(void) {
+  char *v = malloc(BIG);
+  assert_non_null(v);
+  for (size_t i = 0; i < BIG; i++)
+    v[i] = (char)(i * 131 + (i >> 20));
+  return v;
+}
+
+/* Four clients send 16 GETs of a 64 MiB value each and never read. */
+static void test_unread_replies(void **state) {
+  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  char *v = big_value();
+  assert_int_equal(tdist_store_set(c, "big", v, BIG), 0);
+  free(v);
+  size_t base = proc_mem(s.pid, "VmRSS");
+  tdist__buf_t req = {0};
+  for (int i = 0; i < 16; i++)
+    put_get(&req, "big");
+  int fds[4];
+  for (int i = 0; i < 4; i++) {
+    fds[i] = raw_connect(s.port);
+    hello(fds[i]);
+    send_all(fds[i], req.p, req.len);
+  }
+  tdist__buf_free(&req);
+  st_sleep_ms(300); /* the server has run what it will run */
+  int64_t ping = ping_ms(c);
+  printf("unread replies: resident %.1f MiB before, %.1f MiB held; ping %lld ms\n",
+         (double)base / MIB, (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
+  assert_true(ping < 100);
+  check_peak(&s, "unread replies");
+  /* A full budget answers a new large read with TDIST_ERR_NO_MEMORY, naming it. */
+  void *g = NULL;
+  size_t gl = 0;
+  int rc = tdist_store_get(c, "big", &g, &gl, 1000);
+  if (rc == 0) {
+    tdist_store_free(g);
+  } else {
+    assert_int_equal(rc, TDIST_ERR_NO_MEMORY);
+    assert_non_null(strstr(tdist_last_error(), "TDIST_STORE_MEMORY_BYTES"));
+  }
+  for (int i = 0; i < 4; i++)
+    close(fds[i]);
+  /* Once they are gone, the memory goes back (the server purges its heap). */
+  size_t after = 0;
+  for (int i = 0; i < 40; i++) {
+    st_sleep_ms(100);
+    after = proc_mem(s.pid, "VmRSS");
+    if (after < base + 16 * MIB) break;
+  }
+  printf("unread replies: resident %.1f MiB after the clients closed\n", (double)after / MIB);
+#if !defined(ST_ASAN) && !defined(ST_TSAN)
+  assert_true(after < base + 16 * MIB);
+#endif
+  assert_int_equal(tdist_store_get(c, "big", &g, &gl, 1000), 0); /* and serves it again */
+  assert_int_equal(gl, BIG);
+  tdist_store_free(g);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
+/* Connections that never authenticate: 64 MiB of a HELLO frame each, and
+ * one that sends nothing. */
+static void test_unauthenticated_large_frames(void **state) {
+  store_proc_t s = start_store(BUDGET, 1500, "secret");
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT | TDIST_STORE_FIELD_TOKEN,
+                          .timeout_ms = 10000,
+                          .token = "secret"};
+  tdist_store_t *c;
+  assert_int_equal(tdist_store_connect("127.0.0.1", s.port, &o, &c), 0);
+  size_t base = proc_mem(s.pid, "VmRSS");
+  int silent = raw_connect(s.port);
+  int fds[4];
+  char *junk = calloc(1, 4 * MIB);
+  for (int i = 0; i < 4; i++) {
+    fds[i] = raw_connect(s.port);
+    fcntl(fds[i], F_SETFL, O_NONBLOCK);
+    uint8_t h[9] = {0, 0, 0, 4, TDIST__OP_HELLO, 0x54, 0x53, 0x44, 0x54}; /* 64 MiB */
+    send(fds[i], h, sizeof(h), MSG_NOSIGNAL);
+    for (int k = 0; k < 16; k++) /* until the socket refuses: the server closed it */
+      if (send(fds[i], junk, 4 * MIB, MSG_NOSIGNAL) <= 0) break;
+  }
+  free(junk);
+  int64_t ping = ping_ms(c);
+  printf("unauthenticated: resident %.1f MiB before, %.1f MiB after; ping %lld ms\n",
+         (double)base / MIB, (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
+  assert_true(ping < 100);
+  for (int i = 0; i < 4; i++) {
+    assert_true(closed_within(fds[i], 3000));
+    close(fds[i]);
+  }
+  check_peak(&s, "unauthenticated");
+#ifndef ST_TSAN
+  assert_true(proc_mem(s.pid, "VmHWM") < base + 16 * MIB);
+#endif
+  int64_t t0 = st_now_ms(); /* no handshake within the I/O timeout: closed */
+  assert_true(closed_within(silent, 10000));
+  printf("unauthenticated: the silent connection was closed after %lld ms more\n",
+         (long long)(st_now_ms() - t0));
+  close(silent);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
+/* Eight authenticated connections each send a 64 MiB SET and do not read;
+ * one more stops halfway through its frame. */
+static void test_authenticated_large_frames(void **state) {
+  store_proc_t s = start_store(BUDGET, 3000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  char *v = big_value();
+  uint8_t h[4 + 1 + 4 + 8 + 4];
+  uint32_t flen = 1 + 4 + 8 + 4 + (uint32_t)BIG, kl = 8, vl = (uint32_t)BIG;
+  memcpy(h, &flen, 4);
+  h[4] = TDIST__OP_SET;
+  memcpy(h + 5, &kl, 4);
+  int fds[8];
+  for (int i = 0; i < 8; i++) {
+    fds[i] = raw_connect(s.port);
+    hello(fds[i]);
+    snprintf((char *)h + 9, 9, "set/%04d", i);
+    memcpy(h + 17, &vl, 4);
+    send_all(fds[i], h, sizeof(h));
+    send_all(fds[i], v, BIG);
+  }
+  int half = raw_connect(s.port);
+  hello(half);
+  memcpy(h + 9, "set/half", 8);
+  send_all(half, h, sizeof(h));
+  send_all(half, v, BIG / 2);
+  int64_t ping = ping_ms(c);
+  printf("authenticated: resident %.1f MiB held; ping %lld ms\n",
+         (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
+  assert_true(ping < 100);
+  check_peak(&s, "authenticated");
+  int ok = 0, full = 0;
+  for (int i = 0; i < 8; i++) {
+    uint8_t r[5];
+    recv_all(fds[i], r, 5);
+    uint32_t len;
+    memcpy(&len, r, 4);
+    if (r[4] == TDIST__ST_OK) ok++;
+    if (r[4] == TDIST__ST_FULL) {
+      full++;
+      char *m = calloc(1, len);
+      recv_all(fds[i], m, len - 1);
+      assert_non_null(strstr(m + 4, "TDIST_STORE_MEMORY_BYTES"));
+      free(m);
+    }
+    close(fds[i]);
+  }
+  printf("authenticated: %d sets stored, %d refused\n", ok, full);
+  assert_true(ok >= 1 && full >= 1 && ok + full == 8);
+  /* Through the API, a refusal is TDIST_ERR_NO_MEMORY. */
+  int rc = 0, api_ok = 0;
+  for (int i = 0; i < 8 && rc == 0; i++) {
+    char key[16];
+    snprintf(key, sizeof(key), "set/api%d", i);
+    if ((rc = tdist_store_set(c, key, v, BIG)) == 0) api_ok++;
+  }
+  assert_int_equal(rc, TDIST_ERR_NO_MEMORY);
+  assert_non_null(strstr(tdist_last_error(), "TDIST_STORE_MEMORY_BYTES"));
+  free(v);
+  int64_t t0 = st_now_ms(); /* the half frame is closed after the I/O timeout */
+  assert_true(closed_within(half, 15000));
+  printf("authenticated: the half frame was closed after %lld ms more\n",
+         (long long)(st_now_ms() - t0));
+  close(half);
+  int64_t n = 0;
+  assert_int_equal(tdist_store_num_keys(c, &n), 0);
+  assert_int_equal(n, ok + api_ok);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
+/* A GET of 64 MiB, then shutdown(SHUT_WR): every byte of the reply arrives. */
+static void test_half_close(void **state) {
+  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  char *v = big_value();
+  assert_int_equal(tdist_store_set(c, "big", v, BIG), 0);
+  int fd = raw_connect(s.port);
+  hello(fd);
+  tdist__buf_t req = {0};
+  put_get(&req, "big");
+  send_all(fd, req.p, req.len);
+  tdist__buf_free(&req);
+  shutdown(fd, SHUT_WR);
+  st_sleep_ms(200); /* the server sees the end of input before we read */
+  size_t want = 4 + 1 + 4 + BIG, got = 0;
+  char *r = malloc(want + 1);
+  for (;;) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_true(poll(&p, 1, 5000) == 1);
+    ssize_t n = recv(fd, r + got, want + 1 - got, 0);
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  printf("half-closed GET: %zu of %zu bytes\n", got, want);
+  assert_int_equal(got, want);
+  assert_int_equal(r[4], TDIST__ST_OK);
+  assert_memory_equal(r + 9, v, BIG);
+  free(r);
+  free(v);
+  close(fd);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  atexit(kill_leftovers);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_half_close),
+      cmocka_unit_test(test_unauthenticated_large_frames),
+      cmocka_unit_test(test_unread_replies),
+      cmocka_unit_test(test_authenticated_large_frames),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
