@@ -18,5 +18,7 @@
 #include "tdist/group.h"
 #include "tdist/ops.h"
 #include "tdist/debug.h"
+#include "tdist/notify.h"
+#include "tdist/abi.h"
 
 #endif /* TDIST_TDIST_H */
