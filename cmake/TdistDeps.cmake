@@ -5,7 +5,6 @@ find_package(PkgConfig)
 
 set(TDIST_PRIVATE_LIBS "")
 set(TDIST_PRIVATE_DEFS "")
-set(TDIST_PC_REQUIRES "libuv")
 
 # libuv: the progress thread's and the store server's event loop.
 if(PkgConfig_FOUND)
@@ -29,25 +28,27 @@ if(NOT JSONC_FOUND)
   message(FATAL_ERROR "json-c (>= 0.13) not found. On Debian/Ubuntu: apt-get install libjson-c-dev")
 endif()
 list(APPEND TDIST_PRIVATE_LIBS PkgConfig::LIBCURL PkgConfig::JSONC)
-string(APPEND TDIST_PC_REQUIRES " libcurl json-c")
 
-# jemalloc: a dedicated arena for the runtime's host allocations. Off under
-# sanitizers, whose allocator must see every allocation.
-set(TDIST_HAVE_JEMALLOC OFF)
-if(NOT TDIST_WITH_JEMALLOC STREQUAL "OFF" AND NOT TDIST_ENABLE_ASAN AND NOT TDIST_ENABLE_TSAN)
-  if(PkgConfig_FOUND)
-    pkg_check_modules(JEMALLOC IMPORTED_TARGET jemalloc)
-  endif()
-  if(JEMALLOC_FOUND)
-    set(TDIST_HAVE_JEMALLOC ON)
-    list(APPEND TDIST_PRIVATE_LIBS PkgConfig::JEMALLOC)
-    list(APPEND TDIST_PRIVATE_DEFS TDIST_HAVE_JEMALLOC)
-    string(APPEND TDIST_PC_REQUIRES " jemalloc")
-  elseif(TDIST_WITH_JEMALLOC STREQUAL "ON")
-    message(FATAL_ERROR "jemalloc not found. On Debian/Ubuntu: apt-get install libjemalloc-dev")
-  else()
-    message(STATUS "jemalloc not found (apt-get install libjemalloc-dev); using malloc")
-  endif()
+# What a static link of libtdist.a adds (tdist.pc's Libs.private): the flags
+# pkg-config gave for linking each dependency's shared library (-luv, -lcurl,
+# -ljson-c, with -L where they are not in a default folder). Not
+# Requires.private: pkg-config resolves those for --cflags too, so every
+# consumer, shared ones included, would need the three -dev packages, and for
+# --static it would add libcurl's own private chain (Kerberos, LDAP, ...),
+# which fails unless every one of those -dev packages is installed.
+set(TDIST_PC_DEPS_LIBS "")
+foreach(_dep LIBUV LIBCURL JSONC)
+  list(APPEND TDIST_PC_DEPS_LIBS ${${_dep}_LDFLAGS})
+endforeach()
+list(REMOVE_DUPLICATES TDIST_PC_DEPS_LIBS)
+
+# jemalloc: a dedicated arena for the runtime's host allocations, from a
+# jemalloc private to libtdist (built here from Debian's source package:
+# cmake/TdistJemalloc.cmake). Off under sanitizers and in the fuzz build:
+# their allocator must see every allocation.
+include(TdistJemalloc)
+if(TDIST_HAVE_JEMALLOC)
+  list(APPEND TDIST_PRIVATE_DEFS TDIST_HAVE_JEMALLOC)
 endif()
 
 # NCCL and the CUDA runtime: not build dependencies. The NCCL backend opens

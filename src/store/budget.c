@@ -20,9 +20,8 @@
  * (default build) returns its dirty pages only as it allocates and frees
  * again, so a server that went quiet after a burst kept them resident. When
  * the charge has fallen SRV_PURGE_MIN below its peak, the sweep timer purges
- * every arena (mallctl "arena.<ALL>.purge": the private jemalloc build maps
- * mallctl to tdist__je_mallctl with a -D, cmake/TdistJemalloc.cmake;
- * glibc: malloc_trim) and logs the
+ * every arena (tdist__alloc_purge: jemalloc's "arena.<ALL>.purge", or
+ * glibc's malloc_trim) and logs the
  * numbers at INFO (docs/store-protocol.md, "Limits", has the measurement).
  *
  * Thread: the server's loop thread.
@@ -32,13 +31,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#ifdef TDIST_HAVE_JEMALLOC
-#include <jemalloc/jemalloc.h>
-#elif defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include "store/server_impl.h"
+#include "util/alloc.h"
 #include "util/error.h"
 #include "util/param.h"
 
@@ -130,21 +124,11 @@ void tdist__srv_maybe_purge(struct tdist_store_server *srv) {
   if (used + SRV_PURGE_MIN > srv->peak) return;
   uint64_t before = rss_bytes();
   char heap[160] = "";
-#ifdef TDIST_HAVE_JEMALLOC
-  char cmd[48];
-  snprintf(cmd, sizeof(cmd), "arena.%u.purge", (unsigned)MALLCTL_ARENAS_ALL);
-  mallctl(cmd, NULL, NULL, NULL, 0);
-  uint64_t epoch = 1;
-  size_t sz = sizeof(epoch), allocated = 0, resident = 0;
-  mallctl("epoch", &epoch, &sz, &epoch, sz);
-  sz = sizeof(size_t);
-  if (mallctl("stats.allocated", &allocated, &sz, NULL, 0) == 0 &&
-      mallctl("stats.resident", &resident, &sz, NULL, 0) == 0)
+  size_t allocated = 0, resident = 0;
+  tdist__alloc_purge(&allocated, &resident);
+  if (resident)
     snprintf(heap, sizeof(heap), "; jemalloc: %.1f MiB allocated, %.1f MiB resident",
              MIB(allocated), MIB(resident));
-#elif defined(__GLIBC__)
-  malloc_trim(0);
-#endif
   TDIST_INFO(STORE,
              "store server: charge fell from %.1f to %.1f MiB, heap purged: resident "
              "%.1f -> %.1f MiB%s",

@@ -1,10 +1,16 @@
 /*
  * alloc.c - host allocation through a dedicated jemalloc arena.
  *
- * The arena is created on first use (pthread_once). jemalloc's non-standard
- * API (mallocx/dallocx) is used so that the application's malloc, whichever
- * it is, is never replaced or mixed with ours: memory from tdist__malloc must
- * be freed with tdist__free and nothing else.
+ * The jemalloc is private to libtdist (cmake/TdistJemalloc.cmake): built by
+ * the project with the prefix tdist__je_, so its API is tdist__je_mallocx and
+ * friends and it defines no malloc, free or glibc hook; every symbol is
+ * hidden, so neither libtdist.so nor libtdist.a exports one; and its TLS is
+ * not initial-exec, so libtdist.so can be dlopened at any time. The
+ * application's malloc, whichever it is, is therefore never replaced or mixed
+ * with ours: memory from tdist__malloc must be freed with tdist__free and
+ * nothing else. Its options come from TDIST__JE_MALLOC_CONF, not MALLOC_CONF.
+ *
+ * The arena is created on first use (pthread_once).
  */
 #include "util/alloc.h"
 
@@ -15,7 +21,9 @@
 #include <string.h>
 
 #ifdef TDIST_HAVE_JEMALLOC
-#include <jemalloc/jemalloc.h>
+#include <jemalloc/jemalloc.h> /* the private build's header: tdist__je_* */
+#elif defined(__GLIBC__)
+#include <malloc.h> /* malloc_trim */
 #endif
 
 static _Atomic uint64_t alloc_count;
@@ -28,7 +36,7 @@ static char arena_desc[48] = "jemalloc";
 static void arena_init(void) {
   unsigned arena = 0;
   size_t sz = sizeof(arena);
-  if (mallctl("arenas.create", &arena, &sz, NULL, 0) == 0) {
+  if (tdist__je_mallctl("arenas.create", &arena, &sz, NULL, 0) == 0) {
     arena_flags = MALLOCX_ARENA(arena);
     snprintf(arena_desc, sizeof(arena_desc), "jemalloc arena %u", arena);
   }
@@ -43,7 +51,7 @@ static inline int flags(void) {
 void *tdist__malloc(size_t size) {
   atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
 #ifdef TDIST_HAVE_JEMALLOC
-  return mallocx(size ? size : 1, flags());
+  return tdist__je_mallocx(size ? size : 1, flags());
 #else
   return malloc(size ? size : 1);
 #endif
@@ -54,7 +62,7 @@ void *tdist__calloc(size_t n, size_t size) {
   if (size && n > SIZE_MAX / size) return NULL;
 #ifdef TDIST_HAVE_JEMALLOC
   size_t total = n * size;
-  return mallocx(total ? total : 1, flags() | MALLOCX_ZERO);
+  return tdist__je_mallocx(total ? total : 1, flags() | MALLOCX_ZERO);
 #else
   return calloc(n ? n : 1, size ? size : 1);
 #endif
@@ -64,7 +72,7 @@ void *tdist__realloc(void *ptr, size_t size) {
   if (!ptr) return tdist__malloc(size);
   atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
 #ifdef TDIST_HAVE_JEMALLOC
-  return rallocx(ptr, size ? size : 1, flags());
+  return tdist__je_rallocx(ptr, size ? size : 1, flags());
 #else
   return realloc(ptr, size ? size : 1);
 #endif
@@ -73,7 +81,7 @@ void *tdist__realloc(void *ptr, size_t size) {
 void tdist__free(void *ptr) {
   if (!ptr) return;
 #ifdef TDIST_HAVE_JEMALLOC
-  dallocx(ptr, flags());
+  tdist__je_dallocx(ptr, flags());
 #else
   free(ptr);
 #endif
@@ -96,5 +104,25 @@ const char *tdist__alloc_backend(void) {
   return arena_desc;
 #else
   return "malloc";
+#endif
+}
+
+void tdist__alloc_purge(size_t *allocated, size_t *resident) {
+  *allocated = *resident = 0;
+#ifdef TDIST_HAVE_JEMALLOC
+  char cmd[48];
+  snprintf(cmd, sizeof(cmd), "arena.%u.purge", (unsigned)MALLCTL_ARENAS_ALL);
+  tdist__je_mallctl(cmd, NULL, NULL, NULL, 0);
+  uint64_t epoch = 1; /* stats are a snapshot taken at an epoch */
+  size_t sz = sizeof(epoch), a = 0, r = 0;
+  tdist__je_mallctl("epoch", &epoch, &sz, &epoch, sz);
+  sz = sizeof(size_t);
+  if (tdist__je_mallctl("stats.allocated", &a, &sz, NULL, 0) == 0 &&
+      tdist__je_mallctl("stats.resident", &r, &sz, NULL, 0) == 0) {
+    *allocated = a;
+    *resident = r;
+  }
+#elif defined(__GLIBC__)
+  malloc_trim(0);
 #endif
 }

@@ -26,5 +26,10 @@ char *tdist__strdup(const char *s);
 uint64_t tdist__alloc_count(void);
 /* "jemalloc arena N" or "malloc". */
 const char *tdist__alloc_backend(void);
+/* Give memory freed to the allocator back to the system: every jemalloc
+ * arena purged (or, without jemalloc, malloc_trim). Then what the allocator
+ * holds: *allocated and *resident bytes (jemalloc's stats), both 0 when not
+ * known. Slow (walks every arena): for an idle moment, not a hot path. */
+void tdist__alloc_purge(size_t *allocated, size_t *resident);
 
 #endif
