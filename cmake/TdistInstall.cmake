@@ -20,11 +20,15 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tdistConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist)
 
-# No CUDA or NCCL path: the NCCL backend opens them at run time.
-set(TDIST_PC_LIBS_PRIVATE "-lpthread")
+# No CUDA or NCCL path: the NCCL backend opens them at run time. Libs.private:
+# the dependencies' own link flags (cmake/TdistDeps.cmake says why they are not
+# Requires.private), then threads and dl.
+set(TDIST_PC_LIBS_PRIVATE ${TDIST_PC_DEPS_LIBS} -lpthread)
 if(CMAKE_DL_LIBS)
-  string(APPEND TDIST_PC_LIBS_PRIVATE " -l${CMAKE_DL_LIBS}")
+  list(APPEND TDIST_PC_LIBS_PRIVATE -l${CMAKE_DL_LIBS})
 endif()
+list(REMOVE_DUPLICATES TDIST_PC_LIBS_PRIVATE)
+string(REPLACE ";" " " TDIST_PC_LIBS_PRIVATE "${TDIST_PC_LIBS_PRIVATE}")
 # Relocatable: the prefix is found from the .pc file's own directory
 # (<prefix>/<libdir>/pkgconfig), so an install anywhere works.
 string(REGEX REPLACE "[^/]+" ".." TDIST_PC_UP "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
