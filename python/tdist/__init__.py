@@ -18,7 +18,7 @@ from . import _lib
 from ._errors import _classes as _error_classes
 from ._errors import TdistError, TimeoutError, InProgressError, RemoteFailure  # noqa: A004
 from ._types import ReduceOp, premul_sum
-from ._work import Work
+from ._work import Future, Work
 from ._group import (DeviceMesh, GroupMember, ProcessGroup, destroy_process_group,
                      get_backend, get_global_rank, get_group_rank, get_process_group_ranks,
                      get_rank, get_world_size, init_device_mesh, init_process_group,
@@ -31,6 +31,10 @@ from ._store import FileStore, PrefixStore, Store, TCPStore
 
 # Every exception class of the error table: tdist.MismatchError, tdist.AbortedError, ...
 globals().update(_error_classes)
+# torch.distributed's names for the same errors (all RuntimeErrors, as torch's).
+DistError = DistBackendError = TdistError
+DistNetworkError = _error_classes["NetworkError"]
+DistStoreError = _error_classes["StoreError"]
 
 library_path = _lib.path
 
@@ -52,9 +56,10 @@ __version__ = "%d.%d.%d" % version()
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank",
            "get_world_size", "get_backend", "get_global_rank", "get_group_rank",
            "get_process_group_ranks", "new_group", "init_device_mesh", "DeviceMesh",
-           "ProcessGroup", "GroupMember", "ReduceOp", "premul_sum", "Work", "all_reduce",
+           "ProcessGroup", "GroupMember", "ReduceOp", "premul_sum", "Work", "Future", "all_reduce",
            "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
            "barrier", "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
-           "wait_all", "Store", "TCPStore", "FileStore", "PrefixStore", "TdistError",
+           "wait_all", "Store", "TCPStore", "FileStore", "PrefixStore", "TdistError", "DistError",
+           "DistBackendError", "DistNetworkError", "DistStoreError",
            "version", "version_string", "library_path"] + sorted(_error_classes)

@@ -6,13 +6,15 @@ name and, where one fits, a builtin base class: a code added to errors.h and
 missing here still raises a ``TdistError`` subclass named after it (e.g.
 ``TDIST_ERR_FOO_BAR`` -> ``FooBarError``); giving it a nicer name is one line.
 """
+import builtins
 import re
 
 from ._lib import C
 
 
-class TdistError(Exception):
-    """Base of every tdist exception.
+class TdistError(RuntimeError):
+    """Base of every tdist exception: a RuntimeError, as torch's DistError and
+    DistBackendError (``except RuntimeError`` written for torch.distributed catches it).
 
     Attributes: ``code`` (the negative C return code), ``name``
     ("TDIST_ERR_TIMEOUT"...), ``message`` (the C library's sentence).
@@ -48,8 +50,13 @@ class RemoteFailure(TdistError):
         self.world_rank = int(m.group(2)) if m else None
 
 
-class TimeoutError(TdistError):  # noqa: A001 - mirrors the C name, as torch's DistTimeoutError
-    """TDIST_ERR_TIMEOUT: the op passed its deadline (its group is aborted)."""
+class TimeoutError(TdistError, builtins.TimeoutError):  # noqa: A001 - the C name
+    """TDIST_ERR_TIMEOUT: the op passed its deadline (its group is aborted). Also a builtin
+    TimeoutError (as torch's DistTimeoutError is a RuntimeError caught by both)."""
+
+    def __init__(self, message, code=None, name=None):
+        TdistError.__init__(self, message, code, name)
+        self.args = (message,)
 
 
 class InProgressError(TimeoutError):

@@ -119,10 +119,13 @@ def _adopt(ptr):
     return g
 
 
-def _group_opts(timeout, name):
-    if timeout is None and name is None:
+def _group_opts(timeout, name, device=None):
+    if timeout is None and name is None and device is None:
         return None
     o = GroupOpts()
+    if device is not None:
+        o.mask |= _lib.GROUP_FIELD_DEVICE
+        o.device = device
     if timeout is not None:
         o.mask |= _lib.GROUP_FIELD_TIMEOUT
         o.timeout_ms = _work.timeout_ms(timeout)
@@ -241,17 +244,38 @@ def get_process_group_ranks(group):
     return list(resolve(group).ranks)
 
 
-def new_group(ranks=None, timeout=None, backend=None, name=None):
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization=False, group_desc=None, device_id=None, *, name=None):
     """A subgroup of the world from its world ranks (collective over the world: every rank
     calls it with the same list). Members get a ProcessGroup whose rank i is ranks[i];
-    the others get GroupMember.NON_GROUP_MEMBER. ranks=None: all ranks."""
+    the others get GroupMember.NON_GROUP_MEMBER. ranks=None: all ranks.
+
+    torch's keywords: timeout (seconds or timedelta; default the world's); backend (must be
+    the world's: "cpu"/"gloo" or "nccl"/"cuda"); group_desc (the group's name); device_id
+    (NCCL: this rank's CUDA device for the group). Refused with NotSupportedError (a
+    NotImplementedError): pg_options (backend option objects) and
+    use_local_synchronization=True (tdist makes subgroups collectively over the world)."""
     w = world()
+    not_supported = _errors._classes["NotSupportedError"]
     if backend is not None and _backend_name(backend) != w.backend:
-        raise ValueError(f"new_group: subgroups share the world's backend ({w.backend})")
+        raise ValueError(f"new_group: backend {backend!r}: subgroups share the world's backend "
+                         f"({w.backend})")
+    if pg_options is not None:
+        raise not_supported("new_group: pg_options is not supported: tdist groups take no "
+                            "backend option objects (timeout= and device_id= are supported)",
+                            -10, "TDIST_ERR_NOT_SUPPORTED")
+    if use_local_synchronization:
+        raise not_supported("new_group: use_local_synchronization=True is not supported: "
+                            "tdist_new_group is collective over the whole world (every rank "
+                            "calls it, non-members too)", -10, "TDIST_ERR_NOT_SUPPORTED")
+    if name is not None and group_desc is not None and name != group_desc:
+        raise ValueError("new_group: give name or group_desc, not both")
     ranks = list(range(w._size)) if ranks is None else [int(r) for r in ranks]
     arr = (ctypes.c_int * len(ranks))(*ranks)
     out = ctypes.c_void_p()
-    _errors.check(C.new_group(w._handle(), arr, len(ranks), _group_opts(timeout, name),
+    device = None if device_id is None else int(getattr(device_id, "index", device_id) or 0)
+    _errors.check(C.new_group(w._handle(), arr, len(ranks),
+                              _group_opts(timeout, name or group_desc, device),
                               ctypes.byref(out)))
     if not out.value:
         return GroupMember.NON_GROUP_MEMBER

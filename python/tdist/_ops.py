@@ -64,14 +64,15 @@ def _opts(scalar=None, stream=None, tag=None, timeout=None):
     return _byref(o) if o.mask else None
 
 
-def _submit(fn, args, keep, async_op, finish=None):
-    """Call C op `fn(*args, work)`: async -> Work, else blocking (GIL released) -> None."""
+def _submit(fn, args, keep, async_op, finish=None, result=None):
+    """Call C op `fn(*args, work)`: async -> Work, else blocking (GIL released) -> None.
+    `result`: the op's output, the value of the Work's future (torch's Work.result())."""
     if async_op:
         w = _c_void_p()
         rc = fn(*args, _byref(w))
         if rc:
             raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
-        return Work(w.value, keep, finish)
+        return Work(w.value, keep, finish, result)
     rc = fn(*args, None)
     if rc:
         raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
@@ -192,7 +193,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, stream=No
                            _byref(w))
         if rc:
             raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
-        return Work(w.value, b.keep)
+        return Work(w.value, b.keep, None, tensor)
     return _submit(_c_all_reduce, (g._handle(), b.ptr, b.ptr, b.count, b.dtype, o, opts),
                    b.keep, False)
 
@@ -205,7 +206,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, *, group_src=None, s
     root = _peer(g, src, group_src, "src")
     b = _one(g, tensor, g._rank != root, "broadcast: tensor")
     return _submit(C.broadcast, (g._handle(), b.ptr, b.count, b.dtype, root, _opts(stream=stream)),
-                   b.keep, async_op)
+                   b.keep, async_op, None, tensor)
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, *, group_dst=None,
@@ -218,7 +219,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, *, gro
     b = _one(g, tensor, g._rank == root, "reduce: tensor")
     o, scalar = _types.redop(op)
     return _submit(C.reduce, (g._handle(), b.ptr, b.ptr, b.count, b.dtype, o, root,
-                              _opts(scalar, stream)), b.keep, async_op)
+                              _opts(scalar, stream)), b.keep, async_op, None, tensor)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, stream=None):
@@ -230,7 +231,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, stream=None):
     out = _Blocks(g, tensor_list, b.count, b.dtype, True, "all_gather: tensor_list")
     return _submit(C.all_gather, (g._handle(), b.ptr, out.buf.ptr, b.count, b.dtype,
                                   _opts(stream=stream)), (b.keep, out.keep), async_op,
-                   out.copy_out if out.staged else None)
+                   out.copy_out if out.staged else None, [tensor_list])
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -257,7 +258,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, *, gr
     return _submit(C.gather, (g._handle(), b.ptr, out.buf.ptr if out else None, b.count, b.dtype,
                               root, _opts(stream=stream)),
                    (b.keep, out.keep if out else None), async_op,
-                   out.copy_out if out is not None and out.staged else None)
+                   out.copy_out if out is not None and out.staged else None,
+                   [gather_list] if gather_list is not None else [])
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, group_src=None,
@@ -278,7 +280,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, *, 
         raise ValueError("scatter: scatter_list must be None/empty on ranks other than src")
     return _submit(C.scatter, (g._handle(), inp.buf.ptr if inp else None, b.ptr, b.count, b.dtype,
                                root, _opts(stream=stream)),
-                   (b.keep, inp.keep if inp else None), async_op)
+                   (b.keep, inp.keep if inp else None), async_op, None, tensor)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -292,7 +294,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     inp.copy_in()
     o, scalar = _types.redop(op)
     return _submit(C.reduce_scatter, (g._handle(), inp.buf.ptr, b.ptr, b.count, b.dtype, o,
-                                      _opts(scalar, stream)), (b.keep, inp.keep), async_op)
+                                      _opts(scalar, stream)), (b.keep, inp.keep), async_op,
+                   None, output)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -312,20 +315,77 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     inp.copy_in()
     return _submit(C.all_to_all, (g._handle(), inp.buf.ptr, out.buf.ptr, inp.count,
                                   inp.buf.dtype, _opts(stream=stream)), (inp.keep, out.keep),
-                   async_op, out.copy_out if out.staged else None)
+                   async_op, out.copy_out if out.staged else None, [output_tensor_list])
+
+
+def _rows(obj, count, what):
+    """(rows along dim 0, elements per row) of an array; 1-D for objects without a shape."""
+    shape = getattr(obj, "shape", None)
+    if not shape:
+        return count, 1
+    rows = int(shape[0])
+    if rows == 0:
+        return 0, 0
+    return rows, count // rows
+
+
+def _splits(sizes, rows, n, what):
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {what} has {rows} rows, not a multiple of the "
+                             f"group size {n} (give {what}_split_sizes)")
+        return [rows // n] * n
+    sizes = [int(x) for x in sizes]
+    if len(sizes) != n or any(x < 0 for x in sizes):
+        raise ValueError(f"all_to_all_single: {what}_split_sizes must be {n} sizes >= 0, not "
+                         f"{sizes}")
+    if sum(sizes) != rows:
+        raise ValueError(f"all_to_all_single: {what}_split_sizes sum to {sum(sizes)}, but "
+                         f"{what} has {rows} rows")
+    return sizes
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op=False, *, stream=None):
-    """Equal splits: block j of this rank's input goes to rank j, whose output block i
-    holds rank i's block. Unequal split sizes need a C all_to_all_v (not bound yet)."""
-    if output_split_sizes is not None or input_split_sizes is not None:
-        sizes = set(output_split_sizes or ()) | set(input_split_sizes or ())
-        if len(sizes) > 1:
-            raise _errors._classes["NotSupportedError"](
-                "all_to_all_single: unequal split sizes are not supported by this binding",
-                -10, "TDIST_ERR_NOT_SUPPORTED")
-    return all_to_all(output, input, group, async_op, stream=stream)
+    """Rank j's output block i = rank i's input block j. Blocks are along dimension 0 (rows,
+    as torch): equal without split sizes; with them, block j of the input has
+    input_split_sizes[j] rows and block i of the output output_split_sizes[i] rows
+    (tdist_all_to_all_v). What rank i sends rank j must be what j expects from i
+    (tdist.MismatchError on every rank otherwise)."""
+    g = _resolve(group)
+    if g is None:
+        return None
+    if output_split_sizes is None and input_split_sizes is None:
+        return _submit_all_to_all(g, output, input, async_op, stream)
+    n = g._size
+    bi = _one(g, input, False, "all_to_all_single: input")
+    bo = _one(g, output, True, "all_to_all_single: output")
+    _same(bi, bo, "all_to_all_single")
+    rows_i, row_i = _rows(input, bi.count, "input")
+    rows_o, row_o = _rows(output, bo.count, "output")
+    si = _splits(input_split_sizes, rows_i, n, "input")
+    so = _splits(output_split_sizes, rows_o, n, "output")
+    if rows_i and rows_o and row_i != row_o:
+        raise ValueError(f"all_to_all_single: input rows have {row_i} elements, output rows "
+                         f"{row_o}")
+    row = row_i or row_o
+    if bi.ptr is not None and bi.ptr == bo.ptr:
+        raise ValueError("all_to_all_single: input and output must not be the same memory")
+    send_counts = (ctypes.c_size_t * n)(*[x * row for x in si])
+    recv_counts = (ctypes.c_size_t * n)(*[x * row for x in so])
+    # the count arrays belong to tdist until the op completes: kept with the buffers
+    return _submit(C.all_to_all_v, (g._handle(), bi.ptr, send_counts, None, bo.ptr, recv_counts,
+                                    None, bi.dtype, _opts(stream=stream)),
+                   (bi.keep, bo.keep, send_counts, recv_counts), async_op, None, output)
+
+
+def _submit_all_to_all(g, output, input, async_op, stream):
+    inp = _Blocks(g, input, None, None, False, "all_to_all_single: input")
+    out = _Blocks(g, output, inp.count, inp.buf.dtype, True, "all_to_all_single: output")
+    inp.copy_in()
+    return _submit(C.all_to_all, (g._handle(), inp.buf.ptr, out.buf.ptr, inp.count,
+                                  inp.buf.dtype, _opts(stream=stream)), (inp.keep, out.keep),
+                   async_op, out.copy_out if out.staged else None, output)
 
 
 def barrier(group=None, async_op=False, device_ids=None, *, timeout=None):
@@ -345,18 +405,30 @@ def isend(tensor, dst=None, group=None, tag=0, *, group_dst=None, stream=None):
     peer = _peer(g, dst, group_dst, "dst")
     b = _one(g, tensor, False, "isend: tensor")
     return _submit(C.isend, (g._handle(), b.ptr, b.count, b.dtype, peer,
-                             _opts(stream=stream, tag=tag)), b.keep, True)
+                             _opts(stream=stream, tag=tag)), b.keep, True, None, tensor)
 
 
 def irecv(tensor, src=None, group=None, tag=0, *, group_src=None, stream=None):
-    """Receive into tensor from src (world rank; any-source is not supported); a Work."""
+    """Receive into tensor from src (world rank), or from any rank with src=None (CPU
+    backend: up to tensor's size; Work.source_rank() then names the sender); a Work."""
     g = _resolve(group)
     if g is None:
         return None
-    peer = _peer(g, src, group_src, "src")
+    if src is None and group_src is None:
+        peer = _lib.ANY_SOURCE
+    else:
+        peer = _peer(g, src, group_src, "src")
     b = _one(g, tensor, True, "irecv: tensor")
-    return _submit(C.irecv, (g._handle(), b.ptr, b.count, b.dtype, peer,
-                             _opts(stream=stream, tag=tag)), b.keep, True)
+    return _submit_recv(g, b, peer, tag, stream, tensor)
+
+
+def _submit_recv(g, b, peer, tag, stream, tensor):
+    w = _c_void_p()
+    rc = C.irecv(g._handle(), b.ptr, b.count, b.dtype, peer, _opts(stream=stream, tag=tag),
+                 _byref(w))
+    if rc:
+        raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
+    return Work(w.value, b.keep, None, tensor, g)
 
 
 def send(tensor, dst=None, group=None, tag=0, *, group_dst=None, stream=None):
@@ -371,12 +443,17 @@ def send(tensor, dst=None, group=None, tag=0, *, group_dst=None, stream=None):
 
 
 def recv(tensor, src=None, group=None, tag=0, *, group_src=None, stream=None):
-    """Blocking receive; returns the sender's world rank as torch does."""
+    """Blocking receive (the GIL is released); returns the sender's world rank as torch
+    does. src=None receives from any rank (CPU backend)."""
     g = _resolve(group)
     if g is None:
         return -1
-    peer = _peer(g, src, group_src, "src")
     b = _one(g, tensor, True, "recv: tensor")
+    if src is None and group_src is None:
+        w = _submit_recv(g, b, _lib.ANY_SOURCE, tag, stream, tensor)
+        w.wait()
+        return w.source_rank()
+    peer = _peer(g, src, group_src, "src")
     _errors.check(C.recv(g._handle(), b.ptr, b.count, b.dtype, peer,
                          _opts(stream=stream, tag=tag)))
     return g.ranks[peer]

@@ -1,118 +1,135 @@
-"""Work handles: Python's view of tdist_work_t.
+"""Work handles and futures: Python's view of tdist_work_t.
 
-Completion callbacks: the C library runs a completion callback on its progress
-thread. A Python function there would hold up progress for every group
-whenever it waits for the GIL, so the C callback registered here (one
-CFUNCTYPE for the whole process) only puts the work's key on a queue; a
-daemon "tdist-callbacks" thread takes it off and runs the Python callbacks.
-The C callback is registered only for works that have Python callbacks (or
-were dropped before completing), so plain submit + wait never enters Python
-from the progress thread. A group's abort callback (ProcessGroup.on_abort)
-takes the same road: its C side copies the status and reason, then queues.
+Completion callbacks never enter Python on tdist's progress thread, because
+there C code calling a ctypes callback would first take the GIL, and a thread
+holding the GIL for seconds would then stall every completion, heartbeat and
+abort of the process. Instead a work with Python callbacks (or dropped before
+completing) is registered with ``tdist_work_notify`` on one process-wide C
+notification queue (tdist/notify.h): the progress thread only appends the
+work's token there, without Python. A daemon "tdist-callbacks" thread blocks
+in ``tdist_notify_queue_pop`` (ctypes releases the GIL around it), then takes
+the GIL itself and runs the Python callbacks. A group's abort callback
+(ProcessGroup.on_abort) takes the same road (``tdist_group_notify_abort``: the
+C side copies the status and reason). No CFUNCTYPE is ever given to the library.
 
 Buffers: a Work keeps the arrays of its op alive until it has completed (a
 wait returned, is_completed() saw it, or the callback thread ran). A Work
 dropped before completion hands its arrays to the callback thread, which
 lets go of them when the op completes.
 """
+import ctypes
 import datetime
 import itertools
-import queue
 import sys
 import threading
 import traceback
 
 from . import _errors
-from ._lib import C, GROUP_ABORT_CB, WORK_CB
+from ._lib import C, NOTIFY_ABORT, NotifyEvent
 
 _IN_PROGRESS = -13
+_CLOSED = -18
 _wait = C.work_wait
 _is_completed = C.work_is_completed
 _status = C.work_status
 _release = C.work_release
 
-# ---- the callback thread ------------------------------------------------------------------
-_queue = queue.SimpleQueue()
-_registry = {}  # key -> Work (or _Orphan) whose C callback is registered and has not run
+# ---- the notification queue and the callback thread ---------------------------------------
+_BATCH = 64        # events taken per pop
+_REASON_CAP = 2048  # bytes of an abort reason kept (the C copy is whole; this one may be cut)
+_registry = {}  # token -> Work (or _Orphan, or an abort function) whose event has not come
 _keys = itertools.count(1)
+_queue = None   # the C tdist_notify_queue_t * (an int), made on first use
 _thread = None
 _thread_lock = threading.Lock()
 _complete_lock = threading.RLock()
 
 
-def _c_callback(work, arg):  # runs on the progress thread: enqueue only
-    _queue.put(arg)
-
-
-_C_CALLBACK = WORK_CB(_c_callback)
-_aborts = {}  # key -> (status, reason) of a group abort, until the callback thread takes it
-
-
-def _c_abort_callback(group, status, reason, arg):  # progress thread: copy and enqueue only
-    _aborts[arg] = (status, reason)  # ctypes made `reason` a bytes copy
-    _queue.put(arg)
-
-
-_C_ABORT_CALLBACK = GROUP_ABORT_CB(_c_abort_callback)
-
-
-def _dispatcher():
+def _dispatcher(q):
+    """The "tdist-callbacks" thread: wait in C without the GIL, then run Python."""
+    events = (NotifyEvent * _BATCH)()
+    reasons = ctypes.create_string_buffer(_BATCH * _REASON_CAP)
+    pop, take = C.notify_queue_pop, _registry.pop
     while True:
-        key = _queue.get()
-        if key is None:
+        n = pop(q, events, _BATCH, reasons, _REASON_CAP, -1)
+        if n < 0:  # closed (at exit) and drained
             return
-        w = _registry.pop(key, None)
-        if w is not None:
+        for i in range(n):
+            e = events[i]
+            obj = take(e.token, None)
+            if obj is None:
+                continue
             try:
-                if key in _aborts:
-                    w(*_aborts.pop(key))
+                if e.kind == NOTIFY_ABORT:
+                    at = i * _REASON_CAP
+                    obj(e.status, reasons.raw[at:at + _REASON_CAP].split(b"\0", 1)[0])
                 else:
-                    w._on_c_callback()
+                    obj._on_c_callback()
             except Exception:  # a user callback's error must not end the thread
                 traceback.print_exc()
 
 
-def _ensure_thread():
-    global _thread
-    if _thread is None:
+def _ensure_queue():
+    global _queue, _thread
+    q = _queue
+    if q is None:
         with _thread_lock:
-            if _thread is None:
-                t = threading.Thread(target=_dispatcher, name="tdist-callbacks", daemon=True)
+            q = _queue
+            if q is None:
+                out = ctypes.c_void_p()
+                _errors.check(C.notify_queue_create(ctypes.byref(out)))
+                q = out.value
+                t = threading.Thread(target=_dispatcher, args=(q,), name="tdist-callbacks",
+                                     daemon=True)
                 t.start()
-                _thread = t
+                _queue, _thread = q, t
+    return q
 
 
 def _register_with(obj, c_register):
-    """Put `obj` under a new key, then have C register its callback with that key
-    (c_register(key) -> rc); undone if C refuses."""
-    _ensure_thread()
+    """Put `obj` under a new token, then have C register it on the queue
+    (c_register(queue, token) -> rc); undone if C refuses."""
+    q = _ensure_queue()
     key = next(_keys)
     _registry[key] = obj
-    rc = c_register(key)
+    rc = c_register(q, key)
     if rc != 0:
         _registry.pop(key, None)
         _errors.check(rc)
 
 
 def _register(obj, ptr):
-    """Register the C callback for `ptr`; `obj._on_c_callback()` runs on the callback thread."""
-    _register_with(obj, lambda key: C.work_on_complete(ptr, _C_CALLBACK, key))
+    """Queue the completion of work `ptr`; `obj._on_c_callback()` runs on the callback thread."""
+    _register_with(obj, lambda q, key: C.work_notify(ptr, q, key))
+
+
+def _post(obj):
+    """Run `obj._on_c_callback()` on the callback thread soon (a work already complete)."""
+    _register_with(obj, lambda q, key: C.notify_post(q, key, 0))
 
 
 def register_abort(fn, ptr):
     """Have fn(status, reason_bytes) run on the callback thread when group `ptr` aborts."""
-    _register_with(fn, lambda key: C.group_on_abort(ptr, _C_ABORT_CALLBACK, key))
+    _register_with(fn, lambda q, key: C.group_notify_abort(ptr, q, key))
+
+
+def queue_fd():
+    """The notification queue's eventfd (readable while events are queued), for tests and
+    event loops that want to watch it; makes the queue if needed."""
+    return C.notify_queue_fd(_ensure_queue())
 
 
 def shutdown_callbacks(timeout=10.0):
     """Run the callbacks still queued and stop the callback thread (at exit, after the
-    groups were destroyed, so every registered C callback has run)."""
-    global _thread
-    t = _thread
+    groups were destroyed, so every registered completion has been queued)."""
+    global _thread, _queue
+    t, q = _thread, _queue
     if t is not None:
-        _queue.put(None)
+        C.notify_queue_close(q)  # the thread drains what is queued, then returns
         t.join(timeout)
-        _thread = None
+        if not t.is_alive():
+            C.notify_queue_destroy(q)
+        _thread = _queue = None
 
 
 def _seconds(timeout):
@@ -147,12 +164,14 @@ class Work:
     raises its error; ``is_completed()``; ``exception()``;
     ``add_done_callback(fn)``: ``fn(work)`` runs on the "tdist-callbacks" thread
     once the op completed (success or not); ``wait_stream(stream)`` (NCCL): make a
-    CUDA stream wait for the op without blocking the host; ``get_future()``.
+    CUDA stream wait for the op without blocking the host; ``get_future()`` (a
+    tdist.Future whose value is the op's output, as torch's); ``result()``;
+    ``source_rank()`` after a receive (the sender's world rank).
     """
     __slots__ = ("_ptr", "_keep", "_finish", "_done", "_exc", "_callbacks", "_registered",
-                 "__weakref__")
+                 "_result", "_recv_group", "_source", "__weakref__")
 
-    def __init__(self, ptr, keep, finish=None):
+    def __init__(self, ptr, keep, finish=None, result=None, recv_group=None):
         self._ptr = ptr
         self._keep = keep
         self._finish = finish
@@ -160,6 +179,8 @@ class Work:
         self._exc = None
         self._callbacks = None
         self._registered = False
+        self._result = result
+        self._recv_group = recv_group
 
     # -- completion (runs once, on the first thread that sees the op complete) --
     def _complete(self, st=None):
@@ -171,7 +192,13 @@ class Work:
             if st < 0:
                 msg = C.work_error_message(self._ptr).decode("utf-8", "replace")
                 self._exc = _errors.error(st, msg)
-            elif self._finish is not None:
+            else:
+                if self._recv_group is not None:  # a receive: who sent it (any source)
+                    src = ctypes.c_int(-1)
+                    if C.work_status_info(self._ptr, ctypes.byref(src), None, None) == 0 \
+                            and src.value >= 0:
+                        self._source = self._recv_group.ranks[src.value]
+            if st >= 0 and self._finish is not None:
                 try:
                     self._finish()
                 except BaseException as e:  # a copy-out failed: report it as the op's error
@@ -223,11 +250,8 @@ class Work:
             if self._callbacks is None:
                 self._callbacks = []
             self._callbacks.append(fn)
-            if self._registered == "ran":  # the C callback already came: run from the queue
-                key = next(_keys)
-                _registry[key] = self
-                _ensure_thread()
-                _queue.put(key)
+            if self._registered == "ran":  # the event already came: post one more
+                _post(self)
                 return
             if self._registered:
                 return
@@ -247,18 +271,28 @@ class Work:
                 traceback.print_exc()
 
     def get_future(self):
-        """A concurrent.futures.Future completed (result None, or the op's exception) when
-        the op completes."""
-        import concurrent.futures
-        fut = concurrent.futures.Future()
-
-        def done(w):
-            if w._exc is not None:
-                fut.set_exception(w._exc)
-            else:
-                fut.set_result(None)
-        self.add_done_callback(done)
+        """A tdist.Future (torch.futures.Future's API) completed when the op completes:
+        ``wait()`` returns the op's output (a list, as torch: ``[tensor]`` for
+        all_reduce) or raises its error; ``then(fn)``; ``add_done_callback(fn)``."""
+        fut = Future(self)
+        self.add_done_callback(fut._from_work)
         return fut
+
+    def result(self):
+        """The op's output as a list (torch's Work.result()), after completion."""
+        r = self._result
+        if r is None:
+            return []
+        return list(r) if isinstance(r, (list, tuple)) else [r]
+
+    def source_rank(self):
+        """After a receive completed: the sender's world rank (any-source receives
+        included); -1 before completion or for other ops."""
+        if not self.is_completed():
+            return -1
+        return getattr(self, "_source", -1) if self._recv_group is not None else -1
+
+    _source_rank = source_rank  # torch's private name
 
     def wait_stream(self, stream):
         """NCCL: make CUDA `stream` wait for the op (the host does not block). `stream`: a
@@ -299,3 +333,120 @@ class Work:
             _release(ptr)
         except Exception:  # interpreter shutdown
             pass
+
+
+class Future:
+    """A value that becomes available later, with torch.futures.Future's API: ``done()``,
+    ``wait()`` (the value, or raises the error), ``value()``, ``then(fn)`` (a new Future
+    holding ``fn(this_future)``), ``add_done_callback(fn)`` (``fn(this_future)``),
+    ``set_result(v)``, ``set_exception(e)``; and concurrent.futures' ``result(timeout)``
+    and ``exception()``. A Future from ``Work.get_future()`` waits for its op without the
+    GIL. Callbacks run on the thread that completes the future: the "tdist-callbacks"
+    thread, or one whose ``wait()`` saw the op complete first; added to a completed
+    future, they run at once on the caller's thread (as torch's)."""
+    __slots__ = ("_cond", "_done", "_value", "_exc", "_callbacks", "_work")
+
+    def __init__(self, work=None):
+        self._cond = threading.Condition(threading.Lock())
+        self._done = False
+        self._value = None
+        self._exc = None
+        self._callbacks = []
+        self._work = work
+
+    def _from_work(self, w=None):
+        w = w or self._work
+        if w._exc is not None:
+            self._finish(None, w._exc)
+        else:
+            self._finish(w.result(), None)
+
+    def _finish(self, value, exc):
+        with self._cond:
+            if self._done:
+                return False
+            self._value, self._exc, self._done = value, exc, True
+            cbs, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for fn in cbs:
+            try:
+                fn(self)
+            except Exception:
+                print("tdist: exception in a Future callback:", file=sys.stderr)
+                traceback.print_exc()
+        return True
+
+    def done(self):
+        if not self._done and self._work is not None and self._work.is_completed():
+            self._from_work()
+        return self._done
+
+    def wait(self, timeout=None):
+        """Block until done (the op's wait, without the GIL); return the value or raise."""
+        if not self._done:
+            w = self._work
+            if w is not None:
+                try:
+                    w.wait(timeout)
+                except _errors.InProgressError:
+                    raise
+                except BaseException:
+                    pass  # the op's error: raised below, from the future
+                self._from_work()
+            else:
+                with self._cond:
+                    if not self._cond.wait_for(lambda: self._done, timeout):
+                        raise _errors.InProgressError(
+                            "Future.wait: not done yet", _IN_PROGRESS, "TDIST_ERR_IN_PROGRESS")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def value(self):
+        """The value of a completed future (raises its error); RuntimeError if not done."""
+        if not self.done():
+            raise RuntimeError("Future.value(): the future is not completed yet; use wait()")
+        return self.wait()
+
+    def result(self, timeout=None):
+        return self.wait(timeout)
+
+    def exception(self, timeout=None):
+        try:
+            self.wait(timeout)
+        except _errors.InProgressError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def set_result(self, value):
+        if not self._finish(value, None):
+            raise RuntimeError("Future.set_result: the future is already completed")
+
+    def set_exception(self, exc):
+        if not self._finish(None, exc):
+            raise RuntimeError("Future.set_exception: the future is already completed")
+
+    def add_done_callback(self, fn):
+        with self._cond:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def then(self, fn):
+        """A new Future whose value is ``fn(self)`` once this one is done (its error if fn
+        raises)."""
+        nxt = Future()
+
+        def run(f):
+            try:
+                nxt._finish(fn(f), None)
+            except BaseException as e:
+                nxt._finish(None, e)
+        self.add_done_callback(run)
+        return nxt
+
+    def __repr__(self):
+        return f"<tdist.Future {'done' if self._done else 'pending'}>"

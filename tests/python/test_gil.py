@@ -59,3 +59,59 @@ def test_wait_releases_gil(how, rank, size):
             tdist.send(np.ones(1), dst=0)
         elif how == "blocking_all_reduce":
             tdist.all_reduce(x)
+
+
+def _hold_gil(seconds):
+    """Keep the GIL for `seconds`: a C sleep called through PyDLL, which does not release it
+    (no other Python thread runs meanwhile, the callback thread included)."""
+    import ctypes
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+
+
+def test_gil_held_delays_no_completion_and_no_abort(rank, size):
+    """Rank 0 has Python callbacks on pending work and an abort handler on a subgroup, then
+    holds the GIL for 3 s. Meanwhile its peers complete that work, abort the subgroup and run
+    a world all_reduce with rank 0: none of that may wait for rank 0's GIL (tdist's progress
+    thread never takes it). Then rank 0's callbacks run, on the callback thread."""
+    if size < 2:
+        pytest.skip("needs 2 ranks")
+    hold = 3.0
+    sub = tdist.new_group(list(range(size)), timeout=30)
+    x, y = np.zeros(1), np.ones(1)
+    if rank == 0:
+        events = []
+        aborted = threading.Event()
+        done = threading.Event()
+        sub.on_abort(lambda g, exc: (events.append(("abort", type(exc).__name__)), aborted.set()))
+        w = tdist.irecv(x, src=1)
+        w.add_done_callback(lambda w: (events.append(("recv", float(x[0]))), done.set()))
+        tdist.barrier()
+        ar = tdist.all_reduce(y, async_op=True)  # the peers join it while the GIL is held
+        ar_done = threading.Event()
+        ar.add_done_callback(lambda w: (events.append(("all_reduce", float(y[0]))),
+                                        ar_done.set()))
+        t0 = time.monotonic()
+        _hold_gil(hold)
+        held = time.monotonic() - t0
+        # the C side finished both ops during the hold; the Python callbacks come after it
+        assert w.is_completed() and ar.is_completed()
+        assert done.wait(10) and aborted.wait(10) and ar_done.wait(10)
+        assert ("recv", 5.0) in events and ("abort", "AbortedError") in events
+        assert ("all_reduce", float(size)) in events
+        assert held >= hold * 0.9
+        tdist.barrier()
+    else:
+        tdist.barrier()
+        time.sleep(0.2)  # rank 0 is holding the GIL now
+        t0 = time.monotonic()
+        if rank == 1:
+            tdist.send(np.array([5.0]), dst=0)
+            sub.abort("abort while rank 0 holds its GIL")
+        tdist.all_reduce(y)
+        took = time.monotonic() - t0
+        # rank 0's progress thread ran the completions and the abort without the GIL;
+        # the all_reduce would otherwise wait out the rest of the 3 s hold
+        assert took < 1.5, f"the peers waited {took:.2f} s for rank 0's GIL"
+        assert y[0] == size
+        tdist.barrier()
+    tdist.destroy_process_group(sub)

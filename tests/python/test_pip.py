@@ -1,0 +1,99 @@
+"""pip install of the package into a fresh venv, offline, then a 4-rank NumPy program under
+the venv's tdistrun, from outside the source tree: the installed package must find its own
+library (bundled in the wheel), not the checkout's. The wheel bundles the library of this
+build tree (TDIST_BUILD_DIR), so no CMake build runs here; the backend's other two modes
+(CMake, an installed library) and the sdist are checked through the backend directly."""
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PKG = os.path.join(REPO, "python")
+
+PROG = r'''
+import os, sys
+import numpy as np
+import tdist
+lib = os.path.realpath(tdist.library_path)
+assert lib.startswith(os.path.realpath(sys.prefix)), f"library outside the venv: {lib}"
+assert os.path.realpath(os.path.dirname(tdist.__file__)).startswith(os.path.realpath(sys.prefix))
+tdist.init_process_group()
+r, n = tdist.get_rank(), tdist.get_world_size()
+x = np.full(1000, r + 1.0)
+tdist.all_reduce(x)
+assert (x == n * (n + 1) / 2).all()
+out = np.zeros(n, np.int64)
+tdist.all_gather_into_tensor(out, np.array([r * r], np.int64))
+assert list(out) == [i * i for i in range(n)]
+fut = tdist.all_reduce(np.ones(4, np.float32), async_op=True).get_future()
+assert (fut.wait()[0] == n).all()
+tdist.destroy_process_group()
+print(f"rank {r} of {n}: OK", flush=True)
+'''
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TDIST_LIBRARY", "GLIBC_TUNABLES", "TDIST_PY_REEXEC",
+                        "VIRTUAL_ENV", "TDIST_PYTEST_WORLD", "TDIST_BUILD_DIR")
+           and not k.startswith(("PIP_", "PYTEST"))}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1")
+    env.update(extra)
+    return env
+
+
+def test_pip_install_in_a_fresh_venv_then_tdistrun_4_ranks(tmp_path):
+    build = os.environ.get("TDIST_BUILD_DIR")
+    if not build:
+        pytest.skip("TDIST_BUILD_DIR (the CMake build tree to bundle) is not set")
+    venv = tmp_path / "venv"
+    # --system-site-packages: NumPy comes from the system (there is no index to get it from)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    py, tdistrun = str(venv / "bin" / "python"), str(venv / "bin" / "tdistrun")
+    # Plain pip: build isolation on, no index: the backend needs nothing to be downloaded.
+    r = subprocess.run([py, "-m", "pip", "install", "--no-index", PKG],
+                       env=clean_env(TDIST_BUILD_DIR=build), cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tmp_path / "prog.py").write_text(PROG)
+    r = subprocess.run([tdistrun, "-n", "4", "--backend", "cpu", py, "prog.py"],
+                       env=clean_env(TDIST_TIMEOUT_MS="60000"), cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for i in range(4):
+        assert f"rank {i} of 4: OK" in out, out
+
+
+def _backend():
+    sys.path.insert(0, os.path.join(PKG, "_build"))
+    try:
+        import tdist_build
+    finally:
+        sys.path.pop(0)
+    return tdist_build
+
+
+def test_wheel_for_an_installed_library_and_the_sdist(tmp_path, monkeypatch):
+    b = _backend()
+    monkeypatch.delenv("TDIST_BUILD_DIR", raising=False)
+    name = b.build_wheel(str(tmp_path), {"library": "system"})
+    assert name.endswith("-py3-none-any.whl")
+    with zipfile.ZipFile(tmp_path / name) as z:
+        names = z.namelist()
+    assert "tdist/__init__.py" in names and not any("_native" in n for n in names)
+    assert not any(n.endswith("_install.py") for n in names)  # finds an installed library
+    sd = b.build_sdist(str(tmp_path))
+    with tarfile.open(tmp_path / sd) as t:
+        names = t.getnames()
+    base = sd[:-len(".tar.gz")]
+    for need in ("pyproject.toml", "_build/tdist_build.py", "tdist/_lib.py", "PKG-INFO",
+                 "csrc/CMakeLists.txt", "csrc/include/tdist/tdist.h", "csrc/src/core/notify.c",
+                 "csrc/tools/launcher/main.c"):
+        assert f"{base}/{need}" in names, need
