@@ -190,6 +190,7 @@ _FUNCS = {
     "tdist_notify_queue_pop": (I, [P, POINTER(NotifyEvent), Z, P, Z, I64]),
     "tdist_notify_queue_close": (I, [P]),
     "tdist_notify_queue_destroy": (I, [P]),
+    # abi.h
     "tdist_abi_field": (I, [S, S, POINTER(c_size_t), POINTER(c_size_t)]),
     "tdist_abi_constant": (I, [S, POINTER(c_int64)]),
     # store.h
