@@ -62,9 +62,10 @@ int main(int argc, char **argv) {
     return 1;                                                          \
   }
   LOAD(tdist_version_string)
-  LOAD(tdist_last_error) LOAD(tdist_store_server_start) LOAD(tdist_store_server_port)
-      LOAD(tdist_store_server_stop) LOAD(tdist_store_connect) LOAD(tdist_store_set)
-          LOAD(tdist_store_get) LOAD(tdist_store_free) LOAD(tdist_store_release)
+  LOAD(tdist_last_error)
+  LOAD(tdist_store_server_start) LOAD(tdist_store_server_port) LOAD(tdist_store_server_stop)
+      LOAD(tdist_store_connect) LOAD(tdist_store_set) LOAD(tdist_store_get) LOAD(tdist_store_free)
+          LOAD(tdist_store_release)
 #else
   (void)argc;
   (void)argv;
