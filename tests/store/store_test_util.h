@@ -14,8 +14,21 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "store/proto.h"
 #include "tdist/errors.h"
 #include "tdist/store.h"
+
+/* A HELLO frame without a token appended to *b, for tests that speak the raw
+ * protocol: 0, or -1 without memory. */
+static inline int st_hello_frame(tdist__buf_t *b) {
+  if (tdist__buf_reserve(b, 64) != 0) return -1;
+  size_t f = tdist__frame_begin(b, TDIST__OP_HELLO);
+  tdist__put_u32(b, TDIST__STORE_MAGIC);
+  tdist__put_u32(b, TDIST__STORE_VERSION);
+  tdist__put_bytes(b, NULL, 0);
+  tdist__frame_end(b, f);
+  return 0;
+}
 
 static inline void st_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};

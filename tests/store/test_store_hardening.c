@@ -41,12 +41,7 @@ static int closed_by_server(int fd) {
 
 static void send_hello(int fd) {
   tdist__buf_t b = {0};
-  assert_int_equal(tdist__buf_reserve(&b, 64), 0);
-  size_t f = tdist__frame_begin(&b, TDIST__OP_HELLO);
-  tdist__put_u32(&b, TDIST__STORE_MAGIC);
-  tdist__put_u32(&b, TDIST__STORE_VERSION);
-  tdist__put_bytes(&b, NULL, 0);
-  tdist__frame_end(&b, f);
+  assert_int_equal(st_hello_frame(&b), 0);
   assert_int_equal(send(fd, b.p, b.len, 0), (ssize_t)b.len);
   tdist__buf_free(&b);
 }
