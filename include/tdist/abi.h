@@ -34,7 +34,10 @@ int tdist_abi_field(const char *type, const char *field, size_t *offset, size_t 
  * tdist_abi_constant - the value of a public constant by its C name
  * ("TDIST_OP_FIELD_TAG", "TDIST_ANY_SOURCE", "TDIST_P2P_RECV", ...: the
  * TDIST_*_FIELD_* bits, TDIST_P2P_*, TDIST_ANY_*, TDIST_NOTIFY_*).
- * @return 0; TDIST_ERR_NOT_FOUND; TDIST_ERR_INVALID_ARGUMENT for NULL.
+ * @param name  the constant's C name;
+ * @param value out: its value.
+ * @return 0; TDIST_ERR_NOT_FOUND; TDIST_ERR_INVALID_ARGUMENT for NULL. Any
+ *         thread.
  */
 int tdist_abi_constant(const char *name, int64_t *value);
 
