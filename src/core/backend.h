@@ -163,7 +163,10 @@ typedef struct tdist__backend_ops {
 
   /* Caller thread, optional. Runs after validation, before the op goes to
    * the progress thread (NCCL launches here, ordered with the caller's
-   * stream). An error fails the call; the op is not submitted. */
+   * stream). An error fails the call; the op is not submitted. A backend
+   * with caps.drives returns 1 when it started the op here (its post then
+   * only marks it posted): the core may then delay the progress thread's
+   * post until the caller's wait outlasts its spin (ops.c, work.c). */
   int (*submit)(void *state, tdist__bk_op_t *op);
 
   /* Progress thread. Start the op. A negative return fails the op with that
@@ -202,8 +205,16 @@ typedef struct tdist__backend_ops {
    * poll, abort, submit and another test of the same op. Called only while
    * the op is posted and not yet finished, and never after destroy began.
    * A backend whose completions come through tdist__progress_wake_any sets
-   * this, so that the woken caller sees them (wakeup.c). */
+   * this, so that the woken caller sees them (wakeup.c). With caps.drives
+   * it may also be called on an op submit started that the core has not
+   * posted yet (still QUEUED), and it may move the op forward itself. */
   int (*test)(void *state, tdist__bk_op_t *op);
+  /* Any caller thread, optional, with caps.drives: a waiter starts (on = 1)
+   * or stops (0) testing its op in a loop (work.c). While one does, the
+   * backend may count on being polled (the CPU backend's writers then ring
+   * no doorbell); after on = 0 the waiter tests once more before it
+   * sleeps, so a backend that stops counting then misses nothing. */
+  void (*drive_mark)(void *state, int on);
 } tdist__backend_ops_t;
 
 /* Memory kinds a backend's buffers may be in. */
@@ -222,6 +233,11 @@ typedef struct tdist__caps {
                       tdist__bk_op_t.rx_*); without it ops.c refuses them */
   int wakes;       /* an op's completion calls tdist__progress_wake_any: the
                       progress thread need not spin while its ops are in flight */
+  int drives;      /* vtable->test moves the op forward itself (the CPU backend:
+                      it reads and writes the transport on the testing thread),
+                      so a waiter keeps testing for TDIST_DRIVE_SPIN_US rather
+                      than sleeping, and tests an op still QUEUED too (one the
+                      backend started in submit); work.c, "caller-driven" */
 } tdist__caps_t;
 
 #define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)

@@ -79,7 +79,11 @@ static void deliver_completion(tdist__qnode_t *node) {
 
 void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...) {
   tdist_work_t *w = tdist__work_of(op);
-  assert(!w->completing && (tdist__work_caller_claimed(w) || !tdist__work_done(w)));
+  /* Done read before the claim: a caller claims (CAS) before it stores the
+   * state, so a work seen done here was claimed by that caller. The other
+   * order could read the claim still open, then the state the caller stored
+   * meanwhile. */
+  assert(!w->completing && (!tdist__work_done(w) || tdist__work_caller_claimed(w)));
   va_list ap;
   va_start(ap, fmt);
   if (tdist__work_claim(w)) set_message(w, status, fmt, ap);

@@ -17,6 +17,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/memkind.h"
+#include "util/param.h"
 
 /* The group can run an op of `type`: it exists, is not aborted, and its
  * backend declares the op. */
@@ -124,6 +125,8 @@ static int check_buf(const tdist_group_t *g, const void *buf, size_t count, cons
   return 0;
 }
 
+TDIST_PARAM(LazyPost, "TDIST_LAZY_POST", 1)
+
 /* Hand a filled-in work to the backend and the progress thread. */
 static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
                   tdist_work_t **out) {
@@ -156,9 +159,21 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
   w->t_enqueue_ns = tdist__now_ns();
   w->deadline_ns = w->t_enqueue_ns + w->bop.timeout_ms * 1000000;
   w->qnode.run = tdist__group_start_work;
+  /* The synchronous form waits right after: a backend that drives from the
+   * waiter is told before the op starts, so the peers' first answers find
+   * it polling (backend.h, drive_mark; work.c). */
+  void (*mark)(void *, int) = g->bk->caps.drives ? g->bk->ops->drive_mark : NULL;
+  if (!out && mark) {
+    mark(g->bstate, 1);
+    w->marked = 1;
+  }
+  int started = 0; /* the backend started the op in submit (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
+    started = rc > 0;
     if (rc < 0) {
+      if (w->marked) mark(g->bstate, 0);
+      w->marked = 0;
       tdist__work_unref(w);
       tdist__work_unref(w);
       /* Refused because the group failed meanwhile: report the group's
@@ -175,8 +190,17 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
   /* Waiters may test it themselves (backend.h, vtable->test; work.c). */
   w->test = g->bk->ops->test;
   w->test_state = g->bstate;
+  w->drives = w->test && g->bk->caps.drives;
+  w->drive_mark = w->drives ? g->bk->ops->drive_mark : NULL;
+  w->progress = g->ctx->progress;
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
-  tdist__progress_push(g->ctx->progress, &w->qnode);
+  /* A synchronous op the backend started and this thread now drives needs
+   * the progress thread only for bookkeeping: it is not woken for it unless
+   * the wait outlasts its spin (work.c), which saves a wake-up per small op. */
+  if (!out && started && w->drives && tdist__param_LazyPost())
+    tdist__progress_push_lazy(g->ctx->progress, &w->qnode);
+  else
+    tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {
     *out = w;
     return 0;

@@ -9,7 +9,10 @@
  * prepare callback right before the loop polls with a timeout); while the
  * loop spins, submission is a CAS and nothing else. The flag and the queue
  * form a Dekker pair (both seq_cst): either the producer sees sleeping == 1
- * and wakes the loop, or the loop sees the new node before it blocks.
+ * and wakes the loop, or the loop sees the new node before it blocks. A
+ * lazy push (tdist__progress_push_lazy) skips the wake: the node waits for
+ * the loop's next wake, a flush, or the 64th such node (ops.c uses it for
+ * the bookkeeping of a synchronous op its caller drives to the end).
  *
  * Deferred nodes: a FIFO owned by the progress thread. Queuing one makes
  * sure the loop will not block in this iteration (the idle handle forces a
@@ -54,6 +57,7 @@ struct tdist_progress {
   _Atomic(tdist__qnode_t *) queue;
   atomic_int sleeping;
   atomic_int woken; /* tdist__progress_wake_any: poll now */
+  atomic_int lazy;  /* nodes pushed without a wake since the last drain */
   int refs;         /* guarded by global_mu */
 
   /* progress thread */
@@ -87,8 +91,24 @@ void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node) {
   if (atomic_load(&p->sleeping)) uv_async_send(&p->async);
 }
 
+/* At most this many nodes wait for a wake (their memory is bounded). */
+#define LAZY_MAX 64
+
+void tdist__progress_push_lazy(tdist_progress_t *p, tdist__qnode_t *node) {
+  tdist__qnode_t *head = atomic_load(&p->queue);
+  do {
+    node->next = head;
+  } while (!atomic_compare_exchange_weak(&p->queue, &head, node));
+  if (atomic_fetch_add(&p->lazy, 1) + 1 >= LAZY_MAX) tdist__progress_flush_lazy(p);
+}
+
+void tdist__progress_flush_lazy(tdist_progress_t *p) {
+  if (atomic_exchange(&p->lazy, 0) > 0 && atomic_load(&p->sleeping)) uv_async_send(&p->async);
+}
+
 /* Run everything submitted, oldest first. Returns the number of nodes run. */
 static int drain(tdist_progress_t *p) {
+  atomic_store(&p->lazy, 0); /* taken below, whether or not they woke us */
   tdist__qnode_t *list = atomic_exchange(&p->queue, NULL);
   if (!list) return 0;
   tdist__qnode_t *rev = NULL;

@@ -23,6 +23,14 @@
  * claimed by a caller; failures stay the progress thread's. A waiter that
  * finds its op still running sleeps on the process-wide wake-up (wakeup.c)
  * that the backend's completion wake and every publication signal.
+ *
+ * Caller-driven ops (caps.drives, the CPU backend): the backend's test does
+ * more than look, it moves the op (reads and writes its transport, runs its
+ * rounds) on the waiting thread, under the backend's own lock. Such a
+ * waiter keeps testing (TDIST_DRIVE_SPIN_US, yielding between tests) before
+ * it sleeps, and may test an op the backend started in submit while the
+ * work is still QUEUED; a success claimed then stays (tdist__work_running
+ * moves only QUEUED to RUNNING).
  */
 #include "core/work.h"
 
@@ -52,6 +60,14 @@ struct slab {
 static struct slab *slabs;
 
 TDIST_PARAM(WaitSpinNs, "TDIST_WAIT_SPIN_NS", TDIST_SPIN_DEFAULT(20000))
+/* A waiter whose backend drives its op from the waiting thread (caps.drives)
+ * keeps driving this long, yielding the CPU between tests, before it sleeps:
+ * the op moves only while someone drives it, and small ops finish within
+ * microseconds this way where a sleep and a wake-up cost tens (the CPU
+ * backend, docs/cpu-backend.md). Not turned off on a host with few cores:
+ * here the waiter does the op's work itself, it does not wait for another
+ * thread to. */
+TDIST_PARAM(DriveSpinUs, "TDIST_DRIVE_SPIN_US", 1000)
 
 static int pool_grow(void) {
   struct slab *s = tdist__calloc(1, sizeof(*s));
@@ -102,6 +118,10 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   w->completing = 0;
   w->test = NULL;
   w->test_state = NULL;
+  w->drives = 0;
+  w->drive_mark = NULL;
+  w->marked = 0;
+  w->progress = NULL;
   atomic_store_explicit(&w->claim, TDIST__CLAIM_OPEN, memory_order_relaxed);
   w->group = g;
   w->bop.args = &w->args;
@@ -139,7 +159,11 @@ int tdist__work_state_for(int status) {
 
 void tdist__work_running(tdist_work_t *w) {
   w->t_start_ns = tdist__now_ns();
-  atomic_store_explicit(&w->state, TDIST_WORK_RUNNING, memory_order_release);
+  /* A driving caller may have seen the op succeed while it was still QUEUED
+   * (caps.drives: the backend started it in submit): SUCCESS stays. */
+  int queued = TDIST_WORK_QUEUED;
+  atomic_compare_exchange_strong_explicit(&w->state, &queued, TDIST_WORK_RUNNING,
+                                          memory_order_release, memory_order_relaxed);
 }
 
 /* Threads inside a backend's test right now (tdist__work_quiesce_tests). */
@@ -205,8 +229,9 @@ static int drive(tdist_work_t *w) {
   /* Counted before the state is read: a group destroy that saw every work
    * finished then waits for this test to return (tdist__work_quiesce_tests). */
   atomic_fetch_add(&testing, 1);
-  if (atomic_load(&w->state) == TDIST_WORK_RUNNING && atomic_load(&w->claim) == TDIST__CLAIM_OPEN &&
-      w->test(w->test_state, &w->bop)) {
+  int st = atomic_load(&w->state);
+  if ((st == TDIST_WORK_RUNNING || (st == TDIST_WORK_QUEUED && w->drives)) &&
+      atomic_load(&w->claim) == TDIST__CLAIM_OPEN && w->test(w->test_state, &w->bop)) {
     int open = TDIST__CLAIM_OPEN;
     if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_CALLER)) {
       w->status = 0; /* msg is "" since alloc */
@@ -271,11 +296,24 @@ static int wait_driving(tdist_work_t *w, int64_t deadline_ns) {
  * the progress thread may need this core to finish the op). */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   int64_t start = tdist__now_ns(), now = start;
-  int64_t spin_end = start + tdist__param_WaitSpinNs();
+  int64_t spin_end =
+      start + (w->drives ? tdist__param_DriveSpinUs() * 1000 : tdist__param_WaitSpinNs());
+  if (deadline_ns && spin_end > deadline_ns) spin_end = deadline_ns;
+  int marked = w->marked;
+  w->marked = 0;
   while (!drive(w) && now < spin_end) {
+    if (!marked && w->drive_mark) {
+      w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
+      marked = 1;
+    }
     if (now - start > 2000) sched_yield();
     now = tdist__now_ns();
   }
+  /* Unmarked before the tests below, which then see what arrived meanwhile. */
+  if (marked) w->drive_mark(w->test_state, 0);
+  /* Not done within the spin: the progress thread takes over, so it must
+   * have the op's bookkeeping (ops.c may have queued it without a wake). */
+  if (w->drives && w->progress && !tdist__work_done(w)) tdist__progress_flush_lazy(w->progress);
   if (tdist__work_done(w)) return w->status;
   if (w->test) return wait_driving(w, deadline_ns);
   pthread_mutex_lock(&w->mu);
@@ -308,7 +346,11 @@ static int refuse_on_progress(const char *fn) {
  * ends, and never returns while the op still owns the caller's buffers. */
 int tdist_work_wait(tdist_work_t *w, int64_t timeout_ms) {
   if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait: NULL work");
-  if (tdist__work_done(w)) return w->status;
+  if (tdist__work_done(w)) {
+    if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0); /* ops.c marked it */
+    w->marked = 0;
+    return w->status;
+  }
   if (tdist__progress_on_thread()) return refuse_on_progress("tdist_work_wait");
   return wait_until(w, timeout_ms > 0 ? tdist__now_ns() + timeout_ms * 1000000 : 0);
 }

@@ -47,6 +47,10 @@ struct tdist_work {
    * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
   int (*test)(void *state, tdist__bk_op_t *op);
   void *test_state;
+  int drives; /* (caller) caps.drives: test moves the op itself (work.c) */
+  void (*drive_mark)(void *state, int on); /* (caller) vtable->drive_mark, or NULL */
+  int marked; /* (caller) drive_mark(1) was called for this wait already (ops.c) */
+  struct tdist_progress *progress; /* (caller) the group's, for tdist__progress_flush_lazy */
   _Atomic int claim;
   struct tdist_group *group;
   tdist__op_args_t args; /* (caller) the validated op */
