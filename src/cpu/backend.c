@@ -31,6 +31,7 @@
 static void register_task(void *arg) {
   cpu_group_t *cg = arg;
   cpu_ctx_t *ctx = cg->ctx;
+  tdist__cpu_enter(ctx);
   tdist__list_push_back(&ctx->groups, &cg->link);
   tdist__list_t *n, *next;
   tdist__list_foreach_safe(n, next, &ctx->orphans) {
@@ -45,6 +46,7 @@ static void register_task(void *arg) {
         c->rh.kind != CPU_MSG_ERR)
       c->rx_g = cg; /* the orphan being read now is ours */
   }
+  tdist__cpu_leave(ctx);
 }
 
 static void group_free(cpu_group_t *cg) {
@@ -96,20 +98,27 @@ static int attach(const tdist__bk_params_t *p, cpu_ctx_t *ctx, tdist__bk_out_t *
   tdist__cpu_cma_group_init(cg);
   tdist__progress_call(cg->progress, register_task, cg);
   out->state = cg;
-  out->needs_poll = 0; /* sockets and timers wake the loop */
+  /* Sockets and timers wake the loop; poll hands over what driving callers
+   * left (drive.c), and they wake the loop for it. */
+  out->needs_poll = 1;
   out->device = -1;
   return 0;
 }
 
 static int cpu_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
   cpu_ctx_t *ctx = NULL;
-  TDIST_CHECK(tdist__cpu_ctx_create(p, &ctx));
+  TDIST_CHECK(tdist__cpu_ctx_create(p, &tdist__cpu_engine_events, &ctx));
   int rc = attach(p, ctx, out);
   if (rc) tdist__cpu_ctx_release(ctx);
   return rc;
 }
 
-static void ref_task(void *arg) { ((cpu_ctx_t *)arg)->refs++; }
+static void ref_task(void *arg) {
+  cpu_ctx_t *ctx = arg;
+  tdist__cpu_enter(ctx);
+  ctx->refs++;
+  tdist__cpu_leave(ctx);
+}
 
 /* Members of the child only: it uses the parent's connections (no
  * communication, so non-members have nothing to do). */
@@ -131,7 +140,9 @@ static int cpu_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
 
 /* ---- post -------------------------------------------------------------------------- */
 
-static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
+/* Start bop in the engine (engine lock held: the progress thread's post, or
+ * a caller's submit, drive.c). */
+int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
   cpu_op_t *op = tdist__cpu_op_get(cg);
   if (!op) return TDIST_ERR_NO_MEMORY;
   const tdist__op_args_t *a = bop->args;
@@ -152,7 +163,7 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
     int rc = tdist__cpu_post_p2p(cg, op);
     /* Some transfers may be queued: fail the group rather than leave them;
      * the op stays ours until the abort. */
-    if (rc < 0) tdist__bk_fail(cg->bk, rc, "cpu: cannot post the point-to-point op");
+    if (rc < 0) tdist__cpu_fail(cg, 0, rc, "cpu: cannot post the point-to-point op");
     return 0;
   }
   op->cseq = cg->next_cseq++;
@@ -162,8 +173,8 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
     /* This rank cannot take part in collective #cseq, which the others run:
      * the group is broken (and no rank's numbering drifts). The op stays on
      * the list until the abort. */
-    tdist__bk_fail(cg->bk, rc, "cpu: cannot start collective #%llu: %s",
-                   (unsigned long long)op->cseq, tdist_strerror(rc));
+    tdist__cpu_fail(cg, 0, rc, "cpu: cannot start collective #%llu: %s",
+                    (unsigned long long)op->cseq, tdist_strerror(rc));
     return 0;
   }
   /* Peers that already sent this op: check they agree before starting. On
@@ -181,15 +192,32 @@ static int post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
 
 static int cpu_post(void *state, tdist__bk_op_t *bop) {
   cpu_group_t *cg = state;
-  int rc = post_op(cg, bop);
+  tdist__cpu_enter(cg->ctx);
+  if (tdist__cpu_post_early(cg, bop)) { /* submit started it (drive.c) */
+    tdist__cpu_leave(cg->ctx);
+    return 0;
+  }
+  int rc = tdist__cpu_post_op(cg, bop);
   /* Round 0 first: its receives are then posted for the parked messages. */
   tdist__cpu_run_ready(cg->ctx);
+  tdist__cpu_shm_drain(cg->ctx); /* what came while we were idle */
   /* A parked message is for this op (its receive is posted now, so it is
    * read in place), or for a later one, or behind something this op needs:
    * in every case reading goes on (cpu.h, deferred reads). */
   tdist__cpu_ctx_unpark(cg->ctx);
   tdist__cpu_run_ready(cg->ctx);
+  tdist__cpu_leave(cg->ctx);
   return rc;
+}
+
+/* Progress thread, while the group has ops in flight, and when a driving
+ * caller woke it: what that caller left (drive.c). */
+static int cpu_poll(void *state) {
+  cpu_group_t *cg = state;
+  tdist__cpu_enter(cg->ctx);
+  tdist__cpu_run_ready(cg->ctx);
+  tdist__cpu_leave(cg->ctx); /* delivers held completions and failures */
+  return 0;
 }
 
 /* ---- abort and destroy ------------------------------------------------------------- */
@@ -201,6 +229,8 @@ static void abort_group(cpu_group_t *cg) {
   tdist__list_t *n;
   cg->aborted = 1;
   cg->poisoned = 0;
+  cg->pf_set = 0;                 /* the core has its cause */
+  tdist__cpu_drop_held(cg);       /* the core finishes those ops (a caller may have claimed them) */
   tdist__cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
   for (int i = 0; i < cg->size; i++)
     if (cg->conns[i] && !cg->conns[i]->dead) tdist__cpu_conn_forget(cg->conns[i], cg->uid);
@@ -238,6 +268,7 @@ static void tell_members(cpu_group_t *cg, int status, const char *text) {
 static void cpu_abort(void *state, int status, const char *reason, int local) {
   cpu_group_t *cg = state;
   if (!cg) return;
+  tdist__cpu_enter(cg->ctx);
   abort_group(cg);
   /* A cause of our own (a mismatch, a timeout, an abort on demand, a lost
    * peer) goes to the other members in the stream, ahead of our goodbye if
@@ -252,12 +283,14 @@ static void cpu_abort(void *state, int status, const char *reason, int local) {
   }
   /* Writing those may have finished transfers of other groups' ops. */
   tdist__cpu_run_ready(cg->ctx);
+  tdist__cpu_leave(cg->ctx);
 }
 
 /* Progress thread: cg leaves the registry; its pool is freed. */
 static void unregister_task(void *arg) {
   cpu_group_t *cg = arg;
   tdist__list_t *n;
+  tdist__cpu_enter(cg->ctx);
   abort_group(cg);
   tdist__list_remove(&cg->link);
   while ((n = tdist__list_first(&cg->free_ops))) {
@@ -268,6 +301,7 @@ static void unregister_task(void *arg) {
     tdist__free(op);
   }
   tdist__cpu_run_ready(cg->ctx);
+  tdist__cpu_leave(cg->ctx);
 }
 
 static int cpu_destroy(void *state) {
@@ -287,9 +321,13 @@ static const tdist__backend_ops_t cpu_ops = {
     .init = cpu_init,
     .split = cpu_split,
     .shrink = cpu_shrink,
+    .submit = tdist__cpu_submit,
     .post = cpu_post,
+    .poll = cpu_poll,
     .abort = cpu_abort,
     .destroy = cpu_destroy,
+    .test = tdist__cpu_test,
+    .drive_mark = tdist__cpu_drive_mark,
 };
 
 const tdist__backend_t tdist__cpu_backend = {
@@ -303,5 +341,7 @@ const tdist__backend_t tdist__cpu_backend = {
         .shrink = 1,
         .stream_wait = 0,
         .any_source = 1, /* engine.c: wildcard receives */
+        .wakes = 1,      /* a driving caller wakes the loop for what it leaves (drive.c) */
+        .drives = 1,     /* a waiter's test runs the engine (drive.c) */
     },
 };

@@ -248,20 +248,21 @@ int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const cha
   snprintf(text, sizeof(text), "rank %d (world rank %d): %s", tdist__cpu_grank_of(cg, src_world),
            src_world, why);
   if (!aborted) {
-    tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "%s", text);
+    tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "%s", text);
     return -1;
   }
   if (!cg->poisoned) {
     cpu_ctx_t *ctx = cg->ctx;
     /* A flag, and the time as is: on_timer compares now >= poison_at +
-     * CAUSE_MS, which cannot wrap (uv_now never goes back). */
+     * CAUSE_MS, which cannot wrap (the monotonic clock never goes back). */
     cg->poisoned = 1;
-    cg->poison_at = uv_now(tdist__progress_loop(ctx->progress));
+    cg->poison_at = tdist__cpu_now_ms();
     snprintf(cg->poison_why, sizeof(cg->poison_why), "%s", text);
     TDIST_INFO(CPU, "cma: %s; waiting for its cause", text);
     /* A running timer is due sooner (pending descriptors) and on_timer
      * re-arms for the poison: moving it to CAUSE_MS would delay those. */
-    if (ctx->rma_timer_on && !uv_is_active((uv_handle_t *)&ctx->rma_timer)) arm(ctx, CAUSE_MS);
+    if (ctx->rma_timer_on && !cpu_off_loop(ctx) && !uv_is_active((uv_handle_t *)&ctx->rma_timer))
+      arm(ctx, CAUSE_MS);
   }
   return -2;
 }
@@ -353,11 +354,11 @@ static uint64_t defer_ms(void) {
 static void on_timer(uv_timer_t *t);
 
 static void arm(cpu_ctx_t *ctx, uint64_t ms) {
-  if (ctx->rma_timer_on) uv_timer_start(&ctx->rma_timer, on_timer, ms, 0);
+  if (ctx->rma_timer_on && !cpu_off_loop(ctx)) uv_timer_start(&ctx->rma_timer, on_timer, ms, 0);
 }
 
 static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u) {
-  u->since = uv_now(tdist__progress_loop(ctx->progress));
+  u->since = tdist__cpu_now_ms();
   if (ctx->rma_pending++ == 0) arm(ctx, defer_ms());
 }
 
@@ -411,7 +412,8 @@ static void sweep(cpu_ctx_t *ctx, cpu_group_t *cg, tdist__list_t *head, uint64_t
 /* Timer callback (progress thread, top level). */
 static void on_timer(uv_timer_t *t) {
   cpu_ctx_t *ctx = t->data;
-  uint64_t now = uv_now(t->loop), wait = 0;
+  tdist__cpu_enter(ctx);
+  uint64_t now = tdist__cpu_now_ms(), wait = 0;
   int poisoned = 0;
   tdist__list_t *n;
   sweep(ctx, NULL, &ctx->orphans, now, &wait);
@@ -425,7 +427,7 @@ static void on_timer(uv_timer_t *t) {
     if (cg->aborted || !cg->poisoned) continue;
     if (now >= cg->poison_at + CAUSE_MS) {
       cg->poisoned = 0; /* reported once; the core aborts the group */
-      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "%s", cg->poison_why);
+      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "%s", cg->poison_why);
       continue;
     }
     poisoned = 1;
@@ -434,6 +436,18 @@ static void on_timer(uv_timer_t *t) {
   }
   if (ctx->rma_pending || poisoned) arm(ctx, wait ? wait : 1);
   tdist__cpu_run_ready(ctx); /* what the ACKs written here finished */
+  tdist__cpu_leave(ctx);
+}
+
+void tdist__cpu_cma_sync(cpu_ctx_t *ctx) {
+  if (!ctx->rma_timer_on || uv_is_active((uv_handle_t *)&ctx->rma_timer)) return;
+  int poisoned = 0;
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    poisoned |= !cg->aborted && cg->poisoned;
+  }
+  if (ctx->rma_pending || poisoned) arm(ctx, 1); /* on_timer re-arms for the rest */
 }
 
 void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx) {

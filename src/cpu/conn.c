@@ -127,7 +127,7 @@ static int listen_on(const char *host, int backlog, int *fd_out, int *port_out) 
 }
 
 /* Blocking I/O with a deadline (setup only). */
-static int io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns) {
+int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns) {
   uint8_t *p = buf;
   while (len) {
     struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
@@ -236,21 +236,24 @@ static void host_identity(char *id) {
  * that fit the socket buffers, all sent before any is read: no ordering
  * between ranks is needed. On return out[j] holds the peer's pid and, in
  * `enabled`, whether the peer can read this process. */
-static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out) {
+static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
+                        int *local) {
   cpu_cma_hello_t mine;
   char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
   tdist__cpu_cma_hello(&mine);
   host_identity(my_host);
   for (int j = 0; j < n; j++)
-    if (j != me && (io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
-                    io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
+    if (j != me && (tdist__cpu_io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
+                    tdist__cpu_io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
       goto fail;
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
-    if (io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
-        io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
+    if (tdist__cpu_io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
+        tdist__cpu_io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
       goto fail;
     peer_host[HOST_ID_LEN - 1] = '\0';
+    /* Shared memory needs a known identity on both sides (shm_conn.c). */
+    local[j] = my_host[0] && peer_host[0] && strcmp(my_host, peer_host) == 0;
     if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
       TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
                  peer_host, my_host);
@@ -260,12 +263,12 @@ static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     int32_t ok = tdist__cpu_cma_probe(&out[j]);
-    if (io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
+    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
   }
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     int32_t ok = 0;
-    if (io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
+    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
     out[j].enabled = ok == 1;
   }
   return 0;
@@ -296,19 +299,24 @@ static void start_all(void *arg) {
   tdist__cpu_ctx_start_timer(ctx);
   tdist__cpu_cma_start_timer(ctx);
   tdist__cpu_probe_start_timer(ctx);
+  tdist__cpu_copy_start(ctx);
+  tdist__cpu_shm_start(ctx);
   for (int i = 0; i < ctx->size; i++)
     if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
 }
 
-int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
+int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out) {
   int rc = 0, lfd = -1, port = 0, n = p->size;
   char host[64], me[96];
   char **addrs = NULL;
   int *fds = NULL;
   cpu_cma_hello_t *cma = NULL;
+  int *local = NULL;
   int64_t deadline = tdist__now_ns() + p->timeout_ms * 1000000;
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
   if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  ctx->ev = ev;
+  ctx->shm.fd = -1;
   ctx->rank = p->rank;
   ctx->size = n;
   ctx->lost_peer = -1;
@@ -317,11 +325,14 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
   tdist__list_init(&ctx->groups);
   tdist__list_init(&ctx->orphans);
   tdist__list_init(&ctx->ready);
+  tdist__list_init(&ctx->held);
+  pthread_mutex_init(&ctx->mu, NULL);
   ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));
   addrs = tdist__calloc((size_t)n, sizeof(char *));
   fds = tdist__malloc(sizeof(int) * (size_t)n);
   cma = tdist__calloc((size_t)n, sizeof(*cma));
-  if (!ctx->conns || !addrs || !fds || !cma) {
+  local = tdist__calloc((size_t)n, sizeof(int));
+  if (!ctx->conns || !addrs || !fds || !cma || !local) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
@@ -340,7 +351,7 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
   hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = n, .uid = p->uid};
   for (int j = p->rank + 1; j < n; j++) {
     TDIST_CHECKGOTO(connect_to(addrs[j], deadline, &fds[j]), rc, fail);
-    if (io_full(fds[j], &hi, sizeof(hi), 1, deadline) != 0) {
+    if (tdist__cpu_io_full(fds[j], &hi, sizeof(hi), 1, deadline) != 0) {
       rc = tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, addrs[j]);
       goto fail;
     }
@@ -356,8 +367,8 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) continue;
     hello_t h;
-    if (io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC || h.size != n ||
-        h.uid != p->uid || h.rank < 0 || h.rank >= p->rank || fds[h.rank] >= 0) {
+    if (tdist__cpu_io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC ||
+        h.size != n || h.uid != p->uid || h.rank < 0 || h.rank >= p->rank || fds[h.rank] >= 0) {
       close(fd);
       k--; /* not one of ours (or a stale process): keep waiting */
       continue;
@@ -365,7 +376,7 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
     tune_socket(fd);
     fds[h.rank] = fd;
   }
-  TDIST_CHECKGOTO(cma_exchange(p->rank, n, fds, deadline, cma), rc, fail);
+  TDIST_CHECKGOTO(cma_exchange(p->rank, n, fds, deadline, cma, local), rc, fail);
   for (int j = 0; j < n; j++) {
     if (j == p->rank) continue;
     fcntl(fds[j], F_SETFL, fcntl(fds[j], F_GETFL) | O_NONBLOCK);
@@ -378,6 +389,7 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out) {
     ctx->conns[j]->cma_tx = cma[j].enabled; /* here: the peer can read us */
     fds[j] = -1;
   }
+  TDIST_CHECKGOTO(tdist__cpu_shm_setup(ctx, local, deadline), rc, fail);
   tdist__progress_call(p->progress, start_all, ctx);
   TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, n, me, n - 1);
 done:
@@ -387,6 +399,7 @@ done:
   tdist__free(addrs);
   tdist__free(fds);
   tdist__free(cma);
+  tdist__free(local);
   *out = ctx;
   return 0;
 fail:
@@ -395,6 +408,8 @@ fail:
     if (fds && fds[i] >= 0) close(fds[i]);
     if (ctx->conns && ctx->conns[i]) {
       close(ctx->conns[i]->fd);
+      if (ctx->conns[i]->tx_map)
+        tdist__cpu_shm_seg_unmap(ctx->conns[i]->tx_map, ctx->conns[i]->tx_map_bytes);
       tdist__free(ctx->conns[i]->rx);
       tdist__free(ctx->conns[i]);
     }
@@ -403,6 +418,9 @@ fail:
   tdist__free(addrs);
   tdist__free(fds);
   tdist__free(cma);
+  tdist__free(local);
+  tdist__cpu_shm_release(ctx);
+  pthread_mutex_destroy(&ctx->mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
   return rc;
@@ -416,6 +434,8 @@ static void ctx_maybe_free(cpu_ctx_t *ctx) {
   while ((n = tdist__list_first(&ctx->orphans)))
     tdist__cpu_ux_free(ctx, tdist__list_entry(n, cpu_ux_t, link)); /* unlinks it */
   tdist__cpu_buf_drain(ctx);
+  tdist__cpu_shm_release(ctx);
+  pthread_mutex_destroy(&ctx->mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
 }
@@ -423,6 +443,7 @@ static void ctx_maybe_free(cpu_ctx_t *ctx) {
 static void on_closed(uv_handle_t *h) {
   cpu_conn_t *c = h->data;
   cpu_ctx_t *ctx = c->ctx;
+  if (c->tx_map) tdist__cpu_shm_seg_unmap(c->tx_map, c->tx_map_bytes); /* not lingering on it */
   tdist__free(c->rx);
   tdist__free(c);
   ctx->open_handles--;
@@ -462,6 +483,11 @@ static void release_task(void *arg) {
     ctx->open_handles++;
     uv_close((uv_handle_t *)&ctx->probe_timer, on_timer_closed);
   }
+  if (ctx->ring_idle_on) {
+    ctx->ring_idle_on = 0;
+    ctx->open_handles++;
+    uv_close((uv_handle_t *)&ctx->ring_idle, on_timer_closed);
+  }
   if (ctx->copy_idle_on) { /* copy_steps.c; the groups are gone, so no copy is left */
     ctx->copy_idle_on = 0;
     ctx->open_handles++;
@@ -474,8 +500,9 @@ static void release_task(void *arg) {
     /* Out of the loop; with lingering, the fd and what the queue owes
      * are the caller's (below), else closed here after a goodbye. */
     cpu_leaving_t *l = r->ls ? &r->ls[r->n] : NULL;
+    if (l) *l = (cpu_leaving_t){.fd = -1};
     if (l) tdist__list_init(&l->owed);
-    int fd = tdist__cpu_conn_detach(c, l ? &l->owed : NULL);
+    int fd = tdist__cpu_conn_detach(c, l);
     if (fd >= 0 && l) {
       l->fd = fd;
       r->n++;

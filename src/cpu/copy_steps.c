@@ -143,8 +143,8 @@ static int step(cpu_copy_t *k, size_t take) {
 }
 
 /* (progress) One loop iteration's share: CPU_COPY_STEP bytes at most. */
-static void on_idle(uv_idle_t *h) {
-  cpu_ctx_t *ctx = h->data;
+/* (engine lock) One step's share of the queued copies. */
+static void run_steps(cpu_ctx_t *ctx) {
   size_t budget = CPU_COPY_STEP;
   tdist__list_t *n;
   while (budget > 0 && (n = tdist__list_first(&ctx->copies))) {
@@ -158,14 +158,39 @@ static void on_idle(uv_idle_t *h) {
     finish(k); /* may queue a DELIVER copy behind the others */
     tdist__free(k);
   }
+}
+
+void tdist__cpu_copy_drive(cpu_ctx_t *ctx) {
+  if (ctx->copy_idle_on && tdist__list_first(&ctx->copies)) run_steps(ctx);
+}
+
+static void on_idle(uv_idle_t *h) {
+  cpu_ctx_t *ctx = h->data;
+  tdist__cpu_enter(ctx);
+  run_steps(ctx);
   if (!tdist__list_first(&ctx->copies)) uv_idle_stop(h);
   tdist__cpu_run_ready(ctx); /* ops whose last transfer these copies finished */
+  tdist__cpu_leave(ctx);
+}
+
+void tdist__cpu_copy_start(cpu_ctx_t *ctx) {
+  uv_idle_init(tdist__progress_loop(ctx->progress), &ctx->copy_idle);
+  ctx->copy_idle.data = ctx;
+  tdist__list_init(&ctx->copies);
+  ctx->copy_idle_on = 1;
+}
+
+void tdist__cpu_copy_sync(cpu_ctx_t *ctx) {
+  if (ctx->copy_idle_on && tdist__list_first(&ctx->copies) &&
+      !uv_is_active((uv_handle_t *)&ctx->copy_idle))
+    uv_idle_start(&ctx->copy_idle, on_idle);
 }
 
 /* (progress) A copy of `len` bytes into dst for op (may be NULL); NULL when
  * there is no memory (the caller then copies at once). */
 static cpu_copy_t *copy_new(int kind, cpu_ctx_t *ctx, cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x,
                             uint8_t *dst, size_t len) {
+  if (!ctx->copy_idle_on) return NULL; /* no loop handle (tdist__cpu_copy_start): copy at once */
   cpu_copy_t *k = tdist__calloc(1, sizeof(*k));
   if (k)
     *k = (cpu_copy_t){.kind = kind, .ctx = ctx, .cg = cg, .op = op, .x = x, .dst = dst, .len = len};
@@ -175,14 +200,9 @@ static cpu_copy_t *copy_new(int kind, cpu_ctx_t *ctx, cpu_group_t *cg, cpu_op_t 
 /* (progress) Queue k; NULL-safe: 0 when it could not be queued. */
 static int queue(cpu_ctx_t *ctx, cpu_copy_t *k) {
   if (!k) return 0;
-  if (!ctx->copy_idle_on) {
-    uv_idle_init(tdist__progress_loop(ctx->progress), &ctx->copy_idle);
-    ctx->copy_idle.data = ctx;
-    tdist__list_init(&ctx->copies);
-    ctx->copy_idle_on = 1;
-  }
   tdist__list_push_back(&ctx->copies, &k->link);
-  if (!uv_is_active((uv_handle_t *)&ctx->copy_idle)) uv_idle_start(&ctx->copy_idle, on_idle);
+  if (!cpu_off_loop(ctx) && !uv_is_active((uv_handle_t *)&ctx->copy_idle))
+    uv_idle_start(&ctx->copy_idle, on_idle);
   return 1;
 }
 
@@ -192,8 +212,7 @@ void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void
   if (k) {
     k->u = u;
     k->src = src;
-    queue(cg->ctx, k);
-    return;
+    if (queue(cg->ctx, k)) return;
   }
   /* Small (or no memory for the bookkeeping): at once, as before. */
   if (len) memcpy(u->data, src, len);
@@ -254,7 +273,8 @@ int tdist__cpu_copy_wait_staged(cpu_ux_t *u, cpu_xfer_t *x) {
 static void drop(cpu_ctx_t *ctx, cpu_copy_t *k) {
   tdist__list_remove(&k->link);
   tdist__free(k);
-  if (ctx->copy_idle_on && !tdist__list_first(&ctx->copies)) uv_idle_stop(&ctx->copy_idle);
+  if (ctx->copy_idle_on && !tdist__list_first(&ctx->copies) && !cpu_off_loop(ctx))
+    uv_idle_stop(&ctx->copy_idle);
 }
 
 void tdist__cpu_copy_forget_ux(cpu_ctx_t *ctx, cpu_ux_t *u) {

@@ -28,11 +28,14 @@
  *           round starts. Messages are keyed by (group uid, seq, round,
  *           source).
  *
- * Threads: setup (conn.c: listen, store all-gather, connect, handshake) and
- * the creation and destruction of a cpu_group_t run on the caller thread
- * inside init/split/shrink/destroy, and reach the progress thread with
- * tdist__progress_call. Everything else runs on the progress thread and
- * never blocks.
+ * Threads: setup (conn.c: listen, store all-gather, connect, handshake,
+ * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
+ * run on the caller thread inside init/split/shrink/destroy, and reach the
+ * progress thread with tdist__progress_call. Everything else runs under the
+ * engine lock (ctx->mu, drive.c): on the progress thread, which never
+ * blocks but for that lock, or on a caller thread that starts its op in
+ * submit or drives it while it waits (test); such a caller never touches
+ * the loop and leaves completions and failures to the progress thread.
  *
  * Transport and engine (no re-entry). The transport is the I/O call chains
  * of io.c, dispatch.c and cma.c: parse -> on_header / on_payload, flush, the
@@ -52,15 +55,19 @@
 #ifndef TDIST_CPU_CPU_H
 #define TDIST_CPU_CPU_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
 #include "core/backend.h"
 #include "core/progress.h"
+#include "util/clock.h"
 #include "util/list.h"
 #include "util/log.h"
 #include "util/param.h"
+#include "cpu/shm.h"
 
 #define CPU_MAGIC 0x31434454u  /* "TDC1" */
 #define CPU_RX_CAP (64u << 10) /* a connection's receive staging buffer */
@@ -118,6 +125,21 @@ typedef struct cpu_ctx cpu_ctx_t;
 typedef struct cpu_conn cpu_conn_t;
 typedef struct cpu_group cpu_group_t;
 typedef struct cpu_op cpu_op_t;
+
+/* What the transports (io.c, shm_conn.c: a connection's stream) tell the
+ * engine, through the callbacks the engine registered when it created the
+ * context (tdist__cpu_ctx_create), as a libuv uv__io_t carries its own: the
+ * transport never calls the engine by name. header, payload and sent only
+ * record (no round runs, nothing completes: no re-entry); settle is called
+ * at the transport's top-level points (between two reads, at the end of a
+ * poll callback), where the engine may advance what they recorded. */
+typedef struct cpu_tp_events {
+  void (*header)(cpu_conn_t *c);                /* c->rh arrived: set c->rx_* for its payload */
+  void (*payload)(cpu_conn_t *c);               /* the current message's payload is complete */
+  void (*lost)(cpu_conn_t *c, const char *why); /* c's stream ended or failed */
+  void (*sent)(cpu_op_t *op);     /* a transfer of op left (written, or its ACK came) */
+  void (*settle)(cpu_ctx_t *ctx); /* top level: advance what the above recorded */
+} cpu_tp_events_t;
 
 /* A queued outgoing message (progress thread). data points at the caller's
  * buffer (zero copy) or at `owned` (freed once written). */
@@ -228,6 +250,10 @@ struct cpu_group {
   cpu_conn_t **conns;     /* group rank -> conn (NULL for self) */
   _Atomic uint64_t *live; /* cma.c: this group's live word (NULL: no RMA sends) */
   uint64_t live_token;
+  /* (atomic) ops submitted to the core's queue and not posted yet
+   * (drive.c): while any is, submit starts no op itself, so ops still
+   * start in submission order. */
+  atomic_int queued;
   /* progress thread */
   tdist__list_t link;     /* ctx->groups */
   tdist__list_t ops;      /* active ops (cpu_op_t.link), post order */
@@ -260,6 +286,10 @@ struct cpu_group {
   int poisoned;
   uint64_t poison_at;
   char poison_why[200];
+  /* drive.c: the first failure found by a driving caller, reported to the
+   * core by the progress thread (tdist__bk_fail is its alone). */
+  int pf_set, pf_status, pf_remote;
+  char pf_why[256];
 };
 
 /* One connection (progress thread once started; conn.c builds it on the
@@ -289,6 +319,13 @@ struct cpu_conn {
                            write order (usually the order they come back) */
   cpu_rma_desc_t rdesc; /* an arriving descriptor is read here */
   int rx_rma;           /* dispatching a descriptor (tdist__cpu_cma_on_desc) */
+  /* shared memory (shm_conn.c): with a peer of this host, both directions
+   * go through rings and the socket carries only doorbells and the end;
+   * NULL when the pair talks over the socket */
+  struct tdist__cpu_ring *tx_ring; /* in the peer's segment, mapped here */
+  struct tdist__cpu_ring *rx_ring; /* in ours (ctx->shm) */
+  void *tx_map;                    /* the peer's segment (unmapped with the conn) */
+  size_t tx_map_bytes;
   /* receive */
   uint8_t *rx;
   size_t rx_lo, rx_hi; /* unparsed bytes are rx[rx_lo, rx_hi) */
@@ -315,8 +352,9 @@ static inline void cpu_rx_clear(cpu_conn_t *c) {
 /* Created on the caller thread (conn.c), then owned by the progress thread;
  * freed there once the last group released it and its handles closed. */
 struct cpu_ctx {
-  int rank, size; /* world */
-  int refs;       /* groups using it (changed on the progress thread only) */
+  const cpu_tp_events_t *ev; /* the engine's callbacks (set at creation) */
+  int rank, size;            /* world */
+  int refs;                  /* groups using it (changed on the progress thread only) */
   int open_handles;
   tdist_progress_t *progress;
   cpu_conn_t **conns;    /* world rank -> conn */
@@ -343,12 +381,77 @@ struct cpu_ctx {
   /* stalled collectives send probes (probe.c); runs while any is posted */
   uv_timer_t probe_timer;
   int probe_timer_on;
+  uint64_t probe_due; /* tdist__cpu_now_ms() when it fires; 0: not armed (so a
+                         driving caller can tell without asking the loop) */
   /* long copies made in steps (copy_steps.c); copy_idle runs while any is
    * queued, initialised on first use */
   uv_idle_t copy_idle;
   int copy_idle_on;
   tdist__list_t copies;
+  /* The engine lock (drive.c). Whoever runs the backend's code for this
+   * ctx holds it: the progress thread in every entry (poll and timer
+   * callbacks, post, abort, poll, the setup tasks), or a caller thread
+   * that drives its own op (submit, test), which only ever tries it. Every
+   * field above is written under it, so each has one writer at a time. */
+  /* shared memory (shm_conn.c): our segment of inbound rings, and the idle
+   * handle that reads on when one read pass left bytes in a ring */
+  tdist__cpu_shm_seg_t shm;
+  uv_idle_t ring_idle;
+  int ring_idle_on;
+  pthread_mutex_t mu;
+  int caller;         /* the holder is a caller thread: the loop is not ours to touch */
+  int todo;           /* a caller left loop work (watch, timers, failures, completions) */
+  tdist__list_t held; /* tdist__bk_op_t.link: completions not given to the core yet */
 };
+
+/* The backend's words in the core's op (tdist__bk_op_t.scratch), set in
+ * submit on the caller thread (drive.c). */
+typedef struct cpu_bop {
+  cpu_group_t *cg;
+  atomic_int ok; /* (atomic) the engine completed it: test may claim it */
+  int early;     /* submit started it (posted on the caller thread) */
+  int posted;    /* the core's post has run (progress thread) */
+  int held;      /* on ctx->held: completed, not yet given to the core */
+} cpu_bop_t;
+_Static_assert(sizeof(cpu_bop_t) <= TDIST__BK_SCRATCH, "cpu_bop_t fits the scratch");
+static inline cpu_bop_t *cpu_bop(tdist__bk_op_t *bop) { return (cpu_bop_t *)(void *)bop->scratch; }
+
+/* Milliseconds on the monotonic clock: every timestamp of the backend (one
+ * clock on every thread; uv_now is the loop's own, cached per iteration). */
+static inline uint64_t tdist__cpu_now_ms(void) { return (uint64_t)(tdist__now_ns() / 1000000); }
+
+/* Code that would touch the loop (start a watch or a timer) calls this
+ * first: on a driving caller thread it records that the progress thread
+ * must catch up (tdist__cpu_loop_sync) and returns 1, and the caller skips
+ * the loop call. */
+static inline int cpu_off_loop(cpu_ctx_t *ctx) {
+  if (!ctx->caller) return 0;
+  ctx->todo = 1;
+  return 1;
+}
+
+/* ---- drive.c: the engine lock, and a waiting caller that drives its op ---- */
+/* (progress) Take / drop the engine lock around a progress-thread entry;
+ * leave first brings the loop up to date with what drivers left (todo). */
+void tdist__cpu_enter(cpu_ctx_t *ctx);
+void tdist__cpu_leave(cpu_ctx_t *ctx);
+/* The group is broken: tdist__bk_fail (remote: tdist__bk_fail_remote) on
+ * the progress thread; on a driving caller the first cause is kept for the
+ * progress thread to report. */
+void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The engine completed op successfully (its cpu_op_t is already back in the
+ * pool): tdist__bk_complete now, or held for the progress thread when a
+ * caller drives or the core has not posted the op yet. */
+void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop);
+/* Backend entries on a caller thread (backend.c's vtable). */
+int tdist__cpu_submit(void *state, tdist__bk_op_t *bop);
+int tdist__cpu_test(void *state, tdist__bk_op_t *bop);
+/* (progress) The core's post of an op submit started: 1 if it was (done here), else 0. */
+int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop);
+/* (progress) Drop cg's held completions (abort: the core finishes its ops). */
+void tdist__cpu_drop_held(cpu_group_t *cg);
+TDIST_PARAM(CpuDrive, "TDIST_CPU_DRIVE", 1) /* 0: only the progress thread runs the engine */
 
 /* ---- settings (docs/cpu-backend.md) ---------------------------------------- */
 TDIST_PARAM(CpuSegBytes, "TDIST_CPU_SEGMENT_BYTES", 0) /* 0: tdist__cpu_seg_bytes() picks */
@@ -373,12 +476,19 @@ TDIST_PARAM(CpuCmaBytes, "TDIST_CPU_CMA_BYTES", 256 << 10)
 /* ---- conn.c: setup and teardown ------------------------------------------- */
 /* Caller thread: listen, trade addresses over the store, connect the full
  * mesh, register the polls. p is the world group's. */
-int tdist__cpu_ctx_create(const tdist__bk_params_t *p, cpu_ctx_t **out);
+int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out);
 /* Caller thread: drop a group's reference; the last one closes everything. */
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx);
 
 /* ---- io.c: the progress thread's socket work ------------------------------ */
 void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thread) */
+/* (progress) Watch c for what it needs now (stop a dead one's poll). */
+void tdist__cpu_conn_watch(cpu_conn_t *c);
+/* (engine lock) One pass over c without waiting: read what arrived, write
+ * what is queued (a driving caller; no loop call). */
+void tdist__cpu_conn_drive(cpu_conn_t *c);
+/* (progress) Park timer armed iff some connection is parked. */
+void tdist__cpu_park_sync(cpu_ctx_t *ctx);
 /* Queue a message; writes at once if the queue was empty. m->op's transfer
  * is done when m is written (or ACKed): recorded only (tdist__cpu_xfer_done). */
 void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m);
@@ -390,12 +500,22 @@ ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags
  * (the partly written one's offset is moved on). */
 cpu_msg_t *tdist__cpu_msgs_written(tdist__list_t *q, size_t *left);
 cpu_msg_t *tdist__cpu_msg_new(void);
+/* The iovecs (at most max) of queue q's unwritten bytes, at most `budget`
+ * payload bytes: how many. */
+int tdist__cpu_msgs_iov(tdist__list_t *q, size_t budget, struct iovec *iov, int max);
+/* (engine lock) Read what c's stream has (64 reads at most): 0 all read, 1
+ * more is there, -1 c died or parked. */
+int tdist__cpu_conn_read(cpu_conn_t *c);
 /* ---- leave.c: leaving without losing what is owed ---------------------------- */
 /* A connection being left: its fd, and what its queue still owed (the
- * caller's now: cpu_msg_t on plain heap memory, goodbye last). */
+ * caller's now: cpu_msg_t on plain heap memory, goodbye last); with a ring,
+ * the owed bytes go there (the peer's segment, unmapped when done). */
 typedef struct cpu_leaving {
   int fd;
   tdist__list_t owed;
+  struct tdist__cpu_ring *ring;
+  void *map;
+  size_t map_bytes;
 } cpu_leaving_t;
 void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
 /* (progress) c leaves the loop. With `owed`, a live connection's queue
@@ -403,7 +523,7 @@ void tdist__cpu_conn_close(cpu_conn_t *c); /* orderly: bye, shutdown, close */
  * linger on (tdist__cpu_linger); without, the goodbye is written only if
  * nothing is queued, writes are shut and the fd is returned to be closed.
  * -1 when the connection had failed (its fd is closed here). */
-int tdist__cpu_conn_detach(cpu_conn_t *c, tdist__list_t *owed);
+int tdist__cpu_conn_detach(cpu_conn_t *c, cpu_leaving_t *l);
 /* (caller) Write what is owed, shut writes, read until each peer's EOF;
  * at most TDIST_CPU_LINGER_MS over all of them; closes every fd. */
 void tdist__cpu_linger(cpu_leaving_t *ls, int n);
@@ -435,6 +555,7 @@ void tdist__cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
 void tdist__cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
 void tdist__cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
 void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
+void tdist__cpu_cma_sync(cpu_ctx_t *ctx); /* (progress) timer armed if a descriptor waits */
 /* Copy d's bytes from process pid into dst, then check the sender's live
  * word. 0; or -1 with a description in why and *aborted set when the
  * sender had aborted (its live word changed: a failed read then names no
@@ -465,6 +586,36 @@ int tdist__cpu_cma_fetch(cpu_ctx_t *ctx, cpu_group_t *cg, cpu_ux_t *u, void *dst
 void tdist__cpu_cma_drop(cpu_ctx_t *ctx, cpu_ux_t *u); /* never to be read: ACK it */
 extern _Atomic uint64_t tdist__cpu_cma_reads;          /* payloads read across processes */
 
+/* ---- shm_conn.c: the shared-memory transport ----------------------------------- */
+/* (caller, setup) Give every pair of this host (local[j]) a ring each way:
+ * our inbound rings in one segment (ctx->shm), the peer's mapped. A pair
+ * either side cannot set up stays on its socket. fds: world rank -> socket. */
+int tdist__cpu_shm_setup(cpu_ctx_t *ctx, const int *local, int64_t deadline);
+/* (caller, setup) All of buf through blocking-with-deadline I/O on fd: 0 or
+ * TDIST_ERR_TIMEOUT / TDIST_ERR_CLOSED / TDIST_ERR_IO (conn.c). */
+int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns);
+void tdist__cpu_shm_start(cpu_ctx_t *ctx);   /* (progress) the idle handle */
+void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
+/* Write iov to c's ring: bytes written, or -1 with errno EAGAIN when full
+ * (the peer's doorbell says when there is room). Rings the peer's doorbell
+ * if nobody polls its ring. */
+ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt);
+/* Read from c's ring: bytes, or -1 with errno EAGAIN when empty. */
+ssize_t tdist__cpu_shm_read(cpu_conn_t *c, void *buf, size_t len);
+/* Take the doorbells off c's socket: 0, -1 at its EOF, or an errno. */
+int tdist__cpu_shm_doorbells(cpu_conn_t *c);
+/* A read pass left bytes in a ring: another pass soon (the idle handle). */
+void tdist__cpu_shm_more(cpu_ctx_t *ctx);
+void tdist__cpu_shm_sync(cpu_ctx_t *ctx); /* (progress) the idle handle as needed */
+/* (engine lock, top level) Read every ring that has bytes: after an op is
+ * posted, what arrived meanwhile is matched at once. */
+void tdist__cpu_shm_drain(cpu_ctx_t *ctx);
+/* (any caller) A waiter starts (on = 1) or stops (0) driving: while any
+ * does, writers need not ring our doorbells (backend.h, drive_mark). */
+void tdist__cpu_drive_mark(void *state, int on);
+TDIST_PARAM(CpuShm, "TDIST_CPU_SHM", 1)
+TDIST_PARAM(CpuShmRingBytes, "TDIST_CPU_SHM_RING_BYTES", 512 << 10)
+
 /* ---- buffer cache (io.c, progress thread) ------------------------------------ */
 void *tdist__cpu_buf_get(cpu_ctx_t *ctx, size_t len);
 void tdist__cpu_buf_put(cpu_ctx_t *ctx, void *p);
@@ -478,6 +629,8 @@ void tdist__cpu_on_payload(cpu_conn_t *c);
 /* Connection lost: reports the failure of the groups that still need the
  * peer (deferred) and stops all I/O on c. */
 void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why);
+/* The engine's callbacks for the transports (cpu_tp_events_t). */
+extern const cpu_tp_events_t tdist__cpu_engine_events;
 
 /* ---- algos.c ---------------------------------------------------------------- */
 /* Pipeline segment of ring and chain rounds: TDIST_CPU_SEGMENT_BYTES, else
@@ -599,7 +752,12 @@ static inline int tdist__cpu_blocked(const cpu_op_t *op) {
 }
 
 /* ---- copy_steps.c: long copies in bounded steps (progress thread) ------------ */
-#define CPU_COPY_STEP ((size_t)4 << 20) /* most bytes copied per loop iteration */
+#define CPU_COPY_STEP ((size_t)4 << 20)     /* most bytes copied per loop iteration */
+void tdist__cpu_copy_start(cpu_ctx_t *ctx); /* (progress, setup) the idle handle */
+void tdist__cpu_copy_sync(cpu_ctx_t *ctx);  /* (progress) running iff a copy is queued */
+/* (engine lock) A driving caller makes one step's share of the copies (the
+ * progress thread's idle handle makes the others). */
+void tdist__cpu_copy_drive(cpu_ctx_t *ctx);
 /* A send to oneself: copy len bytes of src into u (on cg->ux), then mark it
  * complete, offer it to a posted receive and finish op's transfer, at once
  * or in steps. */
@@ -622,9 +780,10 @@ int tdist__cpu_copy_wait_staged(cpu_ux_t *u, cpu_xfer_t *x);
 void tdist__cpu_copy_forget_ux(cpu_ctx_t *ctx, cpu_ux_t *u); /* u is freed: drop its staging */
 
 /* ---- probe.c: stall probes (progress thread) ---------------------------------- */
-void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx);        /* with the other timers */
-void tdist__cpu_probe_posted(cpu_op_t *op);               /* a collective was posted */
-void tdist__cpu_on_probe(cpu_conn_t *c);                  /* a PROBE header arrived */
+void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx); /* with the other timers */
+void tdist__cpu_probe_sync(cpu_ctx_t *ctx);        /* (progress) timer armed if a collective runs */
+void tdist__cpu_probe_posted(cpu_op_t *op);        /* a collective was posted */
+void tdist__cpu_on_probe(cpu_conn_t *c);           /* a PROBE header arrived */
 cpu_xfer_t *tdist__cpu_round_recv(cpu_op_t *op, int src); /* its round's receive from src */
 void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u);
 int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op);

@@ -136,7 +136,7 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   }
   cpu_ux_t *u = tdist__cpu_ux_new(ctx, h, c->peer, c->rx_rma);
   if (!u) {
-    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
     return; /* the payload is discarded */
   }
   tdist__list_push_back(&cg->ux, &u->link);
@@ -151,7 +151,7 @@ static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
         u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
     /* The text names the sender ("rank 1 aborted the group: ..."); the
      * sender published the abort record itself. */
-    tdist__bk_fail_remote(cg->bk, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
+    tdist__cpu_fail(cg, 1, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
   }
   tdist__cpu_ux_free(c->ctx, u);
 }
@@ -241,18 +241,29 @@ void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
     int r = tdist__cpu_grank_of(cg, c->peer);
     if (r >= 0 && !cg->aborted && needs_peer(cg, r, c))
-      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
-                     c->addr, why);
+      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
+                      c->addr, why);
   }
   if (c->parked) {
     c->parked = 0;
-    if (--ctx->nparked == 0) uv_timer_stop(&ctx->park_timer);
+    if (--ctx->nparked == 0 && !cpu_off_loop(ctx)) uv_timer_stop(&ctx->park_timer);
   }
   c->dead = 1;
-  uv_poll_stop(&c->poll);
+  if (!cpu_off_loop(ctx)) { /* else stopped by tdist__cpu_loop_sync */
+    uv_poll_stop(&c->poll);
+    c->events = 0;
+  }
   tdist__cpu_conn_free_queues(c);
   if (c->rx_x && c->rx_x->reduce && c->rx_dst) tdist__cpu_buf_put(ctx, c->rx_dst);
   c->rx_body = 0;
   if (c->rx_ux && !c->rx_g && c->rh.kind == CPU_MSG_ERR) tdist__cpu_ux_free(ctx, c->rx_ux);
   cpu_rx_clear(c);
 }
+
+const cpu_tp_events_t tdist__cpu_engine_events = {
+    .header = tdist__cpu_on_header,
+    .payload = tdist__cpu_on_payload,
+    .lost = tdist__cpu_on_conn_lost,
+    .sent = tdist__cpu_xfer_done,
+    .settle = tdist__cpu_run_ready,
+};

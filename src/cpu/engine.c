@@ -175,7 +175,7 @@ static void op_complete(cpu_op_t *op, int lag) {
   } else {
     tdist__cpu_op_put(op);
   }
-  tdist__bk_complete(bop, 0, "ok");
+  tdist__cpu_op_done(cg->ctx, bop);
 }
 
 /* Engine: the op's rounds are done; complete it now, lagging, or not yet
@@ -229,7 +229,7 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
     uint8_t *dst = x->reduce ? tdist__cpu_buf_get(cg->ctx, x->len) : x->ptr;
     if (!dst) {
       tdist__cpu_ux_free(cg->ctx, u);
-      tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+      tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
       return;
     }
     cpu_conn_t *c = cg->ctx->conns[u->src];
@@ -308,7 +308,7 @@ static void send_one(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int k) {
   cpu_conn_t *c = cg->conns[x->peer];
   cpu_msg_t *m = tdist__cpu_msg_new();
   if (!m) {
-    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     return; /* x never completes: op waits for the abort */
   }
   m->hdr = (cpu_hdr_t){.magic = CPU_MAGIC,
@@ -376,8 +376,8 @@ static void advance(cpu_op_t *op) {
   for (int i = 0; i < op->nrecv; i++) {
     cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
     if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
-      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
-                     op->recvs[i].peer, pc->peer, pc->addr);
+      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                      op->recvs[i].peer, pc->peer, pc->addr);
       return;
     }
   }
@@ -518,8 +518,8 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
       tdist__list_push_back(&cg->ux, &u->link);
       tdist__cpu_copy_self(cg, op, u, p->buf, len); /* a long copy in steps */
     } else if (pc && pc->dead && (p->kind == TDIST_P2P_SEND || !p2p_waiting(cg, p))) {
-      tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
-                     p->peer, pc->peer, pc->addr);
+      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
+                      p->peer, pc->peer, pc->addr);
       return 0;
     } else if (p->kind == TDIST_P2P_SEND) {
       cpu_msg_t *m = tdist__cpu_msg_new();

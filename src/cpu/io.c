@@ -121,9 +121,11 @@ static void on_poll(uv_poll_t *h, int status, int events);
 static void watch(cpu_conn_t *c) {
   if (c->dead) return;
   /* Parked: no reads, but a peer that goes away must still be noticed. */
+  /* A ring's room is announced by a doorbell on the socket (shm_conn.c),
+   * which is always writable. */
   int ev = (c->parked ? UV_DISCONNECT : UV_READABLE) |
-           (!tdist__list_empty(&c->txq) && !c->tx_err ? UV_WRITABLE : 0);
-  if (ev != c->events) {
+           (!tdist__list_empty(&c->txq) && !c->tx_err && !c->tx_ring ? UV_WRITABLE : 0);
+  if (ev != c->events && !cpu_off_loop(c->ctx)) {
     c->events = ev;
     uv_poll_start(&c->poll, ev, on_poll);
   }
@@ -139,11 +141,10 @@ static size_t send_chunk(void) {
   return v < 4096 ? 4096 : (size_t)v;
 }
 
-ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags) {
+int tdist__cpu_msgs_iov(tdist__list_t *q, size_t budget, struct iovec *iov, int max) {
   const size_t hs = sizeof(cpu_hdr_t);
-  struct iovec iov[MAX_IOV];
   int cnt = 0;
-  for (tdist__list_t *n = q->next; n != q && cnt + 2 <= MAX_IOV && budget; n = n->next) {
+  for (tdist__list_t *n = q->next; n != q && cnt + 2 <= max && budget; n = n->next) {
     cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);
     if (m->off < hs) iov[cnt++] = (struct iovec){(uint8_t *)&m->hdr + m->off, hs - m->off};
     size_t poff = m->off > hs ? m->off - hs : 0, left = m->hdr.len - poff;
@@ -151,9 +152,30 @@ ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags
     if (left) iov[cnt++] = (struct iovec){(void *)(m->data + poff), left};
     budget -= left;
   }
+  return cnt;
+}
+
+ssize_t tdist__cpu_msgs_write(int fd, tdist__list_t *q, size_t budget, int flags) {
+  struct iovec iov[MAX_IOV];
+  int cnt = tdist__cpu_msgs_iov(q, budget, iov, MAX_IOV);
   /* sendmsg, not writev: MSG_NOSIGNAL, a dead peer must not SIGPIPE us. */
   struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
   return sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
+}
+
+/* Write the head of c's queue to its stream: the socket, or the ring. */
+static ssize_t conn_write(cpu_conn_t *c, size_t budget) {
+  if (!c->tx_ring) return tdist__cpu_msgs_write(c->fd, &c->txq, budget, 0);
+  struct iovec iov[MAX_IOV];
+  int cnt = tdist__cpu_msgs_iov(&c->txq, budget, iov, MAX_IOV);
+  return tdist__cpu_shm_write(c, iov, cnt);
+}
+
+/* Read from c's stream: the socket, or the ring (empty: EAGAIN; the
+ * ring's end is the socket's EOF, shm_conn.c). */
+static ssize_t conn_read(cpu_conn_t *c, void *buf, size_t len) {
+  if (!c->rx_ring) return recv(c->fd, buf, len, 0);
+  return tdist__cpu_shm_read(c, buf, len);
 }
 
 cpu_msg_t *tdist__cpu_msgs_written(tdist__list_t *q, size_t *left) {
@@ -176,7 +198,7 @@ cpu_msg_t *tdist__cpu_msgs_written(tdist__list_t *q, size_t *left) {
 static void flush(cpu_conn_t *c) {
   const size_t chunk = send_chunk();
   while (!tdist__list_empty(&c->txq) && !c->dead && !c->tx_err) {
-    ssize_t n = tdist__cpu_msgs_write(c->fd, &c->txq, chunk, 0);
+    ssize_t n = conn_write(c, chunk);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -190,7 +212,7 @@ static void flush(cpu_conn_t *c) {
       }
       char why[96];
       snprintf(why, sizeof(why), "write failed: %s", strerror(errno));
-      tdist__cpu_on_conn_lost(c, why);
+      c->ctx->ev->lost(c, why);
       return;
     }
     size_t left = (size_t)n;
@@ -204,7 +226,7 @@ static void flush(cpu_conn_t *c) {
         continue;
       }
       msg_free(m);
-      if (op) tdist__cpu_xfer_done(op);
+      if (op) c->ctx->ev->sent(op);
     }
   }
   watch(c);
@@ -232,7 +254,7 @@ void tdist__cpu_conn_acked(cpu_conn_t *c, uint64_t cookie) {
     tdist__list_remove(n);
     cpu_op_t *op = m->op;
     msg_free(m);
-    if (op) tdist__cpu_xfer_done(op);
+    if (op) c->ctx->ev->sent(op);
     return;
   }
   /* Not found: its op was aborted (tdist__cpu_conn_forget). */
@@ -281,7 +303,7 @@ void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
     m->data = copy;
     m->op = NULL;
     if (!copy) {
-      tdist__cpu_on_conn_lost(c, "out of memory");
+      c->ctx->ev->lost(c, "out of memory");
       return;
     }
   }
@@ -299,13 +321,13 @@ static int parse(cpu_conn_t *c) {
       memcpy(&c->rh, c->rx + c->rx_lo, hs);
       c->rx_lo += hs;
       if (c->rh.magic != CPU_MAGIC) {
-        tdist__cpu_on_conn_lost(c, "sent a malformed message (bad magic)");
+        c->ctx->ev->lost(c, "sent a malformed message (bad magic)");
         return -1;
       }
       c->rx_body = 1;
       c->rx_got = 0;
       cpu_rx_clear(c);
-      tdist__cpu_on_header(c);
+      c->ctx->ev->header(c);
       if (c->dead) return -1;
       if (c->parked) return 0; /* the staged bytes wait with the rest */
     }
@@ -318,29 +340,40 @@ static int parse(cpu_conn_t *c) {
     }
     if (c->rx_got < c->rh.len) break;
     c->rx_body = 0;
-    tdist__cpu_on_payload(c);
+    c->ctx->ev->payload(c);
     if (c->dead) return -1;
   }
   if (c->rx_lo == c->rx_hi) c->rx_lo = c->rx_hi = 0;
   return 0;
 }
 
-/* Read what c has (at most 64 reads). Between two reads no transport call
- * is on the stack, so the engine runs there: a round completed by one read
- * starts before the next, whose messages then find their receive (and a
- * receive adopted by the engine gets the rest of its payload directly). */
-static void on_readable(cpu_conn_t *c) {
+/* Why the peer's stream ended (EOF), for the failure's message. */
+static void eof_why(const cpu_conn_t *c, char *why, size_t wl) {
+  if (c->bye && c->bye_cause >= 0)
+    snprintf(why, wl, "left after losing world rank %d", c->bye_cause);
+  else
+    snprintf(why, wl, "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
+}
+
+/* Read what c's stream has (at most 64 reads). Between two reads no
+ * transport call is on the stack, so the engine runs there: a round
+ * completed by one read starts before the next, whose messages then find
+ * their receive (and a receive adopted by the engine gets the rest of its
+ * payload directly). 0: all read; 1: more is there (the limit); -1: c died
+ * or parked. */
+int tdist__cpu_conn_read(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
-  for (int iter = 0; iter < 64 && !c->dead && !c->parked; iter++) {
+  for (int iter = 0; iter < 64; iter++) {
+    if (c->dead || c->parked) return -1;
     ssize_t n;
     if (c->rx_body && c->rx_dst && c->rx_lo == c->rx_hi && c->rh.len - c->rx_got >= DIRECT_MIN) {
-      n = recv(c->fd, c->rx_dst + c->rx_got, c->rh.len - c->rx_got, 0);
+      n = conn_read(c, c->rx_dst + c->rx_got, c->rh.len - c->rx_got);
       if (n > 0) {
         c->rx_got += (size_t)n;
         if (c->rx_got == c->rh.len) {
           c->rx_body = 0;
-          tdist__cpu_on_payload(c);
-          tdist__cpu_run_ready(ctx);
+          c->ctx->ev->payload(c);
+          ctx->ev->settle(ctx);
         }
         continue;
       }
@@ -350,30 +383,51 @@ static void on_readable(cpu_conn_t *c) {
         c->rx_hi -= c->rx_lo;
         c->rx_lo = 0;
       }
-      n = recv(c->fd, c->rx + c->rx_hi, RX_CAP - c->rx_hi, 0);
+      n = conn_read(c, c->rx + c->rx_hi, RX_CAP - c->rx_hi);
       if (n > 0) {
         c->rx_hi += (size_t)n;
-        if (parse(c) < 0) return;
-        tdist__cpu_run_ready(ctx);
+        if (parse(c) < 0) return -1;
+        ctx->ev->settle(ctx);
         continue;
       }
     }
+    char why[96];
     if (n == 0) {
-      char why[96];
-      if (c->bye && c->bye_cause >= 0)
-        snprintf(why, sizeof(why), "left after losing world rank %d", c->bye_cause);
-      else
-        snprintf(why, sizeof(why), "%s",
-                 c->bye ? "left (destroyed its group)" : "closed its connection");
-      tdist__cpu_on_conn_lost(c, why);
-      return;
+      eof_why(c, why, sizeof(why));
+      c->ctx->ev->lost(c, why);
+      return -1;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    char why[96];
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     snprintf(why, sizeof(why), "connection failed: %s", strerror(errno));
-    tdist__cpu_on_conn_lost(c, why);
+    c->ctx->ev->lost(c, why);
+    return -1;
+  }
+  return 1;
+}
+
+/* The socket's turn to be read. A ring's socket carries only doorbells and
+ * the peer's end (shm_conn.c): those are taken first; the ring is read
+ * after them, so what the peer wrote before it left is read before its end
+ * is reported. */
+static void on_readable(cpu_conn_t *c) {
+  if (!c->rx_ring) {
+    tdist__cpu_conn_read(c);
     return;
+  }
+  int end = tdist__cpu_shm_doorbells(c);           /* 0, or the errno of the end (-1: EOF) */
+  if (end && c->parked) tdist__cpu_conn_unpark(c); /* the rest is read now, or never */
+  int more = tdist__cpu_conn_read(c);
+  if (c->dead) return;
+  if (more == 1) tdist__cpu_shm_more(c->ctx);
+  if (!tdist__list_empty(&c->txq)) flush(c); /* the doorbell may say there is room */
+  if (end && !c->dead && more == 0) {
+    char why[96];
+    if (end < 0)
+      eof_why(c, why, sizeof(why));
+    else
+      snprintf(why, sizeof(why), "connection failed: %s", strerror(end));
+    c->ctx->ev->lost(c, why);
   }
 }
 
@@ -395,7 +449,7 @@ static void poll_conn(cpu_conn_t *c, int status, int events) {
       snprintf(why, sizeof(why), "connection failed: %s", strerror(err));
     else
       snprintf(why, sizeof(why), "connection failed: %s", uv_strerror(status));
-    tdist__cpu_on_conn_lost(c, why);
+    c->ctx->ev->lost(c, why);
     return;
   }
   if (c->parked && (events & UV_DISCONNECT)) tdist__cpu_conn_unpark(c); /* read to the EOF */
@@ -407,15 +461,18 @@ static void poll_conn(cpu_conn_t *c, int status, int events) {
     /* The write failed before this call and the reads found no EOF. */
     char why[96];
     snprintf(why, sizeof(why), "write failed: %s", strerror(tx_err));
-    tdist__cpu_on_conn_lost(c, why);
+    c->ctx->ev->lost(c, why);
   }
 }
 
 /* The uv_poll callback (progress thread, top level). */
 static void on_poll(uv_poll_t *h, int status, int events) {
   cpu_conn_t *c = h->data; /* freed only after uv_close (conn.c) */
+  cpu_ctx_t *ctx = c->ctx;
+  tdist__cpu_enter(ctx);
   if (!c->dead) poll_conn(c, status, events);
-  tdist__cpu_run_ready(c->ctx); /* what this callback's writes and reads finished */
+  ctx->ev->settle(ctx); /* what this callback's writes and reads finished */
+  tdist__cpu_leave(ctx);
   /* No tdist__progress_kick here: sockets wake epoll by themselves, and
    * spinning after every message costs more than it saves when ranks share
    * cores (measured in docs/cpu-backend.md). */
@@ -430,7 +487,8 @@ static uint64_t defer_ms(void) {
 
 static void on_park_timer(uv_timer_t *t) {
   cpu_ctx_t *ctx = t->data;
-  uint64_t now = uv_now(t->loop), wait = 0;
+  tdist__cpu_enter(ctx);
+  uint64_t now = tdist__cpu_now_ms(), wait = 0;
   for (int i = 0; i < ctx->size && ctx->nparked; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->parked) continue;
@@ -442,7 +500,17 @@ static void on_park_timer(uv_timer_t *t) {
     }
   }
   if (ctx->nparked && wait) uv_timer_start(t, on_park_timer, wait, 0);
-  tdist__cpu_run_ready(ctx); /* top level: what the unparked headers finished */
+  ctx->ev->settle(ctx); /* top level: what the unparked headers finished */
+  tdist__cpu_leave(ctx);
+}
+
+void tdist__cpu_park_sync(cpu_ctx_t *ctx) {
+  if (!ctx->timer_on) return;
+  int active = uv_is_active((uv_handle_t *)&ctx->park_timer);
+  if (ctx->nparked && !active)
+    uv_timer_start(&ctx->park_timer, on_park_timer, 1, 0); /* it re-arms for the rest */
+  else if (!ctx->nparked && active)
+    uv_timer_stop(&ctx->park_timer);
 }
 
 void tdist__cpu_ctx_start_timer(cpu_ctx_t *ctx) {
@@ -454,12 +522,13 @@ void tdist__cpu_ctx_start_timer(cpu_ctx_t *ctx) {
 void tdist__cpu_conn_park(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   c->parked = 1;
-  c->parked_at = uv_now(tdist__progress_loop(ctx->progress));
+  c->parked_at = tdist__cpu_now_ms();
   TDIST_TRACE(CPU,
               "world rank %d: %" PRIu64 "-byte message for collective #%" PRIu64
               " waits in the kernel",
               c->peer, c->rh.len, c->rh.seq);
-  if (ctx->nparked++ == 0) uv_timer_start(&ctx->park_timer, on_park_timer, defer_ms(), 0);
+  if (ctx->nparked++ == 0 && !cpu_off_loop(ctx))
+    uv_timer_start(&ctx->park_timer, on_park_timer, defer_ms(), 0);
   watch(c);
 }
 
@@ -467,15 +536,15 @@ void tdist__cpu_conn_unpark(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   if (!c->parked) return;
   c->parked = 0;
-  if (--ctx->nparked == 0) uv_timer_stop(&ctx->park_timer);
+  if (--ctx->nparked == 0 && !cpu_off_loop(ctx)) uv_timer_stop(&ctx->park_timer);
   if (c->dead) return;
   TDIST_TRACE(CPU, "world rank %d: reading on after %" PRIu64 " ms", c->peer,
-              uv_now(tdist__progress_loop(ctx->progress)) - c->parked_at);
+              tdist__cpu_now_ms() - c->parked_at);
   /* Dispatch the header again (it may not park twice): now it finds its
    * receive, or goes to the unexpected list, or is discarded (aborted). */
   cpu_rx_clear(c);
   ctx->no_park = 1;
-  tdist__cpu_on_header(c);
+  c->ctx->ev->header(c);
   ctx->no_park = 0;
   /* Staged payload bytes are parsed at the next read: more of the payload
    * (which is larger than the staging buffer) is still in the socket, so
@@ -486,6 +555,23 @@ void tdist__cpu_conn_unpark(cpu_conn_t *c) {
 void tdist__cpu_ctx_unpark(cpu_ctx_t *ctx) {
   for (int i = 0; i < ctx->size && ctx->nparked; i++)
     if (ctx->conns[i]) tdist__cpu_conn_unpark(ctx->conns[i]);
+}
+
+void tdist__cpu_conn_watch(cpu_conn_t *c) {
+  if (!c->dead) {
+    watch(c);
+  } else if (c->events) {
+    uv_poll_stop(&c->poll); /* lost while a caller drove (dispatch.c) */
+    c->events = 0;
+  }
+}
+
+void tdist__cpu_conn_drive(cpu_conn_t *c) {
+  /* A ring is read without a system call; its socket (doorbells, the EOF)
+   * is the progress thread's, woken by epoll. */
+  if (!c->dead && !c->parked && (!c->rx_ring || tdist__cpu_ring_avail(c->rx_ring)))
+    if (tdist__cpu_conn_read(c) == 1) tdist__cpu_shm_more(c->ctx);
+  if (!c->dead && !tdist__list_empty(&c->txq) && !c->tx_err) flush(c);
 }
 
 void tdist__cpu_conn_start(cpu_conn_t *c) {

@@ -46,9 +46,13 @@ static void send_probe(cpu_group_t *cg, const cpu_op_t *op) {
  * earliest probe due: each op probes exactly one period after its post and
  * every period after that, so a stall is reported within one period (a
  * periodic timer started by an earlier op could add up to one more). */
+static void arm(cpu_ctx_t *ctx, uint64_t now, uint64_t at);
+
 static void on_probe_timer(uv_timer_t *t) {
   cpu_ctx_t *ctx = t->data;
-  uint64_t now = uv_now(t->loop), p = period_ms(), next = UINT64_MAX;
+  tdist__cpu_enter(ctx);
+  ctx->probe_due = 0;
+  uint64_t now = tdist__cpu_now_ms(), p = period_ms(), next = UINT64_MAX;
   tdist__list_t *n, *m;
   tdist__list_foreach(n, &ctx->groups) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
@@ -63,8 +67,22 @@ static void on_probe_timer(uv_timer_t *t) {
       if (op->probe_at < next) next = op->probe_at;
     }
   }
-  if (next != UINT64_MAX) uv_timer_start(t, on_probe_timer, next - now, 0);
+  if (next != UINT64_MAX) arm(ctx, now, next);
   tdist__cpu_run_ready(ctx); /* what the writes here finished */
+  tdist__cpu_leave(ctx);
+}
+
+static void arm(cpu_ctx_t *ctx, uint64_t now, uint64_t at) {
+  if (at <= now) at = now + 1;
+  ctx->probe_due = at;
+  uv_timer_start(&ctx->probe_timer, on_probe_timer, at - now, 0);
+}
+
+void tdist__cpu_probe_sync(cpu_ctx_t *ctx) {
+  if (!ctx->probe_timer_on || !period_ms() || uv_is_active((uv_handle_t *)&ctx->probe_timer))
+    return;
+  uint64_t now = tdist__cpu_now_ms();
+  arm(ctx, now, now + 1); /* on_probe_timer probes what is due and re-arms for the rest */
 }
 
 void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx) {
@@ -75,15 +93,14 @@ void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx) {
 
 void tdist__cpu_probe_posted(cpu_op_t *op) {
   cpu_ctx_t *ctx = op->cg->ctx;
-  op->posted_at = uv_now(tdist__progress_loop(ctx->progress));
+  op->posted_at = tdist__cpu_now_ms();
   tdist__cpu_sig_posted(op); /* sigcheck.c */
   uint64_t p = period_ms();
   op->probe_at = op->posted_at + p;
-  if (!p || !ctx->probe_timer_on) return;
-  uv_timer_t *t = &ctx->probe_timer;
-  /* Armed for a later probe of an older op: this one is due first. */
-  if (uv_is_active((uv_handle_t *)t) && uv_timer_get_due_in(t) <= p) return;
-  uv_timer_start(t, on_probe_timer, p, 0);
+  /* Armed for a probe due no later than this one's: it re-arms for this. */
+  if (!p || !ctx->probe_timer_on || (ctx->probe_due && ctx->probe_due <= op->probe_at)) return;
+  if (cpu_off_loop(ctx)) return; /* tdist__cpu_probe_sync arms it */
+  arm(ctx, op->posted_at, op->probe_at);
 }
 
 void tdist__cpu_on_probe(cpu_conn_t *c) {

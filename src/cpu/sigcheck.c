@@ -66,7 +66,7 @@ void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...) {
   vsnprintf(text, sizeof(text), fmt, ap);
   va_end(ap);
   if (seq != UINT64_MAX && (!cg->broken_at || seq + 1 < cg->broken_at)) cg->broken_at = seq + 1;
-  tdist__bk_fail(cg->bk, TDIST_ERR_MISMATCH, "%s", text);
+  tdist__cpu_fail(cg, 0, TDIST_ERR_MISMATCH, "%s", text);
 }
 
 /* Ops where some rank may complete without a message chain from every
@@ -119,7 +119,7 @@ cpu_hdr_t tdist__cpu_sig_hdr(const cpu_group_t *cg, const cpu_op_t *op, int kind
 static void send_sig(cpu_group_t *cg, const cpu_op_t *op, cpu_conn_t *c) {
   cpu_msg_t *m = tdist__cpu_msg_new();
   if (!m) {
-    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     return;
   }
   m->hdr = tdist__cpu_sig_hdr(cg, op, CPU_MSG_SIG);
@@ -150,8 +150,8 @@ int tdist__cpu_sig_round0(cpu_op_t *op) {
        * that could close its connection: one gone unheard never ran this
        * op, and its signature will not come. */
       if (!heard(op, r)) {
-        tdist__bk_fail(cg->bk, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", r,
-                       c->peer, c->addr);
+        tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone", r,
+                        c->peer, c->addr);
         return 1;
       }
       continue;
@@ -191,7 +191,7 @@ void tdist__cpu_on_sig(cpu_conn_t *c) {
    * else not posted yet: kept for its round 0. */
   if (tdist__cpu_check_done(cg, h, src)) return;
   if (!(u = tdist__cpu_ux_new(ctx, h, c->peer, 1))) {
-    tdist__bk_fail(cg->bk, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
     return;
   }
   u->complete = 1;

@@ -1,0 +1,221 @@
+/*
+ * drive.c - the engine lock, and a waiting caller that drives its own op.
+ *
+ * Why: a small op that only the progress thread may run crosses four thread
+ * hand-offs (the caller's submission wakes the progress thread, the peer's
+ * progress thread wakes on the bytes, and the completion wakes the caller
+ * on both sides); on a loaded 2-core machine each costs tens of
+ * microseconds, far more than the op itself. So a caller thread may run the
+ * engine itself: submit starts the op at once (tdist__cpu_submit), and a
+ * caller waiting on it (core/work.c, caps.drives) keeps calling test, which
+ * reads and writes the transport and runs the rounds (tdist__cpu_test). The
+ * progress thread stays the owner whenever nobody waits: async ops still
+ * complete while the caller computes.
+ *
+ * One writer at a time: everything the engine and its transports own
+ * (cpu.h: ctx, conns, groups, ops) is written under ctx->mu. The progress
+ * thread takes it in each of its entries (tdist__cpu_enter/leave: the poll
+ * and timer callbacks, post, abort, poll, the setup tasks) and may wait for
+ * it, briefly: a caller holds it for one pass. A caller only ever tries it
+ * (trylock) and goes back to waiting when it is taken.
+ *
+ * What a caller may not do while it holds the lock, and what replaces it:
+ *   - touch the libuv loop (only the progress thread does): code that would
+ *     start a watch or a timer calls cpu_off_loop(), which marks ctx->todo;
+ *     the progress thread's next entry brings the loop up to date
+ *     (loop_sync: the same watches and timers, recomputed from the state);
+ *   - report to the core (tdist__bk_complete, tdist__bk_fail are the
+ *     progress thread's): a completion is held on ctx->held and its op's
+ *     cpu_bop_t.ok is set, so test lets the core claim the success at once
+ *     (work.c: caller-observed completion) while the progress thread hands
+ *     the completion over later; the first failure is kept in the group
+ *     (pf_*) and reported by the progress thread.
+ * The caller then wakes the progress thread (tdist__progress_wake_any): its
+ * poll (needs_poll, caps.wakes) runs loop_sync.
+ *
+ * An op submit started is ahead of the core, which posts it later from its
+ * queue; the engine may complete it before that (on either thread), so its
+ * completion is held until the core's post (tdist__cpu_post_early). Submit
+ * starts an op only when no earlier op of the group is still in the core's
+ * queue (cg->queued), so the backend starts a group's ops in submission
+ * order, as the core numbers them.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "cpu/cpu.h"
+
+/* backend.c */
+int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop);
+
+/* ---- the loop, brought up to date (progress thread, lock held) ---------------- */
+
+static void deliver_held(cpu_ctx_t *ctx) {
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &ctx->held) {
+    tdist__bk_op_t *bop = tdist__list_entry(n, tdist__bk_op_t, link);
+    cpu_bop_t *b = cpu_bop(bop);
+    if (b->early && !b->posted) continue; /* tdist__cpu_post_early hands it over */
+    tdist__list_remove(n);
+    b->held = 0;
+    tdist__bk_complete(bop, 0, "ok");
+  }
+}
+
+static void loop_sync(cpu_ctx_t *ctx) {
+  ctx->todo = 0;
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    if (!cg->pf_set) continue;
+    cg->pf_set = 0;
+    if (cg->pf_remote)
+      tdist__bk_fail_remote(cg->bk, cg->pf_status, "%s", cg->pf_why);
+    else
+      tdist__bk_fail(cg->bk, cg->pf_status, "%s", cg->pf_why);
+  }
+  deliver_held(ctx);
+  for (int i = 0; i < ctx->size; i++)
+    if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_watch(ctx->conns[i]);
+  tdist__cpu_park_sync(ctx);
+  tdist__cpu_cma_sync(ctx);
+  tdist__cpu_probe_sync(ctx);
+  tdist__cpu_copy_sync(ctx);
+  tdist__cpu_shm_sync(ctx);
+}
+
+/* What a caller left is handed over first: its completions and failures
+ * came before anything this entry finds. */
+void tdist__cpu_enter(cpu_ctx_t *ctx) {
+  pthread_mutex_lock(&ctx->mu);
+  if (ctx->todo) loop_sync(ctx);
+}
+
+void tdist__cpu_leave(cpu_ctx_t *ctx) {
+  if (ctx->todo) loop_sync(ctx);
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+/* ---- reports the progress thread makes for a driving caller ------------------- */
+
+void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (!cg->ctx->caller) {
+    char why[256];
+    vsnprintf(why, sizeof(why), fmt, ap);
+    if (remote)
+      tdist__bk_fail_remote(cg->bk, status, "%s", why);
+    else
+      tdist__bk_fail(cg->bk, status, "%s", why);
+  } else if (!cg->pf_set) {
+    /* The first cause wins, as in the core. */
+    cg->pf_set = 1;
+    cg->pf_status = status;
+    cg->pf_remote = remote;
+    vsnprintf(cg->pf_why, sizeof(cg->pf_why), fmt, ap);
+    cg->ctx->todo = 1;
+  }
+  va_end(ap);
+}
+
+void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop) {
+  cpu_bop_t *b = cpu_bop(bop);
+  atomic_store_explicit(&b->ok, 1, memory_order_release);
+  if (!ctx->caller && (!b->early || b->posted)) {
+    tdist__bk_complete(bop, 0, "ok");
+    return;
+  }
+  b->held = 1;
+  tdist__list_push_back(&ctx->held, &bop->link);
+  /* An op the core has not posted yet is handed over by that post (its
+   * submission wakes the loop anyway): no wake-up of our own for it. */
+  if (ctx->caller && (!b->early || b->posted)) ctx->todo = 1;
+}
+
+void tdist__cpu_drop_held(cpu_group_t *cg) {
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &cg->ctx->held) {
+    tdist__bk_op_t *bop = tdist__list_entry(n, tdist__bk_op_t, link);
+    if (cpu_bop(bop)->cg != cg) continue;
+    tdist__list_remove(n);
+    cpu_bop(bop)->held = 0;
+  }
+}
+
+int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop) {
+  cpu_bop_t *b = cpu_bop(bop);
+  if (!b->early) {
+    atomic_fetch_sub(&cg->queued, 1);
+    return 0;
+  }
+  b->posted = 1;
+  if (b->held) {
+    tdist__list_remove(&bop->link);
+    b->held = 0;
+    tdist__bk_complete(bop, 0, "ok");
+  }
+  return 1;
+}
+
+/* ---- the caller's side ------------------------------------------------------- */
+
+/* Lock held by a caller: leave, and have the progress thread catch up
+ * with what this caller left (had: todo on entry, when an earlier caller
+ * woke it already). */
+static void caller_leave(cpu_ctx_t *ctx, int had) {
+  int todo = ctx->todo && !had;
+  ctx->caller = 0;
+  pthread_mutex_unlock(&ctx->mu);
+  if (todo) tdist__progress_wake_any();
+}
+
+int tdist__cpu_submit(void *state, tdist__bk_op_t *bop) {
+  cpu_group_t *cg = state;
+  cpu_ctx_t *ctx = cg->ctx;
+  cpu_bop_t *b = cpu_bop(bop);
+  memset(b, 0, sizeof(*b));
+  b->cg = cg;
+  int rc = 0;
+  /* A lock, not a try: the progress thread holds it for one short pass,
+   * and starting the op here saves the hand-off to that thread. */
+  if (tdist__param_CpuDrive() && atomic_load(&cg->queued) == 0) {
+    pthread_mutex_lock(&ctx->mu);
+    int had = ctx->todo;
+    ctx->caller = 1;
+    if (!cg->aborted && atomic_load(&cg->queued) == 0) {
+      rc = tdist__cpu_post_op(cg, bop);
+      if (rc == 0) {
+        b->early = 1;
+        tdist__cpu_run_ready(ctx); /* as in backend.c's post */
+        tdist__cpu_shm_drain(ctx);
+        tdist__cpu_ctx_unpark(ctx);
+        tdist__cpu_run_ready(ctx);
+      }
+    }
+    caller_leave(ctx, had);
+  }
+  if (rc < 0) return rc;
+  if (!b->early) atomic_fetch_add(&cg->queued, 1);
+  return b->early; /* 1: started here (backend.h) */
+}
+
+int tdist__cpu_test(void *state, tdist__bk_op_t *bop) {
+  cpu_group_t *cg = state;
+  cpu_ctx_t *ctx = cg->ctx;
+  cpu_bop_t *b = cpu_bop(bop);
+  if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
+  if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
+  int had = ctx->todo;
+  ctx->caller = 1;
+  if (!cg->aborted) {
+    for (int i = 0; i < ctx->size; i++)
+      if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_drive(ctx->conns[i]);
+    tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
+    tdist__cpu_run_ready(ctx);
+  }
+  caller_leave(ctx, had);
+  return atomic_load_explicit(&b->ok, memory_order_acquire);
+}
