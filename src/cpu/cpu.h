@@ -600,6 +600,7 @@ void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
  * (the peer's doorbell says when there is room). Rings the peer's doorbell
  * if nobody polls its ring. */
 ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt);
+extern _Atomic uint64_t tdist__cpu_shm_writes; /* ring writes (tests, docs) */
 /* Read from c's ring: bytes, or -1 with errno EAGAIN when empty. */
 ssize_t tdist__cpu_shm_read(cpu_conn_t *c, void *buf, size_t len);
 /* Take the doorbells off c's socket: 0, -1 at its EOF, or an errno. */

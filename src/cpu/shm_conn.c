@@ -88,8 +88,11 @@ __attribute__((noinline)) static size_t write_ring(struct tdist__cpu_ring *r,
   return tdist__cpu_ring_writev(r, iov, cnt);
 }
 
+_Atomic uint64_t tdist__cpu_shm_writes;
+
 ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt) {
   size_t w = write_ring(c->tx_ring, iov, cnt);
+  if (w) atomic_fetch_add_explicit(&tdist__cpu_shm_writes, 1, memory_order_relaxed);
   if (w && tdist__cpu_ring_needs_doorbell(c->tx_ring)) ring_bell(c->fd);
   if (w) return (ssize_t)w;
   errno = EAGAIN;

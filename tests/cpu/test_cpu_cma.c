@@ -99,6 +99,14 @@ static int engaged(int rank, int n, void *arg) {
   fprintf(stderr, "[rank %d] cma %s: %llu cross-process reads\n", rank, off ? "off" : "on",
           (unsigned long long)reads);
   MP_CHECK(off ? reads == 0 : reads >= 4);
+  /* Ranks of one host talk through shared-memory rings unless told not to
+   * (shm_conn.c): none of these messages may have gone over a socket. */
+  uint64_t rings = atomic_load(&tdist__cpu_shm_writes);
+  const char *shm = getenv("TDIST_CPU_SHM");
+  int shm_off = shm && strcmp(shm, "0") == 0;
+  fprintf(stderr, "[rank %d] shm %s: %llu ring writes\n", rank, shm_off ? "off" : "on",
+          (unsigned long long)rings);
+  MP_CHECK(shm_off ? rings == 0 : rings >= 4);
   MP_CHECK_RC(tdist_group_destroy(g));
   free(a);
   free(b);
@@ -269,7 +277,11 @@ int main(void) {
   fails += run("engaged", engaged, 3, sh);
   setenv("TDIST_CPU_CMA", "0", 1);
   fails += run("engaged (TDIST_CPU_CMA=0)", engaged, 3, sh);
+  setenv("TDIST_CPU_SHM", "0", 1);
+  fails += run("engaged (TDIST_CPU_CMA=0 TDIST_CPU_SHM=0)", engaged, 3, sh);
   unsetenv("TDIST_CPU_CMA");
+  fails += run("engaged (TDIST_CPU_SHM=0)", engaged, 3, sh);
+  unsetenv("TDIST_CPU_SHM");
   fails += run("eager", eager, 2, sh);
   fails += run("exchange", exchange, 2, sh);
   setenv("TDIST_CPU_DEFER_US", "60000000", 1);
