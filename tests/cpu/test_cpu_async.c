@@ -8,6 +8,8 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "cpu_test_util.h"
 
@@ -100,6 +102,21 @@ static int child(int rank, int n, void *arg) {
   pthread_join(th, NULL);
   MP_CHECK(s.rc == 0);
   MP_CHECK(atomic_load(&cb_count) == K);
+
+  /* Idle: with nothing in flight no thread of ours spins (the progress
+   * thread sleeps in epoll, no caller drives, the rings are not polled).
+   * A spinning thread would use the whole second; heartbeats use a few ms. */
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  struct rusage r0, r1;
+  getrusage(RUSAGE_SELF, &r0);
+  sleep(1);
+  getrusage(RUSAGE_SELF, &r1);
+  long us = (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) * 1000000L +
+            (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
+            (r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1000000L +
+            (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+  fprintf(stderr, "[rank %d] idle second: %ld us of CPU\n", rank, us);
+  MP_CHECK(us < 200000);
   MP_CHECK_RC(tdist_group_destroy(sub));
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
