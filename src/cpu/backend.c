@@ -194,6 +194,7 @@ static int cpu_post(void *state, tdist__bk_op_t *bop) {
   cpu_group_t *cg = state;
   tdist__cpu_enter(cg->ctx);
   if (tdist__cpu_post_early(cg, bop)) { /* submit started it (drive.c) */
+    tdist__cpu_shm_drain(cg->ctx);      /* what a waiter that stopped left in the rings */
     tdist__cpu_leave(cg->ctx);
     return 0;
   }
@@ -215,6 +216,7 @@ static int cpu_post(void *state, tdist__bk_op_t *bop) {
 static int cpu_poll(void *state) {
   cpu_group_t *cg = state;
   tdist__cpu_enter(cg->ctx);
+  tdist__cpu_shm_drain(cg->ctx); /* bytes a waiter that stopped polling left */
   tdist__cpu_run_ready(cg->ctx);
   tdist__cpu_leave(cg->ctx); /* delivers held completions and failures */
   return 0;
