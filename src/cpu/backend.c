@@ -271,6 +271,15 @@ static void cpu_abort(void *state, int status, const char *reason, int local) {
   cpu_group_t *cg = state;
   if (!cg) return;
   tdist__cpu_enter(cg->ctx);
+  /* What already arrived is taken in first: an op whose messages are all
+   * here completes (and keeps its success, backend.h), as it would have had
+   * the transport been read a moment earlier. The cause may have come
+   * first by another path (the monitor's death record) while the bytes
+   * waited in a ring that no one read yet: the waiter polling it was
+   * preempted, so the peer rang no doorbell (shm.h). */
+  for (int i = 0; i < cg->size; i++)
+    if (cg->conns[i]) tdist__cpu_conn_drive(cg->conns[i]);
+  tdist__cpu_run_ready(cg->ctx);
   abort_group(cg);
   /* A cause of our own (a mismatch, a timeout, an abort on demand, a lost
    * peer) goes to the other members in the stream, ahead of our goodbye if
