@@ -299,8 +299,10 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   int64_t spin_end =
       start + (w->drives ? tdist__param_DriveSpinUs() * 1000 : tdist__param_WaitSpinNs());
   if (deadline_ns && spin_end > deadline_ns) spin_end = deadline_ns;
+  /* Written only when set: only the thread of a synchronous op sets it (ops.c),
+   * and other threads may wait on a shared work at the same time. */
   int marked = w->marked;
-  w->marked = 0;
+  if (marked) w->marked = 0;
   while (!drive(w) && now < spin_end) {
     if (!marked && w->drive_mark) {
       w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
@@ -347,8 +349,10 @@ static int refuse_on_progress(const char *fn) {
 int tdist_work_wait(tdist_work_t *w, int64_t timeout_ms) {
   if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait: NULL work");
   if (tdist__work_done(w)) {
-    if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0); /* ops.c marked it */
-    w->marked = 0;
+    if (w->marked) { /* ops.c marked it (its thread alone writes it) */
+      if (w->drive_mark) w->drive_mark(w->test_state, 0);
+      w->marked = 0;
+    }
     return w->status;
   }
   if (tdist__progress_on_thread()) return refuse_on_progress("tdist_work_wait");
