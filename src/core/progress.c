@@ -172,6 +172,12 @@ void tdist__progress_undefer(tdist_progress_t *p, tdist__qnode_t *node) {
 /* Run the deferred nodes, including those they queue. Returns how many. */
 static int run_deferred(tdist_progress_t *p) {
   int n = 0;
+  /* Ops queued without a wake (tdist__progress_push_lazy: their backend
+   * started them already) are started first, so a failure delivered here
+   * finds them running, as it would have without the laziness: they are
+   * failed with the group (or keep a success a caller claimed), and the
+   * flight recorder shows them started, not still queued. */
+  if (p->defer_head && !p->stopping && atomic_load(&p->lazy) > 0) n += drain(p);
   while (p->defer_head) {
     tdist__qnode_t *node = p->defer_head;
     p->defer_head = node->next;
