@@ -400,7 +400,7 @@ struct cpu_ctx {
   int ring_idle_on;
   pthread_mutex_t mu;
   int caller;         /* the holder is a caller thread: the loop is not ours to touch */
-  int todo;           /* a caller left loop work (watch, timers, failures, completions) */
+  int loop_stale;     /* a caller left loop work (watch, timers, failures, completions) */
   tdist__list_t held; /* tdist__bk_op_t.link: completions not given to the core yet */
 };
 
@@ -426,13 +426,13 @@ static inline uint64_t tdist__cpu_now_ms(void) { return (uint64_t)(tdist__now_ns
  * the loop call. */
 static inline int cpu_off_loop(cpu_ctx_t *ctx) {
   if (!ctx->caller) return 0;
-  ctx->todo = 1;
+  ctx->loop_stale = 1;
   return 1;
 }
 
 /* ---- drive.c: the engine lock, and a waiting caller that drives its op ---- */
 /* (progress) Take / drop the engine lock around a progress-thread entry;
- * leave first brings the loop up to date with what drivers left (todo). */
+ * leave first brings the loop up to date with what drivers left (loop_stale). */
 void tdist__cpu_enter(cpu_ctx_t *ctx);
 void tdist__cpu_leave(cpu_ctx_t *ctx);
 /* The group is broken: tdist__bk_fail (remote: tdist__bk_fail_remote) on
@@ -601,6 +601,10 @@ void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
  * if nobody polls its ring. */
 ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt);
 extern _Atomic uint64_t tdist__cpu_shm_writes; /* ring writes (tests, docs) */
+/* Write to ring r what fits; when nothing does, set r->wwait (the reader
+ * then rings our doorbell when it makes room) and try once more. Bytes
+ * written. The writer's thread (engine lock, or a leaving caller). */
+size_t tdist__cpu_shm_put(struct tdist__cpu_ring *r, const struct iovec *iov, int cnt);
 /* Read from c's ring: bytes, or -1 with errno EAGAIN when empty. */
 ssize_t tdist__cpu_shm_read(cpu_conn_t *c, void *buf, size_t len);
 /* Take the doorbells off c's socket: 0, -1 at its EOF, or an errno. */

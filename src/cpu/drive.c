@@ -21,7 +21,7 @@
  *
  * What a caller may not do while it holds the lock, and what replaces it:
  *   - touch the libuv loop (only the progress thread does): code that would
- *     start a watch or a timer calls cpu_off_loop(), which marks ctx->todo;
+ *     start a watch or a timer calls cpu_off_loop(), which marks ctx->loop_stale;
  *     the progress thread's next entry brings the loop up to date
  *     (loop_sync: the same watches and timers, recomputed from the state);
  *   - report to the core (tdist__bk_complete, tdist__bk_fail are the
@@ -65,7 +65,7 @@ static void deliver_held(cpu_ctx_t *ctx) {
 }
 
 static void loop_sync(cpu_ctx_t *ctx) {
-  ctx->todo = 0;
+  ctx->loop_stale = 0;
   tdist__list_t *n;
   tdist__list_foreach(n, &ctx->groups) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
@@ -90,11 +90,11 @@ static void loop_sync(cpu_ctx_t *ctx) {
  * came before anything this entry finds. */
 void tdist__cpu_enter(cpu_ctx_t *ctx) {
   pthread_mutex_lock(&ctx->mu);
-  if (ctx->todo) loop_sync(ctx);
+  if (ctx->loop_stale) loop_sync(ctx);
 }
 
 void tdist__cpu_leave(cpu_ctx_t *ctx) {
-  if (ctx->todo) loop_sync(ctx);
+  if (ctx->loop_stale) loop_sync(ctx);
   pthread_mutex_unlock(&ctx->mu);
 }
 
@@ -116,7 +116,7 @@ void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, .
     cg->pf_status = status;
     cg->pf_remote = remote;
     vsnprintf(cg->pf_why, sizeof(cg->pf_why), fmt, ap);
-    cg->ctx->todo = 1;
+    cg->ctx->loop_stale = 1;
   }
   va_end(ap);
 }
@@ -132,7 +132,7 @@ void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop) {
   tdist__list_push_back(&ctx->held, &bop->link);
   /* An op the core has not posted yet is handed over by that post (its
    * submission wakes the loop anyway): no wake-up of our own for it. */
-  if (ctx->caller && (!b->early || b->posted)) ctx->todo = 1;
+  if (ctx->caller && (!b->early || b->posted)) ctx->loop_stale = 1;
 }
 
 void tdist__cpu_drop_held(cpu_group_t *cg) {
@@ -163,13 +163,13 @@ int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop) {
 /* ---- the caller's side ------------------------------------------------------- */
 
 /* Lock held by a caller: leave, and have the progress thread catch up
- * with what this caller left (had: todo on entry, when an earlier caller
+ * with what this caller left (had: loop_stale on entry, when an earlier caller
  * woke it already). */
 static void caller_leave(cpu_ctx_t *ctx, int had) {
-  int todo = ctx->todo && !had;
+  int wake = ctx->loop_stale && !had;
   ctx->caller = 0;
   pthread_mutex_unlock(&ctx->mu);
-  if (todo) tdist__progress_wake_any();
+  if (wake) tdist__progress_wake_any();
 }
 
 int tdist__cpu_submit(void *state, tdist__bk_op_t *bop) {
@@ -183,7 +183,7 @@ int tdist__cpu_submit(void *state, tdist__bk_op_t *bop) {
    * and starting the op here saves the hand-off to that thread. */
   if (tdist__param_CpuDrive() && atomic_load(&cg->queued) == 0) {
     pthread_mutex_lock(&ctx->mu);
-    int had = ctx->todo;
+    int had = ctx->loop_stale;
     ctx->caller = 1;
     if (!cg->aborted && atomic_load(&cg->queued) == 0) {
       rc = tdist__cpu_post_op(cg, bop);
@@ -208,7 +208,7 @@ int tdist__cpu_test(void *state, tdist__bk_op_t *bop) {
   cpu_bop_t *b = cpu_bop(bop);
   if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
-  int had = ctx->todo;
+  int had = ctx->loop_stale;
   ctx->caller = 1;
   if (!cg->aborted) {
     for (int i = 0; i < ctx->size; i++)

@@ -124,8 +124,7 @@ void tdist__cpu_conn_close(cpu_conn_t *c) {
 
 /* (caller) Write what the socket takes of l's owed bytes; shut writes once
  * all are out. -1 on a write error (the peer is gone). */
-/* noinline: a fence inlined into its caller trips GCC's TSan (-Wtsan, shm.h). */
-__attribute__((noinline)) static int write_owed(cpu_leaving_t *l) {
+static int write_owed(cpu_leaving_t *l) {
   while (!tdist__list_empty(&l->owed)) {
     ssize_t got;
     if (l->ring) {
@@ -133,12 +132,7 @@ __attribute__((noinline)) static int write_owed(cpu_leaving_t *l) {
        * room: the wwait flag) wakes the poll. */
       struct iovec iov[64];
       int cnt = tdist__cpu_msgs_iov(&l->owed, SIZE_MAX, iov, 64);
-      size_t w = tdist__cpu_ring_writev(l->ring, iov, cnt);
-      if (!w) {
-        atomic_store(&l->ring->wwait, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        w = tdist__cpu_ring_writev(l->ring, iov, cnt);
-      }
+      size_t w = tdist__cpu_shm_put(l->ring, iov, cnt);
       if (!w) return 0;
       char bell = 0;
       (void)send(l->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
