@@ -21,7 +21,9 @@
  * iters=` line per point (the peers harness format); otherwise an
  * nccl-tests style table: size count type redop time(us) algbw busbw p50.
  * busbw: x 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
- * alltoall, 1 otherwise (nccl-tests).
+ * alltoall, 1 otherwise (nccl-tests). TDIST_BENCH_TAIL=1 adds, per rank on
+ * stderr, the percentiles above p50 and the share of the time spent in the
+ * slowest 1% (where a mean far above its p50 comes from).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +133,22 @@ static void report(const char *op, int n, size_t bytes, size_t count, double us,
   fflush(stdout);
 }
 
+/* TDIST_BENCH_TAIL=1: where the mean goes (the share of the total spent in
+ * the slowest 1% of iterations), per rank, on stderr. */
+static void tail_report(int rank, const double *lat, int iters, double mean) {
+  double top = 0, all = 0;
+  for (int i = 0; i < iters; i++)
+    all += lat[i];
+  for (int i = iters - iters / 100; i < iters; i++)
+    top += lat[i];
+  fprintf(stderr,
+          "  rank %d: mean %.2f p60 %.2f p70 %.2f p80 %.2f p90 %.2f p99 %.2f max %.1f; "
+          "slowest 1%% = %.0f%% of time\n",
+          rank, mean, lat[iters * 6 / 10], lat[iters * 7 / 10], lat[iters * 8 / 10],
+          lat[iters * 9 / 10], lat[iters * 99 / 100], lat[iters - 1],
+          all > 0 ? 100.0 * top / all : 0.0);
+}
+
 static int agree_iters(tdist_group_t *g, double warm_us, int lo, int hi) {
   int32_t iters = (int32_t)(g_budget * 1e6 / (warm_us > 0 ? warm_us : 1));
   if (iters < lo) iters = lo;
@@ -201,6 +219,7 @@ static int rank_main(int rank, int n, void *arg) {
       double us = (now_us() - s) / iters;
       qsort(lat, (size_t)iters, sizeof(double), cmpd);
       if (rank == 0) report(op, n, bytes, B.count, us, lat[iters / 2], iters);
+      if (getenv("TDIST_BENCH_TAIL")) tail_report(rank, lat, iters, us);
       MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
       free(B.a);
       free(B.b);

@@ -116,6 +116,14 @@ typedef struct tdist__bk_op {
    * after the completion is published (tdist_work_status_info). */
   int rx_source, rx_tag;
   size_t rx_count;
+  /* (caller) Set before submit for a synchronous op: only the submitting
+   * thread, which tests it, waits for it, and no callback can be on it. A
+   * backend with caps.drives may then hold a success its caller claimed
+   * and hand it over at the progress thread's next entry instead of waking
+   * the loop for it; the core wakes the loop before a group is destroyed
+   * (group.c) and whenever such a waiter outlasts its spin (work.c), and
+   * the backend bounds how many it holds. */
+  int quiet;
 } tdist__bk_op_t;
 
 /* What a group is made from (init, split, shrink). (caller) thread. */

@@ -125,20 +125,30 @@ static void snap_group(struct snaps *s, tdist_group_t *g) {
   if (d) s->d[s->n++] = d;
 }
 
-/* Progress thread: copies, so nothing is read after a group goes away. */
-static void snap_task(void *arg) {
-  struct snaps *s = arg;
+static void poll_group(struct snaps *s, tdist_group_t *g) {
+  (void)s;
+  tdist__group_poll_now(g);
+}
+
+/* Progress thread: fn on the one group, or on every group of every context. */
+static void each_group(struct snaps *s, void (*fn)(struct snaps *, tdist_group_t *)) {
   if (s->one) {
-    snap_group(s, s->one);
+    fn(s, s->one);
     return;
   }
   tdist__list_t *ci, *gi;
   tdist__list_foreach(ci, &all_ctx) {
     tdist__ctx_t *ctx = tdist__list_entry(ci, tdist__ctx_t, link);
-    tdist__list_foreach(gi, &ctx->groups)
-        snap_group(s, tdist__list_entry(gi, tdist_group_t, ctx_link));
+    tdist__list_foreach(gi, &ctx->groups) fn(s, tdist__list_entry(gi, tdist_group_t, ctx_link));
   }
 }
+
+/* Progress thread: what backends hold goes to the core first (its
+ * completions are delivered once this call returns, before the next). */
+static void poll_task(void *arg) { each_group(arg, poll_group); }
+
+/* Progress thread: copies, so nothing is read after a group goes away. */
+static void snap_task(void *arg) { each_group(arg, snap_group); }
 
 int tdist_dump_trace(tdist_group_t *g, const char *path) {
   tdist__error_clear();
@@ -160,6 +170,7 @@ int tdist_dump_trace(tdist_group_t *g, const char *path) {
       return tdist__error(TDIST_ERR_NO_MEMORY, "trace: out of memory");
     }
   }
+  tdist__progress_call(p, poll_task, &s);
   tdist__progress_call(p, snap_task, &s);
   tdist__progress_release(p);
   int rc = 0;

@@ -218,8 +218,10 @@ fail:
 static int wait_pending(tdist_group_t *g, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
   /* Ops a caller finished within its spin may still wait for their
-   * bookkeeping, queued without a wake (ops.c): the loop takes them now. */
+   * bookkeeping, queued without a wake (ops.c) or held by the backend
+   * (backend.h, quiet): the loop takes them now. */
   tdist__progress_flush_lazy(g->ctx->progress);
+  tdist__progress_wake_any();
   pthread_mutex_lock(&g->mu);
   while (atomic_load(&g->pending) > 0) {
     struct timespec ts;

@@ -171,6 +171,9 @@ void tdist__group_unregister_task(void *g);
 /* The monitor's handlers for ctx (context.c starts the monitor with them). */
 extern const tdist__mon_handlers_t tdist__group_mon_handlers;
 /* Progress thread: what a flight-recorder dump says about g. */
+/* Progress thread: poll g's backend now, so that what it holds (backend.h,
+ * quiet completions) reaches the core before a flight-recorder snapshot. */
+void tdist__group_poll_now(tdist_group_t *g);
 void tdist__group_trace_meta(const tdist_group_t *g, tdist__trace_meta_t *m);
 /* Any thread: the ticker function of a context's watchdog. */
 int tdist__group_watchdog(tdist__ticker_t *t);

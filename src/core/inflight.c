@@ -51,7 +51,9 @@ static void set_message(tdist_work_t *w, int status, const char *fmt, va_list ap
 static void finish(tdist_work_t *w) {
   tdist_group_t *g = w->group;
   if (tdist__list_linked(&w->inflight)) tdist__list_remove(&w->inflight);
-  w->t_end_ns = tdist__now_ns();
+  w->t_end_ns = tdist__work_caller_claimed(w)
+                    ? atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed)
+                    : tdist__now_ns();
   tdist__trace_end(g->trace, w);
   tdist__work_publish(w);
   if (atomic_fetch_sub(&g->pending, 1) == 1) {
@@ -304,6 +306,11 @@ static int group_poll(tdist__poller_t *pl, int *busy) {
   if (!tdist__list_empty(&g->inflight))
     *busy = g->bk->caps.wakes ? TDIST__POLL_BUSY_WOKEN : TDIST__POLL_BUSY;
   return n;
+}
+
+void tdist__group_poll_now(tdist_group_t *g) {
+  int busy;
+  if (g->registered && g->needs_poll && g->bk->ops->poll) (void)group_poll(&g->poller, &busy);
 }
 
 void tdist__group_register_task(void *arg) {

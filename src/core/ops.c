@@ -167,6 +167,7 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
     mark(g->bstate, 1);
     w->marked = 1;
   }
+  w->bop.quiet = !out;
   int started = 0; /* the backend started the op in submit (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);

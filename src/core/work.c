@@ -127,6 +127,8 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   w->bop.args = &w->args;
   w->bop.seq = 0;
   w->bop.timeout_ms = 0;
+  w->bop.quiet = 0;
+  atomic_store_explicit(&w->t_claimed_ns, 0, memory_order_relaxed);
   tdist__list_init(&w->bop.link);
   w->t_enqueue_ns = w->t_start_ns = w->t_end_ns = w->deadline_ns = 0;
   w->waiters = 0;
@@ -233,6 +235,7 @@ static int drive(tdist_work_t *w) {
   if ((st == TDIST_WORK_RUNNING || (st == TDIST_WORK_QUEUED && w->drives)) &&
       atomic_load(&w->claim) == TDIST__CLAIM_OPEN && w->test(w->test_state, &w->bop)) {
     int open = TDIST__CLAIM_OPEN;
+    atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
     if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_CALLER)) {
       w->status = 0; /* msg is "" since alloc */
       store_state(w, 0);

@@ -56,6 +56,10 @@ struct tdist_work {
   tdist__op_args_t args; /* (caller) the validated op */
   tdist__bk_op_t bop;    /* what the backend sees: bop.args == &args */
   int64_t t_enqueue_ns, t_start_ns, t_end_ns, deadline_ns;
+  /* (atomic) When a caller claimed the success (drive, work.c): written
+   * before its claim CAS, so whoever sees the claim sees it; the record's
+   * end time then (a quiet op's completion may reach the loop later). */
+  _Atomic int64_t t_claimed_ns;
 
   /* Completion: waiters block on cv; cb runs once. Guarded by mu. */
   pthread_mutex_t mu;

@@ -402,6 +402,7 @@ struct cpu_ctx {
   int caller;         /* the holder is a caller thread: the loop is not ours to touch */
   int loop_stale;     /* a caller left loop work (watch, timers, failures, completions) */
   tdist__list_t held; /* tdist__bk_op_t.link: completions not given to the core yet */
+  int nquiet;         /* of them, quiet ones held without a wake (drive.c) */
 };
 
 /* The backend's words in the core's op (tdist__bk_op_t.scratch), set in
@@ -447,6 +448,8 @@ void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop);
 /* Backend entries on a caller thread (backend.c's vtable). */
 int tdist__cpu_submit(void *state, tdist__bk_op_t *bop);
 int tdist__cpu_test(void *state, tdist__bk_op_t *bop);
+/* A waiter starts (on = 1) or stops (0) driving (backend.h, drive_mark). */
+void tdist__cpu_drive_mark(void *state, int on);
 /* (progress) The core's post of an op submit started: 1 if it was (done here), else 0. */
 int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop);
 /* (progress) Drop cg's held completions (abort: the core finishes its ops). */
@@ -615,9 +618,10 @@ void tdist__cpu_shm_sync(cpu_ctx_t *ctx); /* (progress) the idle handle as neede
 /* (engine lock, top level) Read every ring that has bytes: after an op is
  * posted, what arrived meanwhile is matched at once. */
 void tdist__cpu_shm_drain(cpu_ctx_t *ctx);
-/* (any caller) A waiter starts (on = 1) or stops (0) driving: while any
- * does, writers need not ring our doorbells (backend.h, drive_mark). */
-void tdist__cpu_drive_mark(void *state, int on);
+/* (any caller) A waiter starts (on = 1) or stops (0) polling our rings:
+ * while any does, writers need not ring our doorbells. On 0, whether bytes
+ * came meanwhile (without a bell: someone must read them). */
+int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on);
 TDIST_PARAM(CpuShm, "TDIST_CPU_SHM", 1)
 TDIST_PARAM(CpuShmRingBytes, "TDIST_CPU_SHM_RING_BYTES", 512 << 10)
 

@@ -47,6 +47,10 @@
 #include "util/error.h"
 #include "cpu/cpu.h"
 
+/* Quiet completions held at most (tdist__cpu_op_done): the loop is woken
+ * for the last. */
+#define QUIET_MAX 64
+
 /* backend.c */
 int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop);
 
@@ -54,6 +58,7 @@ int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop);
 
 static void deliver_held(cpu_ctx_t *ctx) {
   tdist__list_t *n, *next;
+  ctx->nquiet = 0;
   tdist__list_foreach_safe(n, next, &ctx->held) {
     tdist__bk_op_t *bop = tdist__list_entry(n, tdist__bk_op_t, link);
     cpu_bop_t *b = cpu_bop(bop);
@@ -90,7 +95,10 @@ static void loop_sync(cpu_ctx_t *ctx) {
  * came before anything this entry finds. */
 void tdist__cpu_enter(cpu_ctx_t *ctx) {
   pthread_mutex_lock(&ctx->mu);
-  if (ctx->loop_stale) loop_sync(ctx);
+  if (ctx->loop_stale)
+    loop_sync(ctx);
+  else if (ctx->nquiet)
+    deliver_held(ctx);
 }
 
 void tdist__cpu_leave(cpu_ctx_t *ctx) {
@@ -131,8 +139,13 @@ void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop) {
   b->held = 1;
   tdist__list_push_back(&ctx->held, &bop->link);
   /* An op the core has not posted yet is handed over by that post (its
-   * submission wakes the loop anyway): no wake-up of our own for it. */
-  if (ctx->caller && (!b->early || b->posted)) ctx->loop_stale = 1;
+   * submission wakes the loop anyway): no wake-up of our own for it. A
+   * quiet one (backend.h: a synchronous op its caller claims now) waits for
+   * the progress thread's next entry, up to QUIET_MAX of them: waking the
+   * loop for each would keep the progress thread busy beside the callers,
+   * taking their cores and the engine lock. */
+  if (!ctx->caller || (b->early && !b->posted)) return;
+  if (!bop->quiet || ++ctx->nquiet >= QUIET_MAX) ctx->loop_stale = 1;
 }
 
 void tdist__cpu_drop_held(cpu_group_t *cg) {
@@ -200,6 +213,26 @@ int tdist__cpu_submit(void *state, tdist__bk_op_t *bop) {
   if (rc < 0) return rc;
   if (!b->early) atomic_fetch_add(&cg->queued, 1);
   return b->early; /* 1: started here (backend.h) */
+}
+
+/* The re-check of the doorbell protocol (shm.h): bytes written while the
+ * waiter polled came without a bell, and its test is over. It reads them
+ * itself when the engine lock is free (what the peers sent for the next op
+ * is matched at once, without waking the progress thread, which would take
+ * a core beside the callers); else the lock's holder may be past its read,
+ * so the progress thread is woken to read them (its poll drains). */
+void tdist__cpu_drive_mark(void *state, int on) {
+  cpu_ctx_t *ctx = ((cpu_group_t *)state)->ctx;
+  if (!tdist__cpu_shm_mark(ctx, on)) return;
+  if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) {
+    tdist__progress_wake_any();
+    return;
+  }
+  int had = ctx->loop_stale;
+  ctx->caller = 1;
+  tdist__cpu_shm_drain(ctx);
+  tdist__cpu_run_ready(ctx);
+  caller_leave(ctx, had);
 }
 
 int tdist__cpu_test(void *state, tdist__bk_op_t *bop) {

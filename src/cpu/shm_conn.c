@@ -162,8 +162,7 @@ void tdist__cpu_shm_drain(cpu_ctx_t *ctx) {
   }
 }
 
-void tdist__cpu_drive_mark(void *state, int on) {
-  cpu_ctx_t *ctx = ((cpu_group_t *)state)->ctx;
+int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
   int left = 0;
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
@@ -175,10 +174,7 @@ void tdist__cpu_drive_mark(void *state, int on) {
       left |= tdist__cpu_ring_avail(c->rx_ring) != 0;
     }
   }
-  /* The re-check of the doorbell protocol (shm.h): bytes written while we
-   * polled came without a bell. The waiter's next test may not get the
-   * engine lock, so the progress thread reads them (its poll drains). */
-  if (left) tdist__progress_wake_any();
+  return left;
 }
 
 /* ---- setup and teardown --------------------------------------------------------- */
