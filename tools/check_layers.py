@@ -10,19 +10,21 @@ layer and the ones below it:
                                         the wake-up of callers driving their ops
     work      src/core/work.c           the pool, the states, waiting
     trace     src/core/trace.c          the flight recorder's ring
-    group     src/core/{context,group,inflight,monitor}.c
-    backend   src/cpu/, src/nccl/       through core/backend.h only
+    group     src/core/{context,group,inflight,monitor,services}.c
+    backend   src/cpu/, src/nccl/       through tdist/backend.h (and util/) only
     ops       src/core/{ops,ops_v,mesh,shrink,notify,abi}.c
-    init      src/core/init.c           init_process_group, the backend table
+    init      src/core/{init,registry}.c  init_process_group, the backends by name
 
 Three checks:
   0. every global symbol the library defines starts with tdist_ (public) or
      tdist__ (internal), so a static link cannot collide with user code;
   1. symbols: every undefined symbol of an object that another object of the
      library defines must come from the same layer or a lower one (nm);
-     a backend may not call another backend;
+     a backend may not call another backend, and calls the core only
+     through the services of tdist/backend.h (tdist_backend_*) and the
+     public API;
   2. includes: a file may include only headers of its layer or lower ones;
-     backends see the core only through core/backend.h and core/progress.h.
+     backends include no core/ or store/ header (tdist/backend.h and util/).
 
 Not part of libtdist: src/gpusim/ (libtdist_gpusim.so, the simulated GPU)
 is a library of its own. It may include only its own headers, the CUDA/NCCL
@@ -46,7 +48,7 @@ CORE_FILES = {
     "progress": "progress", "wakeup": "progress", "work": "work", "trace": "trace",
     "context": "group", "group": "group", "inflight": "group", "monitor": "group",
     "ops": "ops", "ops_v": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
-    "ops_int": "ops", "notify": "ops", "abi": "ops",
+    "ops_int": "ops", "notify": "ops", "abi": "ops", "services": "group", "registry": "init",
     # headers
     "backend": "work",  # the contract's types; its functions are checked by symbol
 }
@@ -114,13 +116,20 @@ def check_symbols(objects):
                 continue
             if RANK[them] > RANK[me]:
                 bad.append(f"{rel} ({me}) calls {s} of {other} ({them}), a higher layer")
+            elif me == "backend" and them not in ("util", "backend") and not s.startswith(
+                    "tdist_backend_") and not (s.startswith("tdist_") and not s.startswith("tdist__")):
+                bad.append(f"{rel} calls {s} of {other} ({them}): a backend uses the core only "
+                           f"through the services of tdist/backend.h (tdist_backend_*) and the "
+                           f"public API")
             elif me == "backend" and them == "backend" and other.split("/")[0] != rel.split("/")[0]:
                 bad.append(f"{rel} calls {s} of another backend ({other})")
     return bad
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-BACKEND_MAY_SEE = {"core/backend.h", "core/progress.h"}
+# A backend sees the core only through the public, versioned interface
+# (include/tdist/backend.h) and util/: no core/ or store/ header at all.
+BACKEND_MAY_SEE = set()
 
 
 def check_separate(full, rel, folder, allowed):
@@ -158,9 +167,9 @@ def check_includes(srcdir):
                 them = layer_of(inc)
                 if them is None:
                     continue  # a file-local header (e.g. cpu/cpu.h is "backend")
-                if me == "backend" and inc.startswith("core/") and inc not in BACKEND_MAY_SEE:
+                if me == "backend" and inc.split("/")[0] in ("core", "store"):
                     bad.append(f"{rel} includes {inc}: backends see the core only through "
-                               f"{', '.join(sorted(BACKEND_MAY_SEE))}")
+                               f"tdist/backend.h (and util/)")
                 elif RANK[them] > RANK[me]:
                     bad.append(f"{rel} ({me}) includes {inc} ({them}), a higher layer")
     return bad

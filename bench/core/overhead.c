@@ -26,6 +26,7 @@
 
 #include "util/alloc.h"
 #include "util/clock.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -71,8 +71,8 @@
 
 /* The backend (src/nccl/nccl_comm.c): a strong reference pulls its objects
  * out of the static library. */
-struct tdist__backend;
-extern const struct tdist__backend tdist__nccl_backend;
+struct tdist_backend;
+extern const struct tdist_backend tdist__nccl_backend;
 __attribute__((used)) static const void *const nccl_backend_ref = &tdist__nccl_backend;
 
 #define MAXK 256

@@ -33,8 +33,8 @@
 // Linked against the static library, whose backend registry refers to the
 // NCCL backend weakly: this strong reference pulls it into the program.
 extern "C" {
-struct tdist__backend;
-extern const struct tdist__backend tdist__nccl_backend;
+struct tdist_backend;
+extern const struct tdist_backend tdist__nccl_backend;
 }
 __attribute__((used)) static const void *const nccl_backend_ref = &tdist__nccl_backend;
 

@@ -61,7 +61,7 @@ void tdist__group_free(tdist_group_t *g) {
 
 /* A group with identity fields set and a context reference; no backend
  * state yet and not registered. */
-static int group_new(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+static int group_new(const tdist_backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
                      const char *name, uint64_t uid, int64_t timeout_ms, tdist_group_t **out) {
   tdist_group_t *g = tdist__calloc(1, sizeof(*g));
   if (!g) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate a group");
@@ -87,9 +87,9 @@ static int group_new(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, in
   return 0;
 }
 
-void tdist__group_params(tdist_group_t *g, tdist__bk_params_t *p) {
+void tdist__group_params(tdist_group_t *g, tdist_backend_params_t *p) {
   memset(p, 0, sizeof(*p));
-  p->group = (tdist__bk_group_t *)g;
+  p->group = (tdist_backend_group_t *)g;
   p->progress = g->ctx->progress;
   p->rank = g->rank;
   p->size = g->size;
@@ -106,7 +106,7 @@ void tdist__group_params(tdist_group_t *g, tdist__bk_params_t *p) {
   }
 }
 
-int tdist__group_adopt(tdist_group_t *g, const tdist__bk_out_t *out) {
+int tdist__group_adopt(tdist_group_t *g, const tdist_backend_out_t *out) {
   int rc;
   g->bstate = out->state;
   g->needs_poll = out->needs_poll;
@@ -124,7 +124,7 @@ fail:
   return rc;
 }
 
-int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+int tdist__group_create_in(const tdist_backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
                            const char *name, tdist_store_t *store, int64_t timeout_ms,
                            const tdist_init_opts_t *opts, tdist_group_t **out) {
   int rc;
@@ -155,8 +155,8 @@ int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int ra
     TDIST_CHECKGOTO(tdist_store_prefix(store, prefix, &g->store), rc, fail);
   }
   TDIST_CHECKGOTO(tdist__inject("group.init"), rc, fail);
-  tdist__bk_params_t p;
-  tdist__bk_out_t bo = {NULL, 0, -1};
+  tdist_backend_params_t p;
+  tdist_backend_out_t bo = {NULL, 0, -1};
   tdist__group_params(g, &p);
   p.init_opts = opts;
   TDIST_CHECKGOTO(bk->ops->init(&p, &bo), rc, fail);
@@ -170,7 +170,7 @@ fail:
   return rc;
 }
 
-int tdist__group_create(const tdist__backend_t *bk, int rank, int size, const char *name,
+int tdist__group_create(const tdist_backend_t *bk, int rank, int size, const char *name,
                         tdist_store_t *store, int64_t timeout_ms, const tdist_init_opts_t *opts,
                         tdist_group_t **out) {
   return tdist__group_create_in(bk, NULL, rank, size, name, store, timeout_ms, opts, out);

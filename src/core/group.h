@@ -57,7 +57,7 @@ struct tdist_group {
   uint64_t uid;      /* same on every rank; distinct per group */
   char name[96];
   struct tdist_group *parent;
-  const tdist__backend_t *bk;
+  const tdist_backend_t *bk;
   void *bstate;                        /* the backend's state */
   int needs_poll;                      /* the backend wants poll while work is in flight */
   int device;                          /* CUDA device or -1 */
@@ -125,10 +125,10 @@ void tdist__ctx_release(tdist__ctx_t *ctx);
  * ctx (NULL: a new one over `store`, which may be NULL only for backends that
  * need none, i.e. tests). Takes its own references.
  */
-int tdist__group_create_in(const tdist__backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
+int tdist__group_create_in(const tdist_backend_t *bk, tdist__ctx_t *ctx, int rank, int size,
                            const char *name, tdist_store_t *store, int64_t timeout_ms,
                            const tdist_init_opts_t *opts, tdist_group_t **out);
-int tdist__group_create(const tdist__backend_t *bk, int rank, int size, const char *name,
+int tdist__group_create(const tdist_backend_t *bk, int rank, int size, const char *name,
                         tdist_store_t *store, int64_t timeout_ms, const tdist_init_opts_t *opts,
                         tdist_group_t **out);
 
@@ -140,11 +140,11 @@ int tdist__group_child_new(tdist_group_t *parent, const int *members, int n,
                            const tdist_group_opts_t *opts, const char *default_name, uint64_t uid,
                            const char *store_tag, tdist_group_t **out);
 /* The backend parameters for g (creation). */
-void tdist__group_params(tdist_group_t *g, tdist__bk_params_t *p);
+void tdist__group_params(tdist_group_t *g, tdist_backend_params_t *p);
 /* Caller thread: adopt what the backend made, then register g with the
  * progress thread. On failure the backend's state is destroyed (the one
  * unwind path) and g is left for tdist__group_free. */
-int tdist__group_adopt(tdist_group_t *g, const tdist__bk_out_t *out);
+int tdist__group_adopt(tdist_group_t *g, const tdist_backend_out_t *out);
 /* Caller thread: free a group, registered or not: unregisters it, destroys
  * its backend state if it has one, drops its references. NULL is ignored. */
 void tdist__group_free(tdist_group_t *g);

@@ -6,11 +6,11 @@
  *
  * Threads: everything here runs on the progress thread, except the monitor
  * handlers (monitor thread, which reach the progress thread through
- * tdist__progress_call) and tdist__bk_aborted (any thread).
+ * tdist__progress_call) and tdist_backend_aborted (any thread).
  *
- * A backend's completion (tdist__bk_complete) writes the status and message
+ * A backend's completion (tdist_backend_complete) writes the status and message
  * into the work and queues its dnode on the progress thread's deferred queue;
- * a backend's failure (tdist__bk_fail) records the first cause in the group
+ * a backend's failure (tdist_backend_fail) records the first cause in the group
  * and queues its fail_node. Both are delivered after the I/O step that made
  * them, so a user callback, an abort or a failure never runs inside a
  * backend's call chain.
@@ -79,7 +79,7 @@ static void deliver_completion(tdist__qnode_t *node) {
   finish(tdist__list_entry(node, tdist_work_t, dnode));
 }
 
-void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...) {
+void tdist_backend_complete(tdist_backend_op_t *op, int status, const char *fmt, ...) {
   tdist_work_t *w = tdist__work_of(op);
   /* Done read before the claim: a caller claims (CAS) before it stores the
    * state, so a work seen done here was claimed by that caller. The other
@@ -195,7 +195,7 @@ static void deliver_failure(tdist__qnode_t *node) {
   tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s", g->fail_reason);
 }
 
-static void bk_fail_v(tdist__bk_group_t *h, int status, int local, const char *fmt, va_list ap) {
+static void bk_fail_v(tdist_backend_group_t *h, int status, int local, const char *fmt, va_list ap) {
   tdist_group_t *g = (tdist_group_t *)h;
   if (atomic_load(&g->aborted) || g->fail_queued) return; /* the first cause wins */
   g->fail_queued = 1;
@@ -206,21 +206,21 @@ static void bk_fail_v(tdist__bk_group_t *h, int status, int local, const char *f
   tdist__progress_defer(g->ctx->progress, &g->fail_node);
 }
 
-void tdist__bk_fail(tdist__bk_group_t *h, int status, const char *fmt, ...) {
+void tdist_backend_fail(tdist_backend_group_t *h, int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   bk_fail_v(h, status, 1, fmt, ap);
   va_end(ap);
 }
 
-void tdist__bk_fail_remote(tdist__bk_group_t *h, int status, const char *fmt, ...) {
+void tdist_backend_fail_remote(tdist_backend_group_t *h, int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   bk_fail_v(h, status, 0, fmt, ap);
   va_end(ap);
 }
 
-int tdist__bk_aborted(const tdist__bk_group_t *h) {
+int tdist_backend_aborted(const tdist_backend_group_t *h) {
   return atomic_load(&((tdist_group_t *)h)->aborted);
 }
 

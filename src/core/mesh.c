@@ -288,7 +288,7 @@ out:
 
 /* Split (caller thread, collective over parent): ranks with the same colour
  * form a child; `members` lists the child's parent ranks in child-rank order.
- * *out = NULL for non-members (TDIST__NOCOLOR). `call` names the public call
+ * *out = NULL for non-members (TDIST_BACKEND_NOCOLOR). `call` names the public call
  * in messages ("tdist_new_group"). */
 static int split(tdist_group_t *parent, int color, const int *members, int n,
                  const tdist_group_opts_t *opts, const char *call, tdist_group_t **out) {
@@ -299,14 +299,14 @@ static int split(tdist_group_t *parent, int color, const int *members, int n,
     return tdist__error(parent->abort_status, "group '%s' was aborted: %s", parent->name,
                         parent->abort_reason);
   int own_device = opts && (opts->mask & TDIST_GROUP_FIELD_DEVICE);
-  if (own_device && (!(parent->bk->caps.mem & TDIST__MEM_DEVICE) || opts->device < 0))
+  if (own_device && (!(parent->bk->caps.mem & TDIST_BACKEND_MEM_DEVICE) || opts->device < 0))
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                         "new group of '%s': a device (%d) is named, but %s", parent->name,
                         opts->device,
                         opts->device < 0 ? "it is negative" : "the backend has no devices");
   unsigned idx = atomic_fetch_add(&parent->split_count, 1);
   char name[96], what[256];
-  if (color == 0 || color == TDIST__NOCOLOR)
+  if (color == 0 || color == TDIST_BACKEND_NOCOLOR)
     snprintf(name, sizeof(name), "%.60s/%u", parent->name, idx);
   else
     snprintf(name, sizeof(name), "%.60s/%u.%d", parent->name, idx, color);
@@ -315,9 +315,9 @@ static int split(tdist_group_t *parent, int color, const int *members, int n,
   if (opts && (opts->mask & TDIST_GROUP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
     timeout = opts->timeout_ms; /* the new group's: it bounds its creation too */
   TDIST_CHECK(agree_members(parent, idx, color, own_device, members, n, what, timeout));
-  tdist__bk_params_t p;
-  tdist__bk_out_t bo = {NULL, 0, -1};
-  if (color != TDIST__NOCOLOR) {
+  tdist_backend_params_t p;
+  tdist_backend_out_t bo = {NULL, 0, -1};
+  if (color != TDIST_BACKEND_NOCOLOR) {
     char tag[48];
     snprintf(tag, sizeof(tag), "%u.%d/", idx, color);
     uint64_t uid = tdist__mix64(tdist__mix64(parent->uid, idx), (uint64_t)(unsigned)color);
@@ -334,7 +334,7 @@ static int split(tdist_group_t *parent, int color, const int *members, int n,
     p.parent_rank = parent->rank;
     p.device = parent->device;
     p.timeout_ms = atomic_load(&parent->timeout_ms);
-    p.color = TDIST__NOCOLOR;
+    p.color = TDIST_BACKEND_NOCOLOR;
     p.own_device = own_device;
     p.rank = -1;
   }
@@ -374,7 +374,7 @@ int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_
                             ranks[i]);
     if (ranks[i] == parent->rank) member = 1;
   }
-  return split(parent, member ? 0 : TDIST__NOCOLOR, ranks, n, opts, "tdist_new_group", group);
+  return split(parent, member ? 0 : TDIST_BACKEND_NOCOLOR, ranks, n, opts, "tdist_new_group", group);
 }
 
 int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,

@@ -116,7 +116,7 @@ static int check_buf(const tdist_group_t *g, const void *buf, size_t count, cons
   if (!buf && count)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn, what,
                         count);
-  if (count && !(g->bk->caps.mem & TDIST__MEM_DEVICE) &&
+  if (count && !(g->bk->caps.mem & TDIST_BACKEND_MEM_DEVICE) &&
       tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                         "%s: %s (%p) is CUDA device memory, but group '%s' runs on backend '%s', "
@@ -128,7 +128,7 @@ static int check_buf(const tdist_group_t *g, const void *buf, size_t count, cons
 TDIST_PARAM(LazyPost, "TDIST_LAZY_POST", 1)
 
 /* Hand a filled-in work to the backend and the progress thread. */
-static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+static int submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                   tdist_work_t **out) {
   if (!out && tdist__progress_on_thread())
     return tdist__error(TDIST_ERR_INVALID_STATE,
@@ -213,7 +213,7 @@ static int submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_op
   return rc;
 }
 
-static void args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
+static void args_init(tdist_backend_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
   memset(a, 0, sizeof(*a));
   a->type = type;
   a->scalar = (opts && (opts->mask & TDIST_OP_FIELD_SCALAR)) ? opts->premul_scalar : 1.0;
@@ -225,7 +225,7 @@ static void args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_o
 static int submit_op(tdist_group_t *g, tdist_optype_t type, const void *sendbuf, void *recvbuf,
                      size_t count, tdist_dtype_t dtype, tdist_redop_t redop, int root,
                      const tdist_op_opts_t *opts, tdist_work_t **work) {
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   args_init(&a, type, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -370,7 +370,7 @@ int tdist_all_to_all(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
 int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
   TDIST_CHECK(check_group(g, TDIST_OP_BARRIER, "tdist_barrier"));
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   args_init(&a, TDIST_OP_BARRIER, opts);
   a.dtype = TDIST_UINT8;
   return submit(g, &a, opts, work);
@@ -388,7 +388,7 @@ static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf,
   else
     TDIST_CHECK(check_rank(g, peer, "peer", fn));
   TDIST_CHECK(check_buf(g, buf, count, "buf", fn));
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   args_init(&a, type, opts);
   if (type == TDIST_OP_RECV && a.tag == TDIST_ANY_TAG)
     TDIST_CHECK(tdist__ops_check_any(g, "TDIST_ANY_TAG", fn));
@@ -442,7 +442,7 @@ int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
     if (ops[i].tag < 0)
       return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: ops[%d].tag %d < 0", fn, i, ops[i].tag);
   }
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   args_init(&a, TDIST_OP_BATCH_P2P, opts);
   a.p2p = (tdist_p2p_op_t *)ops;
   a.np2p = n;
@@ -481,10 +481,10 @@ int tdist__ops_check_buf(const tdist_group_t *g, const void *buf, size_t count, 
                          const char *fn) {
   return check_buf(g, buf, count, what, fn);
 }
-void tdist__ops_args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
+void tdist__ops_args_init(tdist_backend_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
   args_init(a, type, opts);
 }
-int tdist__ops_submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                       tdist_work_t **out) {
   return submit(g, a, opts, out);
 }

@@ -22,10 +22,10 @@ int tdist__ops_check_rank(const tdist_group_t *g, int r, const char *what, const
 int tdist__ops_check_buf(const tdist_group_t *g, const void *buf, size_t count, const char *what,
                          const char *fn);
 /* Zeroed arguments of `type` with the options' scalar, stream and tag. */
-void tdist__ops_args_init(tdist__op_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts);
+void tdist__ops_args_init(tdist_backend_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts);
 /* Work from the pool, the backend's submit hook, the push; waits when out
  * is NULL (the blocking form). */
-int tdist__ops_submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                       tdist_work_t **out);
 
 /* ops_v.c: the group's backend takes wildcard receives (caps.any_source);

@@ -76,7 +76,7 @@ int tdist_all_to_all_v(tdist_group_t *g, const void *sendbuf, const size_t *send
   TDIST_CHECK(vbuf(g, recvbuf, rext, dtype, "recvbuf", fn));
   if (sext && rext && sendbuf == recvbuf)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: in-place is not supported", fn);
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__ops_args_init(&a, TDIST_OP_ALL_TO_ALL_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -115,7 +115,7 @@ static int gather_like(tdist_group_t *g, tdist_optype_t type, const char *fn, co
   } else {
     recv_counts = recv_displs = NULL; /* not read off root */
   }
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__ops_args_init(&a, type, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -162,7 +162,7 @@ int tdist_scatter_v(tdist_group_t *g, const void *sendbuf, const size_t *send_co
   } else {
     send_counts = send_displs = NULL;
   }
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__ops_args_init(&a, TDIST_OP_SCATTER_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -196,7 +196,7 @@ int tdist_reduce_scatter_v(tdist_group_t *g, const void *sendbuf, void *recvbuf,
                         "%s: recvbuf overlaps sendbuf other than at this rank's block "
                         "(sendbuf + %zu elements)",
                         fn, mine);
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__ops_args_init(&a, TDIST_OP_REDUCE_SCATTER_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;

@@ -148,8 +148,8 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
                       "tdist_group_shrink: rank %d of '%s' was left out by the survivors", g->rank,
                       g->name);
   if (rc) goto fail;
-  tdist__bk_params_t p;
-  tdist__bk_out_t bo = {NULL, 0, -1};
+  tdist_backend_params_t p;
+  tdist_backend_out_t bo = {NULL, 0, -1};
   tdist__group_params(child, &p);
   p.exclude = excl;
   p.nexclude = nexcl;

@@ -45,7 +45,7 @@ struct tdist_work {
   /* Caller-observed completion (backend.h, vtable->test; work.c): the
    * backend's test and its state, set at submission (caller), NULL when the
    * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
-  int (*test)(void *state, tdist__bk_op_t *op);
+  int (*test)(void *state, tdist_backend_op_t *op);
   void *test_state;
   int drives; /* (caller) caps.drives: test moves the op itself (work.c) */
   void (*drive_mark)(void *state, int on); /* (caller) vtable->drive_mark, or NULL */
@@ -53,8 +53,8 @@ struct tdist_work {
   struct tdist_progress *progress; /* (caller) the group's, for tdist__progress_flush_lazy */
   _Atomic int claim;
   struct tdist_group *group;
-  tdist__op_args_t args; /* (caller) the validated op */
-  tdist__bk_op_t bop;    /* what the backend sees: bop.args == &args */
+  tdist_backend_args_t args; /* (caller) the validated op */
+  tdist_backend_op_t bop;    /* what the backend sees: bop.args == &args */
   int64_t t_enqueue_ns, t_start_ns, t_end_ns, deadline_ns;
   /* (atomic) When a caller claimed the success (drive, work.c): written
    * before its claim CAS, so whoever sees the claim sees it; the record's
@@ -79,7 +79,7 @@ struct tdist_work {
 enum { TDIST__CLAIM_OPEN = 0, TDIST__CLAIM_CALLER = 1, TDIST__CLAIM_PROGRESS = 2 };
 
 /* The work that holds a backend op. */
-static inline tdist_work_t *tdist__work_of(tdist__bk_op_t *op) {
+static inline tdist_work_t *tdist__work_of(tdist_backend_op_t *op) {
   return tdist__list_entry(op, tdist_work_t, bop);
 }
 

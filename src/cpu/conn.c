@@ -4,7 +4,7 @@
  * Caller thread (inside the backend's init of the world group, bounded by
  * the group's timeout): every rank listens on an ephemeral port and trades
  * "host:port" with every other rank through the group's store view
- * (tdist__store_allgather, keys "cpu/addr/<rank>"), then connects to every
+ * (tdist_backend_allgather, keys "cpu/addr/<rank>"), then connects to every
  * higher rank (retrying until the peer listens) and accepts one connection
  * from every lower rank. A 24-byte handshake (magic, rank, world size, world
  * uid) identifies the connecting rank. Connecting first cannot deadlock: the
@@ -13,7 +13,7 @@
  *
  * The sockets then become non-blocking, get TCP_NODELAY and large buffers,
  * and are handed to the progress thread (tdist__cpu_conn_start via
- * tdist__progress_call), which owns them, and the ctx, from then on. The
+ * tdist_backend_call), which owns them, and the ctx, from then on. The
  * ctx is freed there once the last group released it and every libuv
  * handle is closed.
  */
@@ -31,7 +31,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store/bootstrap.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -175,7 +174,7 @@ static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
 }
 
 /* Trade addresses: publish `me`, read everyone's (addrs[i], NUL-ended). */
-static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadline_ns,
+static int get_addrs(const tdist_backend_params_t *p, const char *me, int64_t deadline_ns,
                      char **addrs) {
   int rc = 0, n = p->size;
   void **vals = tdist__calloc((size_t)n, sizeof(void *));
@@ -185,8 +184,8 @@ static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadli
     goto done;
   }
   int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
-  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL, 0,
-                                         vals, lens, left_ms > 0 ? left_ms : 1),
+  TDIST_CHECKGOTO(tdist_backend_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL, 0,
+                                          vals, lens, left_ms > 0 ? left_ms : 1),
                   rc, done);
   for (int i = 0; i < n; i++) {
     addrs[i] = tdist__calloc(1, lens[i] + 1);
@@ -305,7 +304,8 @@ static void start_all(void *arg) {
     if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
 }
 
-int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out) {
+int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev,
+                          cpu_ctx_t **out) {
   int rc = 0, lfd = -1, port = 0, n = p->size;
   char host[64], me[96];
   char **addrs = NULL;
@@ -390,7 +390,7 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev
     fds[j] = -1;
   }
   TDIST_CHECKGOTO(tdist__cpu_shm_setup(ctx, local, deadline), rc, fail);
-  tdist__progress_call(p->progress, start_all, ctx);
+  tdist_backend_call(p->progress, start_all, ctx);
   TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, n, me, n - 1);
 done:
   if (lfd >= 0) close(lfd);
@@ -519,9 +519,9 @@ void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
   release_req_t r = {ctx, NULL, 0};
   /* Lingering blocks: never on the progress thread (a release from a
    * callback closes at once). */
-  if (tdist__param_CpuLingerMs() > 0 && !tdist__progress_on_thread())
+  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread())
     r.ls = tdist__malloc(sizeof(*r.ls) * (size_t)ctx->size);
-  tdist__progress_call(ctx->progress, release_task, &r);
+  tdist_backend_call(ctx->progress, release_task, &r);
   if (r.ls) tdist__cpu_linger(r.ls, r.n);
   tdist__free(r.ls);
 }

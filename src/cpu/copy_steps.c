@@ -174,7 +174,7 @@ static void on_idle(uv_idle_t *h) {
 }
 
 void tdist__cpu_copy_start(cpu_ctx_t *ctx) {
-  uv_idle_init(tdist__progress_loop(ctx->progress), &ctx->copy_idle);
+  uv_idle_init(tdist_backend_loop(ctx->progress), &ctx->copy_idle);
   ctx->copy_idle.data = ctx;
   tdist__list_init(&ctx->copies);
   ctx->copy_idle_on = 1;

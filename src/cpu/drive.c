@@ -24,13 +24,13 @@
  *     start a watch or a timer calls cpu_off_loop(), which marks ctx->loop_stale;
  *     the progress thread's next entry brings the loop up to date
  *     (loop_sync: the same watches and timers, recomputed from the state);
- *   - report to the core (tdist__bk_complete, tdist__bk_fail are the
+ *   - report to the core (tdist_backend_complete, tdist_backend_fail are the
  *     progress thread's): a completion is held on ctx->held and its op's
  *     cpu_bop_t.ok is set, so test lets the core claim the success at once
  *     (work.c: caller-observed completion) while the progress thread hands
  *     the completion over later; the first failure is kept in the group
  *     (pf_*) and reported by the progress thread.
- * The caller then wakes the progress thread (tdist__progress_wake_any): its
+ * The caller then wakes the progress thread (tdist_backend_wake_any): its
  * poll (needs_poll, caps.wakes) runs loop_sync.
  *
  * An op submit started is ahead of the core, which posts it later from its
@@ -52,7 +52,7 @@
 #define QUIET_MAX 64
 
 /* backend.c */
-int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop);
+int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop);
 
 /* ---- the loop, brought up to date (progress thread, lock held) ---------------- */
 
@@ -60,12 +60,12 @@ static void deliver_held(cpu_ctx_t *ctx) {
   tdist__list_t *n, *next;
   ctx->nquiet = 0;
   tdist__list_foreach_safe(n, next, &ctx->held) {
-    tdist__bk_op_t *bop = tdist__list_entry(n, tdist__bk_op_t, link);
+    tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
     cpu_bop_t *b = cpu_bop(bop);
     if (b->early && !b->posted) continue; /* tdist__cpu_post_early hands it over */
     tdist__list_remove(n);
     b->held = 0;
-    tdist__bk_complete(bop, 0, "ok");
+    tdist_backend_complete(bop, 0, "ok");
   }
 }
 
@@ -77,9 +77,9 @@ static void loop_sync(cpu_ctx_t *ctx) {
     if (!cg->pf_set) continue;
     cg->pf_set = 0;
     if (cg->pf_remote)
-      tdist__bk_fail_remote(cg->bk, cg->pf_status, "%s", cg->pf_why);
+      tdist_backend_fail_remote(cg->bk, cg->pf_status, "%s", cg->pf_why);
     else
-      tdist__bk_fail(cg->bk, cg->pf_status, "%s", cg->pf_why);
+      tdist_backend_fail(cg->bk, cg->pf_status, "%s", cg->pf_why);
   }
   deliver_held(ctx);
   for (int i = 0; i < ctx->size; i++)
@@ -115,9 +115,9 @@ void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, .
     char why[256];
     vsnprintf(why, sizeof(why), fmt, ap);
     if (remote)
-      tdist__bk_fail_remote(cg->bk, status, "%s", why);
+      tdist_backend_fail_remote(cg->bk, status, "%s", why);
     else
-      tdist__bk_fail(cg->bk, status, "%s", why);
+      tdist_backend_fail(cg->bk, status, "%s", why);
   } else if (!cg->pf_set) {
     /* The first cause wins, as in the core. */
     cg->pf_set = 1;
@@ -129,11 +129,11 @@ void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, .
   va_end(ap);
 }
 
-void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop) {
+void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop) {
   cpu_bop_t *b = cpu_bop(bop);
   atomic_store_explicit(&b->ok, 1, memory_order_release);
   if (!ctx->caller && (!b->early || b->posted)) {
-    tdist__bk_complete(bop, 0, "ok");
+    tdist_backend_complete(bop, 0, "ok");
     return;
   }
   b->held = 1;
@@ -151,14 +151,14 @@ void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop) {
 void tdist__cpu_drop_held(cpu_group_t *cg) {
   tdist__list_t *n, *next;
   tdist__list_foreach_safe(n, next, &cg->ctx->held) {
-    tdist__bk_op_t *bop = tdist__list_entry(n, tdist__bk_op_t, link);
+    tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
     if (cpu_bop(bop)->cg != cg) continue;
     tdist__list_remove(n);
     cpu_bop(bop)->held = 0;
   }
 }
 
-int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop) {
+int tdist__cpu_post_early(cpu_group_t *cg, tdist_backend_op_t *bop) {
   cpu_bop_t *b = cpu_bop(bop);
   if (!b->early) {
     atomic_fetch_sub(&cg->queued, 1);
@@ -168,7 +168,7 @@ int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop) {
   if (b->held) {
     tdist__list_remove(&bop->link);
     b->held = 0;
-    tdist__bk_complete(bop, 0, "ok");
+    tdist_backend_complete(bop, 0, "ok");
   }
   return 1;
 }
@@ -182,10 +182,10 @@ static void caller_leave(cpu_ctx_t *ctx, int had) {
   int wake = ctx->loop_stale && !had;
   ctx->caller = 0;
   pthread_mutex_unlock(&ctx->mu);
-  if (wake) tdist__progress_wake_any();
+  if (wake) tdist_backend_wake_any();
 }
 
-int tdist__cpu_submit(void *state, tdist__bk_op_t *bop) {
+int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
   cpu_group_t *cg = state;
   cpu_ctx_t *ctx = cg->ctx;
   cpu_bop_t *b = cpu_bop(bop);
@@ -225,7 +225,7 @@ void tdist__cpu_drive_mark(void *state, int on) {
   cpu_ctx_t *ctx = ((cpu_group_t *)state)->ctx;
   if (!tdist__cpu_shm_mark(ctx, on)) return;
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) {
-    tdist__progress_wake_any();
+    tdist_backend_wake_any();
     return;
   }
   int had = ctx->loop_stale;
@@ -235,7 +235,7 @@ void tdist__cpu_drive_mark(void *state, int on) {
   caller_leave(ctx, had);
 }
 
-int tdist__cpu_test(void *state, tdist__bk_op_t *bop) {
+int tdist__cpu_test(void *state, tdist_backend_op_t *bop) {
   cpu_group_t *cg = state;
   cpu_ctx_t *ctx = cg->ctx;
   cpu_bop_t *b = cpu_bop(bop);

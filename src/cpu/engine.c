@@ -14,7 +14,7 @@
  * No re-entry (cpu.h): the transport calls only tdist__cpu_xfer_done,
  * tdist__cpu_deliver_ux and the matching helpers here, which record progress
  * and never run rounds; rounds run in tdist__cpu_run_ready, called from
- * top-level points only, and every failure is reported with tdist__bk_fail
+ * top-level points only, and every failure is reported with tdist_backend_fail
  * (deferred by the core).
  */
 #include <inttypes.h>
@@ -143,7 +143,7 @@ void tdist__cpu_op_put(cpu_op_t *op) {
  * completes, but the engine's stays on the active list, without its core
  * op and buffers, until the last signature (tdist__cpu_lag_clear). */
 static void op_complete(cpu_op_t *op, int lag) {
-  tdist__bk_op_t *bop = op->bop;
+  tdist_backend_op_t *bop = op->bop;
   cpu_group_t *cg = op->cg;
   if (op->finish_fn) op->finish_fn(op);
   if (!op->p2p) {
@@ -319,7 +319,7 @@ static void send_one(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, int k) {
                        .uid = cg->uid,
                        .seq = op->cseq,
                        /* v-ops: this message's own count (algos_v.c) */
-                       .count = tdist__op_is_v(op->type) ? x->count : op->count,
+                       .count = tdist_backend_op_is_v(op->type) ? x->count : op->count,
                        .slot = (uint32_t)k,
                        .root = op->root,
                        .len = x->len};
@@ -478,7 +478,7 @@ static int p2p_waiting(cpu_group_t *cg, const tdist_p2p_op_t *p) {
  * completes the op. A transfer that cannot be made reports the group's
  * failure and returns: the op then waits for the abort. */
 int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   tdist_p2p_op_t single = {.kind = a->type == TDIST_OP_SEND ? TDIST_P2P_SEND : TDIST_P2P_RECV,
                            .buf = a->recvbuf,
                            .count = a->count,

@@ -473,7 +473,7 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   if (!c->dead) poll_conn(c, status, events);
   ctx->ev->settle(ctx); /* what this callback's writes and reads finished */
   tdist__cpu_leave(ctx);
-  /* No tdist__progress_kick here: sockets wake epoll by themselves, and
+  /* No tdist_backend_kick here: sockets wake epoll by themselves, and
    * spinning after every message costs more than it saves when ranks share
    * cores (measured in docs/cpu-backend.md). */
 }
@@ -514,7 +514,7 @@ void tdist__cpu_park_sync(cpu_ctx_t *ctx) {
 }
 
 void tdist__cpu_ctx_start_timer(cpu_ctx_t *ctx) {
-  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->park_timer);
+  uv_timer_init(tdist_backend_loop(ctx->progress), &ctx->park_timer);
   ctx->park_timer.data = ctx;
   ctx->timer_on = 1;
 }
@@ -575,7 +575,7 @@ void tdist__cpu_conn_drive(cpu_conn_t *c) {
 }
 
 void tdist__cpu_conn_start(cpu_conn_t *c) {
-  uv_poll_init(tdist__progress_loop(c->ctx->progress), &c->poll, c->fd);
+  uv_poll_init(tdist_backend_loop(c->ctx->progress), &c->poll, c->fd);
   c->poll.data = c;
   c->events = UV_READABLE;
   uv_poll_start(&c->poll, UV_READABLE, on_poll);

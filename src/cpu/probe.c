@@ -86,7 +86,7 @@ void tdist__cpu_probe_sync(cpu_ctx_t *ctx) {
 }
 
 void tdist__cpu_probe_start_timer(cpu_ctx_t *ctx) {
-  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->probe_timer);
+  uv_timer_init(tdist_backend_loop(ctx->progress), &ctx->probe_timer);
   ctx->probe_timer.data = ctx;
   ctx->probe_timer_on = 1;
 }

@@ -132,7 +132,7 @@ static void on_ring_idle(uv_idle_t *h) {
 }
 
 void tdist__cpu_shm_start(cpu_ctx_t *ctx) {
-  uv_idle_init(tdist__progress_loop(ctx->progress), &ctx->ring_idle);
+  uv_idle_init(tdist_backend_loop(ctx->progress), &ctx->ring_idle);
   ctx->ring_idle.data = ctx;
   ctx->ring_idle_on = 1;
 }

@@ -84,7 +84,7 @@ typedef struct CUgraphExec_st *cudaGraphExec_t; /* opaque */
 typedef void (*cudaHostFn_t)(void *userData);
 
 enum {
-  cudaStreamDefault = 0x00,     /* cudaStreamCreateWithFlags */
+  cudaStreamDefault = 0x00, /* cudaStreamCreateWithFlags */
   cudaStreamNonBlocking = 0x01,
   cudaEventDefault = 0x00, /* cudaEventCreateWithFlags */
   cudaEventBlockingSync = 0x01,

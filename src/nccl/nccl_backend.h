@@ -14,7 +14,7 @@
  *   progress thread  post, poll, abort (nccl_progress.c). Never blocks: poll
  *                    only trylocks mu; abort locks it, which waits at most one
  *                    turn of a caller's polling loop (those loops check
- *                    tdist__bk_aborted on every turn) and makes no blocking
+ *                    tdist_backend_aborted on every turn) and makes no blocking
  *                    NCCL call: ncclCommAbort and ncclCommRevoke (which may
  *                    join an NCCL job thread) go to an abort thread.
  *   abort threads    one per abort (nccl_progress.c abort_main):
@@ -55,9 +55,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "core/backend.h"
+#include "tdist/backend.h"
 #include "util/param.h"
-#include "core/progress.h"
 #include "nccl/nccl_api.h"
 #include "util/error.h"
 #include "util/list.h"
@@ -72,11 +71,11 @@ typedef struct tdist__nccl {
   int jobs;            /* (mu) worker jobs not yet finished on this state */
 
   /* Set at creation (caller thread), then read-only. */
-  tdist__bk_group_t *group;        /* the core's handle: tdist__bk_fail, tdist__bk_aborted */
-  struct tdist_progress *progress; /* the progress thread (caller-side failure reports) */
-  char name[64];                   /* the group's name, for messages and the NCCL config */
-  int64_t timeout_ms;              /* the group's timeout at creation: bounds destroy */
-  int rank, size;                  /* in the group (v-ops: nccl_ops_v.c) */
+  tdist_backend_group_t *group; /* the core's handle: tdist_backend_fail, tdist_backend_aborted */
+  tdist_backend_progress_t *progress; /* the progress thread (caller-side failure reports) */
+  char name[64];                      /* the group's name, for messages and the NCCL config */
+  int64_t timeout_ms;                 /* the group's timeout at creation: bounds destroy */
+  int rank, size;                     /* in the group (v-ops: nccl_ops_v.c) */
   int device;
   int min_cc;           /* smallest compute capability of the group's devices (90 = 9.0) */
   int64_t remote_ns;    /* (progress, mu) when poll first saw ncclRemoteError, else 0 */
@@ -85,7 +84,7 @@ typedef struct tdist__nccl {
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
-  /* (mu) Launched ops (tdist__bk_op_t.link), in launch order = stream order. */
+  /* (mu) Launched ops (tdist_backend_op_t.link), in launch order = stream order. */
   tdist__list_t inflight;
 
   /* Event pool (mu): `all` holds every event created (destroyed at destroy),
@@ -102,9 +101,9 @@ typedef struct tdist__nccl_op {
   int completed;   /* (mu) poll completed it (unlinked, not forgotten by abort) */
 } tdist__nccl_op_t;
 
-_Static_assert(sizeof(tdist__nccl_op_t) <= TDIST__BK_SCRATCH, "op scratch too small");
+_Static_assert(sizeof(tdist__nccl_op_t) <= TDIST_BACKEND_SCRATCH, "op scratch too small");
 
-static inline tdist__nccl_op_t *tdist__nccl_op(tdist__bk_op_t *op) {
+static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
   return (tdist__nccl_op_t *)(void *)op->scratch;
 }
 
@@ -258,7 +257,7 @@ int tdist__nccl_missing(const char *what, const char *fn, int maj, int min);
   (NC.fn ? 0 : tdist__nccl_missing((what), #fn, (maj), (min)))
 
 /* The backend as the core's table lists it (nccl_comm.c). */
-extern const tdist__backend_t tdist__nccl_backend;
+extern const tdist_backend_t tdist__nccl_backend;
 
 /* Error conversion at the boundary: the tdist code, with the library's own
  * text (and, for NCCL, ncclGetLastError of the communicator) recorded with
@@ -292,7 +291,7 @@ int tdist__cuda_err(cudaError_t e, const char *what);
  * TDIST_ERR_ABORTED; the message is recorded and names `what` and the group
  * `gname`.
  */
-int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+int tdist__nccl_wait_ready(ncclComm_t comm, const tdist_backend_group_t *g, const char *gname,
                            const char *what, int64_t timeout_ms);
 
 /* ---- the current device (nccl_device.c) -------------------------------------------- */
@@ -327,7 +326,7 @@ int tdist__nccl_dev_own(int dev);
 int tdist__nccl_dtype(tdist_dtype_t dt, ncclDataType_t *out);
 int tdist__nccl_redop(tdist_redop_t op, ncclRedOp_t *out);
 
-/* Caller thread: fail nc's group as the progress thread's tdist__bk_fail
+/* Caller thread: fail nc's group as the progress thread's tdist_backend_fail
  * would (which only that thread may call): run there, and wait for it. */
 void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -340,30 +339,30 @@ void tdist__nccl_forget_locked(tdist__nccl_t *nc);
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev);
 void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 
-/* Vtable entries (core/backend.h), by file:
+/* Vtable entries (tdist/backend.h), by file:
  *   nccl_comm.c     init, split, shrink, destroy       (caller thread)
  *   nccl_ops.c      submit                             (caller thread)
  *   nccl_progress.c post, poll, abort                  (progress thread)
  *                   wait_stream                        (caller thread)
  *                   test                               (any caller thread) */
-int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out);
-int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out);
-int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+int tdist__nccl_init(const tdist_backend_params_t *p, tdist_backend_out_t *out);
+int tdist__nccl_split(const tdist_backend_params_t *p, tdist_backend_out_t *out);
+int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out);
 int tdist__nccl_destroy(void *state);
-int tdist__nccl_submit(void *state, tdist__bk_op_t *op);
-int tdist__nccl_post(void *state, tdist__bk_op_t *op);
+int tdist__nccl_submit(void *state, tdist_backend_op_t *op);
+int tdist__nccl_post(void *state, tdist_backend_op_t *op);
 int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
-int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream);
-int tdist__nccl_test(void *state, tdist__bk_op_t *op);
+int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
+int tdist__nccl_test(void *state, tdist_backend_op_t *op);
 
 /* ---- variable-size collectives (nccl_ops_v.c), caller thread, mu held ---------- */
-/* The NCCL calls of a v-op (tdist__op_is_v) on nc->stream, in one NCCL group. */
-ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDataType_t dt,
-                                  ncclRedOp_t op);
+/* The NCCL calls of a v-op (tdist_backend_op_is_v) on nc->stream, in one NCCL group. */
+ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                  ncclDataType_t dt, ncclRedOp_t op);
 /* submit's buffer check for a v-op: every non-empty block's buffer is device
  * memory (tdist__nccl_check_ptr, nccl_ops.c). */
-int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist__op_args_t *a);
+int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist_backend_args_t *a);
 int tdist__nccl_check_ptr(const tdist__nccl_t *nc, const void *ptr, const char *what,
                           tdist_optype_t t);
 

@@ -21,7 +21,6 @@
 #include <time.h>
 
 #include "nccl/nccl_backend.h"
-#include "store/bootstrap.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/param.h"
@@ -44,7 +43,7 @@ int tdist__cuda_err(cudaError_t e, const char *what) {
                       cudaGetErrorName(e));
 }
 
-int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+int tdist__nccl_wait_ready(ncclComm_t comm, const tdist_backend_group_t *g, const char *gname,
                            const char *what, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
   int64_t sleep_ns = tdist__param_NcclPollSleepUs() * 1000;
@@ -59,7 +58,7 @@ int tdist__nccl_wait_ready(ncclComm_t comm, const tdist__bk_group_t *g, const ch
                           ncclGetLastError(comm));
     /* The progress thread's abort waits for mu, which our caller holds:
      * give up at once so it waits at most one turn. */
-    if (g && tdist__bk_aborted(g))
+    if (g && tdist_backend_aborted(g))
       return tdist__error(TDIST_ERR_ABORTED, "%s for group '%s': group aborted", what, gname);
     if (tdist__now_ns() >= deadline)
       return tdist__error(TDIST_ERR_TIMEOUT, "%s for group '%s' timed out after %lld ms", what,
@@ -136,7 +135,7 @@ static void state_free(tdist__nccl_t *nc) {
   tdist__free(nc);
 }
 
-static int state_new(int device, const tdist__bk_params_t *p, tdist__nccl_t **out) {
+static int state_new(int device, const tdist_backend_params_t *p, tdist__nccl_t **out) {
   tdist__nccl_t *nc = tdist__calloc(1, sizeof(*nc));
   if (!nc) return tdist__error(TDIST_ERR_NO_MEMORY, "cannot allocate NCCL group state");
   pthread_condattr_t ca;
@@ -158,7 +157,7 @@ static int state_new(int device, const tdist__bk_params_t *p, tdist__nccl_t **ou
 }
 
 /* Publish nc, with its communicator, as the new group's state. */
-static void state_publish(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
+static void state_publish(tdist__nccl_t *nc, ncclComm_t comm, tdist_backend_out_t *out) {
   nc->comm = comm;
   out->state = nc;
   out->needs_poll = 1;
@@ -243,7 +242,7 @@ static int pick_device(const tdist_init_opts_t *o, int n, int *device) {
 
 /* Every rank's compute capability, gathered: the smallest decides whether
  * NCCL reduces float8 (enqueue.cc: comm->minCompCap >= 90). */
-static int exchange_cc(const tdist__bk_params_t *p, int device, int *min_cc) {
+static int exchange_cc(const tdist_backend_params_t *p, int device, int *min_cc) {
   int rc = 0, major = 0, minor = 0;
   CUDACHECKGOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), rc, out);
   CUDACHECKGOTO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), rc, out);
@@ -255,8 +254,8 @@ static int exchange_cc(const tdist__bk_params_t *p, int device, int *min_cc) {
   if (!vals || !lens) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': out of memory", p->name);
   } else {
-    rc = tdist__store_allgather(p->store, "nccl_cc", p->rank, p->size, &mine, sizeof(mine), NULL, 0,
-                                vals, lens, p->timeout_ms);
+    rc = tdist_backend_allgather(p->store, "nccl_cc", p->rank, p->size, &mine, sizeof(mine), NULL,
+                                 0, vals, lens, p->timeout_ms);
     for (int i = 0; rc == 0 && i < p->size; i++) {
       int cc;
       if (!vals[i] || lens[i] != sizeof(cc)) {
@@ -279,7 +278,7 @@ out:
 
 /* Rank 0 makes the unique id; everyone reads rank 0's through the group's
  * store (rank 0 waits for nobody: its `from` list is empty). */
-static int exchange_id(const tdist__bk_params_t *p, const char *gname, ncclUniqueId *id) {
+static int exchange_id(const tdist_backend_params_t *p, const char *gname, ncclUniqueId *id) {
   int rc = 0;
   static const int from[1] = {0};
   void **vals = NULL;
@@ -292,9 +291,9 @@ static int exchange_id(const tdist__bk_params_t *p, const char *gname, ncclUniqu
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': NCCL id exchange: out of memory", gname);
     goto out;
   }
-  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "nccl_id", p->rank, p->size,
-                                         p->rank == 0 ? id : NULL, sizeof(*id), from,
-                                         p->rank == 0 ? 0 : 1, vals, lens, p->timeout_ms),
+  TDIST_CHECKGOTO(tdist_backend_allgather(p->store, "nccl_id", p->rank, p->size,
+                                          p->rank == 0 ? id : NULL, sizeof(*id), from,
+                                          p->rank == 0 ? 0 : 1, vals, lens, p->timeout_ms),
                   rc, out);
   if (p->rank != 0) {
     if (!vals[0] || lens[0] != sizeof(*id)) {
@@ -313,16 +312,16 @@ out:
 
 /* Poll a freshly created communicator (init, split, shrink) to readiness. On
  * failure the caller aborts it, so no NCCL thread is left behind. */
-static int comm_ready(ncclComm_t comm, const tdist__bk_group_t *g, const char *gname,
+static int comm_ready(ncclComm_t comm, const tdist_backend_group_t *g, const char *gname,
                       const char *what, int64_t timeout_ms) {
   int rc = tdist__nccl_wait_ready(comm, g, gname, what, timeout_ms);
   if (rc != 0) TDIST_WARN(NCCL, "%s", tdist_last_error());
   return rc;
 }
 
-static int init_on(const tdist__bk_params_t *p, int device, tdist__bk_out_t *out);
+static int init_on(const tdist_backend_params_t *p, int device, tdist_backend_out_t *out);
 
-int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+int tdist__nccl_init(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   if (p->size > 1 && !p->store)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "nccl: group '%s' of %d ranks has no store",
                         p->name, p->size);
@@ -336,7 +335,7 @@ int tdist__nccl_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
 /* A communicator of its own for the group of `p` on `device`: a fresh
  * unique id through the group's store (init, or a new group naming its
  * device: ncclCommSplit would keep the parent's). */
-static int init_on(const tdist__bk_params_t *p, int device, tdist__bk_out_t *out) {
+static int init_on(const tdist_backend_params_t *p, int device, tdist_backend_out_t *out) {
   int rc = 0;
   tdist__nccl_t *nc = NULL;
   ncclUniqueId id;
@@ -368,7 +367,7 @@ fail:
 
 /* A new communicator (split or shrink) becomes the child's state; on failure
  * it is aborted and nc freed. */
-static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
+static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist_backend_out_t *out) {
   tdist__nccl_dev_t dev;
   int rc = tdist__nccl_dev_enter(nc->device, &dev);
   if (rc == 0) {
@@ -386,7 +385,7 @@ static int adopt(tdist__nccl_t *nc, ncclComm_t comm, tdist__bk_out_t *out) {
 }
 
 /* The child's device: the parent's, as the core reports it. */
-static int child_device(const tdist__bk_params_t *p, const tdist__nccl_t *pn) {
+static int child_device(const tdist_backend_params_t *p, const tdist__nccl_t *pn) {
   return p->device >= 0 ? p->device : pn->device;
 }
 
@@ -402,7 +401,7 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
     int busy = !pn->dead && tdist__list_first(&pn->inflight) != NULL;
     pthread_mutex_unlock(&pn->mu);
     if (!busy) return 0;
-    if (tdist__bk_aborted(pn->group))
+    if (tdist_backend_aborted(pn->group))
       return tdist__error(TDIST_ERR_ABORTED, "%s of group '%s': group aborted", what, pn->name);
     if (timeout_ms > 0 && tdist__now_ns() >= deadline)
       return tdist__error(TDIST_ERR_TIMEOUT,
@@ -425,7 +424,7 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
  * (the progress thread's abort takes it). `gate`: give up when this group
  * is aborted (NULL: never; a shrink's parent is aborted already).
  */
-static int finish_child(tdist__nccl_t *pn, const tdist__bk_group_t *gate, ncclResult_t r,
+static int finish_child(tdist__nccl_t *pn, const tdist_backend_group_t *gate, ncclResult_t r,
                         ncclComm_t *slot, const char *what, int64_t timeout_ms, ncclComm_t *child,
                         int *failed) {
   int rc;
@@ -459,15 +458,15 @@ static void parent_failed(tdist__nccl_t *pn, int rc) {
   tdist__error(rc, "%s", msg);
 }
 
-/* Collective over the parent: non-members (TDIST__NOCOLOR) call ncclCommSplit
+/* Collective over the parent: non-members (TDIST_BACKEND_NOCOLOR) call ncclCommSplit
  * with NCCL_SPLIT_NOCOLOR and leave out->state NULL. */
-int tdist__nccl_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+int tdist__nccl_split(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   int rc = 0;
   tdist__nccl_t *pn = p->parent, *nc = NULL;
   ncclComm_t comm = NULL, *slot = NULL;
   ncclConfig_t cfg;
   tdist__nccl_dev_t dev = {0, 0};
-  int member = p->color != TDIST__NOCOLOR, failed = 0;
+  int member = p->color != TDIST_BACKEND_NOCOLOR, failed = 0;
   int key = member ? p->rank : p->parent_rank;
   if (p->own_device) {
     /* The group names its device: a communicator of its own, made by the
@@ -529,7 +528,7 @@ static int wait_jobs(tdist__nccl_t *nc);
 
 /* Survivors only, after a peer failure (a revoked parent), or a live group
  * cut down by the caller. */
-int tdist__nccl_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   int rc = 0;
   tdist__nccl_t *pn = p->parent, *nc = NULL;
   ncclComm_t comm = NULL, *slot = NULL;
@@ -660,7 +659,7 @@ int tdist__nccl_destroy(void *state) {
 
 /* ---- the backend ------------------------------------------------------------------ */
 
-static const tdist__backend_ops_t nccl_ops = {
+static const tdist_backend_ops_t nccl_ops = {
     .init = tdist__nccl_init,
     .split = tdist__nccl_split,
     .shrink = tdist__nccl_shrink,
@@ -675,25 +674,31 @@ static const tdist__backend_ops_t nccl_ops = {
 
 #define BIT(x) (1u << (x))
 
-const tdist__backend_t tdist__nccl_backend = {
-    "nccl",
-    &nccl_ops,
-    {
-        .mem = TDIST__MEM_DEVICE,
-        .ops = TDIST__ALL_OPS,
-        /* What tdist__nccl_dtype maps. NCCL has no bool, int16 or uint16, so
-         * the core refuses them (NOT_SUPPORTED) before submit; the float8
-         * types also need NCCL 2.24, checked at submit (nccl_ops.c). */
-        .dtypes = BIT(TDIST_INT8) | BIT(TDIST_UINT8) | BIT(TDIST_INT32) | BIT(TDIST_INT64) |
-                  BIT(TDIST_UINT32) | BIT(TDIST_UINT64) | BIT(TDIST_FLOAT16) | BIT(TDIST_BFLOAT16) |
-                  BIT(TDIST_FLOAT32) | BIT(TDIST_FLOAT64) | BIT(TDIST_FLOAT8_E4M3) |
-                  BIT(TDIST_FLOAT8_E5M2),
-        /* tdist__nccl_redop, plus PREMUL_SUM made per op (nccl_ops.c). No
-         * BAND/BOR/BXOR: NCCL has no bitwise reductions. */
-        .redops = BIT(TDIST_SUM) | BIT(TDIST_PROD) | BIT(TDIST_MIN) | BIT(TDIST_MAX) |
-                  BIT(TDIST_AVG) | BIT(TDIST_PREMUL_SUM),
-        .shrink = 1,
-        .stream_wait = 1,
-        .wakes = 1, /* nccl_ops.c: a host function after each end event */
-    },
+const tdist_backend_t tdist__nccl_backend = {
+    .abi_version = TDIST_BACKEND_ABI_VERSION,
+    .name = "nccl",
+    .ops = &nccl_ops,
+    .caps =
+        {
+            .mem = TDIST_BACKEND_MEM_DEVICE,
+            .ops = TDIST_BACKEND_ALL_OPS,
+            /* What tdist__nccl_dtype maps. NCCL has no bool, int16 or uint16, so
+             * the core refuses them (NOT_SUPPORTED) before submit; the float8
+             * types also need NCCL 2.24, checked at submit (nccl_ops.c). */
+            .dtypes = BIT(TDIST_INT8) | BIT(TDIST_UINT8) | BIT(TDIST_INT32) | BIT(TDIST_INT64) |
+                      BIT(TDIST_UINT32) | BIT(TDIST_UINT64) | BIT(TDIST_FLOAT16) |
+                      BIT(TDIST_BFLOAT16) | BIT(TDIST_FLOAT32) | BIT(TDIST_FLOAT64) |
+                      BIT(TDIST_FLOAT8_E4M3) | BIT(TDIST_FLOAT8_E5M2),
+            /* tdist__nccl_redop, plus PREMUL_SUM made per op (nccl_ops.c). No
+             * BAND/BOR/BXOR: NCCL has no bitwise reductions. */
+            .redops = BIT(TDIST_SUM) | BIT(TDIST_PROD) | BIT(TDIST_MIN) | BIT(TDIST_MAX) |
+                      BIT(TDIST_AVG) | BIT(TDIST_PREMUL_SUM),
+            .shrink = 1,
+            .stream_wait = 1,
+            .wakes = 1, /* nccl_ops.c: a host function after each end event */
+        },
 };
+
+/* The entry the core's registry calls, as it calls a plug-in's
+ * tdist_backend_plugin (tdist/backend.h). */
+const tdist_backend_t *tdist__nccl_plugin(void) { return &tdist__nccl_backend; }

@@ -91,7 +91,8 @@ static tdist__cuDevicePrimaryCtxGetState_fn open_driver_call(void *cu) {
   tdist__cuDevicePrimaryCtxGetState_fn f = NULL;
   *(void **)(&f) = dlsym(cu, "cuDevicePrimaryCtxGetState");
   if (f) return f;
-  void *h = dlopen(tdist__param_str("TDIST_CUDA_DRIVER_LIBRARY", "libcuda.so.1"), RTLD_NOW | RTLD_LOCAL);
+  void *h =
+      dlopen(tdist__param_str("TDIST_CUDA_DRIVER_LIBRARY", "libcuda.so.1"), RTLD_NOW | RTLD_LOCAL);
   if (h) *(void **)(&f) = dlsym(h, "cuDevicePrimaryCtxGetState");
   if (!f) dlerror(); /* clear it: not an error */
   return f;

@@ -42,8 +42,8 @@ static void p2p(ncclResult_t *r, int send, const void *buf, size_t count, ncclDa
   *r = send ? ncclSend(buf, count, dt, peer, c, s) : ncclRecv((void *)buf, count, dt, peer, c, s);
 }
 
-ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDataType_t dt,
-                                  ncclRedOp_t op) {
+ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                  ncclDataType_t dt, ncclRedOp_t op) {
   ncclComm_t c = nc->comm;
   cudaStream_t s = nc->stream;
   int n = nc->size, me = nc->rank;
@@ -99,7 +99,7 @@ ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist__op_args_t *a, 
   return r != ncclSuccess ? r : e;
 }
 
-int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
   size_t send = 0, recv = 0; /* elements each side moves */
   int n = nc->size;
   switch (a->type) {

@@ -12,7 +12,7 @@
  *   1. ncclCommGetAsyncError once for the communicator. ncclRemoteError (a
  *      peer gone) is a peer failure: TDIST_ERR_REMOTE_FAILED, reported only
  *      if the monitor has not named the dead rank within the grace period.
- *      Any other error fails the group (tdist__bk_fail with
+ *      Any other error fails the group (tdist_backend_fail with
  *      TDIST_ERR_NCCL_ERROR and NCCL's own text); the core then calls
  *      abort, which forgets every launched op, and fails them itself.
  *   2. cudaEventQuery on the end event of the op at the head of our FIFO
@@ -47,7 +47,7 @@
 /* At most this many completions per poll (bounded stack array). */
 #define BATCH 64
 
-int tdist__nccl_post(void *state, tdist__bk_op_t *op) {
+int tdist__nccl_post(void *state, tdist_backend_op_t *op) {
   /* Already launched by submit on the caller's thread; poll completes it.
    * Progress thread, like poll: no lock needed for `posted`. */
   tdist__nccl_op(op)->posted = 1;
@@ -56,7 +56,7 @@ int tdist__nccl_post(void *state, tdist__bk_op_t *op) {
 
 int tdist__nccl_poll(void *state) {
   tdist__nccl_t *nc = state;
-  tdist__bk_op_t *done[BATCH];
+  tdist_backend_op_t *done[BATCH];
   int n = 0;
   ncclResult_t st = ncclSuccess;
   cudaError_t qerr = cudaSuccess;
@@ -71,7 +71,7 @@ int tdist__nccl_poll(void *state) {
   int drc = tdist__nccl_dev_own(nc->device);
   if (drc != 0) {
     pthread_mutex_unlock(&nc->mu);
-    tdist__bk_fail(nc->group, drc, "%s", tdist_last_error());
+    tdist_backend_fail(nc->group, drc, "%s", tdist_last_error());
     return 0;
   }
   ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
@@ -88,11 +88,11 @@ int tdist__nccl_poll(void *state) {
     int64_t waited = (now - nc->remote_ns) / 1000000;
     pthread_mutex_unlock(&nc->mu);
     if (waited >= tdist__param_NcclRemoteGraceMs())
-      tdist__bk_fail(nc->group, TDIST_ERR_REMOTE_FAILED,
-                     "NCCL reports a failed peer in group '%s' (%s: %s), and no rank of it was "
-                     "declared dead within %lld ms",
-                     nc->name, ncclGetErrorString(st), ncclGetLastError(nc->comm),
-                     (long long)waited);
+      tdist_backend_fail(nc->group, TDIST_ERR_REMOTE_FAILED,
+                         "NCCL reports a failed peer in group '%s' (%s: %s), and no rank of it was "
+                         "declared dead within %lld ms",
+                         nc->name, ncclGetErrorString(st), ncclGetLastError(nc->comm),
+                         (long long)waited);
     return 0;
   }
   if (st != ncclSuccess && st != ncclInProgress) {
@@ -100,12 +100,12 @@ int tdist__nccl_poll(void *state) {
     snprintf(msg, sizeof(msg), "%s%s%s", ncclGetErrorString(st), last && *last ? ": " : "",
              last ? last : "");
     pthread_mutex_unlock(&nc->mu);
-    tdist__bk_fail(nc->group, TDIST_ERR_NCCL_ERROR, "NCCL asynchronous error: %s", msg);
+    tdist_backend_fail(nc->group, TDIST_ERR_NCCL_ERROR, "NCCL asynchronous error: %s", msg);
     return 0;
   }
   tdist__list_t *l;
   while (n < BATCH && (l = tdist__list_first(&nc->inflight)) != NULL) {
-    tdist__bk_op_t *op = tdist__list_entry(l, tdist__bk_op_t, link);
+    tdist_backend_op_t *op = tdist__list_entry(l, tdist_backend_op_t, link);
     tdist__nccl_op_t *no = tdist__nccl_op(op);
     if (!no->posted) break; /* launched before an op the core posted first */
     cudaError_t q = cudaEventQuery(no->end);
@@ -125,10 +125,10 @@ int tdist__nccl_poll(void *state) {
   pthread_mutex_unlock(&nc->mu);
 
   for (int i = 0; i < n; i++)
-    tdist__bk_complete(done[i], 0, "completed");
+    tdist_backend_complete(done[i], 0, "completed");
   if (qerr != cudaSuccess)
-    tdist__bk_fail(nc->group, TDIST_ERR_CUDA_ERROR, "CUDA error on the group's stream: %s (%s)",
-                   cudaGetErrorString(qerr), cudaGetErrorName(qerr));
+    tdist_backend_fail(nc->group, TDIST_ERR_CUDA_ERROR, "CUDA error on the group's stream: %s (%s)",
+                       cudaGetErrorString(qerr), cudaGetErrorName(qerr));
   return n;
 }
 
@@ -140,7 +140,7 @@ typedef struct fail_call {
 
 static void fail_on_progress(void *arg) {
   fail_call_t *f = arg;
-  tdist__bk_fail(f->nc->group, f->status, "%s", f->msg);
+  tdist_backend_fail(f->nc->group, f->status, "%s", f->msg);
 }
 
 void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...) {
@@ -149,7 +149,7 @@ void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
   va_start(ap, fmt);
   vsnprintf(f.msg, sizeof(f.msg), fmt, ap);
   va_end(ap);
-  tdist__progress_call(nc->progress, fail_on_progress, &f);
+  tdist_backend_call(nc->progress, fail_on_progress, &f);
 }
 
 void tdist__nccl_forget_locked(tdist__nccl_t *nc) {
@@ -234,7 +234,7 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
   int revoke = 0;
   if (!nc) return;
   /* Caller-side holders of mu give up within one poll turn: the group reads
-   * as aborted (tdist__bk_aborted) before the core calls us. */
+   * as aborted (tdist_backend_aborted) before the core calls us. */
   pthread_mutex_lock(&nc->mu);
   if (!nc->dead) {
     /* Forget every launched op: the core finishes them after we return. */
@@ -270,7 +270,7 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
  * here: the shrink forgets the ops (dead) before NCCL stops them. The
  * caller's device and capture mode come back as they were; a busy mu (poll,
  * a submit, an abort) answers "not yet" rather than wait. */
-int tdist__nccl_test(void *state, tdist__bk_op_t *op) {
+int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   int done = 0;
@@ -297,7 +297,7 @@ out:
   return done;
 }
 
-int tdist__nccl_wait_stream(void *state, tdist__bk_op_t *op, void *stream) {
+int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream) {
   int rc = 0;
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);

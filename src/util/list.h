@@ -17,12 +17,13 @@
 
 #include <stddef.h>
 
-typedef struct tdist__list {
-  struct tdist__list *next, *prev;
-} tdist__list_t;
+#include "tdist/list.h"
+
+/* The public link (the backend interface carries it in every op). */
+typedef tdist_list_t tdist__list_t;
 
 #define tdist__list_entry(ptr, type, member) \
-  ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+  ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 static inline void tdist__list_init(tdist__list_t *h) { h->next = h->prev = h; }
 

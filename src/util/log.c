@@ -26,9 +26,10 @@ static char host[64] = "?";
 static const struct {
   const char *name;
   unsigned bit;
-} subsys_names[] = {{"CORE", TDIST_SUB_CORE}, {"STORE", TDIST_SUB_STORE}, {"CPU", TDIST_SUB_CPU},
-                    {"NCCL", TDIST_SUB_NCCL}, {"INIT", TDIST_SUB_INIT},   {"TOOL", TDIST_SUB_TOOL},
-                    {"ALL", TDIST_SUB_ALL}};
+} subsys_names[] = {{"CORE", TDIST_SUB_CORE},       {"STORE", TDIST_SUB_STORE},
+                    {"CPU", TDIST_SUB_CPU},         {"NCCL", TDIST_SUB_NCCL},
+                    {"INIT", TDIST_SUB_INIT},       {"TOOL", TDIST_SUB_TOOL},
+                    {"BACKEND", TDIST_SUB_BACKEND}, {"ALL", TDIST_SUB_ALL}};
 
 static unsigned parse_subsys(const char *s) {
   int exclude = (*s == '^');

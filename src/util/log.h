@@ -24,7 +24,8 @@ enum tdist__subsys {
   TDIST_SUB_NCCL = 1u << 3,
   TDIST_SUB_INIT = 1u << 4,
   TDIST_SUB_TOOL = 1u << 5,
-  TDIST_SUB_ALL = 0x3f
+  TDIST_SUB_BACKEND = 1u << 6, /* plug-in backends (tdist_backend_log) */
+  TDIST_SUB_ALL = 0x7f
 };
 
 /* -1 until the settings are read; then the level. */

@@ -11,6 +11,7 @@
 
 #include "util/alloc.h"
 #include "core/work.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -13,6 +13,7 @@
 
 #include "core/group.h"
 #include "core/progress.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -15,6 +15,7 @@
 
 #include "util/clock.h"
 #include "core/group.h"
+#include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
 

@@ -144,3 +144,16 @@ if [ "$JE" = ON ]; then
   fi
 fi
 echo "install_consumer: libtdist.so dlopened by a C program and by python3 (ctypes), no GLIBC_TUNABLES: ok"
+
+# 4. A third party's backend: the example plug-in (examples/backend) built
+#    against the installed headers alone (pkg-config --cflags, no library),
+#    dropped into <libdir>/tdist-backends, where libtdist.so finds it by name
+#    without TDIST_BACKEND_PATH (plugin_load tests the path and the
+#    refusals).
+E="$S/../../examples/backend"
+mkdir -p "$L/tdist-backends"
+cc -shared -fPIC -Wall -Werror $(pc --cflags) "$E/loopback.c" -o "$L/tdist-backends/libtdist-backend-loopback.so"
+cc $(pc --cflags) "$E/demo.c" $(pc --libs) -o "$T/backend_demo"
+env -u TDIST_BACKEND_PATH "$T/backend_demo" loopback | grep -q "^OK: backend 'loopback'" ||
+  fail "the installed libtdist.so did not run the example backend from $L/tdist-backends"
+echo "install_consumer: the example backend, built from the installed headers, loaded by name from $L/tdist-backends: ok"

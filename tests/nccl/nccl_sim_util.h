@@ -31,8 +31,8 @@
 
 /* The backend (src/nccl/nccl_comm.c): a reference from the test pulls its
  * objects out of the static library whatever the core's table does. */
-extern const tdist__backend_t tdist__nccl_backend;
-__attribute__((used)) static const tdist__backend_t *const ns_nccl_backend_ref =
+extern const tdist_backend_t tdist__nccl_backend;
+__attribute__((used)) static const tdist_backend_t *const ns_nccl_backend_ref =
     &tdist__nccl_backend;
 
 /* In a child: `call` must return `want` (a tdist code); prints both and the

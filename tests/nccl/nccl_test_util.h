@@ -17,8 +17,8 @@
 
 /* The backend (src/nccl/nccl_comm.c). A reference from the test itself pulls
  * its objects out of the static library whatever the core's table does. */
-extern const tdist__backend_t tdist__nccl_backend;
-__attribute__((used)) static const tdist__backend_t *const nt_nccl_backend_ref =
+extern const tdist_backend_t tdist__nccl_backend;
+__attribute__((used)) static const tdist_backend_t *const nt_nccl_backend_ref =
     &tdist__nccl_backend;
 
 /* Caller thread: world group of `size` ranks, this one `rank`, rank 0 hosting

@@ -1,4 +1,6 @@
-/* tb_world.c - see tb_world.h. Runs in forked test children. */
+/* tb_world.c - see tb_world.h. Runs in forked test children. White-box: it
+ * builds groups with the core's constructor; the backend itself is the
+ * test plug-in (tests/plugins). */
 #include "tb_world.h"
 
 #include <stdio.h>
@@ -21,9 +23,17 @@ int tb_world_join(int rank, int size, int port, int64_t timeout_ms, tb_world_t *
   }
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
   MP_CHECK_RC(tdist_store_connect("127.0.0.1", port, &o, &w->st));
-  MP_CHECK_RC(
-      tdist__group_create(&tb_backend, rank, size, "world", w->st, timeout_ms, NULL, &w->g));
+  tb_register();
+  MP_CHECK_RC(tdist__group_create(tdist__backend_find("test"), rank, size, "world", w->st,
+                                  timeout_ms, NULL, &w->g));
   return 0;
+}
+
+int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g) {
+  tb_register();
+  const tdist_backend_t *bk = tdist__backend_find("test");
+  if (!bk) return TDIST_ERR_NOT_SUPPORTED;
+  return tdist__group_create(bk, rank, size, "world", NULL, timeout_ms, NULL, g);
 }
 
 int tb_store_barrier(tdist_store_t *st, const char *key, int64_t n) {

@@ -16,6 +16,9 @@ typedef struct tb_world {
   int rank, size;
 } tb_world_t;
 
+/* A world group of the test backend with `size` ranks (this process is
+ * `rank`) and no store: white-box (the core's own group constructor). */
+int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g);
 /* Start the store (rank 0), connect, create the world group. */
 int tb_world_join(int rank, int size, int port, int64_t timeout_ms, tb_world_t *w);
 /* Add 1 to `key` and wait (up to 10 s) until it reaches n. */

@@ -26,6 +26,7 @@
 #include "run_util.h"
 #include "tdist/debug.h"
 #include "tdist/tdist.h"
+#include "tb_world.h"
 #include "test_backend.h"
 
 static char dir[64]; /* this run's scratch directory */

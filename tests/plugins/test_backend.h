@@ -2,10 +2,12 @@
  * test_backend.h - a backend for tests and the overhead benchmark that moves
  * no data and completes, fails, stalls or holds work on command.
  *
- * It is written against the backend contract alone (core/backend.h) and
- * joins the library's table with tdist__backend_register: the proof that a
- * backend is added without touching a core file. Its name is "test", so
- * TDIST_BACKEND=test works once tb_register() ran.
+ * It is a plug-in written against the installed interface alone
+ * (tdist/backend.h: no file of src/ is included), built as
+ * libtdist-backend-test.so: the proof that a backend is added without
+ * touching the core. Its name is "test". A program either links it and
+ * calls tb_register() (tdist_backend_register), or names it and lets the
+ * library load it (TDIST_BACKEND_PATH, tests/plugins/test_plugin_load.c).
  *
  * The mode is read when an op is submitted (caller thread) and kept in the
  * op, so changing it affects only later ops.
@@ -13,7 +15,7 @@
 #ifndef TDIST_TEST_BACKEND_H
 #define TDIST_TEST_BACKEND_H
 
-#include "core/backend.h"
+#include "tdist/backend.h"
 
 typedef enum tb_mode {
   TB_COMPLETE = 0, /* finish successfully inside post */
@@ -26,7 +28,7 @@ typedef enum tb_mode {
                       during setup */
 } tb_mode_t;
 
-extern const tdist__backend_t tb_backend;
+extern const tdist_backend_t tb_backend;
 
 /* Add "test" to the library's backend table (idempotent). */
 void tb_register(void);
@@ -39,7 +41,5 @@ int tb_abort_count(void);
 int tb_post_count(void);
 int tb_destroy_count(void);
 int tb_init_count(void);
-/* Create a world group of `size` ranks (this process is `rank`) with no store. */
-int tb_group_create(int rank, int size, int64_t timeout_ms, tdist_group_t **g);
 
 #endif

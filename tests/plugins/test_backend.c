@@ -1,0 +1,202 @@
+/*
+ * test_backend.c - see test_backend.h. post/poll/abort run on the progress
+ * thread; a group's list of ops in flight (op->link) is the progress
+ * thread's. Only the installed headers are included (a plug-in sees
+ * nothing of src/).
+ */
+#define _DEFAULT_SOURCE /* usleep */
+#include "test_backend.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Built twice: as "test", and as "testabi" with another ABI version (the
+ * registry must refuse that one, naming both versions). */
+#ifndef TB_NAME
+#define TB_NAME "test"
+#endif
+#ifndef TB_ABI
+#define TB_ABI TDIST_BACKEND_ABI_VERSION
+#endif
+
+typedef struct tb_state {
+  tdist_backend_group_t *group;
+  tdist_backend_progress_t *progress;
+  tdist_list_t ops;  /* (progress) ops posted and not finished */
+  tdist_list_t live; /* on `states` (states_mu) */
+} tb_state_t;
+
+/* Every live state, so tb_release_held finds a group's (the core's group
+ * handle is the tdist_backend_group_t the backend was given). */
+static pthread_mutex_t states_mu = PTHREAD_MUTEX_INITIALIZER;
+static tdist_list_t states = {&states, &states};
+
+/* A circular list with a head node (the core's convention). */
+static void list_init(tdist_list_t *h) { h->next = h->prev = h; }
+static int list_empty(const tdist_list_t *h) { return h->next == h; }
+static void list_push_back(tdist_list_t *h, tdist_list_t *n) {
+  n->next = h;
+  n->prev = h->prev;
+  h->prev->next = n;
+  h->prev = n;
+}
+static void list_remove(tdist_list_t *n) {
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+  n->next = n->prev = n;
+}
+#define op_of(l) ((tdist_backend_op_t *)(void *)((char *)(l)-offsetof(tdist_backend_op_t, link)))
+#define state_of(l) ((tb_state_t *)(void *)((char *)(l)-offsetof(tb_state_t, live)))
+
+static atomic_int mode = TB_COMPLETE;
+static atomic_int fail_code = TDIST_ERR_INTERNAL;
+static atomic_int aborts, posts, destroys, inits;
+
+void tb_set_mode(tb_mode_t m) { atomic_store(&mode, (int)m); }
+void tb_set_fail_code(int code) { atomic_store(&fail_code, code); }
+int tb_abort_count(void) { return atomic_load(&aborts); }
+int tb_post_count(void) { return atomic_load(&posts); }
+int tb_destroy_count(void) { return atomic_load(&destroys); }
+int tb_init_count(void) { return atomic_load(&inits); }
+
+static void fail_task(void *arg) {
+  tdist_backend_fail(arg, TDIST_ERR_REMOTE_FAILED, "test backend: a peer failed during init");
+}
+
+static int make(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
+  if (p->color == TDIST_BACKEND_NOCOLOR) return 0;
+  tb_state_t *s = calloc(1, sizeof(*s));
+  if (!s) return TDIST_ERR_NO_MEMORY;
+  s->group = p->group;
+  s->progress = p->progress;
+  list_init(&s->ops);
+  pthread_mutex_lock(&states_mu);
+  list_push_back(&states, &s->live);
+  pthread_mutex_unlock(&states_mu);
+  out->state = s;
+  out->needs_poll = 1; /* poll is only called while work is in flight */
+  atomic_fetch_add(&inits, 1);
+  /* Synchronous: the failure is queued (and its deferred delivery may run)
+   * while the caller has not adopted the state yet. */
+  if (atomic_load(&mode) == TB_FAIL_AT_INIT) {
+    tdist_backend_call(p->progress, fail_task, p->group);
+    /* Give the loop time to deliver it now, before init returns (a core
+     * that acts on it at once marks the half-built group aborted). */
+    for (int i = 0; i < 100 && !tdist_group_is_aborted((tdist_group_t *)p->group); i++)
+      usleep(2000);
+  }
+  return 0;
+}
+
+static int tb_submit(void *state, tdist_backend_op_t *op) {
+  int m = atomic_load(&mode);
+  memcpy(op->scratch, &m, sizeof(m));
+  return 0;
+}
+
+static int op_mode(const tdist_backend_op_t *op) {
+  int m;
+  memcpy(&m, op->scratch, sizeof(m));
+  return m;
+}
+
+static int tb_post(void *state, tdist_backend_op_t *op) {
+  tb_state_t *s = state;
+  atomic_fetch_add(&posts, 1);
+  switch (op_mode(op)) {
+  case TB_COMPLETE: tdist_backend_complete(op, 0, "ok"); return 0;
+  case TB_FAIL: {
+    int code = atomic_load(&fail_code);
+    tdist_backend_complete(op, code, "test backend failed the op as told (%s)",
+                           tdist_err_name(code));
+    return 0;
+  }
+  default: /* POLL, STALL and HELD stay in flight */ list_push_back(&s->ops, &op->link); return 0;
+  }
+}
+
+/* Complete every op of s in `which` mode. */
+static int complete_mode(tb_state_t *s, int which) {
+  int n = 0;
+  for (tdist_list_t *it = s->ops.next, *next; it != &s->ops; it = next) {
+    next = it->next;
+    tdist_backend_op_t *op = op_of(it);
+    if (op_mode(op) != which) continue;
+    list_remove(&op->link);
+    tdist_backend_complete(op, 0, "ok");
+    n++;
+  }
+  return n;
+}
+
+static int tb_poll(void *state) { return complete_mode(state, TB_POLL); }
+
+static void tb_abort(void *state, int status, const char *reason, int local) {
+  tb_state_t *s = state;
+  atomic_fetch_add(&aborts, 1);
+  while (!list_empty(&s->ops))
+    list_remove(s->ops.next); /* forgotten: the core finishes them */
+}
+
+static int tb_destroy(void *state) {
+  tb_state_t *s = state;
+  atomic_fetch_add(&destroys, 1);
+  pthread_mutex_lock(&states_mu);
+  list_remove(&s->live);
+  pthread_mutex_unlock(&states_mu);
+  free(s);
+  return 0;
+}
+
+static const tdist_backend_ops_t tb_ops = {
+    .init = make,
+    .split = make,
+    .shrink = make,
+    .submit = tb_submit,
+    .post = tb_post,
+    .poll = tb_poll,
+    .abort = tb_abort,
+    .destroy = tb_destroy,
+};
+
+const tdist_backend_t tb_backend = {
+    .abi_version = TB_ABI,
+    .name = TB_NAME,
+    .ops = &tb_ops,
+    .caps = {.mem = TDIST_BACKEND_MEM_HOST,
+             .ops = TDIST_BACKEND_ALL_OPS,
+             .dtypes = TDIST_BACKEND_ALL_DTYPES,
+             .redops = TDIST_BACKEND_ALL_REDOPS,
+             .shrink = 1,
+             .stream_wait = 0},
+};
+
+/* The plug-in's entry (tdist/backend.h): the library calls it when a
+ * program names the backend. */
+const tdist_backend_t *tdist_backend_plugin(void) { return &tb_backend; }
+
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+static void do_register(void) { tdist_backend_register(&tb_backend); }
+void tb_register(void) { pthread_once(&reg_once, do_register); }
+
+struct release_req {
+  tb_state_t *s;
+};
+
+static void release_task(void *arg) {
+  struct release_req *r = arg;
+  complete_mode(r->s, TB_HELD);
+}
+
+void tb_release_held(tdist_group_t *g) {
+  struct release_req r = {NULL};
+  pthread_mutex_lock(&states_mu);
+  for (tdist_list_t *it = states.next; it != &states && !r.s; it = it->next)
+    if ((void *)state_of(it)->group == (void *)g) r.s = state_of(it);
+  pthread_mutex_unlock(&states_mu);
+  if (r.s) tdist_backend_call(r.s->progress, release_task, &r);
+}
