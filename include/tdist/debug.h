@@ -4,7 +4,7 @@
  * Every group keeps a ring buffer of its last TDIST_TRACE_BUFFER_SIZE ops
  * (default 1024): sequence number, op, dtype, count, root or peer, state, and
  * enqueue, start and end times. When a group fails (timeout, abort, peer
- * failure) each rank writes its buffer as JSON automatically (unless
+ * failure) each rank writes its buffer as JSON Lines automatically (unless
  * TDIST_TRACE_ON_FAILURE=0), and tdist_dump_trace() writes it on demand.
  * `tdist-trace` (tools/) merges the files of all ranks, names the first op on
  * which ranks diverge or stall, and writes a Chrome trace-event file for
@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /*
- * tdist_dump_trace - write the flight recorder of `group` as JSON.
+ * tdist_dump_trace - write the flight recorder of `group` as JSON Lines.
  * @param group  the group; NULL dumps every group of this process (each to
  *               its default file; `path` must then be NULL).
  * @param path   the file to write, or NULL for the default name above.

@@ -78,7 +78,7 @@ class ProcessGroup:
         return _adopt(out.value)
 
     def dump_trace(self, path=None):
-        """Write the group's flight recorder as JSON (default file name if path is None)."""
+        """Write the flight recorder as JSON Lines (default file name if path is None)."""
         _errors.check(C.dump_trace(self._handle(), path.encode() if path else None))
 
     def _handle(self):

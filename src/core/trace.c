@@ -7,9 +7,10 @@
  * the last `cap` sequence numbers; an op finished without having started (it
  * was still queued when its group aborted) is recorded at its end.
  *
- * Dump format (docs/flight-recorder.md): one JSON object; its "entries"
- * array has one entry per line, oldest first, so tools can read it line by
- * line.
+ * Dump format (docs/flight-recorder.md): JSON Lines, each line one JSON
+ * object written with json-c: a meta line (the group, this process, the
+ * ring's window), then one line per record, oldest first. A reader of a cut
+ * file loses only the line that was cut.
  */
 #include "core/trace.h"
 
@@ -19,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <json.h>
 
 #include "util/alloc.h"
 #include "util/clock.h"
@@ -83,21 +86,8 @@ static const char *state_name(int s) {
   return (s >= 0 && s <= 5) ? names[s] : "unknown";
 }
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
-      fprintf(f, "\\%c", *s);
-    else if ((unsigned char)*s < 0x20)
-      fprintf(f, "\\u%04x", *s);
-    else
-      fputc(*s, f);
-  }
-  fputc('"', f);
-}
-
-static long long wall_us(int64_t mono_ns, int64_t offset_ns) {
-  return mono_ns ? (long long)((mono_ns + offset_ns) / 1000) : 0;
+static int64_t wall_us(int64_t mono_ns, int64_t offset_ns) {
+  return mono_ns ? (mono_ns + offset_ns) / 1000 : 0;
 }
 
 struct tdist__trace_dump {
@@ -132,68 +122,149 @@ static void dump_free(tdist__trace_dump_t *d) {
   tdist__free(d);
 }
 
-/* Write a snapshot to `path`, through a temporary file renamed into place: a
- * reader never sees half a dump. */
-static int write_dump(const tdist__trace_dump_t *d, const char *path) {
+/* ---- the dump: JSON Lines written with json-c ---------------------------------- */
+
+/* Add member `key` = v to o (v NULL: json-c ran out of memory). 0 or -1; v
+ * is o's from then on, or freed. */
+static int put(json_object *o, const char *key, json_object *v) {
+  if (!v) return -1;
+  if (json_object_object_add(o, key, v) != 0) {
+    json_object_put(v);
+    return -1;
+  }
+  return 0;
+}
+
+/* The meta line: the group and this process, what the ring's window is, and
+ * how many entry lines follow (so a reader can tell a file cut between two
+ * lines). NULL when out of memory. */
+static json_object *meta_line(const tdist__trace_dump_t *d, int64_t dumped_us, int64_t nentries) {
   const tdist__trace_t *t = d->t;
   const tdist__trace_meta_t *g = &d->m;
+  char host[64] = "", uid[24];
+  gethostname(host, sizeof(host) - 1);
+  snprintf(uid, sizeof(uid), "%016llx", (unsigned long long)g->uid);
+  uint64_t dropped = t->recorded > t->cap ? t->recorded - t->cap : 0;
+  json_object *o = json_object_new_object(), *grp = json_object_new_object();
+  json_object *ranks = json_object_new_array();
+  int bad = !o || !grp || !ranks;
+  for (int i = 0; !bad && i < g->size; i++) {
+    json_object *r = json_object_new_int(g->ranks[i]);
+    if (!r || json_object_array_add(ranks, r) != 0) bad = 1, json_object_put(r);
+  }
+  if (bad) goto fail;
+  bad |= put(grp, "name", json_object_new_string(g->name));
+  bad |= put(grp, "uid", json_object_new_string(uid));
+  bad |= put(grp, "rank", json_object_new_int(g->rank));
+  bad |= put(grp, "size", json_object_new_int(g->size));
+  bad |= put(grp, "ranks", ranks);
+  ranks = NULL;
+  bad |= put(o, "version", json_object_new_int(2));
+  bad |= put(o, "job", json_object_new_string(g->job[0] ? g->job : "-"));
+  bad |= put(o, "host", json_object_new_string(host));
+  bad |= put(o, "pid", json_object_new_int((int)getpid()));
+  bad |= put(o, "global_rank", json_object_new_int(g->ranks[g->rank]));
+  bad |= put(o, "backend", json_object_new_string(g->backend));
+  bad |= put(o, "group", grp);
+  grp = NULL;
+  bad |= put(o, "next_seq", json_object_new_int64((int64_t)g->next_seq));
+  bad |= put(o, "recorded", json_object_new_int64((int64_t)t->recorded));
+  bad |= put(o, "dropped", json_object_new_int64((int64_t)dropped));
+  bad |= put(o, "aborted", json_object_new_boolean(g->aborted));
+  bad |= put(o, "abort_reason", json_object_new_string(g->aborted ? g->abort_reason : ""));
+  bad |= put(o, "dumped_us", json_object_new_int64(dumped_us));
+  bad |= put(o, "nentries", json_object_new_int64(nentries));
+  if (bad) goto fail;
+  return o;
+fail:
+  json_object_put(ranks);
+  json_object_put(grp);
+  json_object_put(o);
+  return NULL;
+}
+
+/* One record's line. NULL when out of memory. */
+static json_object *entry_line(const tdist__trace_rec_t *r, int64_t offset) {
+  json_object *o = json_object_new_object();
+  if (!o) return NULL;
+  int bad = 0;
+  bad |= put(o, "seq", json_object_new_int64((int64_t)r->seq));
+  bad |= put(o, "op", json_object_new_string(tdist_op_name(r->op)));
+  bad |= put(o, "dtype", json_object_new_string(tdist_dtype_name(r->dtype)));
+  bad |= put(o, "redop", json_object_new_string(tdist_redop_name(r->redop)));
+  bad |= put(o, "count", json_object_new_int64((int64_t)r->count));
+  bad |= put(o, "root", json_object_new_int(r->root));
+  bad |= put(o, "state", json_object_new_string(state_name(r->state)));
+  bad |= put(
+      o, "status",
+      json_object_new_string(r->state >= TDIST_WORK_COMPLETED ? tdist_err_name(r->status) : ""));
+  bad |= put(o, "t_enqueue_us", json_object_new_int64(wall_us(r->t_enqueue_ns, offset)));
+  bad |= put(o, "t_start_us", json_object_new_int64(wall_us(r->t_start_ns, offset)));
+  bad |= put(o, "t_end_us", json_object_new_int64(wall_us(r->t_end_ns, offset)));
+  if (!bad) return o;
+  json_object_put(o);
+  return NULL;
+}
+
+/* Write o (NULL: it could not be built) as one line and free it. 0, or -1:
+ * out of memory (*oom set) or a write error. */
+static int put_line(FILE *f, json_object *o, int *oom) {
+  const char *s =
+      o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+        : NULL;
+  int rc = s && fputs(s, f) != EOF && fputc('\n', f) != EOF ? 0 : -1;
+  if (!s) *oom = 1;
+  json_object_put(o);
+  return rc;
+}
+
+/* A record that is in the dump: in the ring at its slot, and submitted (a
+ * slot whose submit failed keeps an older seq, or none). */
+static const tdist__trace_rec_t *kept(const tdist__trace_t *t, uint64_t s) {
+  const tdist__trace_rec_t *r = &t->recs[s % t->cap];
+  return r->seq == s && r->t_enqueue_ns ? r : NULL;
+}
+
+/* Caller's thread (tdist_dump_trace) or worker thread (a failure dump),
+ * never the progress thread: write a snapshot to `path`, through a
+ * temporary file renamed into place, so a reader never sees half a dump.
+ * One line is built at a time (json-c objects
+ * of one record, freed once written), so the memory it takes does not grow
+ * with the ring. */
+static int write_dump(const tdist__trace_dump_t *d, const char *path) {
+  const tdist__trace_t *t = d->t;
   /* Unique per write, not only per process: the worker thread's failure
    * dump and a caller's tdist_dump_trace may write the same path at once
    * (sharing one temporary name, one of them failed its rename with IO). */
   static _Atomic unsigned writes;
   char tmp[600];
+  int oom = 0, rc;
   snprintf(tmp, sizeof(tmp), "%s.tmp%d.%u", path, (int)getpid(), atomic_fetch_add(&writes, 1));
   FILE *f = fopen(tmp, "w");
   if (!f) return tdist__error(TDIST_ERR_IO, "trace: cannot write '%s': %s", path, strerror(errno));
   struct timespec rt;
   clock_gettime(CLOCK_REALTIME, &rt);
   int64_t offset = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec - tdist__now_ns();
-  char host[64] = "";
-  gethostname(host, sizeof(host) - 1);
-  uint64_t dropped = t->recorded > t->cap ? t->recorded - t->cap : 0;
-  fprintf(f, "{\"version\": 1, \"job\": ");
-  json_str(f, g->job[0] ? g->job : "-");
-  fprintf(f, ", \"host\": ");
-  json_str(f, host);
-  fprintf(f, ", \"pid\": %d, \"global_rank\": %d, \"backend\": \"%s\",\n", (int)getpid(),
-          g->ranks[g->rank], g->backend);
-  fprintf(f, " \"group\": {\"name\": ");
-  json_str(f, g->name);
-  fprintf(f, ", \"uid\": \"%016llx\", \"rank\": %d, \"size\": %d, \"ranks\": [",
-          (unsigned long long)g->uid, g->rank, g->size);
-  for (int i = 0; i < g->size; i++)
-    fprintf(f, "%s%d", i ? ", " : "", g->ranks[i]);
-  fprintf(f,
-          "]},\n \"next_seq\": %llu, \"recorded\": %llu, \"dropped\": %llu, \"aborted\": %s, "
-          "\"abort_reason\": ",
-          (unsigned long long)g->next_seq, (unsigned long long)t->recorded,
-          (unsigned long long)dropped, g->aborted ? "true" : "false");
-  json_str(f, g->aborted ? g->abort_reason : "");
-  fprintf(f, ",\n \"dumped_us\": %lld,\n \"entries\": [\n", wall_us(tdist__now_ns(), offset));
-  uint64_t first = dropped;
-  int n = 0;
+  uint64_t first = t->recorded > t->cap ? t->recorded - t->cap : 0;
+  int64_t n = 0;
+  for (uint64_t s = first; s < t->recorded; s++)
+    n += kept(t, s) != NULL;
+  if (put_line(f, meta_line(d, wall_us(tdist__now_ns(), offset), n), &oom) != 0) goto fail;
   for (uint64_t s = first; s < t->recorded; s++) {
-    const tdist__trace_rec_t *r = &t->recs[s % t->cap];
-    if (r->seq != s || !r->t_enqueue_ns) continue; /* never started (submit failed) */
-    fprintf(f,
-            "%s  {\"seq\": %llu, \"op\": \"%s\", \"dtype\": \"%s\", \"redop\": \"%s\", "
-            "\"count\": %llu, \"root\": %d, \"state\": \"%s\", \"status\": \"%s\", "
-            "\"t_enqueue_us\": %lld, \"t_start_us\": %lld, \"t_end_us\": %lld}",
-            n++ ? ",\n" : "", (unsigned long long)r->seq, tdist_op_name(r->op),
-            tdist_dtype_name(r->dtype), tdist_redop_name(r->redop), (unsigned long long)r->count,
-            r->root, state_name(r->state),
-            r->state >= TDIST_WORK_COMPLETED ? tdist_err_name(r->status) : "",
-            wall_us(r->t_enqueue_ns, offset), wall_us(r->t_start_ns, offset),
-            wall_us(r->t_end_ns, offset));
+    const tdist__trace_rec_t *r = kept(t, s);
+    if (r && put_line(f, entry_line(r, offset), &oom) != 0) goto fail;
   }
-  fprintf(f, "\n ]}\n");
   int bad = ferror(f);
-  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-    unlink(tmp);
-    return tdist__error(TDIST_ERR_IO, "trace: error writing '%s'", path);
-  }
-  TDIST_INFO(CORE, "flight recorder of group '%s' written to %s", g->name, path);
+  rc = fclose(f);
+  f = NULL;
+  if (rc != 0 || bad || rename(tmp, path) != 0) goto fail;
+  TDIST_INFO(CORE, "flight recorder of group '%s' written to %s", d->m.name, path);
   return 0;
+fail:
+  if (f) fclose(f);
+  unlink(tmp);
+  if (oom) return tdist__error(TDIST_ERR_NO_MEMORY, "trace: out of memory writing '%s'", path);
+  return tdist__error(TDIST_ERR_IO, "trace: error writing '%s'", path);
 }
 
 static void default_path(const tdist__trace_meta_t *g, char *path, size_t len) {

@@ -56,8 +56,9 @@ void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w);
 /* Progress thread: a copy of the ring and of m, or NULL (no memory). */
 tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist__trace_meta_t *m);
 /* Any thread but the progress thread (it writes a file): write d to `path`
- * (NULL: the default path, TDIST_TRACE_PREFIX + name + rank) and free it.
- * 0 or TDIST_ERR_IO (message recorded). */
+ * (NULL: the default path, TDIST_TRACE_PREFIX + name + rank) as JSON Lines
+ * (json-c) and free it. 0, TDIST_ERR_IO, or TDIST_ERR_NO_MEMORY when json-c
+ * could not build a line (message recorded). */
 int tdist__trace_write(tdist__trace_dump_t *d, const char *path);
 /* Progress thread: after a failure (TDIST_TRACE_ON_FAILURE=1), snapshot t
  * and have the worker thread write it to the default path, with one line on

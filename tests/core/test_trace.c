@@ -2,7 +2,8 @@
  * test_trace.c - the flight recorder: the ring keeps the last N ops
  * (TDIST_TRACE_BUFFER_SIZE=8 here) with their states, dropped records are
  * counted, tdist_dump_trace writes on demand, and an aborting group writes
- * its own dump.
+ * its own dump: JSON Lines (each line parsed here with json-c), a meta line
+ * then one line per record, oldest first.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <json.h>
 
 #include "tb_world.h"
 #include "test_backend.h"
@@ -20,34 +22,58 @@
 
 static char prefix[128], path[256], auto_path[256];
 
-static const char *slurp(const char *file) {
-  static char buf[1 << 16];
-  FILE *f = fopen(file, "r");
-  if (!f) return NULL;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
+/* A dump, JSON Lines: every line one JSON object (json-c parses each), the
+ * meta line first, then one line per record. */
+enum { MAX_LINES = 64 };
+static json_object *lines[MAX_LINES];
+static int nlines;
+
+static void unload(void) {
+  for (int i = 0; i < nlines; i++)
+    json_object_put(lines[i]);
+  nlines = 0;
 }
 
-static int count(const char *text, const char *needle) {
-  int n = 0;
-  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
-    n++;
-  return n;
+/* 0, or -1 when the file is missing. */
+static int load(const char *file) {
+  unload();
+  FILE *f = fopen(file, "r");
+  if (!f) return -1;
+  char *buf = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  while ((len = getline(&buf, &cap, f)) >= 0) {
+    assert_true(len > 0 && buf[len - 1] == '\n'); /* whole lines only */
+    assert_true(nlines < MAX_LINES);
+    json_object *o = json_tokener_parse(buf);
+    assert_non_null(o);
+    assert_true(json_object_is_type(o, json_type_object));
+    lines[nlines++] = o;
+  }
+  free(buf);
+  fclose(f);
+  assert_true(nlines >= 1);
+  return 0;
+}
+
+static json_object *get(json_object *o, const char *key) {
+  json_object *v = NULL;
+  assert_non_null(o);
+  assert_true(json_object_object_get_ex(o, key, &v));
+  return v;
+}
+static int64_t num(json_object *o, const char *key) { return json_object_get_int64(get(o, key)); }
+static const char *str(json_object *o, const char *key) {
+  json_object *v = get(o, key);
+  assert_true(json_object_is_type(v, json_type_string));
+  return json_object_get_string(v);
 }
 
 /* The entry line of sequence number `seq`, or NULL. */
-static const char *entry(const char *text, int seq) {
-  char key[48];
-  snprintf(key, sizeof(key), "{\"seq\": %d,", seq);
-  return strstr(text, key);
-}
-
-static int line_has(const char *line, const char *needle) {
-  const char *end = strchr(line, '\n');
-  const char *hit = strstr(line, needle);
-  return hit && (!end || hit < end);
+static json_object *entry(int seq) {
+  for (int i = 1; i < nlines; i++)
+    if (num(lines[i], "seq") == seq) return lines[i];
+  return NULL;
 }
 
 static void recorder(void **state) {
@@ -66,22 +92,43 @@ static void recorder(void **state) {
   assert_int_equal(tdist_scatter(g, x, x, 2, TDIST_FLOAT64, 1, NULL, &w), 0); /* seq 11 */
 
   assert_int_equal(tdist_dump_trace(g, path), 0);
-  const char *t = slurp(path);
-  assert_non_null(t);
-  assert_non_null(strstr(t, "\"recorded\": 12, \"dropped\": 4, \"aborted\": false"));
-  assert_non_null(strstr(t, "\"name\": \"world\""));
-  assert_non_null(strstr(t, "\"ranks\": [0, 1]"));
-  assert_int_equal(count(t, "{\"seq\": "), 8); /* the ring keeps seq 4..11 */
-  assert_null(entry(t, 3));
-  assert_true(line_has(entry(t, 4), "\"op\": \"all_reduce\""));
-  assert_true(line_has(entry(t, 4), "\"state\": \"completed\""));
-  assert_true(line_has(entry(t, 10), "\"op\": \"broadcast\""));
-  assert_true(line_has(entry(t, 10),
-                       "\"dtype\": \"int32\", \"redop\": \"sum\", \"count\": 3, \"root\": 1"));
-  assert_true(line_has(entry(t, 10), "\"state\": \"failed\", \"status\": \"TDIST_ERR_MISMATCH\""));
-  assert_true(line_has(entry(t, 11), "\"op\": \"scatter\""));
-  assert_true(line_has(entry(t, 11), "\"state\": \"running\""));
-  assert_false(line_has(entry(t, 11), "\"t_end_us\": 1")); /* not ended */
+  assert_int_equal(load(path), 0);
+  json_object *m = lines[0];
+  assert_int_equal(num(m, "version"), 2);
+  assert_string_equal(str(m, "job"), "-"); /* a group without a store */
+  assert_int_equal(num(m, "next_seq"), 12);
+  assert_int_equal(num(m, "recorded"), 12);
+  assert_int_equal(num(m, "dropped"), 4);
+  assert_false(json_object_get_boolean(get(m, "aborted")));
+  assert_string_equal(str(m, "abort_reason"), "");
+  assert_int_equal(num(m, "nentries"), 8);
+  assert_true(num(m, "dumped_us") > 0);
+  json_object *grp = get(m, "group");
+  assert_string_equal(str(grp, "name"), "world");
+  assert_int_equal(strlen(str(grp, "uid")), 16);
+  assert_int_equal(num(grp, "size"), 2);
+  assert_int_equal(json_object_array_length(get(grp, "ranks")), 2);
+  assert_int_equal(nlines, 1 + 8); /* the ring keeps seq 4..11 */
+  for (int i = 1; i < nlines; i++)
+    assert_int_equal(num(lines[i], "seq"), 3 + i); /* oldest first */
+  assert_null(entry(3));
+  assert_string_equal(str(entry(4), "op"), "all_reduce");
+  assert_string_equal(str(entry(4), "state"), "completed");
+  assert_string_equal(str(entry(4), "status"), "TDIST_SUCCESS");
+  assert_true(num(entry(4), "t_end_us") >= num(entry(4), "t_start_us"));
+  assert_true(num(entry(4), "t_start_us") >= num(entry(4), "t_enqueue_us"));
+  assert_string_equal(str(entry(10), "op"), "broadcast");
+  assert_string_equal(str(entry(10), "dtype"), "int32");
+  assert_string_equal(str(entry(10), "redop"), "sum");
+  assert_int_equal(num(entry(10), "count"), 3);
+  assert_int_equal(num(entry(10), "root"), 1);
+  assert_string_equal(str(entry(10), "state"), "failed");
+  assert_string_equal(str(entry(10), "status"), "TDIST_ERR_MISMATCH");
+  assert_string_equal(str(entry(11), "op"), "scatter");
+  assert_string_equal(str(entry(11), "state"), "running");
+  assert_string_equal(str(entry(11), "status"), "");
+  assert_int_equal(num(entry(11), "t_end_us"), 0); /* not ended */
+  assert_int_equal(num(entry(4), "root"), -1);
 
   /* An abort writes the dump by itself. */
   unlink(auto_path);
@@ -91,21 +138,22 @@ static void recorder(void **state) {
    * appears shortly after the failure. */
   for (int i = 0; i < 500 && access(auto_path, F_OK) != 0; i++)
     usleep(10000);
-  t = slurp(auto_path);
-  assert_non_null(t);
-  assert_non_null(
-      strstr(t, "\"aborted\": true, \"abort_reason\": \"aborted on demand: test says stop\""));
-  assert_true(line_has(entry(t, 11), "\"state\": \"aborted\", \"status\": \"TDIST_ERR_ABORTED\""));
+  assert_int_equal(load(auto_path), 0);
+  assert_true(json_object_get_boolean(get(lines[0], "aborted")));
+  assert_string_equal(str(lines[0], "abort_reason"), "aborted on demand: test says stop");
+  assert_string_equal(str(entry(11), "state"), "aborted");
+  assert_string_equal(str(entry(11), "status"), "TDIST_ERR_ABORTED");
   tdist_work_release(w);
 
   /* NULL group: every group, to its default file. */
   assert_int_equal(tdist_dump_trace(NULL, path), TDIST_ERR_INVALID_ARGUMENT);
   unlink(auto_path);
   assert_int_equal(tdist_dump_trace(NULL, NULL), 0);
-  assert_non_null(slurp(auto_path));
+  assert_int_equal(load(auto_path), 0);
   assert_int_equal(tdist_dump_trace(g, "/nonexistent-dir/x.json"), TDIST_ERR_IO);
   assert_non_null(strstr(tdist_last_error(), "/nonexistent-dir/x.json"));
   tdist_group_destroy(g);
+  unload();
   unlink(path);
   unlink(auto_path);
 }

@@ -8,7 +8,9 @@
  * runtime write it on failure. The parent then runs the tdist-trace
  * executable on the dumps and checks its exit status, the seq and ranks its
  * report names, and the Chrome file (valid JSON, event counts, via python3).
- * Then damaged files: truncated, garbage, a bad middle line, a cut header.
+ * Then damaged files: a dump cut in the middle of its last line (only that
+ * line lost), a garbage line in the middle (skipped with a warning), a cut
+ * or bad meta line, garbage files.
  * Finally dumps of several jobs in one directory (copies of real dumps with
  * their "job" member edited): refused unless --job picks one.
  */
@@ -217,6 +219,8 @@ static void dropped(void **state) {
   ru_free(&p);
 }
 
+static char *slurp(const char *path);
+
 /* Write the first `len` bytes of `src` (or the text `text`) to dir/name. */
 static void write_file(const char *name, const char *src, long len, const char *text, size_t tl) {
   char path[128], *data = NULL;
@@ -250,67 +254,193 @@ static long line_start(const char *path, int n) {
   return off;
 }
 
-static void damaged(void **state) {
+/* Length of line n (1-based) of a file, its '\n' included. */
+static long line_len(const char *path, int n) {
+  return line_start(path, n) - line_start(path, n - 1);
+}
+
+/* A real dump cut in the middle of its last line (a killed copy): only that
+ * line is lost, the warning names it, the earlier records all count, and the
+ * seq that was cut is unknown for that rank (not "behind"). Cut just before
+ * the last '\n', nothing is lost; cut between two lines, the meta line's
+ * nentries tells. */
+static void cut_last_line(void **state) {
   (void)state;
   ru_proc_t p;
-  char good[96], path[128];
+  char good[96], keep[96];
   scenario(OK);
   snprintf(good, sizeof(good), "%s/world.rank3.json", dir);
-  /* Cut inside entry line 8 (seq 2): a warning, the earlier entries kept. */
-  write_file("cut.rank3.json", good, line_start(good, 7) + 40, NULL, 0);
-  snprintf(path, sizeof(path), "%s/cut.rank3.json", dir);
-  assert_int_equal(unlink(good), 0);
+  snprintf(keep, sizeof(keep), "%s/rank3.saved", dir); /* not a *.rank*.json name */
+  assert_int_equal(rename(good, keep), 0);
+  /* Meta line, then seq 0..4 on lines 2..6, and nothing after. */
+  FILE *f = fopen(keep, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fclose(f);
+  assert_int_equal(line_start(keep, 6), size);
+  long last = line_start(keep, 5);
+  write_file("cut.rank3.json", keep, last + line_len(keep, 6) / 2, NULL, 0);
   assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
-  assert_non_null(strstr(p.err, "cut.rank3.json:8: truncated last entry skipped"));
-  assert_non_null(strstr(p.out, "seqs 0..1 in its ring"));
-  assert_non_null(strstr(p.out, "file truncated"));
+  assert_non_null(strstr(p.err, "tdist-trace: warning: "));
+  assert_non_null(strstr(p.err, "cut.rank3.json:6: incomplete last line skipped (the file is "
+                                "truncated); 4 entries kept"));
+  assert_non_null(strstr(p.out, "rank 3 (group rank 3, "));
+  assert_non_null(strstr(p.out, "seqs 0..3 in its ring, last completed seq 3, next seq 5, "
+                                "file truncated"));
+  assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
   ru_free(&p);
-  /* Cut in the header: rejected, the other files still reported. */
-  write_file("cut.rank3.json", path, line_start(path, 2), NULL, 0);
-  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 2);
-  assert_non_null(strstr(p.err, "cut.rank3.json:2:"));
-  assert_non_null(strstr(p.err, "truncated"));
-  assert_non_null(strstr(p.out, "missing: no dump from rank [3]"));
+  write_file("cut.rank3.json", keep, size - 1, NULL, 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_string_equal(p.err, "");
+  assert_non_null(strstr(p.out, "seqs 0..4 in its ring, last completed seq 4, next seq 5\n"));
   ru_free(&p);
-  /* A bad value in a middle line: an error naming file and line. */
+  write_file("cut.rank3.json", keep, last, NULL, 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "cut.rank3.json:5: the file ends after 4 of 5 entry lines "
+                                "(truncated); 4 entries kept"));
+  assert_non_null(strstr(p.out, "seqs 0..3 in its ring, last completed seq 3, next seq 5, "
+                                "file truncated"));
+  ru_free(&p);
+}
+
+/* Rank 2's dump with line `n` replaced by `repl` (NULL: its "count" value
+ * made a string), as dir/name. */
+static void edit_line(const char *name, int n, const char *repl) {
+  char path[128], line[1024];
   char *text = NULL;
   size_t tl = 0;
   FILE *ms = open_memstream(&text, &tl);
   snprintf(path, sizeof(path), "%s/world.rank2.json", dir);
   FILE *in = fopen(path, "r");
   assert_non_null(in);
-  char line[1024];
   for (int ln = 1; fgets(line, sizeof(line), in); ln++) {
-    char *c = strstr(line, "\"count\": ");
-    if (ln == 7 && c) c[9] = 'x';
+    char *c = strstr(line, "\"count\":");
+    if (ln == n && repl) {
+      fputs(repl, ms);
+      continue;
+    }
+    if (ln == n) {
+      assert_non_null(c);
+      char *end = strchr(c, ',');
+      fprintf(ms, "%.*s\"count\":\"%.*s\"%s", (int)(c - line), line, (int)(end - c - 8), c + 8,
+              end);
+      continue;
+    }
     fputs(line, ms);
   }
   fclose(in);
   fclose(ms);
-  write_file("bad.rank2.json", NULL, 0, text, tl);
+  write_file(name, NULL, 0, text, tl);
+  free(text);
+}
+
+/* A garbage line in the middle of a real dump (and a line that is JSON but
+ * not a valid entry): skipped with a warning naming the line; the records
+ * around it are kept, and the seq it held is unknown for that rank, so the
+ * rank is not blamed for it. */
+static void garbage_line(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char good[96], keep[96];
+  scenario(OK);
+  snprintf(good, sizeof(good), "%s/world.rank2.json", dir);
+  snprintf(keep, sizeof(keep), "%s/rank2.saved", dir);
+  edit_line("bad.rank2.json", 3, "#x@!\x01 not json {\n"); /* seq 1 */
+  assert_int_equal(rename(good, keep), 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "tdist-trace: warning: "));
+  assert_non_null(strstr(p.err, "bad.rank2.json:3: unreadable line skipped: not JSON"));
+  assert_non_null(strstr(p.out, "rank 2 (group rank 2, "));
+  assert_non_null(strstr(p.out, "seqs 0..4 in its ring, last completed seq 4, next seq 5, "
+                                "1 unreadable line skipped"));
+  assert_non_null(strstr(p.out, "no problem found (1 group, 4 dumps)"));
+  ru_free(&p);
+  /* A line that is JSON but not an entry: skipped too. */
+  assert_int_equal(rename(keep, good), 0);
+  edit_line("bad.rank2.json", 4, NULL); /* seq 2 */
+  assert_int_equal(rename(good, keep), 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "bad.rank2.json:4: unreadable line skipped: \"count\": expected "
+                                "an integer"));
+  assert_non_null(strstr(p.out, "1 unreadable line skipped"));
+  ru_free(&p);
+  /* The last line garbage (but whole): nothing readable after it, so the
+   * dump counts as truncated after seq 3. */
+  assert_int_equal(rename(keep, good), 0);
+  edit_line("bad.rank2.json", 6, "garbage\n"); /* seq 4, the last */
+  assert_int_equal(rename(good, keep), 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "bad.rank2.json:6: unreadable line skipped"));
+  assert_non_null(strstr(p.out, "seqs 0..3 in its ring, last completed seq 3, next seq 5, "
+                                "file truncated, 1 unreadable line skipped"));
+  ru_free(&p);
+}
+
+static void damaged(void **state) {
+  (void)state;
+  ru_proc_t p;
+  char good[96], path[128];
+  scenario(OK);
+  snprintf(good, sizeof(good), "%s/world.rank3.json", dir);
+  /* Cut inside entry line 4 (seq 2): a warning, the earlier entries kept. */
+  write_file("cut.rank3.json", good, line_start(good, 3) + 40, NULL, 0);
+  snprintf(path, sizeof(path), "%s/cut.rank3.json", dir);
+  assert_int_equal(unlink(good), 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 0);
+  assert_non_null(strstr(p.err, "cut.rank3.json:4: incomplete last line skipped"));
+  assert_non_null(strstr(p.out, "seqs 0..1 in its ring"));
+  assert_non_null(strstr(p.out, "file truncated"));
+  ru_free(&p);
+  /* Cut in the meta line: rejected, the other files still reported. */
+  write_file("cut.rank3.json", path, 100, NULL, 0);
+  assert_int_equal(tool(&p, "--prefix", dir, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "cut.rank3.json:1: the line ends inside a JSON value (the file "
+                                "ends inside the meta line: truncated?)"));
+  assert_non_null(strstr(p.out, "missing: no dump from rank [3]"));
+  ru_free(&p);
+  /* A bad value in the meta line: the file is rejected, naming the line. */
+  snprintf(path, sizeof(path), "%s/world.rank2.json", dir);
+  char *text = slurp(path), *out = NULL;
+  size_t tl = 0;
+  char *c = strstr(text, "\"next_seq\":"), *end = c ? strchr(c, ',') : NULL;
+  assert_non_null(end);
+  FILE *ms = open_memstream(&out, &tl);
+  fprintf(ms, "%.*s\"next_seq\":\"%.*s\"%s", (int)(c - text), text, (int)(end - c - 11), c + 11,
+          end);
+  fclose(ms);
+  write_file("bad.rank2.json", NULL, 0, out, tl);
+  free(out);
   free(text);
   snprintf(path, sizeof(path), "%s/bad.rank2.json", dir);
   assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
-  assert_non_null(strstr(p.err, "bad.rank2.json:7: \"count\": expected a number"));
+  assert_non_null(strstr(p.err, "bad.rank2.json:1: \"next_seq\": expected an integer"));
   ru_free(&p);
-  /* Garbage: text, binary with NUL bytes, empty. */
+  /* Garbage: text, binary with NUL bytes, empty, a cut meta line. */
   static const char bin[] = "\x7f"
-                            "ELF\0\0\x01{\"version\": 1,\n\0\xff\xfe]}\n";
+                            "ELF\0\0\x01{\"version\":2,\n\0\xff\xfe]}\n";
   write_file("g1.rank0.json", NULL, 0, "hello world\n", 12);
   write_file("g2.rank0.json", NULL, 0, bin, sizeof(bin));
   write_file("g3.rank0.json", NULL, 0, "", 0);
-  static const char cut[] = "{\"version\": 1, \"group\": {\"ranks\": [1,";
+  static const char cut[] = "{\"version\":2,\"group\":{\"ranks\":[1,";
   write_file("g4.rank0.json", NULL, 0, cut, strlen(cut));
-  char g[4][96];
-  for (int k = 0; k < 4; k++)
+  char g[5][96];
+  for (int k = 0; k < 5; k++)
     snprintf(g[k], sizeof(g[k]), "%s/g%d.rank0.json", dir, k + 1);
   assert_int_equal(tool(&p, g[0], g[1], g[2], g[3]), 2);
-  assert_non_null(strstr(p.err, "g1.rank0.json:1: not a flight-recorder dump"));
-  assert_non_null(strstr(p.err, "g2.rank0.json:1:"));
+  assert_non_null(strstr(p.err, "g1.rank0.json:1: not a flight-recorder dump: not JSON"));
+  assert_non_null(strstr(p.err, "g2.rank0.json:1: not a flight-recorder dump: NUL byte"));
   assert_non_null(strstr(p.err, "g3.rank0.json: empty file"));
-  assert_non_null(strstr(p.err, "g4.rank0.json:1: \"ranks\": expected a number (the file ends "
-                                "inside the header: truncated?)"));
+  assert_non_null(strstr(p.err, "g4.rank0.json:1: the line ends inside a JSON value (the file "
+                                "ends inside the meta line: truncated?)"));
   assert_non_null(strstr(p.err, "no readable dump"));
+  ru_free(&p);
+  /* A dump of the format before JSON Lines (version 1): named as such. */
+  static const char v1[] = "{\"version\": 1, \"job\": \"-\", \"host\": \"vm\", \"pid\": 1,\n"
+                           " \"group\": {\"name\": \"world\"},\n \"entries\": [\n ]}\n";
+  write_file("g5.rank0.json", NULL, 0, v1, strlen(v1));
+  assert_int_equal(tool(&p, g[4], NULL, NULL, NULL), 2);
+  assert_non_null(strstr(p.err, "g5.rank0.json:1: a version 1 dump"));
   ru_free(&p);
   assert_int_equal(tool(&p, "--bogus", NULL, NULL, NULL), 2);
   ru_free(&p);
@@ -335,18 +465,18 @@ static char *slurp(const char *path) {
  * ("#V": the raw JSON value V; NULL: no member), in place of the member it
  * has, else right after "version". */
 static void write_with_job(const char *name, const char *text, const char *job) {
-  const char *v = strstr(text, "\"version\": 1");
+  const char *v = strstr(text, "\"version\":2");
   assert_non_null(v);
-  const char *head = v + strlen("\"version\": 1"), *rest = head;
-  if (!strncmp(rest, ", \"job\": \"", 10)) rest = strchr(rest + 10, '"') + 1;
+  const char *head = v + strlen("\"version\":2"), *rest = head;
+  if (!strncmp(rest, ",\"job\":\"", 8)) rest = strchr(rest + 8, '"') + 1;
   char *out = NULL;
   size_t len = 0;
   FILE *ms = open_memstream(&out, &len);
   fprintf(ms, "%.*s", (int)(head - text), text);
   if (job && job[0] == '#')
-    fprintf(ms, ", \"job\": %s", job + 1);
+    fprintf(ms, ",\"job\":%s", job + 1);
   else if (job)
-    fprintf(ms, ", \"job\": \"%s\"", job);
+    fprintf(ms, ",\"job\":\"%s\"", job);
   fputs(rest, ms);
   fclose(ms);
   write_file(name, NULL, 0, out, len);
@@ -380,7 +510,7 @@ static void jobs(void **state) {
   }
   snprintf(path, sizeof(path), "%s/tdist_trace_%s.world.rank3.json", dir, b);
   char *t = slurp(path); /* the member was replaced (or added), not doubled */
-  assert_non_null(strstr(t, "{\"version\": 1, \"job\": \"vm-200-1700000300\", \"host\": "));
+  assert_non_null(strstr(t, "{\"version\":2,\"job\":\"vm-200-1700000300\",\"host\":"));
   free(t);
   /* All of them: refused, naming each job and its file count; no report. */
   assert_int_equal(tool(&p, dir, NULL, NULL, NULL), 2);
@@ -436,7 +566,7 @@ static void jobs(void **state) {
   ru_free(&p);
   write_with_job("world.rank0.json", cur[0], "#42");
   assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
-  assert_non_null(strstr(p.err, "world.rank0.json:1: expected a string"));
+  assert_non_null(strstr(p.err, "world.rank0.json:1: \"job\": expected a string"));
   ru_free(&p);
   write_with_job("world.rank0.json", cur[0], "a\\u0007b");
   assert_int_equal(tool(&p, path, NULL, NULL, NULL), 2);
@@ -490,7 +620,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ok),           cmocka_unit_test(stall),   cmocka_unit_test(divergence),
       cmocka_unit_test(timeout),      cmocka_unit_test(dropped), cmocka_unit_test(damaged),
-      cmocka_unit_test(cut_anywhere), cmocka_unit_test(jobs),
+      cmocka_unit_test(cut_anywhere), cmocka_unit_test(jobs),    cmocka_unit_test(cut_last_line),
+      cmocka_unit_test(garbage_line),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[128];

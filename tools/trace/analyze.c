@@ -12,6 +12,7 @@
  *   NOT_REACHED s >= next_seq: the rank had not submitted it yet;
  *   SKIPPED     inside its ring's window but absent (the submit failed);
  *   UNKNOWN     after the last entry of a truncated dump: unknown too;
+ *   UNREADABLE  where its file had a line the parser skipped: unknown too;
  *   MISSING     no dump from that rank at all.
  *
  * The first seq showing one of these is the group's problem, checked in this
@@ -32,7 +33,7 @@
 
 #include "trace_tool.h"
 
-enum { C_MISSING, C_DROPPED, C_UNKNOWN, C_ENTRY, C_QUEUED, C_NOT_REACHED, C_SKIPPED };
+enum { C_MISSING, C_DROPPED, C_UNKNOWN, C_UNREADABLE, C_ENTRY, C_QUEUED, C_NOT_REACHED, C_SKIPPED };
 
 typedef tt_group_t grp_t;
 
@@ -123,6 +124,8 @@ static int classify(const tt_dump_t *d, int64_t s, const tt_entry_t **e) {
   if (!d) return C_MISSING;
   if ((*e = find(d, s))) return C_ENTRY;
   if (s < d->dropped) return C_DROPPED;
+  for (int64_t i = 0; i < d->nholes; i++)
+    if (s >= d->holes[i].lo && s < d->holes[i].hi) return C_UNREADABLE;
   if (d->truncated && (!d->nentries || s > d->entries[d->nentries - 1].seq)) return C_UNKNOWN;
   if (s >= d->next_seq) return C_NOT_REACHED;
   if (s >= d->recorded) return C_QUEUED;
@@ -420,6 +423,9 @@ int tt_walk(grp_t *g, FILE *out) {
         else if (v.cls[r] == C_UNKNOWN)
           fprintf(out, "  note: rank %d's dump is truncated before seq %lld\n", g->ref->ranks[r],
                   (long long)s);
+        else if (v.cls[r] == C_UNREADABLE)
+          fprintf(out, "  note: rank %d's dump has an unreadable line where seq %lld would be\n",
+                  g->ref->ranks[r], (long long)s);
       break;
     }
   }

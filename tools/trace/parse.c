@@ -1,426 +1,252 @@
 /*
- * parse.c - a strict, line-oriented reader of flight-recorder dumps.
+ * parse.c - reads one flight-recorder dump with json-c.
  *
- * The writer (write_dump() in src/core/trace.c) puts the header members on
- * the first lines, each line a run of complete `"key": value` members ended
- * by ',', then `"entries": [` alone at the end of a line, then one entry
- * object per line (',' after all but the last), then ` ]}`. Values never
- * span lines, so each line is parsed on its own, and an error names the file
- * and line. Unknown keys are skipped (any JSON value), known keys must have
- * the right type, the required ones must be there. "job" is optional (dumps
- * written before it existed; job "-"), but when present it must be a valid
+ * A dump is JSON Lines (write_dump() in src/core/trace.c): line 1 is the
+ * meta line (the group, the writing process, the ring's window, how many
+ * entry lines follow), then one entry object per line, oldest first. Each
+ * line is parsed on its own by a strict json-c tokener, so an error names
+ * the file and line and a bad line costs only itself. Unknown keys are
+ * ignored; known keys must have the right type, and the required ones must
+ * be there. "job" is optional (job "-"), but when present it must be a valid
  * job id.
  *
- * Truncation: a writer killed mid-dump leaves a prefix of the file. A bad or
- * cut last line, or a missing closing ` ]}`, is a warning: the entries read
- * so far are kept and the dump is marked truncated. A file cut inside the
- * header is rejected (there is no group to attach entries to).
+ * What is rejected and what is skipped:
+ *   - a bad meta line rejects the file (there is no group to attach entries
+ *     to), a cut one too;
+ *   - an entry line that is not one JSON object, or not a valid entry (a
+ *     missing field, a value of the wrong type, out of order, outside the
+ *     ring's window), is skipped with a warning; the seqs between the entries
+ *     around it are unknown for this rank (a hole), not missing;
+ *   - a last line without its '\n' that does not parse was cut by a killed
+ *     writer or a short copy: skipped with a warning, the dump marked truncated;
+ *   - fewer entry lines than the meta line announced: the file was cut
+ *     between lines, marked truncated.
+ * A truncated dump's seqs after its last entry count as unknown.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <json.h>
+
 #include "trace_tool.h"
 
-typedef struct lx {
-  const char *p, *end;
+typedef struct ck {
   char why[200];
-  char *tmp; /* scratch for decoded strings */
-  size_t tmp_cap;
-} lx_t;
+} ck_t;
 
-#define FAIL(lx, ...) (snprintf((lx)->why, sizeof((lx)->why), __VA_ARGS__), -1)
+#define FAIL(ck, ...) (snprintf((ck)->why, sizeof((ck)->why), __VA_ARGS__), -1)
+#define FAIL_NULL(ck, ...) (snprintf((ck)->why, sizeof((ck)->why), __VA_ARGS__), NULL)
 
-static void ws(lx_t *lx) {
-  while (lx->p < lx->end && (*lx->p == ' ' || *lx->p == '\t' || *lx->p == '\r'))
-    lx->p++;
+#if JSON_C_VERSION_NUM >= ((0 << 16) | (15 << 8))
+#define PARSE_END(tok) json_tokener_get_parse_end(tok)
+#else
+#define PARSE_END(tok) ((size_t)(tok)->char_offset)
+#endif
+
+/* ---- values -------------------------------------------------------------------- */
+
+/* Member `key` of o, of json type `type`; NULL (why set) when absent or of
+ * another type. */
+static json_object *get(json_object *o, const char *key, json_type type, const char *what,
+                        ck_t *ck) {
+  json_object *v;
+  if (!json_object_object_get_ex(o, key, &v) || !v) return FAIL_NULL(ck, "no \"%s\"", key);
+  if (!json_object_is_type(v, type)) return FAIL_NULL(ck, "\"%s\": expected %s", key, what);
+  return v;
 }
 
-static int eat(lx_t *lx, char c) {
-  ws(lx);
-  if (lx->p < lx->end && *lx->p == c) {
-    lx->p++;
-    return 1;
-  }
+static int get_int(json_object *o, const char *key, int64_t *out, ck_t *ck) {
+  json_object *v = get(o, key, json_type_int, "an integer", ck);
+  if (!v) return -1;
+  *out = json_object_get_int64(v);
   return 0;
 }
 
-static int at_eol(lx_t *lx) {
-  ws(lx);
-  return lx->p >= lx->end || *lx->p == '\n';
+/* A string member: NULL when absent, of another type or holding a NUL. */
+static const char *get_str(json_object *o, const char *key, ck_t *ck) {
+  json_object *v = get(o, key, json_type_string, "a string", ck);
+  if (!v) return NULL;
+  const char *s = json_object_get_string(v);
+  if (strlen(s) != (size_t)json_object_get_string_len(v))
+    return FAIL_NULL(ck, "\"%s\": NUL character in the string", key);
+  return s;
 }
 
-static int tmp_put(lx_t *lx, size_t n, char c) {
-  if (n + 1 >= lx->tmp_cap) {
-    size_t cap = lx->tmp_cap ? lx->tmp_cap * 2 : 256;
-    char *t = realloc(lx->tmp, cap);
-    if (!t) return FAIL(lx, "out of memory");
-    lx->tmp = t;
-    lx->tmp_cap = cap;
-  }
-  lx->tmp[n] = c;
-  lx->tmp[n + 1] = '\0';
+static int str_into(json_object *o, const char *key, char *buf, size_t cap, ck_t *ck) {
+  const char *s = get_str(o, key, ck);
+  if (!s) return -1;
+  if (strlen(s) >= cap) return FAIL(ck, "\"%s\" is too long", key);
+  memcpy(buf, s, strlen(s) + 1);
   return 0;
 }
 
-/* A JSON string into lx->tmp (escapes decoded; \u above 0x7f becomes '?'). */
-static int str(lx_t *lx) {
-  size_t n = 0;
-  if (!eat(lx, '"')) return FAIL(lx, "expected a string");
-  if (tmp_put(lx, 0, '\0')) return -1;
-  for (;;) {
-    if (lx->p >= lx->end || *lx->p == '\n') return FAIL(lx, "unterminated string");
-    char c = *lx->p++;
-    if (c == '"') return 0;
-    if ((unsigned char)c < 0x20) return FAIL(lx, "control character in a string");
-    if (c == '\\') {
-      if (lx->p >= lx->end) return FAIL(lx, "unterminated string");
-      char e = *lx->p++;
-      switch (e) {
-      case '"':
-      case '\\':
-      case '/': c = e; break;
-      case 'b': c = '\b'; break;
-      case 'f': c = '\f'; break;
-      case 'n': c = '\n'; break;
-      case 'r': c = '\r'; break;
-      case 't': c = '\t'; break;
-      case 'u': {
-        unsigned v = 0;
-        for (int i = 0; i < 4; i++, lx->p++) {
-          if (lx->p >= lx->end) return FAIL(lx, "bad \\u escape");
-          char h = *lx->p;
-          int d = h >= '0' && h <= '9'   ? h - '0'
-                  : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                  : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                         : -1;
-          if (d < 0) return FAIL(lx, "bad \\u escape");
-          v = v * 16 + (unsigned)d;
-        }
-        c = v && v < 0x80 ? (char)v : '?';
-        break;
-      }
-      default: return FAIL(lx, "bad escape '\\%c' in a string", e);
-      }
-    }
-    if (tmp_put(lx, n++, c)) return -1;
-  }
-}
-
-static int str_into(lx_t *lx, const char *key, char *buf, size_t cap) {
-  if (str(lx)) return -1;
-  if (strlen(lx->tmp) >= cap) return FAIL(lx, "\"%s\" is too long", key);
-  memcpy(buf, lx->tmp, strlen(lx->tmp) + 1);
-  return 0;
-}
-
-static int str_dup(lx_t *lx, char **out) {
-  if (str(lx)) return -1;
+static int str_dup(json_object *o, const char *key, char **out, ck_t *ck) {
+  const char *s = get_str(o, key, ck);
+  if (!s) return -1;
   free(*out);
-  *out = strdup(lx->tmp);
-  return *out ? 0 : FAIL(lx, "out of memory");
+  *out = strdup(s);
+  return *out ? 0 : FAIL(ck, "out of memory");
 }
 
-/* A JSON number; `integer` rejects fractions and exponents. */
-static int num(lx_t *lx, const char *key, int integer, int64_t *out) {
-  ws(lx);
-  const char *s = lx->p;
-  if (lx->p < lx->end && *lx->p == '-') lx->p++;
-  const char *digits = lx->p;
-  while (lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9')
-    lx->p++;
-  if (lx->p == digits) return FAIL(lx, "\"%s\": expected a number", key);
-  int frac = 0;
-  if (lx->p < lx->end && *lx->p == '.') {
-    frac = 1;
-    lx->p++;
-    while (lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9')
-      lx->p++;
+/* One line (its '\n' already removed) as one JSON object, or NULL with
+ * why set. */
+static json_object *parse_line(json_tokener *tok, const char *s, size_t len, ck_t *ck) {
+  if (strlen(s) != len) return FAIL_NULL(ck, "NUL byte in the line");
+  if (len == 0) return FAIL_NULL(ck, "empty line");
+  if (len > (size_t)INT32_MAX) return FAIL_NULL(ck, "line too long");
+  json_tokener_reset(tok);
+  json_object *o = json_tokener_parse_ex(tok, s, (int)len);
+  enum json_tokener_error e = json_tokener_get_error(tok);
+  if (e == json_tokener_continue) {
+    json_object_put(o);
+    return FAIL_NULL(ck, "the line ends inside a JSON value");
   }
-  if (lx->p < lx->end && (*lx->p == 'e' || *lx->p == 'E')) {
-    frac = 1;
-    lx->p++;
-    if (lx->p < lx->end && (*lx->p == '+' || *lx->p == '-')) lx->p++;
-    while (lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9')
-      lx->p++;
+  if (!o || e != json_tokener_success) {
+    json_object_put(o);
+    return FAIL_NULL(ck, "not JSON (json-c: %s at byte %zu)", json_tokener_error_desc(e),
+                     PARSE_END(tok));
   }
-  if (!integer) return 0;
-  if (frac) return FAIL(lx, "\"%s\": expected an integer", key);
-  char buf[32];
-  size_t len = (size_t)(lx->p - s);
-  if (len >= sizeof(buf)) return FAIL(lx, "\"%s\": number out of range", key);
-  memcpy(buf, s, len);
-  buf[len] = '\0';
-  errno = 0;
-  long long v = strtoll(buf, NULL, 10);
-  if (errno) return FAIL(lx, "\"%s\": number out of range", key);
-  *out = v;
-  return 0;
-}
-
-static int word(lx_t *lx, const char *w) {
-  size_t n = strlen(w);
-  ws(lx);
-  if ((size_t)(lx->end - lx->p) >= n && !memcmp(lx->p, w, n)) {
-    lx->p += n;
-    return 1;
+  for (size_t i = PARSE_END(tok); i < len; i++)
+    if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') {
+      json_object_put(o);
+      return FAIL_NULL(ck, "text after the JSON object (byte %zu)", i);
+    }
+  if (!json_object_is_type(o, json_type_object)) {
+    json_object_put(o);
+    return FAIL_NULL(ck, "not a JSON object");
   }
-  return 0;
-}
-
-static int boolean(lx_t *lx, const char *key, int *out) {
-  if (word(lx, "true"))
-    *out = 1;
-  else if (word(lx, "false"))
-    *out = 0;
-  else
-    return FAIL(lx, "\"%s\": expected true or false", key);
-  return 0;
-}
-
-/* Any JSON value on this line (an unknown key), nesting bounded. */
-static int skip(lx_t *lx, int depth) {
-  int64_t dummy;
-  if (depth > 16) return FAIL(lx, "values nested too deeply");
-  ws(lx);
-  if (lx->p >= lx->end) return FAIL(lx, "expected a value");
-  char c = *lx->p;
-  if (c == '"') return str(lx);
-  if (c == '{' || c == '[') {
-    char close = c == '{' ? '}' : ']';
-    lx->p++;
-    if (eat(lx, close)) return 0;
-    do {
-      if (c == '{' && (str(lx) || !eat(lx, ':'))) return FAIL(lx, "bad object");
-      if (skip(lx, depth + 1)) return -1;
-    } while (eat(lx, ','));
-    return eat(lx, close) ? 0 : FAIL(lx, "expected '%c'", close);
-  }
-  if (word(lx, "true") || word(lx, "false") || word(lx, "null")) return 0;
-  return num(lx, "value", 0, &dummy);
-}
-
-/* Parse `{ members }` (the '{' already eaten when `opened`), calling
- * member(lx, key, obj) for each key; it must consume the value. */
-typedef int (*member_fn)(lx_t *lx, const char *key, void *obj);
-
-static int object(lx_t *lx, member_fn member, void *obj) {
-  char key[64];
-  if (!eat(lx, '{')) return FAIL(lx, "expected '{'");
-  if (eat(lx, '}')) return 0;
-  do {
-    if (str_into(lx, "key", key, sizeof(key))) return -1;
-    if (!eat(lx, ':')) return FAIL(lx, "expected ':' after \"%s\"", key);
-    if (member(lx, key, obj)) return -1;
-  } while (eat(lx, ','));
-  return eat(lx, '}') ? 0 : FAIL(lx, "expected ',' or '}'");
+  return o;
 }
 
 /* ---- entries ------------------------------------------------------------------- */
 
-enum {
-  E_SEQ = 1,
-  E_OP = 2,
-  E_DTYPE = 4,
-  E_REDOP = 8,
-  E_COUNT = 16,
-  E_ROOT = 32,
-  E_STATE = 64,
-  E_STATUS = 128,
-  E_TENQ = 256,
-  E_TSTART = 512,
-  E_TEND = 1024,
-  E_ALL = 2047
-};
-
-struct entry_ctx {
-  tt_entry_t *e;
-  int seen;
-};
-
-static int entry_member(lx_t *lx, const char *k, void *obj) {
-  struct entry_ctx *c = obj;
-  tt_entry_t *e = c->e;
-#define INT_FIELD(name, bit, dst) \
-  if (!strcmp(k, name)) return c->seen |= bit, num(lx, k, 1, &e->dst)
-#define STR_FIELD(name, bit, dst) \
-  if (!strcmp(k, name)) return c->seen |= bit, str_into(lx, k, e->dst, sizeof(e->dst))
-  INT_FIELD("seq", E_SEQ, seq);
-  STR_FIELD("op", E_OP, op);
-  STR_FIELD("dtype", E_DTYPE, dtype);
-  STR_FIELD("redop", E_REDOP, redop);
-  INT_FIELD("count", E_COUNT, count);
-  INT_FIELD("root", E_ROOT, root);
-  STR_FIELD("state", E_STATE, state);
-  STR_FIELD("status", E_STATUS, status);
-  INT_FIELD("t_enqueue_us", E_TENQ, t_enqueue_us);
-  INT_FIELD("t_start_us", E_TSTART, t_start_us);
-  INT_FIELD("t_end_us", E_TEND, t_end_us);
-#undef INT_FIELD
-#undef STR_FIELD
-  return skip(lx, 0);
-}
-
 static const char *const states[] = {"queued", "running",   "completed",
                                      "failed", "timed_out", "aborted"};
 
-static int entry_line(lx_t *lx, tt_dump_t *d, int *comma) {
-  tt_entry_t e;
-  memset(&e, 0, sizeof(e));
-  struct entry_ctx c = {&e, 0};
-  if (object(lx, entry_member, &c)) return -1;
-  *comma = eat(lx, ',');
-  if (!at_eol(lx)) return FAIL(lx, "unexpected text after an entry");
-  if (c.seen != E_ALL)
-    return FAIL(lx, "entry lacks a required field (seq, op, dtype, redop, "
-                    "count, root, state, status, t_*_us)");
+/* An entry line's object into e, checked against the dump so far. */
+static int entry(json_object *o, const tt_dump_t *d, tt_entry_t *e, ck_t *ck) {
+  memset(e, 0, sizeof(*e));
+  if (get_int(o, "seq", &e->seq, ck) || str_into(o, "op", e->op, sizeof(e->op), ck) ||
+      str_into(o, "dtype", e->dtype, sizeof(e->dtype), ck) ||
+      str_into(o, "redop", e->redop, sizeof(e->redop), ck) || get_int(o, "count", &e->count, ck) ||
+      get_int(o, "root", &e->root, ck) || str_into(o, "state", e->state, sizeof(e->state), ck) ||
+      str_into(o, "status", e->status, sizeof(e->status), ck) ||
+      get_int(o, "t_enqueue_us", &e->t_enqueue_us, ck) ||
+      get_int(o, "t_start_us", &e->t_start_us, ck) || get_int(o, "t_end_us", &e->t_end_us, ck))
+    return -1;
   int known = 0;
   for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
-    known |= !strcmp(e.state, states[i]);
-  if (!known) return FAIL(lx, "unknown state \"%s\"", e.state);
-  if (e.seq < 0 || e.count < 0 || e.root < -1 || e.t_enqueue_us < 0 || e.t_start_us < 0 ||
-      e.t_end_us < 0)
-    return FAIL(lx, "negative seq, count or time");
-  if (d->nentries && e.seq <= d->entries[d->nentries - 1].seq)
-    return FAIL(lx, "entries out of order (seq %lld after seq %lld)", (long long)e.seq,
+    known |= !strcmp(e->state, states[i]);
+  if (!known) return FAIL(ck, "unknown state \"%s\"", e->state);
+  if (e->seq < 0 || e->count < 0 || e->root < -1 || e->t_enqueue_us < 0 || e->t_start_us < 0 ||
+      e->t_end_us < 0)
+    return FAIL(ck, "negative seq, count or time");
+  if (d->nentries && e->seq <= d->entries[d->nentries - 1].seq)
+    return FAIL(ck, "entries out of order (seq %lld after seq %lld)", (long long)e->seq,
                 (long long)d->entries[d->nentries - 1].seq);
-  if (e.seq < d->dropped || e.seq >= d->recorded)
-    return FAIL(lx, "entry seq %lld outside the ring's window [%lld, %lld)", (long long)e.seq,
+  if (e->seq < d->dropped || e->seq >= d->recorded)
+    return FAIL(ck, "entry seq %lld outside the ring's window [%lld, %lld)", (long long)e->seq,
                 (long long)d->dropped, (long long)d->recorded);
+  return 0;
+}
+
+static int push_entry(tt_dump_t *d, const tt_entry_t *e) {
   if (d->nentries == d->cap_entries) {
     int64_t cap = d->cap_entries ? d->cap_entries * 2 : 64;
     tt_entry_t *n = realloc(d->entries, sizeof(*n) * (size_t)cap);
-    if (!n) return FAIL(lx, "out of memory");
+    if (!n) return -1;
     d->entries = n;
     d->cap_entries = cap;
   }
-  d->entries[d->nentries++] = e;
+  d->entries[d->nentries++] = *e;
   return 0;
 }
 
-/* ---- header -------------------------------------------------------------------- */
-
-enum {
-  H_VERSION = 1,
-  H_PID = 2,
-  H_GRANK = 4,
-  H_GROUP = 8,
-  H_NEXT = 16,
-  H_REC = 32,
-  H_DROP = 64,
-  H_ABORTED = 128,
-  H_DUMPED = 256,
-  H_ALL = 511
-};
-enum { G_NAME = 1, G_UID = 2, G_RANK = 4, G_SIZE = 8, G_RANKS = 16, G_ALL = 31 };
-
-struct hdr_ctx {
-  tt_dump_t *d;
-  int seen, gseen;
-};
-
-static int ranks_array(lx_t *lx, tt_dump_t *d) {
-  int64_t cap = 0, v;
-  if (!eat(lx, '[')) return FAIL(lx, "\"ranks\": expected an array");
-  if (eat(lx, ']')) return 0;
-  do {
-    if (num(lx, "ranks", 1, &v)) return -1;
-    if (v < 0 || v > INT32_MAX) return FAIL(lx, "\"ranks\": bad rank %lld", (long long)v);
-    if (d->nranks >= TT_MAX_GROUP_SIZE) return FAIL(lx, "\"ranks\": too many ranks");
-    if (d->nranks == cap) {
-      cap = cap ? cap * 2 : 16;
-      int *n = realloc(d->ranks, sizeof(int) * (size_t)cap);
-      if (!n) return FAIL(lx, "out of memory");
-      d->ranks = n;
-    }
-    d->ranks[d->nranks++] = (int)v;
-  } while (eat(lx, ','));
-  return eat(lx, ']') ? 0 : FAIL(lx, "\"ranks\": expected ',' or ']'");
+static int push_hole(tt_dump_t *d, int64_t lo, int64_t hi) {
+  if (d->nholes == d->cap_holes) {
+    int64_t cap = d->cap_holes ? d->cap_holes * 2 : 8;
+    tt_hole_t *n = realloc(d->holes, sizeof(*n) * (size_t)cap);
+    if (!n) return -1;
+    d->holes = n;
+    d->cap_holes = cap;
+  }
+  d->holes[d->nholes++] = (tt_hole_t){lo, hi};
+  return 0;
 }
 
-static int group_member(lx_t *lx, const char *k, void *obj) {
-  struct hdr_ctx *c = obj;
-  tt_dump_t *d = c->d;
-  if (!strcmp(k, "name")) return c->gseen |= G_NAME, str_dup(lx, &d->group_name);
-  if (!strcmp(k, "uid")) return c->gseen |= G_UID, str_into(lx, k, d->uid, sizeof(d->uid));
-  if (!strcmp(k, "rank")) return c->gseen |= G_RANK, num(lx, k, 1, &d->group_rank);
-  if (!strcmp(k, "size")) return c->gseen |= G_SIZE, num(lx, k, 1, &d->group_size);
-  if (!strcmp(k, "ranks")) {
-    free(d->ranks);
-    d->ranks = NULL;
-    d->nranks = 0;
-    return c->gseen |= G_RANKS, ranks_array(lx, d);
+/* ---- the meta line ------------------------------------------------------------- */
+
+static int ranks_array(json_object *grp, tt_dump_t *d, ck_t *ck) {
+  json_object *a = get(grp, "ranks", json_type_array, "an array", ck);
+  if (!a) return -1;
+  size_t n = json_object_array_length(a);
+  if (n > TT_MAX_GROUP_SIZE) return FAIL(ck, "\"ranks\": too many ranks");
+  d->ranks = malloc(sizeof(int) * (n ? n : 1));
+  if (!d->ranks) return FAIL(ck, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    json_object *v = json_object_array_get_idx(a, i);
+    if (!json_object_is_type(v, json_type_int)) return FAIL(ck, "\"ranks\": expected integers");
+    int64_t r = json_object_get_int64(v);
+    if (r < 0 || r > INT32_MAX) return FAIL(ck, "\"ranks\": bad rank %lld", (long long)r);
+    d->ranks[d->nranks++] = (int)r;
   }
-  return skip(lx, 0);
+  return 0;
 }
 
 /* "job": 1..TT_JOB_MAX printable ASCII characters, no '"' (it is part of the
- * default file name and of the tool's messages). */
-static int job_id(lx_t *lx, tt_dump_t *d) {
-  if (str_into(lx, "job", d->job, sizeof(d->job))) return -1;
-  if (!d->job[0]) return FAIL(lx, "\"job\": empty job id");
+ * default file name and of the tool's messages). Absent: "-". */
+static int job_id(json_object *o, tt_dump_t *d, ck_t *ck) {
+  if (!json_object_object_get_ex(o, "job", NULL)) {
+    memcpy(d->job, "-", 2);
+    return 0;
+  }
+  if (str_into(o, "job", d->job, sizeof(d->job), ck)) return -1;
+  if (!d->job[0]) return FAIL(ck, "\"job\": empty job id");
   for (const char *c = d->job; *c; c++)
     if (*c < 0x20 || *c > 0x7e || *c == '"')
-      return FAIL(lx, "\"job\": character 0x%02x in the job id", (unsigned char)*c);
+      return FAIL(ck, "\"job\": character 0x%02x in the job id", (unsigned char)*c);
   return 0;
 }
 
-static int header_member(lx_t *lx, const char *k, struct hdr_ctx *c) {
-  tt_dump_t *d = c->d;
-  if (!strcmp(k, "version")) return c->seen |= H_VERSION, num(lx, k, 1, &d->version);
-  if (!strcmp(k, "job")) return job_id(lx, d);
-  if (!strcmp(k, "host")) return str_into(lx, k, d->host, sizeof(d->host));
-  if (!strcmp(k, "pid")) return c->seen |= H_PID, num(lx, k, 1, &d->pid);
-  if (!strcmp(k, "global_rank")) return c->seen |= H_GRANK, num(lx, k, 1, &d->global_rank);
-  if (!strcmp(k, "backend")) return str_into(lx, k, d->backend, sizeof(d->backend));
-  if (!strcmp(k, "group")) return c->seen |= H_GROUP, object(lx, group_member, c);
-  if (!strcmp(k, "next_seq")) return c->seen |= H_NEXT, num(lx, k, 1, &d->next_seq);
-  if (!strcmp(k, "recorded")) return c->seen |= H_REC, num(lx, k, 1, &d->recorded);
-  if (!strcmp(k, "dropped")) return c->seen |= H_DROP, num(lx, k, 1, &d->dropped);
-  if (!strcmp(k, "aborted")) return c->seen |= H_ABORTED, boolean(lx, k, &d->aborted);
-  if (!strcmp(k, "abort_reason")) return str_dup(lx, &d->abort_reason);
-  if (!strcmp(k, "dumped_us")) return c->seen |= H_DUMPED, num(lx, k, 1, &d->dumped_us);
-  return skip(lx, 0);
-}
-
-static int header_check(lx_t *lx, struct hdr_ctx *c) {
-  tt_dump_t *d = c->d;
-  if (c->seen != H_ALL || c->gseen != G_ALL)
-    return FAIL(lx, "header lacks a required field (version, pid, global_rank, group {name, uid, "
-                    "rank, size, ranks}, next_seq, recorded, dropped, aborted, dumped_us)");
-  if (d->version != 1) return FAIL(lx, "unsupported version %lld", (long long)d->version);
+static int meta(json_object *o, tt_dump_t *d, int64_t *nentries, ck_t *ck) {
+  json_object *grp, *v;
+  if (get_int(o, "version", &d->version, ck)) return -1;
+  if (d->version != 2) return FAIL(ck, "unsupported version %lld", (long long)d->version);
+  if (job_id(o, d, ck)) return -1;
+  if (json_object_object_get_ex(o, "host", NULL) &&
+      str_into(o, "host", d->host, sizeof(d->host), ck))
+    return -1;
+  if (json_object_object_get_ex(o, "backend", NULL) &&
+      str_into(o, "backend", d->backend, sizeof(d->backend), ck))
+    return -1;
+  if (get_int(o, "pid", &d->pid, ck) || get_int(o, "global_rank", &d->global_rank, ck) ||
+      !(grp = get(o, "group", json_type_object, "an object", ck)) ||
+      str_dup(grp, "name", &d->group_name, ck) ||
+      str_into(grp, "uid", d->uid, sizeof(d->uid), ck) ||
+      get_int(grp, "rank", &d->group_rank, ck) || get_int(grp, "size", &d->group_size, ck) ||
+      ranks_array(grp, d, ck) || get_int(o, "next_seq", &d->next_seq, ck) ||
+      get_int(o, "recorded", &d->recorded, ck) || get_int(o, "dropped", &d->dropped, ck) ||
+      !(v = get(o, "aborted", json_type_boolean, "true or false", ck)) ||
+      get_int(o, "dumped_us", &d->dumped_us, ck) || get_int(o, "nentries", nentries, ck))
+    return -1;
+  d->aborted = json_object_get_boolean(v);
+  if (json_object_object_get_ex(o, "abort_reason", NULL) &&
+      str_dup(o, "abort_reason", &d->abort_reason, ck))
+    return -1;
   if (d->group_size < 1 || d->group_size > TT_MAX_GROUP_SIZE || d->nranks != d->group_size)
-    return FAIL(lx, "group size %lld does not match its ranks list (%lld ranks)",
+    return FAIL(ck, "group size %lld does not match its ranks list (%lld ranks)",
                 (long long)d->group_size, (long long)d->nranks);
   if (d->group_rank < 0 || d->group_rank >= d->group_size)
-    return FAIL(lx, "group rank %lld outside the group", (long long)d->group_rank);
+    return FAIL(ck, "group rank %lld outside the group", (long long)d->group_rank);
   if (d->ranks[d->group_rank] != d->global_rank)
-    return FAIL(lx, "ranks[%lld] is %d but global_rank is %lld", (long long)d->group_rank,
+    return FAIL(ck, "ranks[%lld] is %d but global_rank is %lld", (long long)d->group_rank,
                 d->ranks[d->group_rank], (long long)d->global_rank);
-  if (!d->uid[0]) return FAIL(lx, "empty group uid");
-  if (d->next_seq < 0 || d->recorded < 0 || d->dropped < 0 || d->dropped > d->recorded)
-    return FAIL(lx, "inconsistent next_seq / recorded / dropped");
-  if (!d->group_name) return FAIL(lx, "no group name");
-  if (!d->job[0]) memcpy(d->job, "-", 2); /* dumps written before the member existed */
-  if (!d->abort_reason && !(d->abort_reason = strdup(""))) return FAIL(lx, "out of memory");
-  return 0;
-}
-
-/* One header line: members each followed by ','; "entries": [ ends the header. */
-static int header_line(lx_t *lx, struct hdr_ctx *c, int first, int *in_entries) {
-  char key[64];
-  if (first && !eat(lx, '{')) return FAIL(lx, "not a flight-recorder dump (expected '{')");
-  while (!at_eol(lx)) {
-    if (str_into(lx, "key", key, sizeof(key))) return -1;
-    if (!eat(lx, ':')) return FAIL(lx, "expected ':' after \"%s\"", key);
-    if (!strcmp(key, "entries")) {
-      if (!eat(lx, '[') || !at_eol(lx)) return FAIL(lx, "expected '[' at the end of the line");
-      *in_entries = 1;
-      return header_check(lx, c);
-    }
-    if (header_member(lx, key, c)) return -1;
-    if (!eat(lx, ',')) return FAIL(lx, "expected ',' after \"%s\"", key);
-  }
+  if (!d->uid[0]) return FAIL(ck, "empty group uid");
+  if (d->next_seq < 0 || d->recorded < 0 || d->dropped < 0 || d->dropped > d->recorded ||
+      *nentries < 0 || *nentries > d->recorded - d->dropped)
+    return FAIL(ck, "inconsistent next_seq / recorded / dropped / nentries");
+  if (!d->abort_reason && !(d->abort_reason = strdup(""))) return FAIL(ck, "out of memory");
   return 0;
 }
 
@@ -433,98 +259,94 @@ void tt_dump_free(tt_dump_t *d) {
   free(d->ranks);
   free(d->abort_reason);
   free(d->entries);
+  free(d->holes);
   free(d);
 }
 
-enum { S_HEADER, S_ENTRIES, S_LAST_ENTRY, S_DONE };
-
 int tt_parse_file(const char *path, FILE *err, tt_dump_t **out) {
-  lx_t lx = {0};
-  char *cur = NULL, *next = NULL;
-  size_t cur_cap = 0, next_cap = 0;
-  ssize_t cur_len, next_len;
-  int64_t line = 0;
-  int rc = -1, state = S_HEADER;
+  ck_t ck = {{0}};
+  char *buf = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  int64_t line = 0, nentries = 0, hole_lo = -1;
+  int rc = -1;
   tt_dump_t *d = calloc(1, sizeof(*d));
-  struct hdr_ctx hc = {d, 0, 0};
+  json_tokener *tok = json_tokener_new();
+  json_object *o = NULL;
   FILE *f = fopen(path, "r");
-  if (!d || !f) {
-    fprintf(err, "tdist-trace: %s: %s\n", path, d ? strerror(errno) : "out of memory");
+  if (!d || !tok || !f) {
+    fprintf(err, "tdist-trace: %s: %s\n", path, d && tok ? strerror(errno) : "out of memory");
     goto done;
   }
-  d->path = strdup(path);
-  /* Read one line ahead, so that a bad last line can be told from a bad
-   * line in the middle (which is not truncation but corruption). */
-  cur_len = getline(&cur, &cur_cap, f);
-  if (cur_len < 0) {
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+  if (!(d->path = strdup(path))) goto oom;
+  while ((len = getline(&buf, &cap, f)) >= 0) {
+    line++;
+    int nl = len > 0 && buf[len - 1] == '\n';
+    if (nl) buf[--len] = '\0';
+    o = parse_line(tok, buf, (size_t)len, &ck);
+    if (line == 1) { /* the meta line: the file is nothing without it */
+      if (!o || meta(o, d, &nentries, &ck)) {
+        if (!strncmp(buf, "{\"version\": 1,", 14))
+          fprintf(err,
+                  "tdist-trace: %s:1: a version 1 dump (one JSON object over several "
+                  "lines, written by an older tdist); this tdist-trace reads version 2\n",
+                  path);
+        else
+          fprintf(err, "tdist-trace: %s:1: %s%s%s\n", path,
+                  !o && buf[0] != '{' ? "not a flight-recorder dump: " : "", ck.why,
+                  !o && !nl ? " (the file ends inside the meta line: truncated?)" : "");
+        goto done;
+      }
+    } else {
+      tt_entry_t e;
+      if (o && entry(o, d, &e, &ck) == 0) {
+        if (hole_lo >= 0 && push_hole(d, hole_lo, e.seq)) goto oom;
+        if (push_entry(d, &e)) goto oom;
+        hole_lo = -1;
+      } else if (!o && !nl) { /* the writer ends every line: cut (a killed copy) */
+        fprintf(err,
+                "tdist-trace: warning: %s:%lld: incomplete last line skipped (the file is "
+                "truncated); %lld entries kept\n",
+                path, (long long)line, (long long)d->nentries);
+        d->truncated = 1;
+      } else {
+        fprintf(err, "tdist-trace: warning: %s:%lld: unreadable line skipped: %s\n", path,
+                (long long)line, ck.why);
+        d->skipped++;
+        if (hole_lo < 0) hole_lo = d->nentries ? d->entries[d->nentries - 1].seq + 1 : d->dropped;
+      }
+    }
+    json_object_put(o);
+    o = NULL;
+  }
+  if (line == 0) {
     fprintf(err, "tdist-trace: %s: empty file\n", path);
     goto done;
   }
-  for (; cur_len >= 0; cur_len = next_len) {
-    line++;
-    next_len = getline(&next, &next_cap, f);
-    int last = next_len < 0;
-    lx.p = cur;
-    lx.end = cur + cur_len;
-    lx.why[0] = '\0';
-    int bad = (size_t)cur_len != strlen(cur) ? FAIL(&lx, "NUL byte in the line") : 0;
-    if (!bad && state == S_HEADER) {
-      int in_entries = 0;
-      bad = header_line(&lx, &hc, line == 1, &in_entries);
-      if (!bad && in_entries) state = S_ENTRIES;
-    } else if (!bad && state == S_DONE) {
-      if (!at_eol(&lx)) bad = FAIL(&lx, "text after the end of the dump");
-    } else if (!bad && !at_eol(&lx)) {
-      if (*lx.p == ']') {
-        lx.p++;
-        bad = !eat(&lx, '}') || !at_eol(&lx) ? FAIL(&lx, "expected ' ]}' to end the dump") : 0;
-        if (!bad) state = S_DONE;
-      } else if (state == S_LAST_ENTRY) {
-        bad = FAIL(&lx, "an entry after the last one (missing ',')");
-      } else {
-        int comma = 0;
-        bad = entry_line(&lx, d, &comma);
-        if (!bad && !comma) state = S_LAST_ENTRY;
-      }
-    }
-    if (bad && state != S_HEADER && last) {
-      fprintf(err, "tdist-trace: warning: %s:%lld: truncated last entry skipped (%s)\n", path,
-              (long long)line, lx.why);
-      d->truncated = 1;
-      break;
-    }
-    if (bad) {
-      fprintf(err, "tdist-trace: %s:%lld: %s%s\n", path, (long long)line, lx.why,
-              last && state == S_HEADER && cur[cur_len - 1] != '\n'
-                  ? " (the file ends inside the header: truncated?)"
-                  : "");
-      goto done;
-    }
-    char *t = cur;
-    size_t tc = cur_cap;
-    cur = next, cur_cap = next_cap;
-    next = t, next_cap = tc;
-  }
-  if (state == S_HEADER) {
-    fprintf(err, "tdist-trace: %s:%lld: file ends inside the header (truncated)\n", path,
-            (long long)line);
-    goto done;
-  }
-  if (state != S_DONE && !d->truncated) { /* cut between lines */
+  if (hole_lo >= 0) d->truncated = 1;         /* nothing readable after the hole */
+  if (!d->truncated && line - 1 < nentries) { /* cut between two lines */
     fprintf(err,
-            "tdist-trace: warning: %s:%lld: file ends without ' ]}' (truncated); "
-            "%lld entries kept\n",
-            path, (long long)line, (long long)d->nentries);
+            "tdist-trace: warning: %s:%lld: the file ends after %lld of %lld entry lines "
+            "(truncated); %lld entries kept\n",
+            path, (long long)line, (long long)line - 1, (long long)nentries,
+            (long long)d->nentries);
     d->truncated = 1;
+  } else if (line - 1 > nentries) {
+    fprintf(err, "tdist-trace: warning: %s: %lld entry lines, but the meta line announced %lld\n",
+            path, (long long)line - 1, (long long)nentries);
   }
   rc = 0;
   *out = d;
   d = NULL;
+  goto done;
+oom:
+  fprintf(err, "tdist-trace: %s: out of memory\n", path);
 done:
   if (f) fclose(f);
-  free(cur);
-  free(next);
-  free(lx.tmp);
+  json_object_put(o);
+  if (tok) json_tokener_free(tok);
+  free(buf);
   tt_dump_free(d);
   return rc;
 }

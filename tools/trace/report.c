@@ -84,6 +84,9 @@ static void rank_line(FILE *out, const tt_dump_t *d) {
     fprintf(out, ", none completed");
   fprintf(out, ", next seq %lld", (long long)d->next_seq);
   if (d->truncated) fprintf(out, ", file truncated");
+  if (d->skipped)
+    fprintf(out, ", %lld unreadable line%s skipped", (long long)d->skipped,
+            d->skipped == 1 ? "" : "s");
   if (d->aborted) fprintf(out, ", aborted: %s", d->abort_reason);
   fprintf(out, "\n");
 }
@@ -98,7 +101,7 @@ static void rank_table(FILE *out, const tt_group_t *g) {
     if (!d) continue;
     if (!base) base = d;
     int alike = d->next_seq == base->next_seq && last_completed(d) == last_completed(base) &&
-                d->aborted == base->aborted && !d->truncated;
+                d->aborted == base->aborted && !d->truncated && !d->skipped;
     if (g->size <= 16 || r < 4 || !alike)
       rank_line(out, d);
     else

@@ -5,8 +5,8 @@
  * The tool is a plain single-threaded program that does not link the tdist
  * library: it must run wherever the dump files were copied to.
  *
- *   parse.c    reads one dump file (the line-oriented format written by
- *              src/core/trace.c) into a tt_dump_t, strictly.
+ *   parse.c    reads one dump file (JSON Lines written by src/core/trace.c)
+ *              into a tt_dump_t with json-c, line by line.
  *   analyze.c  groups dumps by group uid, checks membership, finds the first
  *              divergence / stall / failure of each group, prints the report.
  *   chrome.c   writes the Chrome trace-event JSON file.
@@ -30,7 +30,7 @@ enum { TT_EXIT_OK = 0, TT_EXIT_PROBLEM = 1, TT_EXIT_BAD_INPUT = 2 };
 /* Longest job id ("job" header member): printable ASCII without '"'. */
 #define TT_JOB_MAX 63
 
-/* One record of the ring, as written in the "entries" array. */
+/* One record of the ring, as written on an entry line. */
 typedef struct tt_entry {
   int64_t seq;
   char op[24];
@@ -42,6 +42,12 @@ typedef struct tt_entry {
   int64_t root;                               /* root or peer; -1 for ops without one */
   int64_t t_enqueue_us, t_start_us, t_end_us; /* wall clock; 0 = not reached */
 } tt_entry_t;
+
+/* Seqs [lo, hi) of a dump that no readable line covers: an unreadable entry
+ * line was skipped there (unknown for that rank, not missing). */
+typedef struct tt_hole {
+  int64_t lo, hi;
+} tt_hole_t;
 
 /* One dump file: one group as seen by one rank. */
 typedef struct tt_dump {
@@ -61,12 +67,15 @@ typedef struct tt_dump {
   int64_t dumped_us;
   tt_entry_t *entries; /* ascending seq */
   int64_t nentries, cap_entries;
-  int truncated; /* the file ends early (a killed writer); entries so far kept */
+  int truncated;    /* the file ends early (a killed writer); entries so far kept */
+  int64_t skipped;  /* unreadable entry lines skipped (with a warning) */
+  tt_hole_t *holes; /* where they were, ascending */
+  int64_t nholes, cap_holes;
 } tt_dump_t;
 
 /* parse.c: read `path`. Returns 0 and a new dump in *out, or -1 after
  * printing "tdist-trace: <path>:<line>: <why>" to `err`. Warnings (a
- * truncated file) also go to `err`. */
+ * truncated file, a skipped unreadable line) also go to `err`. */
 int tt_parse_file(const char *path, FILE *err, tt_dump_t **out);
 void tt_dump_free(tt_dump_t *d);
 
