@@ -194,6 +194,7 @@ static int submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_o
   w->drives = w->test && g->bk->caps.drives;
   w->drive_mark = w->drives ? g->bk->ops->drive_mark : NULL;
   w->progress = g->ctx->progress;
+  if (started) w->t_start_ns = tdist__now_ns(); /* the flight recorder's start (work.c) */
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
   /* A synchronous op the backend started and this thread now drives needs
    * the progress thread only for bookkeeping: it is not woken for it unless
@@ -481,7 +482,8 @@ int tdist__ops_check_buf(const tdist_group_t *g, const void *buf, size_t count, 
                          const char *fn) {
   return check_buf(g, buf, count, what, fn);
 }
-void tdist__ops_args_init(tdist_backend_args_t *a, tdist_optype_t type, const tdist_op_opts_t *opts) {
+void tdist__ops_args_init(tdist_backend_args_t *a, tdist_optype_t type,
+                          const tdist_op_opts_t *opts) {
   args_init(a, type, opts);
 }
 int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,

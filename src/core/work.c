@@ -160,7 +160,8 @@ int tdist__work_state_for(int status) {
 }
 
 void tdist__work_running(tdist_work_t *w) {
-  w->t_start_ns = tdist__now_ns();
+  /* An op the backend started in submit has its start time already (ops.c). */
+  if (!w->t_start_ns) w->t_start_ns = tdist__now_ns();
   /* A driving caller may have seen the op succeed while it was still QUEUED
    * (caps.drives: the backend started it in submit): SUCCESS stays. */
   int queued = TDIST_WORK_QUEUED;
