@@ -2,7 +2,8 @@
  * context.c - the runtime context every group of one world holds (see
  * group.h): the progress thread, the root store, the monitor and the
  * rendezvous, set up in that order and torn down in the reverse one by the
- * last reference.
+ * last reference; and tdist_dump_trace (debug.h), whose "every group" is
+ * every group of every context.
  *
  * Threads: create/acquire/release on caller threads (release never on the
  * progress thread: it joins threads). The group list and the watchdog ticker
