@@ -22,7 +22,8 @@ Three checks:
      library defines must come from the same layer or a lower one (nm);
      a backend may not call another backend;
   2. includes: a file may include only headers of its layer or lower ones;
-     backends see the core only through core/backend.h and core/progress.h.
+     backends see the core only through core/backend.h (with the op table
+     it includes, core/opprops.h) and core/progress.h.
 
 Not part of libtdist: src/gpusim/ (libtdist_gpusim.so, the simulated GPU)
 is a library of its own. It may include only its own headers, the CUDA/NCCL
@@ -49,6 +50,7 @@ CORE_FILES = {
     "ops_int": "ops", "notify": "ops", "abi": "ops",
     # headers
     "backend": "work",  # the contract's types; its functions are checked by symbol
+    "opprops": "work",  # the op property table, part of the contract (backend.h)
 }
 
 
@@ -120,7 +122,7 @@ def check_symbols(objects):
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-BACKEND_MAY_SEE = {"core/backend.h", "core/progress.h"}
+BACKEND_MAY_SEE = {"core/backend.h", "core/opprops.h", "core/progress.h"}
 
 
 def check_separate(full, rel, folder, allowed):

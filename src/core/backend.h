@@ -9,11 +9,12 @@
  * struct tdist_group or struct tdist_work (their headers are not for it).
  *
  * A backend is described by a tdist__backend_t: its name, its vtable and its
- * capabilities. Validation in ops.c reads the capabilities, so a combination
- * a backend cannot do fails the same way, before submission, on every
- * backend. Built-in backends are listed in one table (init.c); others (the
- * test backend) are added with tdist__backend_register, without touching the
- * core.
+ * capabilities. Validation (opcheck.c) reads the capabilities, so a
+ * combination a backend cannot do fails the same way, before submission, on
+ * every backend. What each op kind is (rooted, reducing, ...) is one table,
+ * core/opprops.h, which the core and the backends share. Built-in backends
+ * are listed in one table (init.c); others (the test backend) are added with
+ * tdist__backend_register, without touching the core.
  *
  * Threads (the rule every backend relies on):
  *   init, split, shrink, destroy, submit, wait_stream run on a CALLER thread.
@@ -46,6 +47,7 @@
 
 #include <stdint.h>
 
+#include "core/opprops.h" /* the op property table: rooted, reducing, v, p2p */
 #include "tdist/tdist.h"
 #include "util/list.h"
 
@@ -86,12 +88,6 @@ typedef struct tdist__op_args {
    * the sum of scounts), for traces. */
   const size_t *scounts, *sdispls, *rcounts, *rdispls;
 } tdist__op_args_t;
-
-/* The variable-size collectives, whose counts are per rank (see above). */
-static inline int tdist__op_is_v(tdist_optype_t t) {
-  return t == TDIST_OP_ALL_TO_ALL_V || t == TDIST_OP_ALL_GATHER_V ||
-         t == TDIST_OP_REDUCE_SCATTER_V || t == TDIST_OP_GATHER_V || t == TDIST_OP_SCATTER_V;
-}
 
 #define TDIST__BK_SCRATCH 256
 
