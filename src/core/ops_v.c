@@ -1,7 +1,7 @@
 /*
  * ops_v.c - the variable-size collectives (all_to_all_v, all_gather_v,
- * reduce_scatter_v, gather_v, scatter_v), the wildcard-receive check and
- * tdist_work_status_info (layer 6, beside ops.c).
+ * reduce_scatter_v, gather_v, scatter_v) and the wildcard-receive check
+ * (layer 6, beside ops.c).
  *
  * Caller thread, like ops.c: validate with ops.c's own checks (so a v-op
  * fails exactly like its fixed sibling: capabilities, dtype, reduction,
@@ -215,21 +215,4 @@ int tdist__ops_check_any(const tdist_group_t *g, const char *what, const char *f
                       "%s: backend '%s' of group '%s' cannot match %s (receives must name the "
                       "peer and the tag; NCCL matches point-to-point messages by call order)",
                       fn, g->bk->name, g->name, what);
-}
-
-/* Any thread: the fields are written before the completion is published
- * (release) and read after tdist__work_done (acquire). */
-int tdist_work_status_info(const tdist_work_t *w, int *source, int *tag, size_t *count) {
-  if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_status_info: NULL work");
-  if (w->args.type != TDIST_OP_RECV)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "tdist_work_status_info: the work is a %s, not a receive",
-                        tdist_op_name(w->args.type));
-  if (!tdist__work_done(w)) return TDIST_ERR_IN_PROGRESS;
-  if (w->status != 0) return w->status;
-  int any = w->args.root == TDIST_ANY_SOURCE || w->args.tag == TDIST_ANY_TAG;
-  if (source) *source = any ? w->bop.rx_source : w->args.root;
-  if (tag) *tag = any ? w->bop.rx_tag : w->args.tag;
-  if (count) *count = any ? w->bop.rx_count : w->args.count;
-  return 0;
 }
