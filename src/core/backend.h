@@ -219,14 +219,14 @@ enum { TDIST__MEM_HOST = 1u << 0, TDIST__MEM_DEVICE = 1u << 1 };
 typedef struct tdist__caps {
   unsigned mem;    /* TDIST__MEM_* */
   uint32_t ops;    /* bit (1u << tdist_optype_t) per op it runs */
-  uint32_t dtypes; /* bit per tdist_dtype_t it carries (ops.c: else NOT_SUPPORTED) */
-  uint32_t redops; /* bit per tdist_redop_t it reduces with (ops.c: else NOT_SUPPORTED);
+  uint32_t dtypes; /* bit per tdist_dtype_t it carries (opcheck.c: else NOT_SUPPORTED) */
+  uint32_t redops; /* bit per tdist_redop_t it reduces with (opcheck.c: else NOT_SUPPORTED);
                       pairs that mean nothing (a bitwise op on a float) are refused
-                      by ops.c for every backend */
+                      by opcheck.c for every backend */
   int shrink;      /* vtable->shrink works */
   int stream_wait; /* vtable->wait_stream works */
   int any_source;  /* receives take TDIST_ANY_SOURCE / TDIST_ANY_TAG (and fill
-                      tdist__bk_op_t.rx_*); without it ops.c refuses them */
+                      tdist__bk_op_t.rx_*); without it opcheck.c refuses them */
   int wakes;       /* an op's completion calls tdist__progress_wake_any: the
                       progress thread need not spin while its ops are in flight */
   int drives;      /* vtable->test moves the op forward itself (the CPU backend:
