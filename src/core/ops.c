@@ -9,7 +9,6 @@
  * allocates in steady state (batches of more than TDIST__P2P_INLINE
  * point-to-point ops copy their array to the heap).
  */
-#include <stdio.h>
 #include <string.h>
 
 #include "core/ops_int.h"
