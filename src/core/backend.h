@@ -4,11 +4,11 @@
  * A backend ("cpu", "nccl", the tests' "test") moves data; the core owns work
  * handles, their state machine, timeouts, groups and the progress thread. A
  * backend sees exactly what this header gives it: a parameter struct when a
- * group is made (tdist__bk_params_t), an op description when an op runs
- * (tdist__bk_op_t), and the services at the end of this file. It never reads
+ * group is made (tdist_backend_params_t), an op description when an op runs
+ * (tdist_backend_op_t), and the services at the end of this file. It never reads
  * struct tdist_group or struct tdist_work (their headers are not for it).
  *
- * A backend is described by a tdist__backend_t: its name, its vtable and its
+ * A backend is described by a tdist_backend_t: its name, its vtable and its
  * capabilities. Validation (opcheck.c) reads the capabilities, so a
  * combination a backend cannot do fails the same way, before submission, on
  * every backend. What each op kind is (rooted, reducing, ...) is one table,
@@ -27,14 +27,14 @@
  *       writes, no ncclCommAbort: hand blocking work to tdist__worker_run).
  *       Only the progress thread touches the libuv loop.
  *
- * Completions are deferred: tdist__bk_complete and tdist__bk_fail only queue;
+ * Completions are deferred: tdist_backend_complete and tdist_backend_fail only queue;
  * the progress loop delivers queued completions after the I/O step that made
  * them (libuv's write-completed queue pattern). So no user callback, no
  * abort and no group failure ever runs inside a backend's own call chain,
  * and a backend needs no re-entry guards.
  *
  * Abort contract: when the core aborts a group (timeout, tdist_group_abort, a
- * failure the backend reported with tdist__bk_fail, a remote abort record),
+ * failure the backend reported with tdist_backend_fail, a remote abort record),
  * it calls vtable->abort on the progress thread. The backend stops
  * communicating for that group and forgets every op of it: after abort
  * returns it never again touches those ops or their buffers and never
@@ -54,15 +54,15 @@
 struct tdist_progress;
 
 /* Colour of non-members in a split (NCCL_SPLIT_NOCOLOR's role). */
-#define TDIST__NOCOLOR (-1)
+#define TDIST_BACKEND_NOCOLOR (-1)
 
 /* The core's group as a backend sees it: an opaque handle for the services
  * below. */
-typedef struct tdist__bk_group tdist__bk_group_t;
+typedef struct tdist_backend_group tdist_backend_group_t;
 
 /* The op as the caller described it, after validation. The meaning of count
  * is the public one (per rank block for all_gather, scatter, ...). */
-typedef struct tdist__op_args {
+typedef struct tdist_backend_args {
   tdist_optype_t type;
   const void *sendbuf;
   void *recvbuf; /* == sendbuf-equivalent for in-place ops; broadcast: buf */
@@ -75,7 +75,7 @@ typedef struct tdist__op_args {
   void *stream;        /* caller's CUDA stream, or NULL */
   tdist_p2p_op_t *p2p; /* batch ops */
   int np2p;
-  /* Variable-size collectives (TDIST_OP_*_V, tdist__op_is_v): the caller's
+  /* Variable-size collectives (TDIST_OP_*_V, tdist_backend_op_is_v): the caller's
    * arrays of group size, in elements, NOT copied: like MPI's nonblocking
    * *v calls, they stay valid and unchanged until the op completes (the
    * buffer rule), so a backend may read them from submit (caller thread) or
@@ -87,17 +87,17 @@ typedef struct tdist__op_args {
    * scatter_v: recv_count; reduce_scatter_v: rcounts[rank]; all_to_all_v:
    * the sum of scounts), for traces. */
   const size_t *scounts, *sdispls, *rcounts, *rdispls;
-} tdist__op_args_t;
+} tdist_backend_args_t;
 
-#define TDIST__BK_SCRATCH 256
+#define TDIST_BACKEND_SCRATCH 256
 
 /*
  * One op as the backend sees it. Lives inside the work handle; valid from
  * submit/post until the backend completes it or the group is aborted.
  * (caller) fields are set before submit and never change.
  */
-typedef struct tdist__bk_op {
-  const tdist__op_args_t *args; /* (caller) */
+typedef struct tdist_backend_op {
+  const tdist_backend_args_t *args; /* (caller) */
   uint64_t seq;                 /* (caller) op number in the group */
   int64_t timeout_ms;           /* (caller) */
   /* The backend's own, from submit/post until completion or abort: a link
@@ -105,18 +105,18 @@ typedef struct tdist__bk_op {
    * Left as the previous use of the handle had them (initialise them). */
   tdist__list_t link;
   void *priv;
-  _Alignas(16) unsigned char scratch[TDIST__BK_SCRATCH];
+  _Alignas(16) unsigned char scratch[TDIST_BACKEND_SCRATCH];
   /* A receive posted with TDIST_ANY_SOURCE or TDIST_ANY_TAG (caps.any_source):
    * the backend writes what matched (the sender's group rank, its tag, the
    * elements received) before it completes the op; the core reads them only
    * after the completion is published (tdist_work_status_info). */
   int rx_source, rx_tag;
   size_t rx_count;
-} tdist__bk_op_t;
+} tdist_backend_op_t;
 
 /* What a group is made from (init, split, shrink). (caller) thread. */
-typedef struct tdist__bk_params {
-  tdist__bk_group_t *group;           /* the new group's handle (NULL: split non-member) */
+typedef struct tdist_backend_params {
+  tdist_backend_group_t *group;           /* the new group's handle (NULL: split non-member) */
   struct tdist_progress *progress;    /* the process's progress thread */
   int rank, size;                     /* in the new group */
   const int *global_ranks;            /* new group rank -> world rank */
@@ -130,32 +130,32 @@ typedef struct tdist__bk_params {
   const tdist_init_opts_t *init_opts; /* init: the caller's options, or NULL */
   void *parent;                       /* split, shrink: the parent's backend state */
   int parent_rank;                    /* split, shrink: this process's rank in the parent */
-  int color;                          /* split: TDIST__NOCOLOR for non-members */
+  int color;                          /* split: TDIST_BACKEND_NOCOLOR for non-members */
   const int *exclude;                 /* shrink: parent ranks left out (dead) */
   int nexclude;
-} tdist__bk_params_t;
+} tdist_backend_params_t;
 
 /* What the backend made. */
-typedef struct tdist__bk_out {
+typedef struct tdist_backend_out {
   void *state;    /* the group's backend state (NULL for a split non-member) */
   int needs_poll; /* call vtable->poll while the group has ops in flight */
   int device;     /* CUDA device, or -1 */
-} tdist__bk_out_t;
+} tdist_backend_out_t;
 
-typedef struct tdist__backend_ops {
+typedef struct tdist_backend_ops {
   /* Caller thread. A new world group. Return 0 or a tdist error (message
    * recorded with tdist__error). */
-  int (*init)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+  int (*init)(const tdist_backend_params_t *p, tdist_backend_out_t *out);
 
   /* Caller thread; collective over the parent (every parent rank calls it,
-   * in the same order). p->color == TDIST__NOCOLOR: this rank is not in the
+   * in the same order). p->color == TDIST_BACKEND_NOCOLOR: this rank is not in the
    * child (p->group is NULL, out->state must stay NULL). */
-  int (*split)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+  int (*split)(const tdist_backend_params_t *p, tdist_backend_out_t *out);
 
   /* Caller thread, survivors only (tdist_group_shrink): like split, for a
    * child of every parent rank except p->exclude. The parent may be aborted.
    * NULL when caps.shrink is 0. */
-  int (*shrink)(const tdist__bk_params_t *p, tdist__bk_out_t *out);
+  int (*shrink)(const tdist_backend_params_t *p, tdist_backend_out_t *out);
 
   /* Caller thread, optional. Runs after validation, before the op goes to
    * the progress thread (NCCL launches here, ordered with the caller's
@@ -163,11 +163,11 @@ typedef struct tdist__backend_ops {
    * with caps.drives returns 1 when it started the op here (its post then
    * only marks it posted): the core may then delay the progress thread's
    * post until the caller's wait outlasts its spin (ops.c, work.c). */
-  int (*submit)(void *state, tdist__bk_op_t *op);
+  int (*submit)(void *state, tdist_backend_op_t *op);
 
   /* Progress thread. Start the op. A negative return fails the op with that
    * status (the backend must then not keep it). */
-  int (*post)(void *state, tdist__bk_op_t *op);
+  int (*post)(void *state, tdist_backend_op_t *op);
 
   /* Progress thread, when out->needs_poll was set and the group has ops in
    * flight: check for completions and errors. Return the number of ops
@@ -187,7 +187,7 @@ typedef struct tdist__backend_ops {
   int (*destroy)(void *state);
 
   /* Caller thread, optional: make `stream` wait for op (NCCL). */
-  int (*wait_stream)(void *state, tdist__bk_op_t *op, void *stream);
+  int (*wait_stream)(void *state, tdist_backend_op_t *op, void *stream);
 
   /* Any caller thread (never the progress thread), optional: 1 when op has
    * finished successfully and may be reported so now, else 0 (not yet, or
@@ -204,19 +204,19 @@ typedef struct tdist__backend_ops {
    * this, so that the woken caller sees them (wakeup.c). With caps.drives
    * it may also be called on an op submit started that the core has not
    * posted yet (still QUEUED), and it may move the op forward itself. */
-  int (*test)(void *state, tdist__bk_op_t *op);
+  int (*test)(void *state, tdist_backend_op_t *op);
   /* Any caller thread, optional, with caps.drives: a waiter starts (on = 1)
    * or stops (0) testing its op in a loop (work.c). While one does, the
    * backend may count on being polled (the CPU backend's writers then ring
    * no doorbell); after on = 0 the waiter tests once more before it
    * sleeps, so a backend that stops counting then misses nothing. */
   void (*drive_mark)(void *state, int on);
-} tdist__backend_ops_t;
+} tdist_backend_ops_t;
 
 /* Memory kinds a backend's buffers may be in. */
-enum { TDIST__MEM_HOST = 1u << 0, TDIST__MEM_DEVICE = 1u << 1 };
+enum { TDIST_BACKEND_MEM_HOST = 1u << 0, TDIST_BACKEND_MEM_DEVICE = 1u << 1 };
 
-typedef struct tdist__caps {
+typedef struct tdist_backend_caps {
   unsigned mem;    /* TDIST__MEM_* */
   uint32_t ops;    /* bit (1u << tdist_optype_t) per op it runs */
   uint32_t dtypes; /* bit per tdist_dtype_t it carries (opcheck.c: else NOT_SUPPORTED) */
@@ -226,7 +226,7 @@ typedef struct tdist__caps {
   int shrink;      /* vtable->shrink works */
   int stream_wait; /* vtable->wait_stream works */
   int any_source;  /* receives take TDIST_ANY_SOURCE / TDIST_ANY_TAG (and fill
-                      tdist__bk_op_t.rx_*); without it opcheck.c refuses them */
+                      tdist_backend_op_t.rx_*); without it opcheck.c refuses them */
   int wakes;       /* an op's completion calls tdist__progress_wake_any: the
                       progress thread need not spin while its ops are in flight */
   int drives;      /* vtable->test moves the op forward itself (the CPU backend:
@@ -234,26 +234,26 @@ typedef struct tdist__caps {
                       so a waiter keeps testing for TDIST_DRIVE_SPIN_US rather
                       than sleeping, and tests an op still QUEUED too (one the
                       backend started in submit); work.c, "caller-driven" */
-} tdist__caps_t;
+} tdist_backend_caps_t;
 
-#define TDIST__ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)
-#define TDIST__ALL_DTYPES ((1u << TDIST_DTYPE_COUNT) - 1)
-#define TDIST__ALL_REDOPS ((1u << TDIST_REDOP_COUNT) - 1)
+#define TDIST_BACKEND_ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)
+#define TDIST_BACKEND_ALL_DTYPES ((1u << TDIST_DTYPE_COUNT) - 1)
+#define TDIST_BACKEND_ALL_REDOPS ((1u << TDIST_REDOP_COUNT) - 1)
 /* caps.dtypes and caps.redops hold one bit per value. */
 _Static_assert(TDIST_DTYPE_COUNT <= 32 && TDIST_REDOP_COUNT <= 32, "caps masks are 32 bits");
 
-typedef struct tdist__backend {
+typedef struct tdist_backend {
   const char *name;
-  const tdist__backend_ops_t *ops;
-  tdist__caps_t caps;
-} tdist__backend_t;
+  const tdist_backend_ops_t *ops;
+  tdist_backend_caps_t caps;
+} tdist_backend_t;
 
 /* Any thread: the backend called `name`, whatever its case ("gloo" is
  * "cpu"), or NULL. */
-const tdist__backend_t *tdist__backend_find(const char *name);
+const tdist_backend_t *tdist__backend_find(const char *name);
 /* Any thread: add a backend to the table (tests). TDIST_ERR_INVALID_STATE if
  * the name is taken or the table is full. */
-int tdist__backend_register(const tdist__backend_t *b);
+int tdist__backend_register(const tdist_backend_t *b);
 
 /* ---- services the core gives backends ------------------------------------------ */
 
@@ -263,7 +263,7 @@ int tdist__backend_register(const tdist__backend_t *b);
  * Queued: delivered after the current I/O step. The backend must not touch
  * op afterwards. Completing one op twice is a bug (asserted).
  */
-void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...)
+void tdist_backend_complete(tdist_backend_op_t *op, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /*
@@ -273,15 +273,15 @@ void tdist__bk_complete(tdist__bk_op_t *op, int status, const char *fmt, ...)
  * op in flight with `status` and the text. The first cause reported wins;
  * later ones are ignored.
  */
-void tdist__bk_fail(tdist__bk_group_t *g, int status, const char *fmt, ...)
+void tdist_backend_fail(tdist_backend_group_t *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The same for a cause another rank reported to this one (the backend's own
  * ERR message): the core does not tell the others again (local = 0). */
-void tdist__bk_fail_remote(tdist__bk_group_t *g, int status, const char *fmt, ...)
+void tdist_backend_fail_remote(tdist_backend_group_t *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Any thread: 1 once the group is aborted (caller-side wait loops give up). */
-int tdist__bk_aborted(const tdist__bk_group_t *g);
+int tdist_backend_aborted(const tdist_backend_group_t *g);
 
 #endif

@@ -135,7 +135,7 @@ static int check_buf(const tdist_group_t *g, const void *buf, size_t count, cons
   if (!buf)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn, what,
                         count);
-  if (!(g->bk->caps.mem & TDIST__MEM_DEVICE) && tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
+  if (!(g->bk->caps.mem & TDIST_BACKEND_MEM_DEVICE) && tdist__memkind(buf) == TDIST__MEMKIND_DEVICE)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
                         "%s: %s (%p) is CUDA device memory, but group '%s' runs on backend '%s', "
                         "which takes host memory (use an NCCL group for device buffers)",
@@ -169,7 +169,7 @@ static int check_overlap(const void *sendbuf, size_t sl, const void *recvbuf, si
                       fn, sendbuf, sl, recvbuf, rl, form);
 }
 
-static int check_batch(tdist_group_t *g, const tdist__op_args_t *a, const char *fn) {
+static int check_batch(tdist_group_t *g, const tdist_backend_args_t *a, const char *fn) {
   const tdist_p2p_op_t *ops = a->p2p;
   if (a->np2p < 1 || !ops) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: empty batch", fn);
   for (int i = 0; i < a->np2p; i++) {
@@ -190,7 +190,7 @@ static int check_batch(tdist_group_t *g, const tdist__op_args_t *a, const char *
   return 0;
 }
 
-int tdist__op_check(tdist_group_t *g, tdist__op_args_t *a, const char *fn) {
+int tdist__op_check(tdist_group_t *g, tdist_backend_args_t *a, const char *fn) {
   const tdist_optype_t t = a->type;
   const unsigned props = tdist__op_props(t);
   TDIST_CHECK(check_group(g, t, fn));

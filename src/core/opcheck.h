@@ -1,7 +1,7 @@
 /*
  * opcheck.h - the one argument checker of the public ops (layer 6, ops;
  * internal). Every public op (ops.c, ops_v.c) fills a descriptor -- the
- * op's arguments as the backend will see them, tdist__op_args_t
+ * op's arguments as the backend will see them, tdist_backend_args_t
  * (core/backend.h): kind, buffers, count, count and displacement arrays,
  * dtype, reduction, root or peer, tag, batch -- and hands it to
  * tdist__op_check, which validates it against the group and its backend's
@@ -44,7 +44,7 @@
 #include "core/group.h"
 
 /* A zeroed descriptor of `type` with the options' scalar, stream and tag. */
-static inline void tdist__op_desc_init(tdist__op_args_t *a, tdist_optype_t type,
+static inline void tdist__op_desc_init(tdist_backend_args_t *a, tdist_optype_t type,
                                        const tdist_op_opts_t *opts) {
   memset(a, 0, sizeof(*a));
   a->type = type;
@@ -59,6 +59,6 @@ static inline void tdist__op_desc_init(tdist__op_args_t *a, tdist_optype_t type,
  * block (all_to_all_v: the sum of send_counts; reduce_scatter_v:
  * recv_counts[rank]) and the arrays a rank does not read are NULL (gather_v's
  * recv arrays and scatter_v's send arrays off root). */
-int tdist__op_check(tdist_group_t *g, tdist__op_args_t *a, const char *fn);
+int tdist__op_check(tdist_group_t *g, tdist_backend_args_t *a, const char *fn);
 
 #endif

@@ -60,7 +60,7 @@ static inline int tdist__op_is_reducing(tdist_optype_t t) {
   return (tdist__op_props(t) & TDIST__OP_REDUCING) != 0;
 }
 /* The variable-size collectives, whose counts are per rank (backend.h). */
-static inline int tdist__op_is_v(tdist_optype_t t) {
+static inline int tdist_backend_op_is_v(tdist_optype_t t) {
   return (tdist__op_props(t) & TDIST__OP_V) != 0;
 }
 static inline int tdist__op_is_p2p(tdist_optype_t t) {

@@ -20,7 +20,7 @@
 TDIST_PARAM(LazyPost, "TDIST_LAZY_POST", 1)
 
 /* Hand a validated op to the backend and the progress thread (ops_int.h). */
-int tdist__ops_submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                       tdist_work_t **out) {
   if (!out && tdist__progress_on_thread())
     return tdist__error(TDIST_ERR_INVALID_STATE,
@@ -105,7 +105,7 @@ static int coll(tdist_group_t *g, tdist_optype_t type, const char *fn, const voi
                 void *recvbuf, size_t count, tdist_dtype_t dtype, tdist_redop_t op, int root,
                 const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, type, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -169,7 +169,7 @@ int tdist_all_to_all(tdist_group_t *g, const void *sendbuf, void *recvbuf, size_
 
 int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, TDIST_OP_BARRIER, opts);
   a.dtype = TDIST_UINT8;
   return tdist__ops_check_submit(g, &a, "tdist_barrier", opts, work);
@@ -179,7 +179,7 @@ int tdist_barrier(tdist_group_t *g, const tdist_op_opts_t *opts, tdist_work_t **
 static int p2p(tdist_group_t *g, tdist_optype_t type, const char *fn, void *buf, size_t count,
                tdist_dtype_t dtype, int peer, const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, type, opts);
   a.sendbuf = buf;
   a.recvbuf = buf;
@@ -214,7 +214,7 @@ int tdist_recv(tdist_group_t *g, void *buf, size_t count, tdist_dtype_t dtype, i
 int tdist_batch_isend_irecv(tdist_group_t *g, const tdist_p2p_op_t *ops, int n,
                             const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, TDIST_OP_BATCH_P2P, opts);
   a.p2p = (tdist_p2p_op_t *)ops;
   a.np2p = n;

@@ -12,11 +12,11 @@
 
 /* ops.c: a work from the pool, the backend's submit hook, the push; waits
  * when out is NULL (the blocking form). `a` was validated (tdist__op_check). */
-int tdist__ops_submit(tdist_group_t *g, const tdist__op_args_t *a, const tdist_op_opts_t *opts,
+int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                       tdist_work_t **out);
 
 /* Validate the filled-in descriptor (fn: the public call), then submit it. */
-static inline int tdist__ops_check_submit(tdist_group_t *g, tdist__op_args_t *a, const char *fn,
+static inline int tdist__ops_check_submit(tdist_group_t *g, tdist_backend_args_t *a, const char *fn,
                                           const tdist_op_opts_t *opts, tdist_work_t **work) {
   int rc = tdist__op_check(g, a, fn);
   return rc ? rc : tdist__ops_submit(g, a, opts, work);

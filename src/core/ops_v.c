@@ -19,7 +19,7 @@ int tdist_all_to_all_v(tdist_group_t *g, const void *sendbuf, const size_t *send
                        const size_t *recv_displs, tdist_dtype_t dtype, const tdist_op_opts_t *opts,
                        tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, TDIST_OP_ALL_TO_ALL_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -38,7 +38,7 @@ static int gather_like(tdist_group_t *g, tdist_optype_t type, const char *fn, co
                        const size_t *recv_displs, tdist_dtype_t dtype, int root,
                        const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, type, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -69,7 +69,7 @@ int tdist_scatter_v(tdist_group_t *g, const void *sendbuf, const size_t *send_co
                     tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts,
                     tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, TDIST_OP_SCATTER_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;
@@ -85,7 +85,7 @@ int tdist_reduce_scatter_v(tdist_group_t *g, const void *sendbuf, void *recvbuf,
                            const size_t *recv_counts, tdist_dtype_t dtype, tdist_redop_t op,
                            const tdist_op_opts_t *opts, tdist_work_t **work) {
   tdist__error_clear();
-  tdist__op_args_t a;
+  tdist_backend_args_t a;
   tdist__op_desc_init(&a, TDIST_OP_REDUCE_SCATTER_V, opts);
   a.sendbuf = sendbuf;
   a.recvbuf = recvbuf;

@@ -286,7 +286,7 @@ static int allgather_ring_round(cpu_op_t *op, int k) {
 static int gather_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     tdist__cpu_op_send(op, op->root, a->sendbuf, len);
     return 0;
@@ -299,7 +299,7 @@ static int gather_round(cpu_op_t *op, int k) {
 static int scatter_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     tdist__cpu_op_recv(op, op->root, op->buf, len, 0);
     return 0;
@@ -378,7 +378,7 @@ static int prepare_input(const cpu_op_t *op) {
 }
 
 int tdist__cpu_algo_setup(cpu_op_t *op) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   int n = op->size;
   size_t bytes = op->count * op->es;
   op->seg = tdist__cpu_seg_bytes();

@@ -60,7 +60,7 @@ static void vrecv(cpu_op_t *op, int peer, void *ptr, size_t count, int reduce) {
 
 static int a2av_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   size_t so = 0, ro = 0;
   for (int j = 0; j < op->size; j++) {
     size_t sd = displ(a->sdispls, j, so), rd = displ(a->rdispls, j, ro);
@@ -75,7 +75,7 @@ static int a2av_round(cpu_op_t *op, int k) {
 
 static int agv_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   size_t ro = 0;
   for (int j = 0; j < op->size; j++) {
     size_t rd = displ(a->rdispls, j, ro);
@@ -89,7 +89,7 @@ static int agv_round(cpu_op_t *op, int k) {
 
 static int gatherv_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     vsend(op, op->root, a->sendbuf, op->count);
     return 0;
@@ -105,7 +105,7 @@ static int gatherv_round(cpu_op_t *op, int k) {
 
 static int scatterv_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     vrecv(op, op->root, a->recvbuf, op->count, 0);
     return 0;
@@ -124,7 +124,7 @@ static int scatterv_round(cpu_op_t *op, int k) {
  * recvbuf (which already holds this rank's own contribution). */
 static int rsv_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   const uint8_t *in = op->tmp ? op->tmp : a->sendbuf;
   size_t off = 0;
   for (int j = 0; j < op->size; j++) {
@@ -153,7 +153,7 @@ static void copy_in(void *dst, const void *src, size_t bytes) {
 }
 
 int tdist__cpu_algo_setup_v(cpu_op_t *op) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   int n = op->size, r = op->rank;
   op->buf = a->recvbuf;
   op->tmp = NULL;
@@ -225,7 +225,7 @@ int tdist__cpu_algo_setup_v(cpu_op_t *op) {
  * numbers (for the message). 0 when src sends this rank nothing in op. */
 static int expected(const cpu_op_t *op, int src, size_t *count, char *mine, size_t ml, char *theirs,
                     size_t tl) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   switch (op->type) {
   case TDIST_OP_ALL_TO_ALL_V:
     *count = a->rcounts[src];

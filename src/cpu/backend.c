@@ -5,16 +5,16 @@
  * abort.
  *
  * Threads: init/split/shrink/destroy run on the caller's thread and reach
- * the progress thread with tdist__progress_call; post and abort run on the
+ * the progress thread with tdist_backend_call; post and abort run on the
  * progress thread, called by the core at top level, so they may run the
  * engine (tdist__cpu_run_ready) before returning.
  *
  * Ownership: a cpu_group_t is the `state` the core holds for its group. It
  * is built here on the caller thread from the core's parameters (copies of
  * rank, size, uid, name, the rank map, and the core's handle for
- * tdist__bk_fail), handed to the progress thread by register_task, taken
+ * tdist_backend_fail), handed to the progress thread by register_task, taken
  * back by unregister_task and freed by destroy. The core's op
- * (tdist__bk_op_t) is ours from post until we complete it or abort returns;
+ * (tdist_backend_op_t) is ours from post until we complete it or abort returns;
  * its engine state is a cpu_op_t from the group's pool, at op->priv.
  */
 #include <stdio.h>
@@ -59,7 +59,7 @@ static void group_free(cpu_group_t *cg) {
 
 /* Caller thread: a cpu_group_t for the group p describes, over ctx (whose
  * reference it takes over), registered on the progress thread. */
-static int attach(const tdist__bk_params_t *p, cpu_ctx_t *ctx, tdist__bk_out_t *out) {
+static int attach(const tdist_backend_params_t *p, cpu_ctx_t *ctx, tdist_backend_out_t *out) {
   cpu_group_t *cg = tdist__calloc(1, sizeof(*cg));
   if (cg) {
     cg->conns = tdist__calloc((size_t)p->size, sizeof(cpu_conn_t *));
@@ -96,7 +96,7 @@ static int attach(const tdist__bk_params_t *p, cpu_ctx_t *ctx, tdist__bk_out_t *
   tdist__list_init(&cg->ux);
   tdist__list_init(&cg->precv);
   tdist__cpu_cma_group_init(cg);
-  tdist__progress_call(cg->progress, register_task, cg);
+  tdist_backend_call(cg->progress, register_task, cg);
   out->state = cg;
   /* Sockets and timers wake the loop; poll hands over what driving callers
    * left (drive.c), and they wake the loop for it. */
@@ -105,7 +105,7 @@ static int attach(const tdist__bk_params_t *p, cpu_ctx_t *ctx, tdist__bk_out_t *
   return 0;
 }
 
-static int cpu_init(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+static int cpu_init(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   cpu_ctx_t *ctx = NULL;
   TDIST_CHECK(tdist__cpu_ctx_create(p, &tdist__cpu_engine_events, &ctx));
   int rc = attach(p, ctx, out);
@@ -122,10 +122,10 @@ static void ref_task(void *arg) {
 
 /* Members of the child only: it uses the parent's connections (no
  * communication, so non-members have nothing to do). */
-static int cpu_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
-  if (p->color == TDIST__NOCOLOR || !p->group) return 0;
+static int cpu_split(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
+  if (p->color == TDIST_BACKEND_NOCOLOR || !p->group) return 0;
   cpu_ctx_t *ctx = ((cpu_group_t *)p->parent)->ctx;
-  tdist__progress_call(p->progress, ref_task, ctx);
+  tdist_backend_call(p->progress, ref_task, ctx);
   int rc = attach(p, ctx, out);
   if (rc) tdist__cpu_ctx_release(ctx);
   return rc;
@@ -134,7 +134,7 @@ static int cpu_split(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
 /* Survivors only: the child uses their existing connections; those to the
  * excluded (dead) ranks are simply never used by it. The parent may be
  * aborted: its connections stay open until its ctx goes. */
-static int cpu_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
+static int cpu_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   return cpu_split(p, out);
 }
 
@@ -142,10 +142,10 @@ static int cpu_shrink(const tdist__bk_params_t *p, tdist__bk_out_t *out) {
 
 /* Start bop in the engine (engine lock held: the progress thread's post, or
  * a caller's submit, drive.c). */
-int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
+int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop) {
   cpu_op_t *op = tdist__cpu_op_get(cg);
   if (!op) return TDIST_ERR_NO_MEMORY;
-  const tdist__op_args_t *a = bop->args;
+  const tdist_backend_args_t *a = bop->args;
   op->bop = bop;
   op->args = a;
   bop->priv = op;
@@ -168,7 +168,7 @@ int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
   }
   op->cseq = cg->next_cseq++;
   tdist__cpu_probe_posted(op);
-  int rc = tdist__op_is_v(op->type) ? tdist__cpu_algo_setup_v(op) : tdist__cpu_algo_setup(op);
+  int rc = tdist_backend_op_is_v(op->type) ? tdist__cpu_algo_setup_v(op) : tdist__cpu_algo_setup(op);
   if (rc < 0) {
     /* This rank cannot take part in collective #cseq, which the others run:
      * the group is broken (and no rank's numbering drifts). The op stays on
@@ -190,7 +190,7 @@ int tdist__cpu_post_op(cpu_group_t *cg, tdist__bk_op_t *bop) {
   return 0;
 }
 
-static int cpu_post(void *state, tdist__bk_op_t *bop) {
+static int cpu_post(void *state, tdist_backend_op_t *bop) {
   cpu_group_t *cg = state;
   tdist__cpu_enter(cg->ctx);
   if (tdist__cpu_post_early(cg, bop)) { /* submit started it (drive.c) */
@@ -318,7 +318,7 @@ static void unregister_task(void *arg) {
 static int cpu_destroy(void *state) {
   cpu_group_t *cg = state;
   if (!cg) return 0;
-  tdist__progress_call(cg->progress, unregister_task, cg);
+  tdist_backend_call(cg->progress, unregister_task, cg);
   cpu_ctx_t *ctx = cg->ctx;
   tdist__cpu_cma_group_free(cg);
   group_free(cg);
@@ -328,7 +328,7 @@ static int cpu_destroy(void *state) {
 
 /* ---- the backend ---------------------------------------------------------------------- */
 
-static const tdist__backend_ops_t cpu_ops = {
+static const tdist_backend_ops_t cpu_ops = {
     .init = cpu_init,
     .split = cpu_split,
     .shrink = cpu_shrink,
@@ -341,14 +341,14 @@ static const tdist__backend_ops_t cpu_ops = {
     .drive_mark = tdist__cpu_drive_mark,
 };
 
-const tdist__backend_t tdist__cpu_backend = {
+const tdist_backend_t tdist__cpu_backend = {
     "cpu",
     &cpu_ops,
     {
-        .mem = TDIST__MEM_HOST,
-        .ops = TDIST__ALL_OPS,
-        .dtypes = TDIST__ALL_DTYPES,
-        .redops = TDIST__ALL_REDOPS,
+        .mem = TDIST_BACKEND_MEM_HOST,
+        .ops = TDIST_BACKEND_ALL_OPS,
+        .dtypes = TDIST_BACKEND_ALL_DTYPES,
+        .redops = TDIST_BACKEND_ALL_REDOPS,
         .shrink = 1,
         .stream_wait = 0,
         .any_source = 1, /* engine.c: wildcard receives */

@@ -257,7 +257,7 @@ static int check_fixed(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
 int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   /* v-ops: per-message counts (algos_v.c) */
   int bad =
-      tdist__op_is_v(op->type) ? tdist__cpu_check_v(cg, op, h, src) : check_fixed(cg, op, h, src);
+      tdist_backend_op_is_v(op->type) ? tdist__cpu_check_v(cg, op, h, src) : check_fixed(cg, op, h, src);
   if (!bad && op->cg) tdist__cpu_sig_heard(op, src); /* not a done-ring copy */
   return bad;
 }

@@ -157,7 +157,7 @@ static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
 }
 
 /* The NCCL call(s) of one op on nc->stream; mu held. */
-static ncclResult_t launch(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDataType_t dt,
+static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t dt,
                            ncclRedOp_t op) {
   ncclComm_t c = nc->comm;
   cudaStream_t s = nc->stream;
@@ -193,7 +193,7 @@ static ncclResult_t launch(tdist__nccl_t *nc, const tdist__op_args_t *a, ncclDat
   }
   default:
     /* the variable-size collectives: grouped calls (nccl_ops_v.c) */
-    if (tdist__op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op);
+    if (tdist_backend_op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op);
     return ncclInvalidArgument;
   }
 }
@@ -258,9 +258,9 @@ int tdist__nccl_check_ptr(const tdist__nccl_t *nc, const void *ptr, const char *
   return check_device_ptr(nc, ptr, what, t);
 }
 
-static int check_buffers(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+static int check_buffers(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
   if (a->type == TDIST_OP_BARRIER) return 0;
-  if (tdist__op_is_v(a->type)) return tdist__nccl_check_v(nc, a); /* nccl_ops_v.c */
+  if (tdist_backend_op_is_v(a->type)) return tdist__nccl_check_v(nc, a); /* nccl_ops_v.c */
   if (a->type == TDIST_OP_BATCH_P2P) {
     for (int i = 0; i < a->np2p; i++)
       if (a->p2p[i].count > 0)
@@ -278,7 +278,7 @@ static int check_buffers(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
  * here rather than let NCCL answer "invalid argument" (which would also put
  * a non-blocking communicator in error). NCCL itself still refuses float8
  * reductions on devices before sm_90, at the enqueue. */
-static int check_fp8(const tdist__op_args_t *a) {
+static int check_fp8(const tdist_backend_args_t *a) {
   int n = a->type == TDIST_OP_BATCH_P2P ? a->np2p : 1;
   for (int i = 0; i < n; i++) {
     tdist_dtype_t dt = a->type == TDIST_OP_BATCH_P2P ? a->p2p[i].dtype : a->dtype;
@@ -298,7 +298,7 @@ static int check_fp8(const tdist__op_args_t *a) {
  * communicator that refusal becomes its permanent error: the whole group
  * would be lost to one bad call. So refuse it here, from the smallest
  * compute capability of the group's devices (gathered at init). */
-static int check_fp8_cc(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+static int check_fp8_cc(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
   if (!tdist__op_is_reducing(a->type) ||
       (a->dtype != TDIST_FLOAT8_E4M3 && a->dtype != TDIST_FLOAT8_E5M2))
     return 0;
@@ -315,7 +315,7 @@ static int check_fp8_cc(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
  * ops (their end events could not be polled: cudaEventQuery of an event
  * recorded during capture is cudaErrorCapturedEvent, and the core would
  * fail the group). Refused at submit with a clear error instead. */
-static int check_capture(const tdist__nccl_t *nc, const tdist__op_args_t *a) {
+static int check_capture(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)a->stream, &st);
   if (e != cudaSuccess) {
@@ -388,13 +388,13 @@ static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
      * milliseconds (its death record aborts the group with the name);
      * report it unnamed only after the grace, as poll does. */
     int64_t until = tdist__now_ns() + tdist__param_NcclRemoteGraceMs() * 1000000;
-    while (!tdist__bk_aborted(nc->group) && tdist__now_ns() < until) {
+    while (!tdist_backend_aborted(nc->group) && tdist__now_ns() < until) {
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
     }
   }
   tdist__nccl_fail_group(nc, rc, "%s", msg);
-  for (int i = 0; i < 20000 && !tdist__bk_aborted(nc->group); i++) {
+  for (int i = 0; i < 20000 && !tdist_backend_aborted(nc->group); i++) {
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
   }
@@ -403,14 +403,14 @@ static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
 /* A CUDA host function (CUDA's callback thread): no CUDA call in it. */
 static void wake_progress(void *arg) {
   (void)arg;
-  tdist__progress_wake_any();
+  tdist_backend_wake_any();
 }
 
-int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
+int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   int rc = 0;
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   ncclDataType_t dt = ncclFloat32;
   ncclRedOp_t rop = ncclSum;
   int premul = 0, doomed = 0, settle = 0;
@@ -469,7 +469,7 @@ int tdist__nccl_submit(void *state, tdist__bk_op_t *op) {
   if (r == ncclInProgress) {
     rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
                                 op->timeout_ms);
-    if (rc == TDIST_ERR_ABORTED && tdist__bk_aborted(nc->group)) {
+    if (rc == TDIST_ERR_ABORTED && tdist_backend_aborted(nc->group)) {
       /* The group failed meanwhile (a peer died, another op timed out): its
        * abort stops NCCL (a revoke, kept for shrink); submit returns once
        * it has (settle, below). The op's PreMulSum handle stays: the
