@@ -12,7 +12,7 @@ layer and the ones below it:
     trace     src/core/trace.c          the flight recorder's ring
     group     src/core/{context,group,inflight,monitor,services}.c
     backend   src/cpu/, src/nccl/       through tdist/backend.h (and util/) only
-    ops       src/core/{ops,ops_v,mesh,shrink,notify,abi}.c
+    ops       src/core/{opcheck,ops,ops_v,mesh,shrink,notify,abi}.c
     init      src/core/{init,registry}.c  init_process_group, the backends by name
 
 Three checks:
@@ -47,10 +47,10 @@ RANK = {name: i for i, name in enumerate(ORDER)}
 CORE_FILES = {
     "progress": "progress", "wakeup": "progress", "work": "work", "trace": "trace",
     "context": "group", "group": "group", "inflight": "group", "monitor": "group",
-    "ops": "ops", "ops_v": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
+    "ops": "ops", "ops_v": "ops", "opcheck": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
     "ops_int": "ops", "notify": "ops", "abi": "ops", "services": "group", "registry": "init",
     # headers
-    "backend": "work",  # the contract's types; its functions are checked by symbol
+    "backend": "init",  # the registry (the contract itself is tdist/backend.h)
 }
 
 

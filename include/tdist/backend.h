@@ -109,10 +109,62 @@ typedef struct tdist_backend_args {
   const size_t *scounts, *sdispls, *rcounts, *rdispls;
 } tdist_backend_args_t;
 
-/* The variable-size collectives, whose counts are per rank (see above). */
+/*
+ * What each op kind is: one table, read by the core (validation, the flight
+ * recorder) and by the backends instead of their own lists of op types, so
+ * a new op kind is classified in one place.
+ *   ROOTED    args->root is a group rank every member must agree on
+ *             (broadcast, reduce, gather, scatter, gather_v, scatter_v)
+ *   REDUCING  args->redop is applied (all_reduce, reduce, reduce_scatter,
+ *             reduce_scatter_v)
+ *   V         counts per rank in args->scounts/rcounts (see above)
+ *   PEER      args->root is the peer of a send or receive
+ *   P2P       point-to-point: send, recv, batch_p2p (matched by peer and
+ *             tag, not by the collective sequence)
+ */
+enum {
+  TDIST_BACKEND_OP_ROOTED = 1u << 0,
+  TDIST_BACKEND_OP_REDUCING = 1u << 1,
+  TDIST_BACKEND_OP_V = 1u << 2,
+  TDIST_BACKEND_OP_PEER = 1u << 3,
+  TDIST_BACKEND_OP_P2P = 1u << 4,
+};
+
+/* The TDIST_BACKEND_OP_* bits of op kind t; 0 for a value out of range. */
+static inline unsigned tdist_backend_op_props(tdist_optype_t t) {
+  static const unsigned char props[TDIST_OPTYPE_COUNT] = {
+      [TDIST_OP_ALL_REDUCE] = TDIST_BACKEND_OP_REDUCING,
+      [TDIST_OP_BROADCAST] = TDIST_BACKEND_OP_ROOTED,
+      [TDIST_OP_REDUCE] = TDIST_BACKEND_OP_ROOTED | TDIST_BACKEND_OP_REDUCING,
+      [TDIST_OP_ALL_GATHER] = 0,
+      [TDIST_OP_GATHER] = TDIST_BACKEND_OP_ROOTED,
+      [TDIST_OP_SCATTER] = TDIST_BACKEND_OP_ROOTED,
+      [TDIST_OP_REDUCE_SCATTER] = TDIST_BACKEND_OP_REDUCING,
+      [TDIST_OP_ALL_TO_ALL] = 0,
+      [TDIST_OP_BARRIER] = 0,
+      [TDIST_OP_SEND] = TDIST_BACKEND_OP_PEER | TDIST_BACKEND_OP_P2P,
+      [TDIST_OP_RECV] = TDIST_BACKEND_OP_PEER | TDIST_BACKEND_OP_P2P,
+      [TDIST_OP_BATCH_P2P] = TDIST_BACKEND_OP_P2P,
+      [TDIST_OP_ALL_TO_ALL_V] = TDIST_BACKEND_OP_V,
+      [TDIST_OP_ALL_GATHER_V] = TDIST_BACKEND_OP_V,
+      [TDIST_OP_REDUCE_SCATTER_V] = TDIST_BACKEND_OP_V | TDIST_BACKEND_OP_REDUCING,
+      [TDIST_OP_GATHER_V] = TDIST_BACKEND_OP_V | TDIST_BACKEND_OP_ROOTED,
+      [TDIST_OP_SCATTER_V] = TDIST_BACKEND_OP_V | TDIST_BACKEND_OP_ROOTED,
+  };
+  return (unsigned)t < TDIST_OPTYPE_COUNT ? props[t] : 0u;
+}
+
+static inline int tdist_backend_op_is_rooted(tdist_optype_t t) {
+  return (tdist_backend_op_props(t) & TDIST_BACKEND_OP_ROOTED) != 0;
+}
+static inline int tdist_backend_op_is_reducing(tdist_optype_t t) {
+  return (tdist_backend_op_props(t) & TDIST_BACKEND_OP_REDUCING) != 0;
+}
 static inline int tdist_backend_op_is_v(tdist_optype_t t) {
-  return t == TDIST_OP_ALL_TO_ALL_V || t == TDIST_OP_ALL_GATHER_V ||
-         t == TDIST_OP_REDUCE_SCATTER_V || t == TDIST_OP_GATHER_V || t == TDIST_OP_SCATTER_V;
+  return (tdist_backend_op_props(t) & TDIST_BACKEND_OP_V) != 0;
+}
+static inline int tdist_backend_op_is_p2p(tdist_optype_t t) {
+  return (tdist_backend_op_props(t) & TDIST_BACKEND_OP_P2P) != 0;
 }
 
 #define TDIST_BACKEND_SCRATCH 256

@@ -16,17 +16,26 @@
  *   opts   NULL or per-op options (timeout, PREMUL_SUM scalar, CUDA stream).
  *   work   out: the handle; NULL for a synchronous call.
  * Buffers are host memory on the "cpu" backend and device memory on "nccl",
- * and belong to tdist until the work is complete. "In place" means the same
- * pointer is passed as send and receive buffer.
+ * and belong to tdist until the work is complete.
+ *
+ * Overlap (MPI's rule, the same for a fixed op and its v sibling): the bytes
+ * an op reads from sendbuf and those it writes to recvbuf must be disjoint,
+ * except in the op's in-place form, given by exact pointers below (e.g.
+ * all_reduce: sendbuf == recvbuf; reduce_scatter: recvbuf == sendbuf +
+ * rank x count elements). all_to_all and all_to_all_v have none: any
+ * overlap is refused. Buffers a rank does not use (gather's recvbuf off
+ * root) and empty ones are not compared.
  *
  * Returns (immediately): 0 when the op was submitted (for the synchronous
  * form: when it completed successfully); TDIST_ERR_INVALID_ARGUMENT for a bad
  * argument (NULL buffer with count > 0, root/peer out of range, unknown dtype
- * or op, negative tag), with tdist_last_error() naming it; if the group was
- * aborted, the code of what aborted it (TDIST_ERR_ABORTED after a timeout or
- * an abort on demand, TDIST_ERR_REMOTE_FAILED, TDIST_ERR_MISMATCH,
- * TDIST_ERR_NCCL_ERROR...); TDIST_ERR_NOT_SUPPORTED if the backend lacks the
- * op or dtype. Failures after submission are reported by the work handle.
+ * or op, a reduction that means nothing for the dtype, a count whose byte
+ * size overflows, overlapping buffers, negative tag), with tdist_last_error()
+ * naming it; if the group was aborted, the code of what aborted it
+ * (TDIST_ERR_ABORTED after a timeout or an abort on demand,
+ * TDIST_ERR_REMOTE_FAILED, TDIST_ERR_MISMATCH, TDIST_ERR_NCCL_ERROR...);
+ * TDIST_ERR_NOT_SUPPORTED if the backend lacks the op, dtype or reduction.
+ * Failures after submission are reported by the work handle.
  *
  * Thread: any, except blocking (work == NULL) calls from a completion callback.
  */
@@ -61,12 +70,14 @@ int tdist_all_gather(tdist_group_t *group, const void *sendbuf, void *recvbuf, s
                      tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* gather: root's recvbuf (size * count elements) holds every rank's sendbuf
- * in rank order; recvbuf only used on root. */
+ * in rank order; recvbuf only used on root. In place on root when sendbuf ==
+ * recvbuf + root * count elements. */
 int tdist_gather(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
                  tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work);
 
 /* scatter: rank r's recvbuf (count elements) receives block r of root's
- * sendbuf (size * count elements); sendbuf only used on root. */
+ * sendbuf (size * count elements); sendbuf only used on root. In place on
+ * root when recvbuf == sendbuf + root * count elements. */
 int tdist_scatter(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
                   tdist_dtype_t dtype, int root, const tdist_op_opts_t *opts, tdist_work_t **work);
 
@@ -78,7 +89,8 @@ int tdist_reduce_scatter(tdist_group_t *group, const void *sendbuf, void *recvbu
                          tdist_work_t **work);
 
 /* all_to_all: block j (count elements) of rank i's sendbuf lands in block i
- * of rank j's recvbuf. Buffers hold size * count elements; not in place. */
+ * of rank j's recvbuf. Buffers hold size * count elements; no in-place form:
+ * they must not overlap. */
 int tdist_all_to_all(tdist_group_t *group, const void *sendbuf, void *recvbuf, size_t count,
                      tdist_dtype_t dtype, const tdist_op_opts_t *opts, tdist_work_t **work);
 
@@ -144,9 +156,12 @@ int tdist_batch_isend_irecv(tdist_group_t *group, const tdist_p2p_op_t *ops, int
  * at the sum of counts 0..j-1. Blocks may be empty (count 0) and any size
  * on any rank. Like the buffers, the arrays belong to tdist until the op
  * completes (MPI's rule for its nonblocking *v calls): keep them alive and
- * unchanged until the work is complete. Validation is the fixed ops': a
- * NULL buffer with a non-empty extent, device memory on a CPU group, a
- * displacement + count overflowing, a dtype or reduction the backend lacks.
+ * unchanged until the work is complete. Validation is the fixed ops' (one
+ * checker, the same codes and messages): a NULL buffer with a non-empty
+ * extent, device memory on a CPU group, overlapping buffers (the rule
+ * above), a dtype or reduction the backend lacks; and for the arrays: NULL
+ * where read, a displacement + count overflowing, this rank's own count
+ * disagreeing with its block.
  *
  * Every rank must agree on the sizes: what rank i sends rank j is what rank
  * j expects from rank i. On the CPU backend a disagreement fails the op with
@@ -159,7 +174,9 @@ int tdist_batch_isend_irecv(tdist_group_t *group, const tdist_p2p_op_t *ops, int
 /* all_to_all_v (MPI_Alltoallv, torch all_to_all_single with split sizes):
  * send_counts[j] elements at sendbuf + send_displs[j] go to rank j, which
  * receives them at recvbuf + recv_displs[i] (recv_counts[i] elements, which
- * must equal rank i's send_counts[j]). Not in place (sendbuf != recvbuf). */
+ * must equal rank i's send_counts[j]). No in-place form: the extents
+ * [sendbuf, + largest send_displs[j] + send_counts[j]) and the same of
+ * recvbuf must not overlap (as all_to_all). */
 int tdist_all_to_all_v(tdist_group_t *group, const void *sendbuf, const size_t *send_counts,
                        const size_t *send_displs, void *recvbuf, const size_t *recv_counts,
                        const size_t *recv_displs, tdist_dtype_t dtype, const tdist_op_opts_t *opts,

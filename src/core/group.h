@@ -19,7 +19,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "core/backend.h"
+#include "tdist/backend.h"
 #include "core/monitor.h"
 #include "core/progress.h"
 #include "core/trace.h"

@@ -195,7 +195,8 @@ static void deliver_failure(tdist__qnode_t *node) {
   tdist__group_abort_now(g, g->fail_status, g->fail_local ? SPREAD_LOCAL : 0, "%s", g->fail_reason);
 }
 
-static void bk_fail_v(tdist_backend_group_t *h, int status, int local, const char *fmt, va_list ap) {
+static void bk_fail_v(tdist_backend_group_t *h, int status, int local, const char *fmt,
+                      va_list ap) {
   tdist_group_t *g = (tdist_group_t *)h;
   if (atomic_load(&g->aborted) || g->fail_queued) return; /* the first cause wins */
   g->fail_queued = 1;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "core/backend.h"
 #include "core/group.h"
 #include "store/rendezvous.h"
 #include "util/error.h"

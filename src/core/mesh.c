@@ -374,7 +374,8 @@ int tdist_new_group(tdist_group_t *parent, const int *ranks, int n, const tdist_
                             ranks[i]);
     if (ranks[i] == parent->rank) member = 1;
   }
-  return split(parent, member ? 0 : TDIST_BACKEND_NOCOLOR, ranks, n, opts, "tdist_new_group", group);
+  return split(parent, member ? 0 : TDIST_BACKEND_NOCOLOR, ranks, n, opts, "tdist_new_group",
+               group);
 }
 
 int tdist_mesh_create(tdist_group_t *parent, const int *dims, int ndims,

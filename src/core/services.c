@@ -12,7 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "core/backend.h"
+#include "tdist/backend.h"
 #include "core/progress.h"
 #include "store/bootstrap.h"
 #include "util/error.h"

@@ -47,15 +47,12 @@ static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
   r->dtype = (int16_t)w->args.dtype;
   r->redop = (int16_t)w->args.redop;
   r->count = w->args.type == TDIST_OP_BATCH_P2P ? (uint64_t)w->args.np2p : w->args.count;
-  switch (w->args.type) {
-  case TDIST_OP_BROADCAST:
-  case TDIST_OP_REDUCE:
-  case TDIST_OP_GATHER:
-  case TDIST_OP_SCATTER:
-  case TDIST_OP_SEND:
-  case TDIST_OP_RECV: r->root = w->args.root; break;
-  default: r->root = -1;
-  }
+  /* the root of a rooted collective, the peer of a send/recv (tdist/backend.h,
+   * tdist_backend_op_props) */
+  r->root =
+      (tdist_backend_op_props(w->args.type) & (TDIST_BACKEND_OP_ROOTED | TDIST_BACKEND_OP_PEER))
+          ? w->args.root
+          : -1;
   r->t_enqueue_ns = w->t_enqueue_ns;
   r->t_start_ns = w->t_start_ns;
   r->t_end_ns = w->t_end_ns;

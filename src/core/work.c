@@ -271,6 +271,23 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *w) {
 
 uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->bop.seq : 0; }
 
+/* Any thread: the fields are written before the completion is published
+ * (release) and read after tdist__work_done (acquire); backend.h, rx_*. */
+int tdist_work_status_info(const tdist_work_t *w, int *source, int *tag, size_t *count) {
+  if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_status_info: NULL work");
+  if (w->args.type != TDIST_OP_RECV)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "tdist_work_status_info: the work is a %s, not a receive",
+                        tdist_op_name(w->args.type));
+  if (!tdist__work_done(w)) return TDIST_ERR_IN_PROGRESS;
+  if (w->status != 0) return w->status;
+  int any = w->args.root == TDIST_ANY_SOURCE || w->args.tag == TDIST_ANY_TAG;
+  if (source) *source = any ? w->bop.rx_source : w->args.root;
+  if (tag) *tag = any ? w->bop.rx_tag : w->args.tag;
+  if (count) *count = any ? w->bop.rx_count : w->args.count;
+  return 0;
+}
+
 /* A waiter that tests its own op (drive) sleeps on the process-wide
  * wake-up, which the backend's completion wake and every publication signal
  * (wakeup.c); this nap bounds a sleep that nothing signals (a work still

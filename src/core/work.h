@@ -24,7 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "core/backend.h"
+#include "tdist/backend.h"
 #include "core/progress.h"
 #include "tdist/tdist.h"
 #include "util/list.h"

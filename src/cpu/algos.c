@@ -364,9 +364,9 @@ static int use_tmp(cpu_op_t *op, size_t bytes) {
   return 0;
 }
 
-/* memmove: the core lets sendbuf overlap recvbuf in some ops (all_gather
- * with sendbuf over another block, ops.c); every algorithm copies the input
- * before anything is received. */
+/* memmove, and nothing when dst == src (the in-place forms): the core
+ * refuses any other overlap of sendbuf and recvbuf (core/opcheck.c); every
+ * algorithm copies the input before anything is received. */
 static void copy_in(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memmove(dst, src, bytes);
 }

@@ -255,8 +255,8 @@ static int expected(const cpu_op_t *op, int src, size_t *count, char *mine, size
 }
 
 int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
-  int rooted = op->type == TDIST_OP_GATHER_V || op->type == TDIST_OP_SCATTER_V;
-  int reducing = op->type == TDIST_OP_REDUCE_SCATTER_V;
+  int rooted = tdist_backend_op_is_rooted(op->type),
+      reducing = tdist_backend_op_is_reducing(op->type);
   char text[320];
   if (h->optype != op->type || h->dtype != op->dtype || (rooted && h->root != op->root) ||
       (reducing && h->redop != op->redop)) {

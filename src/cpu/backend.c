@@ -157,7 +157,7 @@ int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op->root = a->root;
   op->rank = cg->rank;
   op->size = cg->size;
-  op->p2p = a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV || a->type == TDIST_OP_BATCH_P2P;
+  op->p2p = tdist_backend_op_is_p2p(a->type);
   tdist__list_push_back(&cg->ops, &op->link);
   if (op->p2p) {
     int rc = tdist__cpu_post_p2p(cg, op);

@@ -15,7 +15,7 @@
  *   - float16, bfloat16 and float8 are widened to float32 a block at a time,
  *     combined, and rounded back once per combination.
  * The core refuses what has no meaning (a bitwise op on a float type, AVG or
- * PREMUL_SUM of BOOL: core/ops.c) before anything reaches a kernel; such a
+ * PREMUL_SUM of BOOL: core/opcheck.c) before anything reaches a kernel; such a
  * pair leaves dst unchanged here. Any thread; no state.
  */
 #include <math.h>

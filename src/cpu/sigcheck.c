@@ -70,18 +70,11 @@ void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...) {
 }
 
 /* Ops where some rank may complete without a message chain from every
- * member (see above). */
+ * member (see above): the rooted ones (tdist_backend_op_props), and a reduce_scatter
+ * of nothing (the ring sends nothing). */
 static int needs_sigs(const cpu_op_t *op) {
-  switch (op->type) {
-  case TDIST_OP_BROADCAST:
-  case TDIST_OP_REDUCE:
-  case TDIST_OP_GATHER:
-  case TDIST_OP_SCATTER:
-  case TDIST_OP_GATHER_V:
-  case TDIST_OP_SCATTER_V: return 1;
-  case TDIST_OP_REDUCE_SCATTER: return op->count == 0; /* the ring sends nothing */
-  default: return 0;
-  }
+  return tdist_backend_op_is_rooted(op->type) ||
+         (op->type == TDIST_OP_REDUCE_SCATTER && op->count == 0);
 }
 
 void tdist__cpu_sig_posted(cpu_op_t *op) {
@@ -234,10 +227,8 @@ void tdist__cpu_lag_clear(cpu_op_t *op) {
 /* Compare a peer's header with a fixed-size op; 1 (and the group's
  * failure reported) if they disagree. The text names both sides. */
 static int check_fixed(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
-  int rooted = op->type == TDIST_OP_BROADCAST || op->type == TDIST_OP_REDUCE ||
-               op->type == TDIST_OP_GATHER || op->type == TDIST_OP_SCATTER;
-  int reducing = op->type == TDIST_OP_ALL_REDUCE || op->type == TDIST_OP_REDUCE ||
-                 op->type == TDIST_OP_REDUCE_SCATTER;
+  int rooted = tdist_backend_op_is_rooted(op->type),
+      reducing = tdist_backend_op_is_reducing(op->type);
   if (h->optype == op->type && h->dtype == op->dtype && h->count == op->count &&
       (!rooted || h->root == op->root) && (!reducing || h->redop == op->redop))
     return 0;

@@ -161,7 +161,7 @@ int tdist__nccl_load(void) {
   if (load_state == 0) {
     load_rc = load_locked();
     load_state = load_rc == 0 ? 1 : -1;
-    /* From now on ops.c can tell device pointers given to CPU groups. */
+    /* From now on opcheck.c can tell device pointers given to CPU groups. */
     if (load_rc == 0) tdist__memkind_set(tdist__nccl_memkind);
     if (load_rc) TDIST_WARN(NCCL, "%s", load_msg);
   }

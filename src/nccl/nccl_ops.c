@@ -294,18 +294,14 @@ static int check_fp8(const tdist_backend_args_t *a) {
   return 0;
 }
 
-static int op_uses_redop(tdist_optype_t t) {
-  return t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE || t == TDIST_OP_REDUCE_SCATTER ||
-         t == TDIST_OP_REDUCE_SCATTER_V;
-}
-
 /* NCCL refuses float8 reductions when any rank's device is older than
  * sm_90 (enqueue.cc taskAppend, comm->minCompCap), and on a non-blocking
  * communicator that refusal becomes its permanent error: the whole group
  * would be lost to one bad call. So refuse it here, from the smallest
  * compute capability of the group's devices (gathered at init). */
 static int check_fp8_cc(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
-  if (!op_uses_redop(a->type) || (a->dtype != TDIST_FLOAT8_E4M3 && a->dtype != TDIST_FLOAT8_E5M2))
+  if (!tdist_backend_op_is_reducing(a->type) ||
+      (a->dtype != TDIST_FLOAT8_E4M3 && a->dtype != TDIST_FLOAT8_E5M2))
     return 0;
   if (nc->min_cc >= 90) return 0;
   return tdist__error(TDIST_ERR_NOT_SUPPORTED,
@@ -425,7 +421,7 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
       tdist__nccl_dtype(a->dtype, &dt) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: dtype %s", tdist_dtype_name(a->dtype));
-  if (op_uses_redop(a->type) && a->redop != TDIST_PREMUL_SUM &&
+  if (tdist_backend_op_is_reducing(a->type) && a->redop != TDIST_PREMUL_SUM &&
       tdist__nccl_redop(a->redop, &rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
   TDIST_CHECK(check_fp8(a));
@@ -456,7 +452,7 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   TDIST_CHECKGOTO(tdist__nccl_event_get(nc, &end), rc, out);
   CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
   CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
-  if (op_uses_redop(a->type) && a->redop == TDIST_PREMUL_SUM) {
+  if (tdist_backend_op_is_reducing(a->type) && a->redop == TDIST_PREMUL_SUM) {
     /* Host-immediate scalar: read before the call returns. The handle may be
      * destroyed once the last call using it has returned (and, for a
      * non-blocking comm, once the enqueue finished). */

@@ -3,7 +3,7 @@
  * (internal).
  *
  * util cannot know CUDA; the NCCL backend, once it has loaded the CUDA
- * runtime, registers a classifier here, and ops.c asks it for the buffers
+ * runtime, registers a classifier here, and opcheck.c asks it for the buffers
  * of groups whose backend takes host memory only (a device pointer given
  * to a CPU group is refused up front, as torch does). Without a classifier
  * (no CUDA loaded by tdist in this process) every buffer counts as host

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "core/backend.h"
 #include "core/group.h"
 #include "mp.h"
 #include "test_backend.h"

@@ -36,6 +36,7 @@ static char dir[64]; /* this run's scratch directory */
 enum { OK, STALL, DIVERGE, TIMEOUT, DROPPED };
 
 static float buf[1024 * 4];
+static float sbuf[16]; /* all_gather's own block (sendbuf == buf is in place on rank 0 only) */
 
 /* One op by index: all_reduce, broadcast root 0, all_gather, barrier,
  * reduce root 1 max, then all_reduce again. */
@@ -43,7 +44,7 @@ static int op(tdist_group_t *g, int i, tdist_work_t **w) {
   switch (i % 5) {
   case 0: return tdist_all_reduce(g, buf, buf, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, w);
   case 1: return tdist_broadcast(g, buf, 256, TDIST_INT32, 0, NULL, w);
-  case 2: return tdist_all_gather(g, buf, buf, 16, TDIST_FLOAT32, NULL, w);
+  case 2: return tdist_all_gather(g, sbuf, buf, 16, TDIST_FLOAT32, NULL, w);
   case 3: return tdist_barrier(g, NULL, w);
   default: return tdist_reduce(g, buf, buf, 8, TDIST_FLOAT64, TDIST_MAX, 1, NULL, w);
   }
