@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "store/bootstrap.h"
@@ -201,81 +200,6 @@ done:
   tdist__free(vals);
   tdist__free(lens);
   return rc;
-}
-
-/* This process's host identity for single copy: the kernel's boot id and
- * the network namespace ("<boot_id>/net:<dev>:<inode>"), "" if unknown.
- *
- * Why not the probe alone: process_vm_readv reaches any process of this
- * kernel that shares our pid namespace, including one in another network
- * namespace (a container, or the netns "hosts" of tests/multihost), and the
- * probe would succeed there. Ranks that reach each other only over a network
- * are on different hosts as far as the job is concerned (that is what a test
- * bed of network namespaces stands for), so single copy must stay off
- * between them: only ranks with equal identities probe. The boot id tells
- * machines apart (every machine's initial netns has the same inode number);
- * the netns inode tells namespaces of one kernel apart. An unknown identity
- * (no /proc) on either side leaves the decision to the probe, as before. */
-#define HOST_ID_LEN 96
-static void host_identity(char *id) {
-  char boot[64] = "";
-  struct stat st;
-  memset(id, 0, HOST_ID_LEN);
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-  if (f) {
-    if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
-    fclose(f);
-  }
-  boot[strcspn(boot, "\n")] = '\0';
-  if (!boot[0] || stat("/proc/self/ns/net", &st) != 0) return;
-  snprintf(id, HOST_ID_LEN, "%s/net:%llu:%llu", boot, (unsigned long long)st.st_dev,
-           (unsigned long long)st.st_ino);
-}
-
-/* Single copy on one host (cma.c): every pair trades (pid, probe, host
- * identity), each side tries to read the other's probe word if their host
- * identities match (above) and says whether it could. Small blocking writes
- * that fit the socket buffers, all sent before any is read: no ordering
- * between ranks is needed. On return out[j] holds the peer's pid and, in
- * `enabled`, whether the peer can read this process. */
-static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
-                        int *local) {
-  cpu_cma_hello_t mine;
-  char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
-  tdist__cpu_cma_hello(&mine);
-  host_identity(my_host);
-  for (int j = 0; j < n; j++)
-    if (j != me && (tdist__cpu_io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
-                    tdist__cpu_io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
-      goto fail;
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    if (tdist__cpu_io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
-        tdist__cpu_io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
-      goto fail;
-    peer_host[HOST_ID_LEN - 1] = '\0';
-    /* Shared memory needs a known identity on both sides (shm_conn.c). */
-    local[j] = my_host[0] && peer_host[0] && strcmp(my_host, peer_host) == 0;
-    if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
-      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
-                 peer_host, my_host);
-      out[j].enabled = 0; /* tdist__cpu_cma_probe then says no without reading */
-    }
-  }
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    int32_t ok = tdist__cpu_cma_probe(&out[j]);
-    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
-  }
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    int32_t ok = 0;
-    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
-    out[j].enabled = ok == 1;
-  }
-  return 0;
-fail:
-  return tdist__error(TDIST_ERR_IO, "cpu: setup exchange with a peer failed");
 }
 
 static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
@@ -492,7 +416,7 @@ static int build_mesh(const tdist__bk_params_t *p, cpu_ctx_t *ctx, mesh_setup_t 
   TDIST_CHECK(get_addrs(p, s->me, s->deadline, s->addrs));
   TDIST_CHECK(connect_higher(p, s));
   TDIST_CHECK(accept_lower(p, s));
-  TDIST_CHECK(cma_exchange(p->rank, s->n, s->fds, s->deadline, s->cma, s->local));
+  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, s->deadline, s->cma, s->local));
   TDIST_CHECK(make_conns(ctx, s));
   TDIST_CHECK(tdist__cpu_shm_setup(ctx, s->local, s->deadline));
   return 0;
