@@ -286,7 +286,7 @@ static int allgather_ring_round(cpu_op_t *op, int k) {
 static int gather_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     tdist__cpu_op_send(op, op->root, a->sendbuf, len);
     return 0;
@@ -299,7 +299,7 @@ static int gather_round(cpu_op_t *op, int k) {
 static int scatter_round(cpu_op_t *op, int k) {
   if (k > 0) return 1;
   size_t len = op->count * op->es;
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     tdist__cpu_op_recv(op, op->root, op->buf, len, 0);
     return 0;
@@ -380,7 +380,7 @@ static int prepare_input(const cpu_op_t *op) {
 /* all_reduce: recursive doubling below TDIST_CPU_RING_BYTES (or with fewer
  * elements than ranks), else the segmented ring. */
 static int setup_all_reduce(cpu_op_t *op, size_t bytes) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   int n = op->size;
   copy_in(op->buf, a->sendbuf, bytes);
   if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
@@ -400,7 +400,7 @@ static int setup_all_reduce(cpu_op_t *op, size_t bytes) {
 
 /* reduce_scatter: the whole input is reduced in tmp, over a ring. */
 static int setup_reduce_scatter(cpu_op_t *op, size_t bytes) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   int n = op->size;
   TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
   copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
@@ -426,7 +426,7 @@ static void setup_broadcast(cpu_op_t *op, size_t bytes) {
 
 /* reduce: a tree; ranks other than the root reduce in tmp. */
 static int setup_reduce(cpu_op_t *op, size_t bytes) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   if (op->rank != op->root) {
     TDIST_CHECK(use_tmp(op, bytes));
     op->buf = op->tmp;
@@ -454,7 +454,7 @@ static void setup_all_gather(cpu_op_t *op, size_t bytes) {
 /* gather, scatter, all_to_all: this rank's own block is copied here, the
  * others are sent directly. */
 static void setup_direct(cpu_op_t *op, size_t bytes) {
-  const tdist__op_args_t *a = op->args;
+  const tdist_backend_args_t *a = op->args;
   size_t mine = (size_t)op->rank * bytes;
   int many = op->size > 1;
   switch (op->type) {

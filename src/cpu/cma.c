@@ -529,7 +529,7 @@ void tdist__cpu_cma_sync(cpu_ctx_t *ctx) {
 }
 
 void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx) {
-  uv_timer_init(tdist__progress_loop(ctx->progress), &ctx->rma_timer);
+  uv_timer_init(tdist_backend_loop(ctx->progress), &ctx->rma_timer);
   ctx->rma_timer.data = ctx;
   ctx->rma_timer_on = 1;
 }

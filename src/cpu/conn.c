@@ -4,7 +4,7 @@
  * Caller thread (inside the backend's init of the world group, bounded by
  * the group's timeout): every rank listens on an ephemeral port and trades
  * "host:port" with every other rank through the group's store view
- * (tdist__store_allgather, keys "cpu/addr/<rank>"), then connects to every
+ * (tdist_backend_allgather, keys "cpu/addr/<rank>"), then connects to every
  * higher rank (retrying until the peer listens) and accepts one connection
  * from every lower rank (an accept4 that takes no connection, ECONNABORTED
  * and the like, is waited past, never counted as a peer). A 24-byte handshake (magic, rank, world
@@ -13,7 +13,7 @@
  *
  * The sockets then become non-blocking, get TCP_NODELAY and large buffers,
  * and are handed to the progress thread (tdist__cpu_conn_start via
- * tdist__progress_call), which owns them, and the ctx, from then on. The
+ * tdist_backend_call), which owns them, and the ctx, from then on. The
  * ctx is freed there once the last group released it and every libuv
  * handle is closed.
  */
@@ -30,7 +30,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "store/bootstrap.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -176,7 +175,7 @@ static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
 }
 
 /* Trade addresses: publish `me`, read everyone's (addrs[i], NUL-ended). */
-static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadline_ns,
+static int get_addrs(const tdist_backend_params_t *p, const char *me, int64_t deadline_ns,
                      char **addrs) {
   int rc = 0, n = p->size;
   void **vals = tdist__calloc((size_t)n, sizeof(void *));
@@ -186,7 +185,7 @@ static int get_addrs(const tdist__bk_params_t *p, const char *me, int64_t deadli
     goto done;
   }
   int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
-  TDIST_CHECKGOTO(tdist__store_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL, 0,
+  TDIST_CHECKGOTO(tdist_backend_allgather(p->store, "cpu/addr", p->rank, n, me, strlen(me), NULL, 0,
                                          vals, lens, left_ms > 0 ? left_ms : 1),
                   rc, done);
   for (int i = 0; i < n; i++) {
@@ -274,7 +273,7 @@ static void setup_free(mesh_setup_t *s) {
   tdist__free(s->local);
 }
 
-static cpu_ctx_t *ctx_new(const tdist__bk_params_t *p, const cpu_tp_events_t *ev) {
+static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t *ev) {
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
   if (!ctx) return NULL;
   ctx->conns = tdist__calloc((size_t)p->size, sizeof(cpu_conn_t *));
@@ -315,7 +314,7 @@ static void ctx_free_unstarted(cpu_ctx_t *ctx) {
 }
 
 /* Connect to every higher rank and say who we are. */
-static int connect_higher(const tdist__bk_params_t *p, mesh_setup_t *s) {
+static int connect_higher(const tdist_backend_params_t *p, mesh_setup_t *s) {
   hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = s->n, .uid = p->uid};
   for (int j = p->rank + 1; j < s->n; j++) {
     TDIST_CHECK(connect_to(s->addrs[j], s->deadline, &s->fds[j]));
@@ -365,7 +364,7 @@ static int accept_next(const mesh_setup_t *s, int *fd_out, const char **what, in
 /* Accept one connection from every lower rank. A connection whose hello is
  * not one of ours (another job, a stale process, a rank already here) is
  * closed and not counted. */
-static int accept_lower(const tdist__bk_params_t *p, mesh_setup_t *s) {
+static int accept_lower(const tdist_backend_params_t *p, mesh_setup_t *s) {
   for (int k = 0; k < p->rank;) {
     const char *what = "";
     int fd = -1, err = 0, rc = accept_next(s, &fd, &what, &err);
@@ -405,7 +404,7 @@ static int make_conns(cpu_ctx_t *ctx, mesh_setup_t *s) {
 
 /* Listen, trade addresses, connect up and accept down, then the single-copy
  * and shared-memory setup over the new sockets. */
-static int build_mesh(const tdist__bk_params_t *p, cpu_ctx_t *ctx, mesh_setup_t *s) {
+static int build_mesh(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_setup_t *s) {
   char host[64];
   int port = 0;
   if (!p->store)
@@ -424,7 +423,7 @@ static int build_mesh(const tdist__bk_params_t *p, cpu_ctx_t *ctx, mesh_setup_t 
 
 /* (caller) Bounded by p->timeout_ms; on success the progress thread owns
  * the ctx (start_all). */
-int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out) {
+int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out) {
   int rc = 0;
   mesh_setup_t s;
   cpu_ctx_t *ctx = ctx_new(p, ev);
@@ -435,7 +434,7 @@ int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev
   }
   if (p->size > 1) {
     TDIST_CHECKGOTO(build_mesh(p, ctx, &s), rc, fail);
-    tdist__progress_call(p->progress, start_all, ctx);
+    tdist_backend_call(p->progress, start_all, ctx);
     TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, p->size, s.me,
                p->size - 1);
   }
@@ -540,9 +539,9 @@ void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
   release_req_t r = {ctx, NULL, 0};
   /* Lingering blocks: never on the progress thread (a release from a
    * callback closes at once). */
-  if (tdist__param_CpuLingerMs() > 0 && !tdist__progress_on_thread())
+  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread())
     r.ls = tdist__malloc(sizeof(*r.ls) * (size_t)ctx->size);
-  tdist__progress_call(ctx->progress, release_task, &r);
+  tdist_backend_call(ctx->progress, release_task, &r);
   if (r.ls) tdist__cpu_linger(r.ls, r.n);
   tdist__free(r.ls);
 }

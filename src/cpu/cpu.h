@@ -3,8 +3,8 @@
  *
  * The backend implements core/backend.h (contract v2): it never sees the
  * core's group or work structs, only the parameters of a new group
- * (tdist__bk_params_t), the ops it is handed (tdist__bk_op_t) and the core's
- * services (tdist__bk_complete, tdist__bk_fail, tdist__bk_fail_remote).
+ * (tdist_backend_params_t), the ops it is handed (tdist_backend_op_t) and the core's
+ * services (tdist_backend_complete, tdist_backend_fail, tdist_backend_fail_remote).
  *
  * Layout:
  *   ctx     one per world group: the full mesh of TCP connections (one per
@@ -31,7 +31,7 @@
  * Threads: setup (conn.c: listen, store all-gather, connect, handshake,
  * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
  * run on the caller thread inside init/split/shrink/destroy, and reach the
- * progress thread with tdist__progress_call. Everything else runs under the
+ * progress thread with tdist_backend_call. Everything else runs under the
  * engine lock (ctx->mu, drive.c): on the progress thread, which never
  * blocks but for that lock, or on a caller thread that starts its op in
  * submit or drives it while it waits (test); such a caller never touches
@@ -44,10 +44,10 @@
  * ctx->ready (tdist__cpu_xfer_done). The engine (tdist__cpu_run_ready,
  * engine.c) pops ready ops and advances each by one step (fold the round's
  * staged receives, start the next round, or complete the op with
- * tdist__bk_complete). It runs only from top-level points with no transport
+ * tdist_backend_complete). It runs only from top-level points with no transport
  * function on the stack: the poll callback (between two reads, and at its
  * end), post, abort, destroy and the timer callbacks. Failures are reported
- * with tdist__bk_fail (deferred by the core): until the core calls abort the
+ * with tdist_backend_fail (deferred by the core): until the core calls abort the
  * group keeps running, and an op whose transfer cannot finish just waits.
  * Only abort and destroy (called by the core at top level) take ops off the
  * lists; completion returns an op to the pool from the engine.
@@ -62,7 +62,6 @@
 #include <uv.h>
 
 #include "core/backend.h"
-#include "core/progress.h"
 #include "util/clock.h"
 #include "util/list.h"
 #include "util/log.h"
@@ -196,8 +195,8 @@ typedef int (*cpu_round_fn)(cpu_op_t *op, int k);
 struct cpu_op {
   tdist__list_t link;           /* group's active list (ops) or its pool (free_ops) */
   tdist__list_t rlink;          /* ctx->ready while it waits for the engine */
-  tdist__bk_op_t *bop;          /* the core's op (bop->priv == this); NULL in the pool */
-  const tdist__op_args_t *args; /* bop->args */
+  tdist_backend_op_t *bop;          /* the core's op (bop->priv == this); NULL in the pool */
+  const tdist_backend_args_t *args; /* bop->args */
   cpu_group_t *cg;
   int p2p;            /* 1 for send/recv/batch: no rounds */
   uint64_t cseq;      /* collective number (cpu_group_t.next_cseq at post) */
@@ -240,8 +239,8 @@ struct cpu_op {
  * afterwards; the others belong to the progress thread. */
 struct cpu_group {
   cpu_ctx_t *ctx;
-  tdist__bk_group_t *bk;      /* the core's handle (tdist__bk_fail) */
-  tdist_progress_t *progress; /* the process's progress thread */
+  tdist_backend_group_t *bk;      /* the core's handle (tdist_backend_fail) */
+  tdist_backend_progress_t *progress; /* the process's progress thread */
   int rank, size;             /* in this group */
   uint64_t uid;
   char name[96];
@@ -287,7 +286,7 @@ struct cpu_group {
   uint64_t poison_at;
   char poison_why[200];
   /* drive.c: the first failure found by a driving caller, reported to the
-   * core by the progress thread (tdist__bk_fail is its alone). */
+   * core by the progress thread (tdist_backend_fail is its alone). */
   int pf_set, pf_status, pf_remote;
   char pf_why[256];
 };
@@ -356,7 +355,7 @@ struct cpu_ctx {
   int rank, size;            /* world */
   int refs;                  /* groups using it (changed on the progress thread only) */
   int open_handles;
-  tdist_progress_t *progress;
+  tdist_backend_progress_t *progress;
   cpu_conn_t **conns;    /* world rank -> conn */
   tdist__list_t groups;  /* cpu_group_t.link */
   tdist__list_t orphans; /* cpu_ux_t.link: messages for unknown group uids */
@@ -401,10 +400,10 @@ struct cpu_ctx {
   pthread_mutex_t mu;
   int caller;         /* the holder is a caller thread: the loop is not ours to touch */
   int loop_stale;     /* a caller left loop work (watch, timers, failures, completions) */
-  tdist__list_t held; /* tdist__bk_op_t.link: completions not given to the core yet */
+  tdist__list_t held; /* tdist_backend_op_t.link: completions not given to the core yet */
 };
 
-/* The backend's words in the core's op (tdist__bk_op_t.scratch), set in
+/* The backend's words in the core's op (tdist_backend_op_t.scratch), set in
  * submit on the caller thread (drive.c). */
 typedef struct cpu_bop {
   cpu_group_t *cg;
@@ -413,8 +412,8 @@ typedef struct cpu_bop {
   int posted;    /* the core's post has run (progress thread) */
   int held;      /* on ctx->held: completed, not yet given to the core */
 } cpu_bop_t;
-_Static_assert(sizeof(cpu_bop_t) <= TDIST__BK_SCRATCH, "cpu_bop_t fits the scratch");
-static inline cpu_bop_t *cpu_bop(tdist__bk_op_t *bop) { return (cpu_bop_t *)(void *)bop->scratch; }
+_Static_assert(sizeof(cpu_bop_t) <= TDIST_BACKEND_SCRATCH, "cpu_bop_t fits the scratch");
+static inline cpu_bop_t *cpu_bop(tdist_backend_op_t *bop) { return (cpu_bop_t *)(void *)bop->scratch; }
 
 /* Milliseconds on the monotonic clock: every timestamp of the backend (one
  * clock on every thread; uv_now is the loop's own, cached per iteration). */
@@ -435,20 +434,20 @@ static inline int cpu_off_loop(cpu_ctx_t *ctx) {
  * leave first brings the loop up to date with what drivers left (loop_stale). */
 void tdist__cpu_enter(cpu_ctx_t *ctx);
 void tdist__cpu_leave(cpu_ctx_t *ctx);
-/* The group is broken: tdist__bk_fail (remote: tdist__bk_fail_remote) on
+/* The group is broken: tdist_backend_fail (remote: tdist_backend_fail_remote) on
  * the progress thread; on a driving caller the first cause is kept for the
  * progress thread to report. */
 void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The engine completed op successfully (its cpu_op_t is already back in the
- * pool): tdist__bk_complete now, or held for the progress thread when a
+ * pool): tdist_backend_complete now, or held for the progress thread when a
  * caller drives or the core has not posted the op yet. */
-void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist__bk_op_t *bop);
+void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop);
 /* Backend entries on a caller thread (backend.c's vtable). */
-int tdist__cpu_submit(void *state, tdist__bk_op_t *bop);
-int tdist__cpu_test(void *state, tdist__bk_op_t *bop);
+int tdist__cpu_submit(void *state, tdist_backend_op_t *bop);
+int tdist__cpu_test(void *state, tdist_backend_op_t *bop);
 /* (progress) The core's post of an op submit started: 1 if it was (done here), else 0. */
-int tdist__cpu_post_early(cpu_group_t *cg, tdist__bk_op_t *bop);
+int tdist__cpu_post_early(cpu_group_t *cg, tdist_backend_op_t *bop);
 /* (progress) Drop cg's held completions (abort: the core finishes its ops). */
 void tdist__cpu_drop_held(cpu_group_t *cg);
 TDIST_PARAM(CpuDrive, "TDIST_CPU_DRIVE", 1) /* 0: only the progress thread runs the engine */
@@ -476,7 +475,7 @@ TDIST_PARAM(CpuCmaBytes, "TDIST_CPU_CMA_BYTES", 256 << 10)
 /* ---- conn.c: setup and teardown ------------------------------------------- */
 /* Caller thread: listen, trade addresses over the store, connect the full
  * mesh, register the polls. p is the world group's. */
-int tdist__cpu_ctx_create(const tdist__bk_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out);
+int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev, cpu_ctx_t **out);
 /* Caller thread: drop a group's reference; the last one closes everything. */
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx);
 
@@ -677,7 +676,7 @@ float tdist__cpu_e5m2_to_float(uint8_t b);
 uint8_t tdist__cpu_float_to_e5m2(float f);
 
 /* ---- backend.c: the backend as the core's table lists it ------------------------ */
-extern const tdist__backend_t tdist__cpu_backend;
+extern const tdist_backend_t tdist__cpu_backend;
 
 /* ---- engine.c, shared with dispatch.c, cma.c and backend.c; progress
  * thread only. ---- */
@@ -807,7 +806,7 @@ void tdist__cpu_claim_p2p(cpu_group_t *cg, cpu_ux_t *u); /* give u to its receiv
 int tdist__cpu_match_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src);
 
 /* ---- algos_v.c: variable-size collectives (progress thread) ----------------- */
-/* Set up a v-op (tdist__op_is_v): the own block's local copy, round_fn. */
+/* Set up a v-op (tdist_backend_op_is_v): the own block's local copy, round_fn. */
 int tdist__cpu_algo_setup_v(cpu_op_t *op);
 /* tdist__cpu_check_coll for a v-op: op, dtype, root, reduction, and for a
  * data message of a running op its count against what this rank expects

@@ -8,7 +8,7 @@
  *
  * Nothing here runs the engine (cpu.h): a finished transfer only puts its
  * op on the ready list (tdist__cpu_xfer_done), and failures go through
- * tdist__bk_fail / tdist__bk_fail_remote, which the core delivers after the
+ * tdist_backend_fail / tdist_backend_fail_remote, which the core delivers after the
  * current I/O step. A group whose failure is reported keeps receiving
  * harmlessly until the core aborts it.
  */
@@ -224,7 +224,7 @@ static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
     if (op->p2p) {
       /* Receives not in yet; a p2p op keeps sends and receives alike in
        * recvs[] (tdist__cpu_post_p2p), and sends are covered above. */
-      const tdist__op_args_t *a = op->args;
+      const tdist_backend_args_t *a = op->args;
       int batch = a->type == TDIST_OP_BATCH_P2P, np = batch ? a->np2p : 1;
       for (int i = 0; i < np; i++) {
         int recv = batch ? a->p2p[i].kind == TDIST_P2P_RECV : a->type == TDIST_OP_RECV;
