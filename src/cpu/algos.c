@@ -364,9 +364,9 @@ static int use_tmp(cpu_op_t *op, size_t bytes) {
   return 0;
 }
 
-/* memmove, and nothing when dst == src (the in-place forms): the core
- * refuses any other overlap of sendbuf and recvbuf (core/opcheck.c); every
- * algorithm copies the input before anything is received. */
+/* memmove: the core lets sendbuf overlap recvbuf in some ops (all_gather
+ * with sendbuf over another block, ops.c); every algorithm copies the input
+ * before anything is received. */
 static void copy_in(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memmove(dst, src, bytes);
 }
@@ -377,89 +377,126 @@ static int prepare_input(const cpu_op_t *op) {
   return op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL;
 }
 
-int tdist__cpu_algo_setup(cpu_op_t *op) {
+/* all_reduce: recursive doubling below TDIST_CPU_RING_BYTES (or with fewer
+ * elements than ranks), else the segmented ring. */
+static int setup_all_reduce(cpu_op_t *op, size_t bytes) {
   const tdist_backend_args_t *a = op->args;
   int n = op->size;
+  copy_in(op->buf, a->sendbuf, bytes);
+  if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+  op->finish_fn = avg_finish;
+  if (n == 1) return 0;
+  if (bytes < (size_t)tdist__param_CpuRingBytes() || op->count < (size_t)n) {
+    op->pof2 = 1 << (log2_ceil(n + 1) - 1);
+    op->extra = n - op->pof2;
+    op->round_fn = rd_round;
+    if (bytes) TDIST_CHECK(use_tmp(op, bytes)); /* blocks from lower ranks land here */
+  } else {
+    op->nseg = nseg_for(op, op->count);
+    op->round_fn = ring_round;
+  }
+  return 0;
+}
+
+/* reduce_scatter: the whole input is reduced in tmp, over a ring. */
+static int setup_reduce_scatter(cpu_op_t *op, size_t bytes) {
+  const tdist_backend_args_t *a = op->args;
+  int n = op->size;
+  TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
+  copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
+  if (prepare_input(op)) tdist__cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
+  op->finish_fn = rs_finish;
+  if (n == 1) return 0;
+  op->nseg = nseg_for(op, op->count * (size_t)n);
+  op->round_fn = rs_round;
+  return 0;
+}
+
+/* broadcast: a tree, or a segmented chain from TDIST_CPU_BCAST_CHAIN_BYTES. */
+static void setup_broadcast(cpu_op_t *op, size_t bytes) {
+  int n = op->size;
+  if (n == 1) return;
+  if (n == 2 || bytes < (size_t)tdist__param_CpuBcastChainBytes()) {
+    op->round_fn = bcast_tree_round;
+  } else {
+    op->nseg = (int)((bytes + op->seg - 1) / op->seg);
+    op->round_fn = bcast_chain_round;
+  }
+}
+
+/* reduce: a tree; ranks other than the root reduce in tmp. */
+static int setup_reduce(cpu_op_t *op, size_t bytes) {
+  const tdist_backend_args_t *a = op->args;
+  if (op->rank != op->root) {
+    TDIST_CHECK(use_tmp(op, bytes));
+    op->buf = op->tmp;
+  }
+  copy_in(op->buf, a->sendbuf, bytes);
+  if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
+  op->finish_fn = reduce_finish;
+  if (op->size > 1) op->round_fn = reduce_tree_round;
+  return 0;
+}
+
+/* all_gather: direct sends below TDIST_CPU_ALLGATHER_RING_BYTES, else a ring. */
+static void setup_all_gather(cpu_op_t *op, size_t bytes) {
+  int n = op->size;
+  copy_in(op->buf + (size_t)op->rank * bytes, op->args->sendbuf, bytes);
+  if (n == 1) return;
+  if (bytes * (size_t)n < (size_t)tdist__param_CpuAllgatherRingBytes()) {
+    op->round_fn = allgather_direct_round;
+  } else {
+    op->nseg = nseg_for(op, op->count * (size_t)n);
+    op->round_fn = allgather_ring_round;
+  }
+}
+
+/* gather, scatter, all_to_all: this rank's own block is copied here, the
+ * others are sent directly. */
+static void setup_direct(cpu_op_t *op, size_t bytes) {
+  const tdist_backend_args_t *a = op->args;
+  size_t mine = (size_t)op->rank * bytes;
+  int many = op->size > 1;
+  switch (op->type) {
+  case TDIST_OP_GATHER:
+    if (op->rank == op->root) copy_in(op->buf + mine, a->sendbuf, bytes);
+    if (many) op->round_fn = gather_round;
+    break;
+  case TDIST_OP_SCATTER:
+    if (op->rank == op->root) copy_in(op->buf, (const uint8_t *)a->sendbuf + mine, bytes);
+    if (many) op->round_fn = scatter_round;
+    break;
+  default: /* TDIST_OP_ALL_TO_ALL */
+    copy_in(op->buf + mine, (const uint8_t *)a->sendbuf + mine, bytes);
+    if (many) op->round_fn = alltoall_round;
+    break;
+  }
+}
+
+/* (engine lock held: tdist__cpu_post_op, on the progress thread or a
+ * submitting caller, drive.c) Pick the algorithm and copy the input in;
+ * nothing is sent yet. */
+int tdist__cpu_algo_setup(cpu_op_t *op) {
   size_t bytes = op->count * op->es;
   op->seg = tdist__cpu_seg_bytes();
   if (op->seg < 4096) op->seg = 4096;
   op->seg -= op->seg % op->es;
-  op->buf = a->recvbuf;
+  op->buf = op->args->recvbuf;
   op->round_fn = no_round;
   op->finish_fn = NULL;
-  TDIST_CHECK(tdist__cpu_op_reserve(op, n + 1));
+  TDIST_CHECK(tdist__cpu_op_reserve(op, op->size + 1));
   switch (op->type) {
-  case TDIST_OP_ALL_REDUCE:
-    copy_in(op->buf, a->sendbuf, bytes);
-    if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
-    op->finish_fn = avg_finish;
-    if (n == 1) break;
-    if (bytes < (size_t)tdist__param_CpuRingBytes() || op->count < (size_t)n) {
-      op->pof2 = 1 << (log2_ceil(n + 1) - 1);
-      op->extra = n - op->pof2;
-      op->round_fn = rd_round;
-      if (bytes) TDIST_CHECK(use_tmp(op, bytes)); /* blocks from lower ranks land here */
-    } else {
-      op->nseg = nseg_for(op, op->count);
-      op->round_fn = ring_round;
-    }
-    break;
-  case TDIST_OP_REDUCE_SCATTER:
-    TDIST_CHECK(use_tmp(op, bytes * (size_t)n));
-    copy_in(op->tmp, a->sendbuf, bytes * (size_t)n);
-    if (prepare_input(op)) tdist__cpu_scale(op->tmp, op->count * (size_t)n, op->dtype, a->scalar);
-    op->finish_fn = rs_finish;
-    if (n == 1) break;
-    op->nseg = nseg_for(op, op->count * (size_t)n);
-    op->round_fn = rs_round;
-    break;
-  case TDIST_OP_BROADCAST:
-    if (n == 1) break;
-    if (n == 2 || bytes < (size_t)tdist__param_CpuBcastChainBytes()) {
-      op->round_fn = bcast_tree_round;
-    } else {
-      op->nseg = (int)((bytes + op->seg - 1) / op->seg);
-      op->round_fn = bcast_chain_round;
-    }
-    break;
-  case TDIST_OP_REDUCE:
-    if (op->rank != op->root) {
-      TDIST_CHECK(use_tmp(op, bytes));
-      op->buf = op->tmp;
-    }
-    copy_in(op->buf, a->sendbuf, bytes);
-    if (prepare_input(op)) tdist__cpu_scale(op->buf, op->count, op->dtype, a->scalar);
-    op->finish_fn = reduce_finish;
-    if (n > 1) op->round_fn = reduce_tree_round;
-    break;
-  case TDIST_OP_ALL_GATHER:
-    copy_in(op->buf + (size_t)op->rank * bytes, a->sendbuf, bytes);
-    if (n == 1) break;
-    if (bytes * (size_t)n < (size_t)tdist__param_CpuAllgatherRingBytes()) {
-      op->round_fn = allgather_direct_round;
-    } else {
-      op->nseg = nseg_for(op, op->count * (size_t)n);
-      op->round_fn = allgather_ring_round;
-    }
-    break;
+  case TDIST_OP_ALL_REDUCE: return setup_all_reduce(op, bytes);
+  case TDIST_OP_REDUCE_SCATTER: return setup_reduce_scatter(op, bytes);
+  case TDIST_OP_BROADCAST: setup_broadcast(op, bytes); return 0;
+  case TDIST_OP_REDUCE: return setup_reduce(op, bytes);
+  case TDIST_OP_ALL_GATHER: setup_all_gather(op, bytes); return 0;
   case TDIST_OP_GATHER:
-    if (op->rank == op->root) copy_in(op->buf + (size_t)op->rank * bytes, a->sendbuf, bytes);
-    if (n > 1) op->round_fn = gather_round;
-    break;
   case TDIST_OP_SCATTER:
-    if (op->rank == op->root)
-      copy_in(op->buf, (const uint8_t *)a->sendbuf + (size_t)op->rank * bytes, bytes);
-    if (n > 1) op->round_fn = scatter_round;
-    break;
-  case TDIST_OP_ALL_TO_ALL:
-    copy_in(op->buf + (size_t)op->rank * bytes,
-            (const uint8_t *)a->sendbuf + (size_t)op->rank * bytes, bytes);
-    if (n > 1) op->round_fn = alltoall_round;
-    break;
-  case TDIST_OP_BARRIER: op->round_fn = barrier_round; break;
+  case TDIST_OP_ALL_TO_ALL: setup_direct(op, bytes); return 0;
+  case TDIST_OP_BARRIER: op->round_fn = barrier_round; return 0;
   default:
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "cpu: op %s is not supported",
                         tdist_op_name(op->type));
   }
-  return 0;
 }

@@ -19,9 +19,9 @@
  * ptrace policy that forbids it, or with TDIST_CPU_CMA=0, keep plain TCP.
  * The probe alone would succeed between network namespaces of one kernel
  * that share the pid namespace (containers, tests/multihost's netns hosts),
- * whose ranks reach each other only over a network: so conn.c also trades a
- * host identity (boot id + network namespace) and probes only peers whose
- * identity equals ours; single copy is never used between such "hosts".
+ * whose ranks reach each other only over a network: so the setup exchange
+ * (tdist__cpu_cma_exchange) also trades a host identity (boot id + network namespace) and probes
+ * only peers whose identity equals ours; single copy is never used between such "hosts".
  *
  * Buffer lifetime after an abort: a descriptor may be read after its sender
  * gave up on the op (timeout, mismatch, a lost peer) and handed the buffer
@@ -40,7 +40,7 @@
  * staging buffer and ACKed, so a send never waits on its receiver for long
  * (no rendezvous deadlock in send-then-receive patterns).
  *
- * Threads: tdist__cpu_cma_hello/probe and the live-word table run on caller
+ * Threads: tdist__cpu_cma_hello/probe/exchange and the live-word table run on caller
  * threads (setup, group creation and destruction); everything else on the
  * progress thread. Reads and ACKs are part of the transport (cpu.h): they
  * record finished transfers and report failures (deferred), and never run
@@ -51,6 +51,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -106,6 +107,83 @@ int tdist__cpu_cma_probe(const cpu_cma_hello_t *peer) {
     return 0;
   }
   return 1;
+}
+
+/* ---- the setup exchange (caller thread) ---------------------------------------- */
+
+/* This process's host identity for single copy: the kernel's boot id and
+ * the network namespace ("<boot_id>/net:<dev>:<inode>"), "" if unknown.
+ *
+ * Why not the probe alone: process_vm_readv reaches any process of this
+ * kernel that shares our pid namespace, including one in another network
+ * namespace (a container, or the netns "hosts" of tests/multihost), and the
+ * probe would succeed there. Ranks that reach each other only over a network
+ * are on different hosts as far as the job is concerned (that is what a test
+ * bed of network namespaces stands for), so single copy must stay off
+ * between them: only ranks with equal identities probe. The boot id tells
+ * machines apart (every machine's initial netns has the same inode number);
+ * the netns inode tells namespaces of one kernel apart. An unknown identity
+ * (no /proc) on either side leaves the decision to the probe, as before. */
+#define HOST_ID_LEN 96
+static void host_identity(char *id) {
+  char boot[64] = "";
+  struct stat st;
+  memset(id, 0, HOST_ID_LEN);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+  if (f) {
+    if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = '\0';
+  if (!boot[0] || stat("/proc/self/ns/net", &st) != 0) return;
+  snprintf(id, HOST_ID_LEN, "%s/net:%llu:%llu", boot, (unsigned long long)st.st_dev,
+           (unsigned long long)st.st_ino);
+}
+
+/* (caller, setup: tdist__cpu_ctx_create) Every pair trades (pid, probe, host
+ * identity), each side tries to read the other's probe word if their host
+ * identities match (above) and says whether it could. Small blocking writes
+ * that fit the socket buffers, all sent before any is read: no ordering
+ * between ranks is needed. On return out[j] holds the peer's pid and, in
+ * `enabled`, whether the peer can read this process. */
+int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
+                            int *local) {
+  cpu_cma_hello_t mine;
+  char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
+  tdist__cpu_cma_hello(&mine);
+  host_identity(my_host);
+  for (int j = 0; j < n; j++)
+    if (j != me && (tdist__cpu_io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
+                    tdist__cpu_io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
+      goto fail;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    if (tdist__cpu_io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
+        tdist__cpu_io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
+      goto fail;
+    peer_host[HOST_ID_LEN - 1] = '\0';
+    /* Shared memory needs a known identity on both sides (shm_conn.c). */
+    local[j] = my_host[0] && peer_host[0] && strcmp(my_host, peer_host) == 0;
+    if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
+      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
+                 peer_host, my_host);
+      out[j].enabled = 0; /* tdist__cpu_cma_probe then says no without reading */
+    }
+  }
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    int32_t ok = tdist__cpu_cma_probe(&out[j]);
+    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
+  }
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    int32_t ok = 0;
+    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
+    out[j].enabled = ok == 1;
+  }
+  return 0;
+fail:
+  return tdist__error(TDIST_ERR_IO, "cpu: setup exchange with a peer failed");
 }
 
 void tdist__cpu_cma_group_init(cpu_group_t *cg) {

@@ -6,10 +6,10 @@
  * "host:port" with every other rank through the group's store view
  * (tdist_backend_allgather, keys "cpu/addr/<rank>"), then connects to every
  * higher rank (retrying until the peer listens) and accepts one connection
- * from every lower rank. A 24-byte handshake (magic, rank, world size, world
- * uid) identifies the connecting rank. Connecting first cannot deadlock: the
- * kernel completes a connection in the listen backlog before accept() is
- * called.
+ * from every lower rank (an accept4 that takes no connection, ECONNABORTED
+ * and the like, is waited past, never counted as a peer). A 24-byte handshake (magic, rank, world
+ * size, world uid) identifies the connecting rank. Connecting first cannot deadlock: the kernel
+ * completes a connection in the listen backlog before accept() is called.
  *
  * The sockets then become non-blocking, get TCP_NODELAY and large buffers,
  * and are handed to the progress thread (tdist__cpu_conn_start via
@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/alloc.h"
@@ -106,8 +105,10 @@ static void advertised_host(tdist_store_t *store, char *host, size_t hl) {
   snprintf(host, hl, "127.0.0.1");
 }
 
+/* Non-blocking: a connection that goes between poll and accept4 must not
+ * block setup past its deadline (accept_next). */
 static int listen_on(const char *host, int backlog, int *fd_out, int *port_out) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return tdist__error(TDIST_ERR_IO, "cpu: socket: %s", strerror(errno));
   struct sockaddr_in a = {.sin_family = AF_INET};
   const char *bind_host = tdist__param_str("TDIST_CPU_BIND", NULL);
@@ -200,81 +201,6 @@ done:
   return rc;
 }
 
-/* This process's host identity for single copy: the kernel's boot id and
- * the network namespace ("<boot_id>/net:<dev>:<inode>"), "" if unknown.
- *
- * Why not the probe alone: process_vm_readv reaches any process of this
- * kernel that shares our pid namespace, including one in another network
- * namespace (a container, or the netns "hosts" of tests/multihost), and the
- * probe would succeed there. Ranks that reach each other only over a network
- * are on different hosts as far as the job is concerned (that is what a test
- * bed of network namespaces stands for), so single copy must stay off
- * between them: only ranks with equal identities probe. The boot id tells
- * machines apart (every machine's initial netns has the same inode number);
- * the netns inode tells namespaces of one kernel apart. An unknown identity
- * (no /proc) on either side leaves the decision to the probe, as before. */
-#define HOST_ID_LEN 96
-static void host_identity(char *id) {
-  char boot[64] = "";
-  struct stat st;
-  memset(id, 0, HOST_ID_LEN);
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-  if (f) {
-    if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
-    fclose(f);
-  }
-  boot[strcspn(boot, "\n")] = '\0';
-  if (!boot[0] || stat("/proc/self/ns/net", &st) != 0) return;
-  snprintf(id, HOST_ID_LEN, "%s/net:%llu:%llu", boot, (unsigned long long)st.st_dev,
-           (unsigned long long)st.st_ino);
-}
-
-/* Single copy on one host (cma.c): every pair trades (pid, probe, host
- * identity), each side tries to read the other's probe word if their host
- * identities match (above) and says whether it could. Small blocking writes
- * that fit the socket buffers, all sent before any is read: no ordering
- * between ranks is needed. On return out[j] holds the peer's pid and, in
- * `enabled`, whether the peer can read this process. */
-static int cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
-                        int *local) {
-  cpu_cma_hello_t mine;
-  char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
-  tdist__cpu_cma_hello(&mine);
-  host_identity(my_host);
-  for (int j = 0; j < n; j++)
-    if (j != me && (tdist__cpu_io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
-                    tdist__cpu_io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))
-      goto fail;
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    if (tdist__cpu_io_full(fds[j], &out[j], sizeof(out[j]), 0, deadline) != 0 ||
-        tdist__cpu_io_full(fds[j], peer_host, sizeof(peer_host), 0, deadline) != 0)
-      goto fail;
-    peer_host[HOST_ID_LEN - 1] = '\0';
-    /* Shared memory needs a known identity on both sides (shm_conn.c). */
-    local[j] = my_host[0] && peer_host[0] && strcmp(my_host, peer_host) == 0;
-    if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
-      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
-                 peer_host, my_host);
-      out[j].enabled = 0; /* tdist__cpu_cma_probe then says no without reading */
-    }
-  }
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    int32_t ok = tdist__cpu_cma_probe(&out[j]);
-    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 1, deadline) != 0) goto fail;
-  }
-  for (int j = 0; j < n; j++) {
-    if (j == me) continue;
-    int32_t ok = 0;
-    if (tdist__cpu_io_full(fds[j], &ok, sizeof(ok), 0, deadline) != 0) goto fail;
-    out[j].enabled = ok == 1;
-  }
-  return 0;
-fail:
-  return tdist__error(TDIST_ERR_IO, "cpu: setup exchange with a peer failed");
-}
-
 static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
   cpu_conn_t *c = tdist__calloc(1, sizeof(*c));
   if (!c) return NULL;
@@ -293,6 +219,7 @@ static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) 
   return c;
 }
 
+/* (progress) From here on the progress thread owns the ctx and its sockets. */
 static void start_all(void *arg) {
   cpu_ctx_t *ctx = arg;
   tdist__cpu_ctx_start_timer(ctx);
@@ -304,21 +231,60 @@ static void start_all(void *arg) {
     if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
 }
 
-int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev,
-                          cpu_ctx_t **out) {
-  int rc = 0, lfd = -1, port = 0, n = p->size;
-  char host[64], me[96];
-  char **addrs = NULL;
-  int *fds = NULL;
-  cpu_cma_hello_t *cma = NULL;
-  int *local = NULL;
-  int64_t deadline = tdist__now_ns() + p->timeout_ms * 1000000;
+/* ---- context creation (caller thread) --------------------------------------- */
+
+/* What creating the mesh holds until it is done (caller): the listening
+ * socket, everyone's address, one blocking socket per peer until it becomes
+ * a cpu_conn_t, and what the single-copy exchange learned. */
+typedef struct {
+  int n, lfd;
+  int64_t deadline;
+  char me[96]; /* "host:port" this rank listens on */
+  char **addrs;
+  int *fds;
+  cpu_cma_hello_t *cma;
+  int *local;
+} mesh_setup_t;
+
+static int setup_init(mesh_setup_t *s, int n, int64_t timeout_ms) {
+  *s = (mesh_setup_t){.n = n, .lfd = -1, .deadline = tdist__now_ns() + timeout_ms * 1000000};
+  s->addrs = tdist__calloc((size_t)n, sizeof(char *));
+  s->fds = tdist__malloc(sizeof(int) * (size_t)n);
+  s->cma = tdist__calloc((size_t)n, sizeof(*s->cma));
+  s->local = tdist__calloc((size_t)n, sizeof(int));
+  if (!s->addrs || !s->fds || !s->cma || !s->local)
+    return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  for (int i = 0; i < n; i++)
+    s->fds[i] = -1;
+  return 0;
+}
+
+/* Once, on success and failure alike: a socket still here was not handed
+ * to a connection (those are freed by free_unstarted or the progress thread). */
+static void setup_free(mesh_setup_t *s) {
+  if (s->lfd >= 0) close(s->lfd);
+  for (int i = 0; i < s->n; i++) {
+    if (s->fds && s->fds[i] >= 0) close(s->fds[i]);
+    if (s->addrs) tdist__free(s->addrs[i]);
+  }
+  tdist__free(s->addrs);
+  tdist__free(s->fds);
+  tdist__free(s->cma);
+  tdist__free(s->local);
+}
+
+static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t *ev) {
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
-  if (!ctx) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+  if (!ctx) return NULL;
+  ctx->conns = tdist__calloc((size_t)p->size, sizeof(cpu_conn_t *));
+  if (!ctx->conns) {
+    tdist__free(ctx);
+    return NULL;
+  }
   ctx->ev = ev;
   ctx->shm.fd = -1;
   ctx->rank = p->rank;
-  ctx->size = n;
+  ctx->size = p->size;
   ctx->lost_peer = -1;
   ctx->refs = 1;
   ctx->progress = p->progress;
@@ -327,102 +293,157 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
   tdist__list_init(&ctx->ready);
   tdist__list_init(&ctx->held);
   pthread_mutex_init(&ctx->mu, NULL);
-  ctx->conns = tdist__calloc((size_t)n, sizeof(cpu_conn_t *));
-  addrs = tdist__calloc((size_t)n, sizeof(char *));
-  fds = tdist__malloc(sizeof(int) * (size_t)n);
-  cma = tdist__calloc((size_t)n, sizeof(*cma));
-  local = tdist__calloc((size_t)n, sizeof(int));
-  if (!ctx->conns || !addrs || !fds || !cma || !local) {
-    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-    goto fail;
-  }
-  for (int i = 0; i < n; i++)
-    fds[i] = -1;
-  if (n == 1) goto done;
-  if (!p->store) {
-    rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu: a store is needed to connect ranks");
-    goto fail;
-  }
-  advertised_host(p->store, host, sizeof(host));
-  TDIST_CHECKGOTO(listen_on(host, n, &lfd, &port), rc, fail);
-  snprintf(me, sizeof(me), "%s:%d", host, port);
-  TDIST_CHECKGOTO(get_addrs(p, me, deadline, addrs), rc, fail);
+  return ctx;
+}
 
-  hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = n, .uid = p->uid};
-  for (int j = p->rank + 1; j < n; j++) {
-    TDIST_CHECKGOTO(connect_to(addrs[j], deadline, &fds[j]), rc, fail);
-    if (tdist__cpu_io_full(fds[j], &hi, sizeof(hi), 1, deadline) != 0) {
-      rc = tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, addrs[j]);
-      goto fail;
-    }
+/* A ctx that never reached the progress thread: nothing of it is started,
+ * so its connections and shared memory are undone here (caller). */
+static void ctx_free_unstarted(cpu_ctx_t *ctx) {
+  for (int i = 0; i < ctx->size; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    if (!c) continue;
+    close(c->fd);
+    if (c->tx_map) tdist__cpu_shm_seg_unmap(c->tx_map, c->tx_map_bytes);
+    tdist__free(c->rx);
+    tdist__free(c);
   }
-  for (int k = 0; k < p->rank; k++) {
-    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-    int64_t left_ms = (deadline - tdist__now_ns()) / 1000000;
-    if (left_ms <= 0 || poll(&pfd, 1, (int)left_ms) <= 0) {
-      rc = tdist__error(TDIST_ERR_TIMEOUT, "cpu: rank %d: %d of %d lower ranks connected to %s",
-                        p->rank, k, p->rank, me);
-      goto fail;
-    }
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    hello_t h;
-    if (tdist__cpu_io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC ||
-        h.size != n || h.uid != p->uid || h.rank < 0 || h.rank >= p->rank || fds[h.rank] >= 0) {
-      close(fd);
-      k--; /* not one of ours (or a stale process): keep waiting */
-      continue;
-    }
-    tune_socket(fd);
-    fds[h.rank] = fd;
-  }
-  TDIST_CHECKGOTO(cma_exchange(p->rank, n, fds, deadline, cma, local), rc, fail);
-  for (int j = 0; j < n; j++) {
-    if (j == p->rank) continue;
-    fcntl(fds[j], F_SETFL, fcntl(fds[j], F_GETFL) | O_NONBLOCK);
-    ctx->conns[j] = conn_new(ctx, j, fds[j], addrs[j]);
-    if (!ctx->conns[j]) {
-      rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
-      goto fail;
-    }
-    ctx->conns[j]->pid = cma[j].pid;
-    ctx->conns[j]->cma_tx = cma[j].enabled; /* here: the peer can read us */
-    fds[j] = -1;
-  }
-  TDIST_CHECKGOTO(tdist__cpu_shm_setup(ctx, local, deadline), rc, fail);
-  tdist_backend_call(p->progress, start_all, ctx);
-  TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, n, me, n - 1);
-done:
-  if (lfd >= 0) close(lfd);
-  for (int i = 0; addrs && i < n; i++)
-    tdist__free(addrs[i]);
-  tdist__free(addrs);
-  tdist__free(fds);
-  tdist__free(cma);
-  tdist__free(local);
-  *out = ctx;
-  return 0;
-fail:
-  if (lfd >= 0) close(lfd);
-  for (int i = 0; i < n; i++) {
-    if (fds && fds[i] >= 0) close(fds[i]);
-    if (ctx->conns && ctx->conns[i]) {
-      close(ctx->conns[i]->fd);
-      if (ctx->conns[i]->tx_map)
-        tdist__cpu_shm_seg_unmap(ctx->conns[i]->tx_map, ctx->conns[i]->tx_map_bytes);
-      tdist__free(ctx->conns[i]->rx);
-      tdist__free(ctx->conns[i]);
-    }
-    if (addrs) tdist__free(addrs[i]);
-  }
-  tdist__free(addrs);
-  tdist__free(fds);
-  tdist__free(cma);
-  tdist__free(local);
   tdist__cpu_shm_release(ctx);
   pthread_mutex_destroy(&ctx->mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
+}
+
+/* Connect to every higher rank and say who we are. */
+static int connect_higher(const tdist_backend_params_t *p, mesh_setup_t *s) {
+  hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = s->n, .uid = p->uid};
+  for (int j = p->rank + 1; j < s->n; j++) {
+    TDIST_CHECK(connect_to(s->addrs[j], s->deadline, &s->fds[j]));
+    if (tdist__cpu_io_full(s->fds[j], &hi, sizeof(hi), 1, s->deadline) != 0)
+      return tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, s->addrs[j]);
+  }
+  return 0;
+}
+
+/* accept(2), NOTES: Linux passes errors already pending on the new
+ * connection to accept (ECONNABORTED: reset before it was taken; the
+ * protocol's network errors), and a signal or a connection gone between poll
+ * and accept (the listener is non-blocking) leave nothing to take. None is a
+ * peer, and none stops the listener: wait for the next connection. */
+static int accept_retryable(int e) {
+  return e == EINTR || e == EAGAIN || e == EWOULDBLOCK || e == ECONNABORTED || e == EPROTO ||
+         e == ENETDOWN || e == ENOPROTOOPT || e == EHOSTDOWN || e == ENONET || e == EHOSTUNREACH ||
+         e == EOPNOTSUPP || e == ENETUNREACH;
+}
+
+/* The next connection to the listening socket, waiting until the deadline:
+ * 0 and *fd_out; TDIST_ERR_TIMEOUT (not recorded: the caller says who is
+ * missing); TDIST_ERR_IO with the call that failed for good (*what: poll or
+ * accept4) and its errno (*err). */
+static int accept_next(const mesh_setup_t *s, int *fd_out, const char **what, int *err) {
+  for (;;) {
+    struct pollfd pfd = {.fd = s->lfd, .events = POLLIN};
+    int64_t left_ms = (s->deadline - tdist__now_ns()) / 1000000;
+    if (left_ms <= 0) return TDIST_ERR_TIMEOUT;
+    int r = poll(&pfd, 1, (int)(left_ms > 1000 ? 1000 : left_ms));
+    *what = "poll";
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    *what = "accept4";
+    int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      *fd_out = fd;
+      return 0;
+    }
+    if (!accept_retryable(errno)) break;
+    TDIST_INFO(CPU, "accept4 on %s: %s; waiting on", s->me, strerror(errno));
+  }
+  *err = errno;
+  return TDIST_ERR_IO;
+}
+
+/* Accept one connection from every lower rank. A connection whose hello is
+ * not one of ours (another job, a stale process, a rank already here) is
+ * closed and not counted. */
+static int accept_lower(const tdist_backend_params_t *p, mesh_setup_t *s) {
+  for (int k = 0; k < p->rank;) {
+    const char *what = "";
+    int fd = -1, err = 0, rc = accept_next(s, &fd, &what, &err);
+    if (rc == TDIST_ERR_TIMEOUT)
+      return tdist__error(rc, "cpu: rank %d: %d of %d lower ranks connected to %s", p->rank, k,
+                          p->rank, s->me);
+    if (rc != 0)
+      return tdist__error(rc, "cpu: rank %d: %s on %s failed (%d of %d lower ranks in): %s",
+                          p->rank, what, s->me, k, p->rank, strerror(err));
+    hello_t h;
+    if (tdist__cpu_io_full(fd, &h, sizeof(h), 0, s->deadline) != 0 || h.magic != CPU_MAGIC ||
+        h.size != s->n || h.uid != p->uid || h.rank < 0 || h.rank >= p->rank ||
+        s->fds[h.rank] >= 0) {
+      close(fd);
+      continue;
+    }
+    tune_socket(fd);
+    s->fds[h.rank] = fd;
+    k++;
+  }
+  return 0;
+}
+
+/* Every peer's socket becomes a non-blocking connection of the ctx. */
+static int make_conns(cpu_ctx_t *ctx, mesh_setup_t *s) {
+  for (int j = 0; j < s->n; j++) {
+    if (j == ctx->rank) continue;
+    fcntl(s->fds[j], F_SETFL, fcntl(s->fds[j], F_GETFL) | O_NONBLOCK);
+    ctx->conns[j] = conn_new(ctx, j, s->fds[j], s->addrs[j]);
+    if (!ctx->conns[j]) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    ctx->conns[j]->pid = s->cma[j].pid;
+    ctx->conns[j]->cma_tx = s->cma[j].enabled; /* here: the peer can read us */
+    s->fds[j] = -1;                            /* the connection's now */
+  }
+  return 0;
+}
+
+/* Listen, trade addresses, connect up and accept down, then the single-copy
+ * and shared-memory setup over the new sockets. */
+static int build_mesh(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_setup_t *s) {
+  char host[64];
+  int port = 0;
+  if (!p->store)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu: a store is needed to connect ranks");
+  advertised_host(p->store, host, sizeof(host));
+  TDIST_CHECK(listen_on(host, s->n, &s->lfd, &port));
+  snprintf(s->me, sizeof(s->me), "%s:%d", host, port);
+  TDIST_CHECK(get_addrs(p, s->me, s->deadline, s->addrs));
+  TDIST_CHECK(connect_higher(p, s));
+  TDIST_CHECK(accept_lower(p, s));
+  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, s->deadline, s->cma, s->local));
+  TDIST_CHECK(make_conns(ctx, s));
+  TDIST_CHECK(tdist__cpu_shm_setup(ctx, s->local, s->deadline));
+  return 0;
+}
+
+/* (caller) Bounded by p->timeout_ms; on success the progress thread owns
+ * the ctx (start_all). */
+int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev,
+                          cpu_ctx_t **out) {
+  int rc = 0;
+  mesh_setup_t s;
+  cpu_ctx_t *ctx = ctx_new(p, ev);
+  TDIST_CHECKGOTO(setup_init(&s, p->size, p->timeout_ms), rc, fail);
+  if (!ctx) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
+    goto fail;
+  }
+  if (p->size > 1) {
+    TDIST_CHECKGOTO(build_mesh(p, ctx, &s), rc, fail);
+    tdist_backend_call(p->progress, start_all, ctx);
+    TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, p->size, s.me,
+               p->size - 1);
+  }
+  *out = ctx;
+  ctx = NULL;
+fail:
+  setup_free(&s);
+  if (ctx) ctx_free_unstarted(ctx);
   return rc;
 }
 

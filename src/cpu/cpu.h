@@ -561,6 +561,11 @@ void tdist__cpu_cma_group_abort(cpu_group_t *cg);      /* progress thread */
 void tdist__cpu_cma_group_free(cpu_group_t *cg);       /* after unregistering */
 void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
 void tdist__cpu_cma_sync(cpu_ctx_t *ctx); /* (progress) timer armed if a descriptor waits */
+/* Caller thread, setup (conn.c): trade hellos over the peers' fds[], probe,
+ * and say who can read whom (out[j].enabled) and who shares this host
+ * (local[j]); fds[me] is unused. */
+int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
+                            int *local);
 /* Copy d's bytes from process pid into dst, then check the sender's live
  * word. 0; or -1 with a description in why and *aborted set when the
  * sender had aborted (its live word changed: a failed read then names no

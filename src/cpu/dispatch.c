@@ -43,34 +43,99 @@ static int may_park(cpu_ctx_t *ctx, const cpu_hdr_t *h) {
   return 1;
 }
 
+/* Messages that belong to the connection, not to a group: goodbye, acks,
+ * liveness probes, signatures, single-copy descriptors. 1 if h was one. */
+static int on_conn_header(cpu_conn_t *c, const cpu_hdr_t *h) {
+  switch (h->kind) {
+  case CPU_MSG_BYE:
+    c->bye = 1;
+    c->bye_cause = h->root;
+    return 1;
+  case CPU_MSG_ACK: tdist__cpu_conn_acked(c, h->seq); return 1;
+  case CPU_MSG_PROBE: tdist__cpu_on_probe(c); return 1;
+  case CPU_MSG_SIG: tdist__cpu_on_sig(c); return 1; /* sigcheck.c */
+  case CPU_MSG_RMA:
+    if (h->len != sizeof(c->rdesc)) {
+      tdist__cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
+      return 1;
+    }
+    c->rx_dst = (uint8_t *)&c->rdesc; /* tdist__cpu_on_payload -> tdist__cpu_cma_on_desc */
+    return 1;
+  default: return 0;
+  }
+}
+
+/* A collective's message: straight into its round's buffer (or a staging
+ * buffer when it is reduced) if the op is here and in that round. 1 if h
+ * is dealt with (a destination set, or checked and discarded); 0: it waits
+ * in the unexpected list. */
+static int rx_coll(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h, int src) {
+  cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+  if (op && tdist__cpu_check_coll(cg, op, h, src)) return 1;
+  /* completed here (lagging for signatures): as for any completed op */
+  if (op && op->lagging && tdist__cpu_check_done(cg, h, src)) return 1;
+  if (!op && tdist__cpu_check_done(cg, h, src)) return 1; /* read and discarded */
+  if (!op || op->round != (int)h->slot) return 0;
+  cpu_xfer_t *x = tdist__cpu_round_recv(op, src);
+  if (!x || x->len != h->len) return 0;
+  c->rx_op = op;
+  c->rx_x = x;
+  c->rx_dst = x->reduce ? tdist__cpu_buf_get(c->ctx, h->len) : x->ptr;
+  if (c->rx_dst) return 1;
+  c->rx_op = NULL; /* no staging buffer: unexpected, read later */
+  c->rx_x = NULL;
+  return 0;
+}
+
+/* A point-to-point message: into the earliest posted receive that fits
+ * (its peer or TDIST_ANY_SOURCE, its tag or TDIST_ANY_TAG: engine.c). 1 if
+ * h is dealt with; 0: it waits in the unexpected list. */
+static int rx_p2p(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h, int src) {
+  cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, h->root);
+  if (!x) return 0;
+  /* Only if nothing older from this peer that x would take is waiting
+   * (same tag, or any tag for an any-tag receive): per-pair order. */
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer &&
+        (u->hdr.root == h->root || x->tag == TDIST_ANY_TAG))
+      return 0;
+  }
+  tdist__list_remove(&x->plink);
+  /* checks it (a wildcard receive takes up to its count) and records
+   * what matched for tdist_work_status_info */
+  if (tdist__cpu_match_p2p(cg, x, h, src)) return 1;
+  c->rx_op = x->op;
+  c->rx_x = x;
+  c->rx_dst = x->ptr;
+  return 1;
+}
+
+/* Nothing posted takes it: park the socket (may_park) or read it into the
+ * group's unexpected list. */
+static void rx_unexpected(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h) {
+  if (!c->rx_rma && may_park(c->ctx, h)) {
+    tdist__cpu_conn_park(c);
+    return;
+  }
+  cpu_ux_t *u = tdist__cpu_ux_new(c->ctx, h, c->peer, c->rx_rma);
+  if (!u) {
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
+    return; /* the payload is discarded */
+  }
+  tdist__list_push_back(&cg->ux, &u->link);
+  c->rx_ux = u;
+  c->rx_dst = u->data;
+}
+
+/* (progress) A header was read from c: say where its payload goes
+ * (c->rx_dst and what it belongs to), park the socket, or leave rx_dst
+ * NULL: the payload is read and discarded. */
 void tdist__cpu_on_header(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   const cpu_hdr_t *h = &c->rh;
-  if (h->kind == CPU_MSG_BYE) {
-    c->bye = 1;
-    c->bye_cause = h->root;
-    return;
-  }
-  if (h->kind == CPU_MSG_ACK) {
-    tdist__cpu_conn_acked(c, h->seq);
-    return;
-  }
-  if (h->kind == CPU_MSG_PROBE) {
-    tdist__cpu_on_probe(c);
-    return;
-  }
-  if (h->kind == CPU_MSG_SIG) {
-    tdist__cpu_on_sig(c); /* sigcheck.c */
-    return;
-  }
-  if (h->kind == CPU_MSG_RMA) {
-    if (h->len != sizeof(c->rdesc)) {
-      tdist__cpu_on_conn_lost(c, "sent a malformed message (descriptor size)");
-      return;
-    }
-    c->rx_dst = (uint8_t *)&c->rdesc; /* tdist__cpu_on_payload -> tdist__cpu_cma_on_desc */
-    return;
-  }
+  if (on_conn_header(c, h)) return;
   cpu_group_t *cg = tdist__cpu_group_find(ctx, h->uid);
   if (h->kind == CPU_MSG_ERR || !cg) {
     /* Errors are read whole; messages of groups not created here yet wait
@@ -86,62 +151,9 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   int src = tdist__cpu_grank_of(cg, c->peer);
   if (src < 0) return;
   c->rx_g = cg;
-  if (h->kind == CPU_MSG_COLL) {
-    cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
-    if (op && tdist__cpu_check_coll(cg, op, h, src)) return;
-    /* completed here (lagging for signatures): as for any completed op */
-    if (op && op->lagging && tdist__cpu_check_done(cg, h, src)) return;
-    if (!op && tdist__cpu_check_done(cg, h, src)) return; /* read and discarded */
-    if (op && op->round == (int)h->slot) {
-      cpu_xfer_t *x = tdist__cpu_round_recv(op, src);
-      if (x && x->len == h->len) {
-        c->rx_op = op;
-        c->rx_x = x;
-        c->rx_dst = x->reduce ? tdist__cpu_buf_get(ctx, h->len) : x->ptr;
-        if (c->rx_dst) return;
-        c->rx_op = NULL;
-        c->rx_x = NULL;
-      }
-    }
-  } else if (h->kind == CPU_MSG_P2P) {
-    /* The earliest posted receive that fits (its peer or TDIST_ANY_SOURCE,
-     * its tag or TDIST_ANY_TAG: engine.c). */
-    cpu_xfer_t *x = tdist__cpu_precv_match(cg, src, h->root);
-    /* Only if nothing older from this peer that x would take is waiting
-     * (same tag, or any tag for an any-tag receive): per-pair order. */
-    int older = 0;
-    if (x) {
-      tdist__list_t *n;
-      tdist__list_foreach(n, &cg->ux) {
-        cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
-        if (u->hdr.kind == CPU_MSG_P2P && u->src == c->peer &&
-            (u->hdr.root == h->root || x->tag == TDIST_ANY_TAG))
-          older = 1;
-      }
-    }
-    if (x && !older) {
-      tdist__list_remove(&x->plink);
-      /* checks it (a wildcard receive takes up to its count) and records
-       * what matched for tdist_work_status_info */
-      if (tdist__cpu_match_p2p(cg, x, h, src)) return;
-      c->rx_op = x->op;
-      c->rx_x = x;
-      c->rx_dst = x->ptr;
-      return;
-    }
-  }
-  if (!c->rx_rma && may_park(ctx, h)) {
-    tdist__cpu_conn_park(c);
-    return;
-  }
-  cpu_ux_t *u = tdist__cpu_ux_new(ctx, h, c->peer, c->rx_rma);
-  if (!u) {
-    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY, "cpu: out of memory for a message");
-    return; /* the payload is discarded */
-  }
-  tdist__list_push_back(&cg->ux, &u->link);
-  c->rx_ux = u;
-  c->rx_dst = u->data;
+  if (h->kind == CPU_MSG_COLL && rx_coll(c, cg, h, src)) return;
+  if (h->kind == CPU_MSG_P2P && rx_p2p(c, cg, h, src)) return;
+  rx_unexpected(c, cg, h);
 }
 
 static void on_err(cpu_conn_t *c, cpu_ux_t *u) {

@@ -389,92 +389,131 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *v) {
  * otherwise compute the new value and write it and the record in a txn that
  * compares the key's revision, and go round again when another writer won.
  */
-static int op_rmw(call_t *c, uint8_t op) {
-  const uint8_t *k, *v = NULL;
-  uint32_t kl, vl = 0;
-  uint64_t delta = 0;
-  if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
-  if (op == TDIST__OP_ADD ? tdist__get_u64(&c->rd, &delta)
-                          : tdist__get_bytes(&c->rd, &v, &vl, TDIST_STORE_MAX_VALUE))
-    return TDIST_ERR_PROTOCOL;
+typedef struct {
+  uint8_t op;       /* TDIST__OP_ADD or TDIST__OP_APPEND */
+  uint64_t delta;   /* add */
+  const uint8_t *v; /* append: the bytes to add */
+  uint32_t vl;
+  char *keys[2]; /* the etcd key (owned), this handle's op record key */
+  size_t lens[2];
+  char tag[64]; /* "<seq> ": this op's mark in the op record */
+  int tl;
+  kstate_t st[2]; /* the key and the op record as last read */
+  int64_t cur;    /* add: the counter after this op */
+  char num[32];   /* add: cur in decimal, the value written */
+} rmw_t;
+
+/* Was this op applied by an attempt whose answer was lost? Then cur is
+ * what the op record says it left. */
+static int rmw_applied(const call_t *c, rmw_t *m) {
+  m->cur = 0;
+  if (!c->ambiguous || m->st[1].vlen <= (size_t)m->tl ||
+      memcmp(m->st[1].val, m->tag, (size_t)m->tl) != 0)
+    return 0;
+  if (m->op == TDIST__OP_ADD)
+    parse_i64(m->st[1].val + m->tl, m->st[1].vlen - (size_t)m->tl, &m->cur);
+  return 1;
+}
+
+/* The value to write over st[0]: 0 and *nv, *nl (append: *nv is the
+ * caller's to free; add: it is m->num); 1 when there is none to write, with
+ * *rc the result (an INVALID reply sent, or no memory). */
+static int rmw_value(call_t *c, rmw_t *m, uint8_t **nv, size_t *nl, int *rc) {
+  const kstate_t *s = &m->st[0];
+  if (m->op == TDIST__OP_ADD) {
+    if (s->exists && parse_i64(s->val, s->vlen, &m->cur)) {
+      *rc = rep_invalid(c->rep, "the key holds a value that is not an int64 counter");
+      return 1;
+    }
+    m->cur = (int64_t)((uint64_t)m->cur + m->delta); /* wraps like the TCP store */
+    *nl = (size_t)snprintf(m->num, sizeof(m->num), "%" PRId64, m->cur);
+    *nv = (uint8_t *)m->num;
+    return 0;
+  }
+  if ((uint64_t)s->vlen + m->vl > TDIST_STORE_MAX_VALUE) {
+    *rc = rep_invalid(c->rep, "appended value would exceed TDIST_STORE_MAX_VALUE");
+    return 1;
+  }
+  if (!(*nv = tdist__malloc(s->vlen + m->vl + 1))) {
+    *rc = TDIST_ERR_NO_MEMORY;
+    return 1;
+  }
+  if (s->vlen) memcpy(*nv, s->val, s->vlen);
+  if (m->vl) memcpy(*nv + s->vlen, m->v, m->vl);
+  *nl = s->vlen + m->vl;
+  return 0;
+}
+
+/* Write the new value and the op record, if the key is unchanged since
+ * st[0] was read; *won says whether it was, *now holds what another writer
+ * left when not. */
+static int rmw_write(call_t *c, rmw_t *m, uint8_t *nv, size_t nl, int *won, kstate_t *now) {
   tdist__etcd_t *e = c->e;
-  size_t el, ol = strlen(e->op_key);
-  char *ek = tdist__etcd_key(e, k, kl, &el);
-  char *keys[2] = {ek, e->op_key}, tag[64];
-  size_t lens[2] = {el, ol};
-  uint64_t seq = ++e->op_seq;
-  int tl = snprintf(tag, sizeof(tag), "%" PRIu64 " ", seq);
-  kstate_t st[2] = {{0}};
-  int64_t cur = 0;
-  int rc = ek ? 0 : TDIST_ERR_NO_MEMORY, reread = 1;
+  char rec[96];
+  int rl = snprintf(rec, sizeof(rec), "%s%s", m->tag, m->op == TDIST__OP_ADD ? m->num : "");
+  json_object *cmp, *ok, *t = txn_new(&cmp, &ok);
+  if (t) {
+    json_object_array_add(
+        ok, wrap("request_put", tdist__etcd_put_op(m->keys[0], m->lens[0], nv, nl, 0)));
+    json_object_array_add(
+        ok, wrap("request_put", tdist__etcd_put_op(m->keys[1], m->lens[1], rec, (size_t)rl, 0)));
+  }
+  if (m->op != TDIST__OP_ADD) tdist__free(nv);
+  return rmw_txn(e, m->keys[0], m->lens[0], m->st[0].exists ? m->st[0].mod : 0, t, c->deadline, won,
+                 now, &c->ambiguous);
+}
+
+/* Read, compute, write until the write wins or was applied already
+ * (*done: then the caller answers), or the request is answered otherwise. */
+static int rmw_loop(call_t *c, rmw_t *m, int *done) {
+  int rc = 0, reread = 1;
   for (int tries = 0; rc == 0; tries++) {
     int64_t revs[1];
     if (reread) { /* the op record too, only when it may tell */
-      kstates_free(st, 2);
-      memset(st, 0, sizeof(st));
-      if ((rc = read_keys(e, keys, lens, c->ambiguous ? 2 : 1, st, revs, c->deadline, NULL))) break;
+      kstates_free(m->st, 2);
+      memset(m->st, 0, sizeof(m->st));
+      if ((rc = read_keys(c->e, m->keys, m->lens, c->ambiguous ? 2 : 1, m->st, revs, c->deadline,
+                          NULL)))
+        break;
     }
-    cur = 0;
-    if (c->ambiguous && st[1].vlen > (size_t)tl && memcmp(st[1].val, tag, (size_t)tl) == 0) {
-      if (op == TDIST__OP_ADD) parse_i64(st[1].val + tl, st[1].vlen - (size_t)tl, &cur);
-      goto done; /* applied by the attempt whose answer was lost */
-    }
-    if (tries == CAS_TRIES) {
-      rc = tdist__error(TDIST_ERR_TIMEOUT, "lost %d read-modify-write rounds", CAS_TRIES);
-      break;
-    }
+    if ((*done = rmw_applied(c, m))) return 0; /* applied by the attempt whose answer was lost */
+    if (tries == CAS_TRIES)
+      return tdist__error(TDIST_ERR_TIMEOUT, "lost %d read-modify-write rounds", CAS_TRIES);
     uint8_t *nv = NULL;
     size_t nl = 0;
-    char num[32];
-    if (op == TDIST__OP_ADD) {
-      if (st[0].exists && parse_i64(st[0].val, st[0].vlen, &cur)) {
-        rc = rep_invalid(c->rep, "the key holds a value that is not an int64 counter");
-        goto out;
-      }
-      cur = (int64_t)((uint64_t)cur + delta); /* wraps like the TCP store */
-      nl = (size_t)snprintf(num, sizeof(num), "%" PRId64, cur);
-      nv = (uint8_t *)num;
-    } else {
-      if ((uint64_t)st[0].vlen + vl > TDIST_STORE_MAX_VALUE) {
-        rc = rep_invalid(c->rep, "appended value would exceed TDIST_STORE_MAX_VALUE");
-        goto out;
-      }
-      if (!(nv = tdist__malloc(st[0].vlen + vl + 1))) {
-        rc = TDIST_ERR_NO_MEMORY;
-        break;
-      }
-      if (st[0].vlen) memcpy(nv, st[0].val, st[0].vlen);
-      if (vl) memcpy(nv + st[0].vlen, v, vl);
-      nl = st[0].vlen + vl;
-    }
-    char rec[96];
-    int rl = snprintf(rec, sizeof(rec), "%s%s", tag, op == TDIST__OP_ADD ? num : "");
-    json_object *cmp, *ok, *t = txn_new(&cmp, &ok);
-    if (t) {
-      json_object_array_add(ok, wrap("request_put", tdist__etcd_put_op(ek, el, nv, nl, 0)));
-      json_object_array_add(
-          ok, wrap("request_put", tdist__etcd_put_op(e->op_key, ol, rec, (size_t)rl, 0)));
-    }
-    if (op != TDIST__OP_ADD) tdist__free(nv);
+    if (rmw_value(c, m, &nv, &nl, &rc)) return rc;
     int won = 0;
     kstate_t now;
-    rc =
-        rmw_txn(e, ek, el, st[0].exists ? st[0].mod : 0, t, c->deadline, &won, &now, &c->ambiguous);
-    if (rc == 0 && won) goto done;
-    kstates_free(st, 1);
-    st[0] = now; /* another writer won: what it wrote (a lost answer: read again) */
+    rc = rmw_write(c, m, nv, nl, &won, &now);
+    if ((*done = rc == 0 && won)) return 0;
+    kstates_free(m->st, 1);
+    m->st[0] = now; /* another writer won: what it wrote (a lost answer: read again) */
     reread = rc == 0 && c->ambiguous;
   }
-  goto out;
-done:
-  if (op == TDIST__OP_ADD) {
-    if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 8))) tdist__put_u64(c->rep, (uint64_t)cur);
-  } else {
+  return rc;
+}
+
+static int op_rmw(call_t *c, uint8_t op) {
+  const uint8_t *k;
+  uint32_t kl;
+  rmw_t m = {.op = op};
+  if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
+  if (op == TDIST__OP_ADD ? tdist__get_u64(&c->rd, &m.delta)
+                          : tdist__get_bytes(&c->rd, &m.v, &m.vl, TDIST_STORE_MAX_VALUE))
+    return TDIST_ERR_PROTOCOL;
+  tdist__etcd_t *e = c->e;
+  m.keys[0] = tdist__etcd_key(e, k, kl, &m.lens[0]);
+  m.keys[1] = e->op_key;
+  m.lens[1] = strlen(e->op_key);
+  m.tl = snprintf(m.tag, sizeof(m.tag), "%" PRIu64 " ", ++e->op_seq);
+  int done = 0, rc = m.keys[0] ? rmw_loop(c, &m, &done) : TDIST_ERR_NO_MEMORY;
+  if (done && op == TDIST__OP_ADD) {
+    if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 8))) tdist__put_u64(c->rep, (uint64_t)m.cur);
+  } else if (done) {
     rc = rep_begin(c->rep, TDIST__ST_OK, 0);
   }
-out:
-  kstates_free(st, 2);
-  tdist__free(ek);
+  kstates_free(m.st, 2);
+  tdist__free(m.keys[0]);
   return rc;
 }
 

@@ -247,6 +247,60 @@ static int parse_i64(const uint8_t *p, uint32_t n, int64_t *v) {
   return 0;
 }
 
+/* An OK frame holding one u8 or one u64. */
+static int reply_u8(tdist__buf_t *out, uint8_t v) {
+  RESERVE(6);
+  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+  tdist__put_u8(out, v);
+  tdist__frame_end(out, f);
+  return TDIST__EXEC_DONE;
+}
+
+static int reply_u64(tdist__buf_t *out, uint64_t v) {
+  RESERVE(13);
+  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+  tdist__put_u64(out, v);
+  tdist__frame_end(out, f);
+  return TDIST__EXEC_DONE;
+}
+
+/* A waiter (x->on_missing) on every missing key of the n validated keys at
+ * `keys_off`: the owner wakes the request when one is written. */
+static int add_waiters(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, uint32_t n,
+                       tdist__exec_t *x) {
+  tdist__rd_t r2 = {r->p, r->n, keys_off};
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k = NULL;
+    uint32_t kl = 0;
+    tdist__get_key(&r2, &k, &kl);
+    tdist__kv_entry_t *e = get_or_make(kv, k, kl);
+    if (!e) return TDIST__EXEC_NOMEM;
+    if (!e->present && x->on_missing(x->ctx, e)) return TDIST__EXEC_NOMEM;
+  }
+  return TDIST__EXEC_BLOCKED;
+}
+
+/* The values of the n validated keys at `keys_off` (all present), `total`
+ * bytes with their length prefixes, in one OK frame. */
+static int reply_values(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, uint32_t n,
+                        uint64_t total, tdist__buf_t *out, tdist__exec_t *x) {
+  if (total > TDIST__STORE_MAX_FRAME) return reply_invalid(out, "reply too large");
+  const char *no = refused(x, 0, 5 + total);
+  if (no) return reply_msg(out, TDIST__ST_FULL, no);
+  RESERVE(5 + total);
+  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+  tdist__rd_t r3 = {r->p, r->n, keys_off};
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k = NULL;
+    uint32_t kl = 0;
+    tdist__get_key(&r3, &k, &kl);
+    tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+    tdist__put_bytes(out, e->val, e->vlen);
+  }
+  tdist__frame_end(out, f);
+  return TDIST__EXEC_DONE;
+}
+
 /* get, wait, multi_get: u64 timeout, then one key (get) or u32 n + n keys. */
 static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *out,
                         tdist__exec_t *x) {
@@ -270,23 +324,11 @@ static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_
     }
   }
   if (r->off != r->n) BAD("trailing bytes");
-  if (missing >= 0 && !x->final && timeout > 0 && x->on_missing) {
-    /* Second pass: a waiter on every missing key. */
-    tdist__rd_t r2 = {r->p, r->n, keys_off};
-    for (uint32_t i = 0; i < n; i++) {
-      const uint8_t *k = NULL;
-      uint32_t kl = 0;
-      tdist__get_key(&r2, &k, &kl);
-      tdist__kv_entry_t *e = get_or_make(kv, k, kl);
-      if (!e) return TDIST__EXEC_NOMEM;
-      if (!e->present && x->on_missing(x->ctx, e)) return TDIST__EXEC_NOMEM;
-    }
-    x->timeout_ms = timeout;
-    return TDIST__EXEC_BLOCKED;
-  }
   if (missing >= 0 && !x->final && timeout > 0) {
-    x->timeout_ms = timeout; /* the file store polls */
-    return TDIST__EXEC_BLOCKED;
+    /* Without on_missing (the file store) the owner polls. */
+    int rc = x->on_missing ? add_waiters(kv, r, keys_off, n, x) : TDIST__EXEC_BLOCKED;
+    if (rc == TDIST__EXEC_BLOCKED) x->timeout_ms = timeout;
+    return rc;
   }
   if (missing >= 0) {
     RESERVE(9);
@@ -296,169 +338,161 @@ static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_
     return TDIST__EXEC_DONE;
   }
   if (op == TDIST__OP_WAIT) return reply_simple(out, TDIST__ST_OK);
-  if (total > TDIST__STORE_MAX_FRAME) return reply_invalid(out, "reply too large");
-  const char *no = refused(x, 0, 5 + total);
-  if (no) return reply_msg(out, TDIST__ST_FULL, no);
-  RESERVE(5 + total);
-  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-  tdist__rd_t r3 = {r->p, r->n, keys_off};
-  for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *k = NULL;
-    uint32_t kl = 0;
-    tdist__get_key(&r3, &k, &kl);
-    tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
-    tdist__put_bytes(out, e->val, e->vlen);
+  return reply_values(kv, r, keys_off, n, total, out, x);
+}
+
+/* set, append: key, value. */
+static int exec_set(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *out,
+                    tdist__exec_t *x) {
+  const uint8_t *k = NULL, *v = NULL;
+  uint32_t kl = 0, vl = 0;
+  const char *no;
+  tdist__kv_entry_t *e;
+  if (tdist__get_key(r, &k, &kl) || tdist__get_bytes(r, &v, &vl, TDIST_STORE_MAX_VALUE))
+    BAD("bad key or value");
+  if (r->off != r->n) BAD("trailing bytes");
+  if ((no = refused(x, write_cost(kv, k, kl, vl, op == TDIST__OP_APPEND), 5)))
+    return reply_msg(out, TDIST__ST_FULL, no);
+  if (!(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+  switch (write_entry(kv, e, v, vl, op == TDIST__OP_APPEND)) {
+  case -1: return TDIST__EXEC_NOMEM;
+  case -2: return reply_invalid(out, "appended value would exceed TDIST_STORE_MAX_VALUE");
   }
+  return reply_simple(out, TDIST__ST_OK);
+}
+
+/* add: key, u64 delta; the value is a decimal int64 counter. */
+static int exec_add(tdist__kv_t *kv, tdist__rd_t *r, tdist__buf_t *out, tdist__exec_t *x) {
+  const uint8_t *k = NULL;
+  uint32_t kl = 0;
+  uint64_t d;
+  int64_t cur = 0;
+  const char *no;
+  if (tdist__get_key(r, &k, &kl) || tdist__get_u64(r, &d)) BAD("bad key or delta");
+  if (r->off != r->n) BAD("trailing bytes");
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  if (e && e->present && parse_i64(e->val, e->vlen, &cur))
+    return reply_invalid(out, "the key holds a value that is not an int64 counter");
+  cur = (int64_t)((uint64_t)cur + d); /* wraps like torch's TCPStore */
+  char num[32];
+  int len = snprintf(num, sizeof(num), "%" PRId64, cur);
+  if ((no = refused(x, write_cost(kv, k, kl, (uint32_t)len, 0), 13)))
+    return reply_msg(out, TDIST__ST_FULL, no);
+  if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+  if (write_entry(kv, e, num, (uint32_t)len, 0)) return TDIST__EXEC_NOMEM;
+  return reply_u64(out, (uint64_t)cur);
+}
+
+/* compare_set: key, expected, desired; replies the value after. An absent
+ * key matches an empty expected value. */
+static int exec_cas(tdist__kv_t *kv, tdist__rd_t *r, tdist__buf_t *out, tdist__exec_t *x) {
+  const uint8_t *k = NULL, *v = NULL, *v2 = NULL;
+  uint32_t kl = 0, vl = 0, vl2 = 0;
+  const char *no;
+  if (tdist__get_key(r, &k, &kl) || tdist__get_bytes(r, &v, &vl, TDIST_STORE_MAX_VALUE) ||
+      tdist__get_bytes(r, &v2, &vl2, TDIST_STORE_MAX_VALUE))
+    BAD("bad key or values");
+  if (r->off != r->n) BAD("trailing bytes");
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  int match =
+      (e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0;
+  uint64_t after = match ? vl2 : (e && e->present) ? e->vlen : 0;
+  if ((no = refused(x, match ? write_cost(kv, k, kl, vl2, 0) : 0, 9 + after)))
+    return reply_msg(out, TDIST__ST_FULL, no);
+  if (match) {
+    if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+    if (write_entry(kv, e, v2, vl2, 0)) return TDIST__EXEC_NOMEM;
+  }
+  uint32_t cl = (e && e->present) ? e->vlen : 0;
+  RESERVE(9 + cl);
+  size_t f = tdist__frame_begin(out, TDIST__ST_OK);
+  tdist__put_bytes(out, cl ? e->val : NULL, cl);
   tdist__frame_end(out, f);
   return TDIST__EXEC_DONE;
+}
+
+/* check: u32 n + n keys; replies 1 when all are present. */
+static int exec_check(tdist__kv_t *kv, tdist__rd_t *r, tdist__buf_t *out, tdist__exec_t *x) {
+  const uint8_t *k = NULL;
+  uint32_t kl = 0, cnt;
+  uint8_t all = 1;
+  if (tdist__get_u32(r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
+  for (uint32_t i = 0; i < cnt; i++) {
+    if (tdist__get_key(r, &k, &kl)) BAD("bad key");
+    tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+    if (!e || !e->present) all = 0;
+  }
+  if (r->off != r->n) BAD("trailing bytes");
+  return reply_u8(out, all);
+}
+
+/* delete: key; replies whether it existed. An entry with waiters stays as
+ * their placeholder. */
+static int exec_delete(tdist__kv_t *kv, tdist__rd_t *r, tdist__buf_t *out, tdist__exec_t *x) {
+  const uint8_t *k = NULL;
+  uint32_t kl = 0;
+  uint8_t existed = 0;
+  if (tdist__get_key(r, &k, &kl)) BAD("bad key");
+  if (r->off != r->n) BAD("trailing bytes");
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  if (e && e->present) {
+    existed = 1;
+    e->present = 0;
+    e->vlen = 0;
+    kv->npresent--;
+    kv->version++;
+    if (!e->waiters) unlink_entry(kv, e);
+  }
+  return reply_u8(out, existed);
+}
+
+/* multi_set: u32 n + n (key, value). */
+static int exec_multi_set(tdist__kv_t *kv, tdist__rd_t *r, tdist__buf_t *out, tdist__exec_t *x) {
+  const uint8_t *k = NULL, *v = NULL;
+  uint32_t kl = 0, vl = 0, cnt;
+  const char *no;
+  tdist__kv_entry_t *e;
+  if (tdist__get_u32(r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
+  size_t start = r->off;
+  /* Validate everything first so the set is all-or-nothing; its cost is
+   * an upper bound (a key named twice is counted twice). */
+  uint64_t cost = 0;
+  for (uint32_t i = 0; i < cnt; i++) {
+    if (tdist__get_key(r, &k, &kl) || tdist__get_bytes(r, &v, &vl, TDIST_STORE_MAX_VALUE))
+      BAD("bad key or value");
+    cost += write_cost(kv, k, kl, vl, 0);
+  }
+  if (r->off != r->n) BAD("trailing bytes");
+  if ((no = refused(x, cost, 5))) return reply_msg(out, TDIST__ST_FULL, no);
+  r->off = start;
+  for (uint32_t i = 0; i < cnt; i++) {
+    tdist__get_key(r, &k, &kl);
+    tdist__get_bytes(r, &v, &vl, TDIST_STORE_MAX_VALUE);
+    if (!(e = get_or_make(kv, k, kl)) || write_entry(kv, e, v, vl, 0)) return TDIST__EXEC_NOMEM;
+  }
+  return reply_simple(out, TDIST__ST_OK);
 }
 
 int tdist__kv_exec(tdist__kv_t *kv, const uint8_t *body, size_t n, tdist__buf_t *out,
                    tdist__exec_t *x) {
   tdist__rd_t r = {body, n, 0};
   uint8_t op;
-  const uint8_t *k = NULL, *v = NULL, *v2 = NULL;
-  uint32_t kl = 0, vl = 0, vl2 = 0;
-  tdist__kv_entry_t *e;
-  const char *no;
   x->why = NULL;
   if (tdist__get_u8(&r, &op)) BAD("empty message");
   switch (op) {
   case TDIST__OP_GET:
   case TDIST__OP_WAIT:
   case TDIST__OP_MULTI_GET: return exec_waiting(kv, op, &r, out, x);
-
   case TDIST__OP_SET:
-  case TDIST__OP_APPEND:
-    if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
-      BAD("bad key or value");
+  case TDIST__OP_APPEND: return exec_set(kv, op, &r, out, x);
+  case TDIST__OP_ADD: return exec_add(kv, &r, out, x);
+  case TDIST__OP_CAS: return exec_cas(kv, &r, out, x);
+  case TDIST__OP_CHECK: return exec_check(kv, &r, out, x);
+  case TDIST__OP_DELETE: return exec_delete(kv, &r, out, x);
+  case TDIST__OP_NUM_KEYS:
     if (r.off != r.n) BAD("trailing bytes");
-    if ((no = refused(x, write_cost(kv, k, kl, vl, op == TDIST__OP_APPEND), 5)))
-      return reply_msg(out, TDIST__ST_FULL, no);
-    if (!(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
-    switch (write_entry(kv, e, v, vl, op == TDIST__OP_APPEND)) {
-    case -1: return TDIST__EXEC_NOMEM;
-    case -2: return reply_invalid(out, "appended value would exceed TDIST_STORE_MAX_VALUE");
-    }
-    return reply_simple(out, TDIST__ST_OK);
-
-  case TDIST__OP_ADD: {
-    uint64_t d;
-    int64_t cur = 0;
-    if (tdist__get_key(&r, &k, &kl) || tdist__get_u64(&r, &d)) BAD("bad key or delta");
-    if (r.off != r.n) BAD("trailing bytes");
-    e = tdist__kv_find(kv, k, kl);
-    if (e && e->present && parse_i64(e->val, e->vlen, &cur))
-      return reply_invalid(out, "the key holds a value that is not an int64 counter");
-    cur = (int64_t)((uint64_t)cur + d); /* wraps like torch's TCPStore */
-    char num[32];
-    int len = snprintf(num, sizeof(num), "%" PRId64, cur);
-    if ((no = refused(x, write_cost(kv, k, kl, (uint32_t)len, 0), 13)))
-      return reply_msg(out, TDIST__ST_FULL, no);
-    if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
-    if (write_entry(kv, e, num, (uint32_t)len, 0)) return TDIST__EXEC_NOMEM;
-    RESERVE(13);
-    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-    tdist__put_u64(out, (uint64_t)cur);
-    tdist__frame_end(out, f);
-    return TDIST__EXEC_DONE;
-  }
-
-  case TDIST__OP_CAS:
-    if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE) ||
-        tdist__get_bytes(&r, &v2, &vl2, TDIST_STORE_MAX_VALUE))
-      BAD("bad key or values");
-    if (r.off != r.n) BAD("trailing bytes");
-    e = tdist__kv_find(kv, k, kl);
-    {
-      int match =
-          (e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0;
-      uint64_t after = match ? vl2 : (e && e->present) ? e->vlen : 0;
-      if ((no = refused(x, match ? write_cost(kv, k, kl, vl2, 0) : 0, 9 + after)))
-        return reply_msg(out, TDIST__ST_FULL, no);
-    }
-    if ((e && e->present) ? (e->vlen == vl && (vl == 0 || memcmp(e->val, v, vl) == 0)) : vl == 0) {
-      if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
-      if (write_entry(kv, e, v2, vl2, 0)) return TDIST__EXEC_NOMEM;
-    }
-    {
-      uint32_t cl = (e && e->present) ? e->vlen : 0;
-      RESERVE(9 + cl);
-      size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-      tdist__put_bytes(out, cl ? e->val : NULL, cl);
-      tdist__frame_end(out, f);
-    }
-    return TDIST__EXEC_DONE;
-
-  case TDIST__OP_CHECK: {
-    uint32_t cnt;
-    uint8_t all = 1;
-    if (tdist__get_u32(&r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
-    for (uint32_t i = 0; i < cnt; i++) {
-      if (tdist__get_key(&r, &k, &kl)) BAD("bad key");
-      e = tdist__kv_find(kv, k, kl);
-      if (!e || !e->present) all = 0;
-    }
-    if (r.off != r.n) BAD("trailing bytes");
-    RESERVE(6);
-    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-    tdist__put_u8(out, all);
-    tdist__frame_end(out, f);
-    return TDIST__EXEC_DONE;
-  }
-
-  case TDIST__OP_DELETE: {
-    uint8_t existed = 0;
-    if (tdist__get_key(&r, &k, &kl)) BAD("bad key");
-    if (r.off != r.n) BAD("trailing bytes");
-    e = tdist__kv_find(kv, k, kl);
-    if (e && e->present) {
-      existed = 1;
-      e->present = 0;
-      e->vlen = 0;
-      kv->npresent--;
-      kv->version++;
-      if (!e->waiters) unlink_entry(kv, e);
-    }
-    RESERVE(6);
-    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-    tdist__put_u8(out, existed);
-    tdist__frame_end(out, f);
-    return TDIST__EXEC_DONE;
-  }
-
-  case TDIST__OP_NUM_KEYS: {
-    if (r.off != r.n) BAD("trailing bytes");
-    RESERVE(13);
-    size_t f = tdist__frame_begin(out, TDIST__ST_OK);
-    tdist__put_u64(out, (uint64_t)kv->npresent);
-    tdist__frame_end(out, f);
-    return TDIST__EXEC_DONE;
-  }
-
-  case TDIST__OP_MULTI_SET: {
-    uint32_t cnt;
-    if (tdist__get_u32(&r, &cnt) || cnt == 0 || cnt > TDIST__STORE_MAX_KEYS) BAD("bad key count");
-    size_t start = r.off;
-    /* Validate everything first so the set is all-or-nothing; its cost is
-     * an upper bound (a key named twice is counted twice). */
-    uint64_t cost = 0;
-    for (uint32_t i = 0; i < cnt; i++) {
-      if (tdist__get_key(&r, &k, &kl) || tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE))
-        BAD("bad key or value");
-      cost += write_cost(kv, k, kl, vl, 0);
-    }
-    if (r.off != r.n) BAD("trailing bytes");
-    if ((no = refused(x, cost, 5))) return reply_msg(out, TDIST__ST_FULL, no);
-    r.off = start;
-    for (uint32_t i = 0; i < cnt; i++) {
-      tdist__get_key(&r, &k, &kl);
-      tdist__get_bytes(&r, &v, &vl, TDIST_STORE_MAX_VALUE);
-      if (!(e = get_or_make(kv, k, kl)) || write_entry(kv, e, v, vl, 0)) return TDIST__EXEC_NOMEM;
-    }
-    return reply_simple(out, TDIST__ST_OK);
-  }
-
+    return reply_u64(out, (uint64_t)kv->npresent);
+  case TDIST__OP_MULTI_SET: return exec_multi_set(kv, &r, out, x);
   case TDIST__OP_HELLO: BAD("repeated handshake");
   default: BAD("unknown operation");
   }

@@ -371,84 +371,109 @@ static int host_store_on(int mode, int port, int size, tdist_store_server_t **sr
   return tdist_store_server_start(&sv, srv);
 }
 
-int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
+/* What joining takes from the options and the environment. */
+typedef struct {
+  int rank, size, host_store;
+  int64_t timeout;
+  const char *method; /* an init_method URL */
+} join_cfg_t;
+
+static int join_cfg(const tdist_init_opts_t *o, join_cfg_t *c) {
   uint64_t m = o ? o->mask : 0;
-  int rank = 0, size = 0, port = 0, rc;
+  c->timeout = (m & TDIST_INIT_FIELD_TIMEOUT) && o->timeout_ms > 0 ? o->timeout_ms
+                                                                   : tdist__param_TimeoutMs();
+  if (c->timeout <= 0)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "TDIST_TIMEOUT_MS=%" PRId64 " must be > 0",
+                        c->timeout);
+  TDIST_CHECK(resolve_rank_size(o, &c->rank, &c->size));
+  c->method = (m & TDIST_INIT_FIELD_INIT_METHOD) && o->init_method ? o->init_method : "env://";
+  /* env:// with TDIST_STORE_URL (tdistrun --store): the store is that URL. */
+  const char *url = tdist__env_raw("TDIST_STORE_URL");
+  if (strncmp(c->method, "env://", 6) == 0 && url && *url) c->method = url;
+  c->host_store = (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store
+                  : tdist__param_StoreHosted() == 1 ? TDIST_HOST_STORE_NONE
+                                                    : TDIST_HOST_STORE_DEFAULT;
+  if (c->host_store < TDIST_HOST_STORE_NONE || c->host_store > TDIST_HOST_STORE_THREAD)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "tdist_init_opts_t.host_store=%d is not a TDIST_HOST_STORE_* value",
+                        c->host_store);
+  return 0;
+}
+
+/* The store everyone meets on: the one given, or one opened from the init
+ * method, hosted first by rank 0 (*srv or *proc) when asked. */
+static int open_root(const tdist_init_opts_t *o, const join_cfg_t *c, tdist_store_t **root,
+                     tdist_store_server_t **srv, tdist__store_proc_t *proc) {
+  tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = c->timeout};
   char host[256];
+  int port = 0;
+  if (o && (o->mask & TDIST_INIT_FIELD_STORE) && o->store) {
+    *root = o->store;
+    atomic_fetch_add_explicit(&(*root)->refs, 1, memory_order_relaxed);
+    return 0;
+  }
+  if (strncmp(c->method, "file://", 7) == 0 || strncmp(c->method, "etcd://", 7) == 0)
+    return tdist_store_open_url(c->method, &so, root);
+  if (strncmp(c->method, "tcp://", 6) == 0 || strncmp(c->method, "env://", 6) == 0) {
+    TDIST_CHECK(resolve_addr(c->method, host, sizeof(host), &port));
+    if (c->rank == 0 && c->host_store)
+      TDIST_CHECK(host_store_on(c->host_store, port, c->size, srv, proc));
+    return tdist_store_connect(host, port, &so, root);
+  }
+  return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                      "init_method '%s' is not env://, tcp://host:port, "
+                      "file:///path or etcd://host:port[,host:port...][/prefix]",
+                      c->method);
+}
+
+/* 0 when the store dies with rank 0 (a thread of it), else -1 (unknown or
+ * independent: a given store, a file, etcd, a store process). */
+static int store_host(const tdist_init_opts_t *o, const join_cfg_t *c, int hosted_thread) {
+  if (o && (o->mask & TDIST_INIT_FIELD_STORE) && o->store) return -1;
+  if (strncmp(c->method, "file://", 7) == 0 || strncmp(c->method, "etcd://", 7) == 0) return -1;
+  return hosted_thread ? 0 : -1;
+}
+
+/* (caller) One world per process: the record (rdzv, under rdzv_mu) holds
+ * it until tdist__rendezvous_cleanup. */
+int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
+  int rc, thread_host = 0;
+  join_cfg_t c;
   tdist_store_server_t *srv = NULL;
   tdist__store_proc_t proc = {-1};
   tdist_store_t *root = NULL, *view = NULL;
-  int64_t timeout = (m & TDIST_INIT_FIELD_TIMEOUT) && o->timeout_ms > 0 ? o->timeout_ms
-                                                                        : tdist__param_TimeoutMs();
-  if (timeout <= 0)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "TDIST_TIMEOUT_MS=%" PRId64 " must be > 0",
-                        timeout);
-  TDIST_CHECK(resolve_rank_size(o, &rank, &size));
-  const char *method =
-      (m & TDIST_INIT_FIELD_INIT_METHOD) && o->init_method ? o->init_method : "env://";
-  /* env:// with TDIST_STORE_URL (tdistrun --store): the store is that URL. */
-  const char *url = tdist__env_raw("TDIST_STORE_URL");
-  if (strncmp(method, "env://", 6) == 0 && url && *url) method = url;
-  int host_store = (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store
-                   : tdist__param_StoreHosted() == 1 ? TDIST_HOST_STORE_NONE
-                                                     : TDIST_HOST_STORE_DEFAULT;
-  if (host_store < TDIST_HOST_STORE_NONE || host_store > TDIST_HOST_STORE_THREAD)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                        "tdist_init_opts_t.host_store=%d is not a TDIST_HOST_STORE_* value",
-                        host_store);
-  tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = timeout};
-
+  TDIST_CHECK(join_cfg(o, &c));
   pthread_mutex_lock(&rdzv_mu);
   if (rdzv.store) {
-    pthread_mutex_unlock(&rdzv_mu);
-    return tdist__error(TDIST_ERR_INVALID_STATE, "tdist_init_process_group: this process "
-                                                 "already has a world group (destroy it first)");
-  }
-  if ((m & TDIST_INIT_FIELD_STORE) && o->store) {
-    root = o->store;
-    atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
-  } else if (strncmp(method, "file://", 7) == 0 || strncmp(method, "etcd://", 7) == 0) {
-    TDIST_CHECKGOTO(tdist_store_open_url(method, &so, &root), rc, fail);
-  } else if (strncmp(method, "tcp://", 6) == 0 || strncmp(method, "env://", 6) == 0) {
-    TDIST_CHECKGOTO(resolve_addr(method, host, sizeof(host), &port), rc, fail);
-    if (rank == 0 && host_store)
-      TDIST_CHECKGOTO(host_store_on(host_store, port, size, &srv, &proc), rc, fail);
-    TDIST_CHECKGOTO(tdist_store_connect(host, port, &so, &root), rc, fail);
-  } else {
-    rc = tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                      "init_method '%s' is not env://, tcp://host:port, "
-                      "file:///path or etcd://host:port[,host:port...][/prefix]",
-                      method);
+    rc = tdist__error(TDIST_ERR_INVALID_STATE, "tdist_init_process_group: this process "
+                                               "already has a world group (destroy it first)");
     goto fail;
   }
+  TDIST_CHECKGOTO(open_root(o, &c, &root, &srv, &proc), rc, fail);
   TDIST_CHECKGOTO(tdist_store_prefix(root, RDZV_PREFIX, &view), rc, fail);
   /* Whether the store dies with rank 0 (a thread of it), for everyone's
    * monitor (core/inflight.c names rank 0 when it stops answering); written
    * before rank 0 arrives, so every rank reads it once all arrived. */
   if (srv) TDIST_CHECKGOTO(tdist_store_set(view, "thread_host", "0", 1), rc, fail);
-  TDIST_CHECKGOTO(rendezvous(view, rank, size, timeout, out->job, sizeof(out->job)), rc, fail);
-  int thread_host = 0;
-  if (!srv && rank != 0) {
+  TDIST_CHECKGOTO(rendezvous(view, c.rank, c.size, c.timeout, out->job, sizeof(out->job)), rc,
+                  fail);
+  if (!srv && c.rank != 0) {
     const char *k = "thread_host";
     TDIST_CHECKGOTO(tdist_store_check(view, &k, 1, &thread_host), rc, fail);
   }
-  TDIST_INFO(INIT, "rank %d of %d joined on %s", rank, size, tdist_store_address(root));
+  TDIST_INFO(INIT, "rank %d of %d joined on %s", c.rank, c.size, tdist_store_address(root));
   rdzv.server = srv;
   rdzv.proc = proc;
   rdzv.store = view;
-  rdzv.rank = rank;
-  rdzv.size = size;
-  rdzv.timeout_ms = timeout;
+  rdzv.rank = c.rank;
+  rdzv.size = c.size;
+  rdzv.timeout_ms = c.timeout;
   pthread_mutex_unlock(&rdzv_mu);
-  out->store = root;
-  out->rank = rank;
-  out->size = size;
-  out->timeout_ms = timeout;
-  out->store_host = (m & TDIST_INIT_FIELD_STORE) && o->store ? -1
-                    : strncmp(method, "file://", 7) == 0     ? -1
-                    : strncmp(method, "etcd://", 7) == 0     ? -1
-                    : srv || thread_host                     ? 0 /* dies with rank 0 */
-                                                             : -1;
+  out->store = root; /* out->job: rendezvous */
+  out->rank = c.rank;
+  out->size = c.size;
+  out->timeout_ms = c.timeout;
+  out->store_host = store_host(o, &c, srv || thread_host);
   return 0;
 fail:
   pthread_mutex_unlock(&rdzv_mu);
