@@ -1,35 +1,36 @@
 #!/usr/bin/env python3
 """check_layers.py - fail when a lower layer of libtdist calls a higher one.
 
-The layers (docs/architecture.md), bottom first; each may call only its own
-layer and the ones below it:
+The layers are read off the tree, not listed here: every folder of src/ that
+starts a layer holds a file LAYER with one line
 
-    util      src/util/                 allocation, logging, settings, errors, lists, worker
-    store     src/store/                TCP/file store, prefix views, liveness, rendezvous
-    progress  src/core/{progress,wakeup}.c  the loop, the queues, pollers, tickers,
-                                        the wake-up of callers driving their ops
-    work      src/core/work.c           the pool, the states, waiting
-    trace     src/core/trace.c          the flight recorder's ring
-    group     src/core/{context,group,inflight,monitor,services}.c
-    backend   src/cpu/, src/nccl/       through tdist/backend.h (and util/) only
-    ops       src/core/{opcheck,ops,ops_v,mesh,shrink,notify,abi}.c
-    init      src/core/{init,registry}.c  init_process_group, the backends by name
+    <rank> <name> [isolated] [sees=<name>,...] [separate] [may-include=<header>,...]
+
+and each source or header belongs to the layer of the nearest LAYER file
+above it. A layer may call and include its own rank and lower ranks:
+
+    isolated      folders of this layer may not call or include each other
+                  (two backends);
+    sees=a,b      it may include only the headers of the layers named (and its
+                  own folder's and the public tdist/ ones), and call into other
+                  layers only their public tdist_* functions, unless the layer
+                  is named (a backend sees the bottom layer and the services
+                  of tdist/backend.h);
+    separate      not part of libtdist (its own library): it may include only
+                  its own headers and those in may-include=, and nothing of
+                  libtdist may include it.
+
+So a new layer folder, or a third backend, is a folder with a LAYER file;
+this script does not change (docs/architecture.md has the tree).
 
 Three checks:
   0. every global symbol the library defines starts with tdist_ (public) or
      tdist__ (internal), so a static link cannot collide with user code;
   1. symbols: every undefined symbol of an object that another object of the
-     library defines must come from the same layer or a lower one (nm);
-     a backend may not call another backend, and calls the core only
-     through the services of tdist/backend.h (tdist_backend_*) and the
-     public API;
-  2. includes: a file may include only headers of its layer or lower ones;
-     backends include no core/ or store/ header (tdist/backend.h and util/).
-
-Not part of libtdist: src/gpusim/ (libtdist_gpusim.so, the simulated GPU)
-is a library of its own. It may include only its own headers, the CUDA/NCCL
-ABI declarations it shares with the backend (nccl/nccl_api.h) and its public
-header; nothing of libtdist may include it.
+     library defines must come from the same layer or a lower one (nm), and
+     obey isolated and sees=;
+  2. includes: a file may include only headers of its layer or lower ones,
+     and obeys isolated, sees= and separate.
 
 Usage: check_layers.py --src DIR OBJECT...   (exit 0 clean, 1 violations)
 CMake passes the library's objects ($<TARGET_OBJECTS:tdist_obj>), so stale
@@ -41,32 +42,44 @@ import re
 import subprocess
 import sys
 
-ORDER = ["util", "store", "progress", "work", "trace", "group", "backend", "ops", "init"]
-RANK = {name: i for i, name in enumerate(ORDER)}
 
-CORE_FILES = {
-    "progress": "progress", "wakeup": "progress", "work": "work", "trace": "trace",
-    "context": "group", "group": "group", "inflight": "group", "monitor": "group",
-    "ops": "ops", "ops_v": "ops", "opcheck": "ops", "mesh": "ops", "shrink": "ops", "init": "init",
-    "ops_int": "ops", "notify": "ops", "abi": "ops", "services": "group", "registry": "init",
-    # headers
-    "backend": "init",  # the registry (the contract itself is tdist/backend.h)
-}
+class Layer:
+    def __init__(self, folder, line):
+        f = line.split()
+        self.folder, self.rank, self.name = folder, int(f[0]), f[1]
+        flags = dict((x.split("=", 1) + [""])[:2] for x in f[2:])
+        self.isolated = "isolated" in flags
+        self.separate = "separate" in flags
+        self.sees = set(filter(None, flags.get("sees", "").split(","))) if "sees" in flags else None
+        self.may_include = set(filter(None, flags.get("may-include", "").split(",")))
+
+    def __repr__(self):
+        return f"{self.name} ({self.folder}/)"
 
 
-def layer_of(path):
-    """Layer of a source or header path relative to src/ (e.g. core/group.c)."""
-    parts = path.replace("\\", "/").split("/")
-    folder, base = parts[0], os.path.splitext(os.path.splitext(parts[-1])[0])[0]
-    if folder == "util":
-        return "util"
-    if folder == "store":
-        return "store"
-    if folder in ("cpu", "nccl"):
-        return "backend"
-    if folder == "core":
-        return CORE_FILES.get(base)
-    return None
+def read_layers(srcdir):
+    """{folder relative to src/: Layer} for every LAYER file."""
+    layers = {}
+    for root, _, files in os.walk(srcdir):
+        if "LAYER" in files:
+            rel = os.path.relpath(root, srcdir).replace("\\", "/")
+            with open(os.path.join(root, "LAYER"), encoding="utf-8") as f:
+                lines = [x for x in f.read().splitlines() if x.strip() and not x.startswith("#")]
+            if len(lines) != 1:
+                raise SystemExit(f"{rel}/LAYER: one line expected")
+            layers[rel] = Layer(rel, lines[0])
+    return layers
+
+
+def layer_of(layers, path):
+    """The Layer of a path relative to src/ (a/b/file.c), or None."""
+    d = os.path.dirname(path.replace("\\", "/"))
+    while True:
+        if d in layers:
+            return layers[d]
+        if not d:
+            return None
+        d = os.path.dirname(d)
 
 
 def nm_symbols(obj):
@@ -81,7 +94,25 @@ def nm_symbols(obj):
     return defined, undefined
 
 
-def check_symbols(objects):
+def is_public(sym):
+    return sym.startswith("tdist_") and not sym.startswith("tdist__")
+
+
+def check_call(me, them, rel, other, sym):
+    """The violation of `rel` (layer me) calling `sym` of `other` (them), or None."""
+    if them.rank > me.rank:
+        return f"{rel} ({me.name}) calls {sym} of {other} ({them.name}), a higher layer"
+    if them is me:
+        return None
+    if me.isolated and them.name == me.name:
+        return f"{rel} calls {sym} of {other}: {me.name} folders may not call each other"
+    if me.sees is not None and them.name not in me.sees and not is_public(sym):
+        return (f"{rel} calls {sym} of {other} ({them.name}): {me.name} may call only "
+                f"{', '.join(sorted(me.sees))} and the public tdist_* functions")
+    return None
+
+
+def check_symbols(layers, objects):
     objs = {}
     for full in objects:
         rel = full.replace("\\", "/")
@@ -89,89 +120,82 @@ def check_symbols(objects):
         objs[rel] = full
     if not objs:
         return ["no objects given"]
-    owner = {}
-    info = {}
+    owner, info, bad = {}, {}, []
     for rel, full in objs.items():
         d, u = nm_symbols(full)
         info[rel] = (d, u)
         for s in d:
             owner[s] = rel
-    bad = []
     # Hygiene: a static link must not collide with the user's symbols.
     for rel, (defined, _) in sorted(info.items()):
-        for s in sorted(defined):
-            if not s.startswith("tdist_"):
-                bad.append(f"{rel} defines global symbol {s}: internal ones start with tdist__")
+        bad += [f"{rel} defines global symbol {s}: internal ones start with tdist__"
+                for s in sorted(defined) if not s.startswith("tdist_")]
     for rel, (_, undef) in sorted(info.items()):
-        me = layer_of(rel)
+        me = layer_of(layers, re.sub(r"\.o$", "", rel))
         if me is None:
-            bad.append(f"{rel}: not assigned to a layer")
+            bad.append(f"{rel}: not in any layer (no LAYER file above it)")
             continue
         for s in sorted(undef):
-            if s not in owner:
-                continue
-            other = owner[s]
-            them = layer_of(other)
-            if them is None:
-                continue
-            if RANK[them] > RANK[me]:
-                bad.append(f"{rel} ({me}) calls {s} of {other} ({them}), a higher layer")
-            elif me == "backend" and them not in ("util", "backend") and not s.startswith(
-                    "tdist_backend_") and not (s.startswith("tdist_") and not s.startswith("tdist__")):
-                bad.append(f"{rel} calls {s} of {other} ({them}): a backend uses the core only "
-                           f"through the services of tdist/backend.h (tdist_backend_*) and the "
-                           f"public API")
-            elif me == "backend" and them == "backend" and other.split("/")[0] != rel.split("/")[0]:
-                bad.append(f"{rel} calls {s} of another backend ({other})")
+            other = owner.get(s)
+            them = layer_of(layers, re.sub(r"\.o$", "", other)) if other else None
+            if them is not None:
+                v = check_call(me, them, rel, other, s)
+                if v:
+                    bad.append(v)
     return bad
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-# A backend sees the core only through the public, versioned interface
-# (include/tdist/backend.h) and util/: no core/ or store/ header at all.
-BACKEND_MAY_SEE = set()
 
 
-def check_separate(full, rel, folder, allowed):
-    """A separate library in src/<folder>: its own headers and `allowed` only."""
-    text = open(full, encoding="utf-8", errors="replace").read()
-    return [f"{rel} includes {inc}: {folder}/ may include only its own headers and "
-            f"{', '.join(sorted(allowed))}"
-            for inc in INCLUDE.findall(text)
-            if "/" in inc and not inc.startswith(folder + "/") and inc not in allowed
-            and os.path.exists(os.path.join(os.path.dirname(os.path.dirname(full)), inc))]
+def check_include(layers, srcdir, rel, me, inc):
+    """The violation of file `rel` (layer me) including "inc", or None."""
+    if inc.startswith("tdist/") and not me.separate:
+        return None  # the public API: anyone
+    if not os.path.exists(os.path.join(srcdir, inc)):
+        return None  # a system or build-tree header
+    them = layer_of(layers, inc)
+    if them is None:
+        return f"{rel} includes {inc}, which is in no layer"
+    if me.separate:
+        if them is me or inc in me.may_include:
+            return None
+        return (f"{rel} includes {inc}: {me.folder}/ may include only its own headers and "
+                f"{', '.join(sorted(me.may_include))}")
+    if them.separate:
+        return f"{rel} includes {inc}: {them.folder}/ is not part of libtdist"
+    if them.rank > me.rank:
+        return f"{rel} ({me.name}) includes {inc} ({them.name}), a higher layer"
+    if them is me:
+        return None
+    if me.isolated and them.name == me.name:
+        return f"{rel} includes {inc}: {me.name} folders may not include each other"
+    if me.sees is not None and them.name not in me.sees:
+        return (f"{rel} includes {inc}: {me.name} sees only "
+                f"{', '.join(sorted(me.sees))} and the public tdist/ headers")
+    return None
 
 
-def check_includes(srcdir):
+def check_includes(layers, srcdir):
     bad = []
     for root, _, files in os.walk(srcdir):
-        for name in files:
+        for name in sorted(files):
             if not name.endswith((".c", ".h")):
                 continue
             full = os.path.join(root, name)
-            rel = os.path.relpath(full, srcdir)
-            if rel.startswith("gpusim" + os.sep):
-                bad += check_separate(full, rel, "gpusim", {"nccl/nccl_api.h", "tdist/gpusim.h"})
-                continue
-            me = layer_of(rel)
+            rel = os.path.relpath(full, srcdir).replace("\\", "/")
+            me = layer_of(layers, rel)
             if me is None:
-                bad.append(f"{rel}: not assigned to a layer")
+                bad.append(f"{rel}: not in any layer (no LAYER file above it)")
                 continue
             text = open(full, encoding="utf-8", errors="replace").read()
             for inc in INCLUDE.findall(text):
-                if inc.startswith("gpusim/"):
-                    bad.append(f"{rel} includes {inc}: the simulated GPU is not part of libtdist")
+                # the public headers live in include/, next to src/
+                if inc.startswith("tdist/") and me.separate and inc in me.may_include:
                     continue
-                if inc.startswith("tdist/"):
-                    continue  # the public API: anyone
-                them = layer_of(inc)
-                if them is None:
-                    continue  # a file-local header (e.g. cpu/cpu.h is "backend")
-                if me == "backend" and inc.split("/")[0] in ("core", "store"):
-                    bad.append(f"{rel} includes {inc}: backends see the core only through "
-                               f"tdist/backend.h (and util/)")
-                elif RANK[them] > RANK[me]:
-                    bad.append(f"{rel} ({me}) includes {inc} ({them}), a higher layer")
+                v = check_include(layers, srcdir, rel, me, inc)
+                if v:
+                    bad.append(v)
     return bad
 
 
@@ -180,10 +204,11 @@ def main():
     ap.add_argument("--src", required=True, help="the src/ directory")
     ap.add_argument("objects", nargs="+", help="the library's object files")
     a = ap.parse_args()
-    bad = check_symbols(a.objects) + check_includes(a.src)
+    layers = read_layers(a.src)
+    bad = check_symbols(layers, a.objects) + check_includes(layers, a.src)
     for b in bad:
         print("layering violation:", b)
-    print(f"check_layers: {len(bad)} violation(s)")
+    print(f"check_layers: {len(layers)} layer folders, {len(bad)} violation(s)")
     return 1 if bad else 0
 
 

@@ -12,7 +12,7 @@
  */
 #include "bench_complat_peek.h"
 
-#include "core/work.h"
+#include "core/work/work.h"
 #include "nccl/nccl_backend.h"
 
 void *complat_work_end_event(tdist_work_t *w) { return (void *)tdist__nccl_op(&w->bop)->end; }

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "util/alloc.h"
-#include "core/work.h"
+#include "core/work/work.h"
 #include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"

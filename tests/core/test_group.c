@@ -11,8 +11,8 @@
 
 #include <cmocka.h>
 
-#include "core/group.h"
-#include "core/progress.h"
+#include "core/group/group.h"
+#include "core/progress/progress.h"
 #include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"

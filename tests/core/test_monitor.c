@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "util/clock.h"
-#include "core/group.h"
+#include "core/group/group.h"
 #include "mp.h"
 #include "tb_world.h"
 #include "test_backend.h"

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "util/clock.h"
-#include "core/group.h"
+#include "core/group/group.h"
 #include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"

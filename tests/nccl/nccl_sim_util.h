@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/init/registry.h"
 #include "gpusim/api.h"
 #include "mp.h"
 #include "tdist/gpusim.h"

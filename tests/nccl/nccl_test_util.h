@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/init/registry.h"
 #include "fake_nccl.h"
 #include "mp.h"
 #include "tdist/tdist.h"

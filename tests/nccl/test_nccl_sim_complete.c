@@ -1,6 +1,6 @@
 /*
  * test_nccl_sim_complete.c - caller-observed completion on the NCCL backend
- * (src/core/work.c, backend.h vtable->test), on the simulated GPU.
+ * (src/core/work/work.c, backend.h vtable->test), on the simulated GPU.
  *
  * A thread that waits on an NCCL op, or tests it, sees its end event
  * complete itself and publishes the success, without the progress thread;

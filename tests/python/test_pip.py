@@ -94,6 +94,6 @@ def test_wheel_for_an_installed_library_and_the_sdist(tmp_path, monkeypatch):
         names = t.getnames()
     base = sd[:-len(".tar.gz")]
     for need in ("pyproject.toml", "_build/tdist_build.py", "tdist/_lib.py", "PKG-INFO",
-                 "csrc/CMakeLists.txt", "csrc/include/tdist/tdist.h", "csrc/src/core/notify.c",
+                 "csrc/CMakeLists.txt", "csrc/include/tdist/tdist.h", "csrc/src/core/ops/notify.c",
                  "csrc/tools/launcher/main.c"):
         assert f"{base}/{need}" in names, need

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "core/backend.h"
-#include "core/group.h"
+#include "core/init/registry.h"
+#include "core/group/group.h"
 #include "mp.h"
 #include "test_backend.h"
 

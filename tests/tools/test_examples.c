@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
+#include "core/init/registry.h"
 #include "run_util.h"
 
 #define RUN_TIMEOUT 120

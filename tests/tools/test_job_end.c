@@ -31,7 +31,7 @@
 
 #include <cmocka.h>
 
-#include "core/backend.h"
+#include "core/init/registry.h"
 #include "mp.h"
 #include "run_util.h"
 #include "tdist/tdist.h"

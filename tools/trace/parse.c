@@ -1,7 +1,7 @@
 /*
  * parse.c - reads one flight-recorder dump with json-c.
  *
- * A dump is JSON Lines (write_dump() in src/core/trace.c): line 1 is the
+ * A dump is JSON Lines (write_dump() in src/core/trace/trace.c): line 1 is the
  * meta line (the group, the writing process, the ring's window, how many
  * entry lines follow), then one entry object per line, oldest first. Each
  * line is parsed on its own by a strict json-c tokener, so an error names

@@ -5,7 +5,7 @@
  * The tool is a plain single-threaded program that does not link the tdist
  * library: it must run wherever the dump files were copied to.
  *
- *   parse.c    reads one dump file (JSON Lines written by src/core/trace.c)
+ *   parse.c    reads one dump file (JSON Lines written by src/core/trace/trace.c)
  *              into a tt_dump_t with json-c, line by line.
  *   analyze.c  groups dumps by group uid, checks membership, finds the first
  *              divergence / stall / failure of each group, prints the report.

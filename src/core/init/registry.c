@@ -24,7 +24,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "core/backend.h"
+#include "core/init/registry.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/param.h"

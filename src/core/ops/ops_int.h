@@ -7,8 +7,8 @@
 #ifndef TDIST_CORE_OPS_INT_H
 #define TDIST_CORE_OPS_INT_H
 
-#include "core/group.h"
-#include "core/opcheck.h"
+#include "core/group/group.h"
+#include "core/ops/opcheck.h"
 
 /* ops.c: a work from the pool, the backend's submit hook, the push; waits
  * when out is NULL (the blocking form). `a` was validated (tdist__op_check). */

@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/group.h"
+#include "core/group/group.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/param.h"

@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "core/ops_int.h"
+#include "core/ops/ops_int.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"

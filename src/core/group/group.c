@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/group.h"
+#include "core/group/group.h"
 #include "store/store_impl.h"
 #include "util/alloc.h"
 #include "util/clock.h"

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/group.h"
-#include "core/ops_int.h"
+#include "core/group/group.h"
+#include "core/ops/ops_int.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"

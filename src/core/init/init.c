@@ -10,8 +10,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "core/backend.h"
-#include "core/group.h"
+#include "core/init/registry.h"
+#include "core/group/group.h"
 #include "store/rendezvous.h"
 #include "util/error.h"
 #include "util/param.h"

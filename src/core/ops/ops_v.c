@@ -11,7 +11,7 @@
  * which stay valid until completion, so submission allocates nothing, and
  * the backends read them while the op runs (core/backend.h).
  */
-#include "core/ops_int.h"
+#include "core/ops/ops_int.h"
 #include "util/error.h"
 
 int tdist_all_to_all_v(tdist_group_t *g, const void *sendbuf, const size_t *send_counts,

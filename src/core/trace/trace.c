@@ -12,7 +12,7 @@
  * ring's window), then one line per record, oldest first. A reader of a cut
  * file loses only the line that was cut.
  */
-#include "core/trace.h"
+#include "core/trace/trace.h"
 
 #include <errno.h>
 #include <stdatomic.h>

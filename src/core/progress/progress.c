@@ -35,7 +35,7 @@
  * Everything in struct tdist_progress below `queue`/`sleeping` is owned by
  * the progress thread; `refs` by global_mu.
  */
-#include "core/progress.h"
+#include "core/progress/progress.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/opcheck.h"
+#include "core/ops/opcheck.h"
 #include "util/error.h"
 #include "util/memkind.h"
 

@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #include "tdist/backend.h"
-#include "core/progress.h"
+#include "core/progress/progress.h"
 #include "store/bootstrap.h"
 #include "util/error.h"
 #include "util/log.h"

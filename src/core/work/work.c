@@ -32,7 +32,7 @@
  * work is still QUEUED; a success claimed then stays (tdist__work_running
  * moves only QUEUED to RUNNING).
  */
-#include "core/work.h"
+#include "core/work/work.h"
 
 #include <assert.h>
 #include <errno.h>

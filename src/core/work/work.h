@@ -25,7 +25,7 @@
 #include <stdatomic.h>
 
 #include "tdist/backend.h"
-#include "core/progress.h"
+#include "core/progress/progress.h"
 #include "tdist/tdist.h"
 #include "util/list.h"
 

@@ -18,7 +18,7 @@
  * `next`, `last_snap_ms` and `last_ok_ms` are the monitor thread's,
  * `hb_conn` the heartbeat thread's (after start).
  */
-#include "core/monitor.h"
+#include "core/group/monitor.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -41,7 +41,7 @@
 
 #include <string.h>
 
-#include "core/group.h"
+#include "core/group/group.h"
 
 /* A zeroed descriptor of `type` with the options' scalar, stream and tag. */
 static inline void tdist__op_desc_init(tdist_backend_args_t *a, tdist_optype_t type,

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "core/work.h"
+#include "core/work/work.h"
 
 typedef struct tdist__trace_rec {
   uint64_t seq;

@@ -20,10 +20,10 @@
 #include <stdint.h>
 
 #include "tdist/backend.h"
-#include "core/monitor.h"
-#include "core/progress.h"
-#include "core/trace.h"
-#include "core/work.h"
+#include "core/group/monitor.h"
+#include "core/progress/progress.h"
+#include "core/trace/trace.h"
+#include "core/work/work.h"
 
 /* tdist_group_t.abort_cb_state. A callback is taken (REGISTERED -> TAKEN)
  * by the one thread that runs it; destroy closes the slot (-> CLOSED), so

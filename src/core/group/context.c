@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/group.h"
+#include "core/group/group.h"
 #include "store/rendezvous.h"
 #include "store/store_impl.h"
 #include "util/alloc.h"

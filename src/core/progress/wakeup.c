@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/progress.h"
+#include "core/progress/progress.h"
 #include "util/clock.h"
 
 static _Atomic uint32_t gen;
