@@ -438,7 +438,7 @@ static int store_host(const tdist_init_opts_t *o, const join_cfg_t *c, int hoste
  * it until tdist__rendezvous_cleanup. */
 int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   int rc, thread_host = 0;
-  join_cfg_t c;
+  join_cfg_t c = {0};
   tdist_store_server_t *srv = NULL;
   tdist__store_proc_t proc = {-1};
   tdist_store_t *root = NULL, *view = NULL;
