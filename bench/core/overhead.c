@@ -1,7 +1,7 @@
 /*
  * overhead.c - what the runtime itself costs per op.
  *
- * A backend that completes every op at once (tests/support/test_backend.c)
+ * A backend that completes every op at once (tests/plugins/test_backend.c, compiled in and registered)
  * leaves only tdist's part: validate, take a handle from the pool, hand it to
  * the progress thread, post, finish, wake or let the caller observe it,
  * release. Rows:

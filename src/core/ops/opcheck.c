@@ -190,143 +190,164 @@ static int check_batch(tdist_group_t *g, const tdist_backend_args_t *a, const ch
   return 0;
 }
 
+/* 2-4: dtype, reduction, root or peer. */
+static int check_scalars(tdist_group_t *g, const tdist_backend_args_t *a, unsigned props,
+                         const char *fn) {
+  TDIST_CHECK(check_dtype(g, a->dtype, fn));
+  if (props & TDIST_BACKEND_OP_REDUCING) TDIST_CHECK(check_redop(g, a->redop, a->dtype, fn));
+  if (props & TDIST_BACKEND_OP_ROOTED) TDIST_CHECK(check_rank(g, a->root, "root", fn));
+  if (!(props & TDIST_BACKEND_OP_PEER)) return 0;
+  int recv = a->type == TDIST_OP_RECV;
+  if (recv && a->root == TDIST_ANY_SOURCE)
+    TDIST_CHECK(check_any(g, "TDIST_ANY_SOURCE", fn));
+  else
+    TDIST_CHECK(check_rank(g, a->root, "peer", fn));
+  if (recv && a->tag == TDIST_ANY_TAG) return check_any(g, "TDIST_ANY_TAG", fn);
+  if (a->tag < 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a->tag);
+  return 0;
+}
+
+/* What step 5 finds: the elements this rank reads from sendbuf (sn) and
+ * writes to recvbuf (rn), 0 where it does not use the buffer, the buffers'
+ * names for messages, and the op's in-place form (ip, off, form). */
+typedef struct span {
+  size_t sn, rn, off;
+  int ip;
+  const char *sname, *rname, *form;
+} span_t;
+
+/* 5, the fixed ops with two buffers. */
+static int span_fixed(tdist_group_t *g, const tdist_backend_args_t *a, size_t es, int is_root,
+                      span_t *sp, const char *fn) {
+  const size_t n = (size_t)g->size, c = a->count;
+  const int t = a->type, by_rank = t == TDIST_OP_ALL_GATHER || t == TDIST_OP_REDUCE_SCATTER;
+  size_t elems;
+  int reduce = t == TDIST_OP_ALL_REDUCE || t == TDIST_OP_REDUCE;
+  TDIST_CHECK(check_count(c, reduce ? 1 : n, es, &elems, fn));
+  /* the block the in-place form puts at this rank's or the root's place */
+  sp->off = (size_t)(by_rank ? g->rank : a->root) * c;
+  switch (t) {
+  case TDIST_OP_ALL_REDUCE:
+  case TDIST_OP_REDUCE:
+    sp->sn = c, sp->rn = is_root ? c : 0, sp->ip = IP_SAME, sp->off = 0;
+    if (t == TDIST_OP_REDUCE) sp->rname = "recvbuf (on root)";
+    sp->form = "sendbuf == recvbuf";
+    return 0;
+  case TDIST_OP_ALL_GATHER:
+    sp->sn = c, sp->rn = elems, sp->ip = IP_SEND_IN_RECV;
+    sp->form = "sendbuf == recvbuf + rank * count elements";
+    return 0;
+  case TDIST_OP_GATHER:
+    sp->sn = c, sp->rn = is_root ? elems : 0, sp->ip = IP_SEND_IN_RECV;
+    sp->rname = "recvbuf (on root)";
+    sp->form = "sendbuf == recvbuf + root * count elements, on root";
+    return 0;
+  case TDIST_OP_SCATTER:
+    sp->sn = is_root ? elems : 0, sp->rn = c, sp->ip = IP_RECV_IN_SEND;
+    sp->sname = "sendbuf (on root)";
+    sp->form = "recvbuf == sendbuf + root * count elements, on root";
+    return 0;
+  case TDIST_OP_REDUCE_SCATTER:
+    sp->sn = elems, sp->rn = c, sp->ip = IP_RECV_IN_SEND;
+    sp->form = "recvbuf == sendbuf + rank * count elements";
+    return 0;
+  default: /* TDIST_OP_ALL_TO_ALL: no in-place form */
+    sp->sn = sp->rn = elems, sp->off = 0;
+    return 0;
+  }
+}
+
+/* 5, all_gather_v and gather_v: this rank's block, then (where the receive
+ * side is read) the receive arrays, which must agree with it. */
+static int span_gather_v(tdist_group_t *g, tdist_backend_args_t *a, size_t es, int is_root,
+                         span_t *sp, const char *fn) {
+  size_t elems;
+  const int rank = g->rank, gather = a->type == TDIST_OP_GATHER_V;
+  TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
+  sp->sn = a->count;
+  if (!is_root) { /* gather_v off root: the receive side is not read */
+    a->rcounts = a->rdispls = NULL;
+    return 0;
+  }
+  TDIST_CHECK(extent(g, a->rcounts, a->rdispls, es, "recv_counts", fn, &sp->rn, NULL));
+  if (a->rcounts[rank] != a->count)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: recv_counts[%d] = %zu but this rank's send_count is %zu", fn, rank,
+                        a->rcounts[rank], a->count);
+  sp->ip = IP_SEND_IN_RECV;
+  sp->off = block_at(a->rdispls, a->rcounts, gather ? a->root : rank);
+  if (gather) sp->rname = "recvbuf (on root)";
+  sp->form = gather ? "sendbuf == recvbuf + recv_displs[root] elements, on root"
+                    : "sendbuf == recvbuf + recv_displs[rank] elements";
+  return 0;
+}
+
+/* 5, scatter_v: this rank's block, then (on root) the send arrays. */
+static int span_scatter_v(tdist_group_t *g, tdist_backend_args_t *a, size_t es, int is_root,
+                          span_t *sp, const char *fn) {
+  size_t elems;
+  TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
+  sp->rn = a->count;
+  if (!is_root) { /* off root: the send side is not read */
+    a->scounts = a->sdispls = NULL;
+    return 0;
+  }
+  TDIST_CHECK(extent(g, a->scounts, a->sdispls, es, "send_counts", fn, &sp->sn, NULL));
+  if (a->scounts[g->rank] != a->count)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
+                        "%s: send_counts[%d] = %zu but root's recv_count is %zu", fn, g->rank,
+                        a->scounts[g->rank], a->count);
+  sp->sname = "sendbuf (on root)";
+  sp->ip = IP_RECV_IN_SEND;
+  sp->off = block_at(a->sdispls, a->scounts, g->rank);
+  sp->form = "recvbuf == sendbuf + send_displs[root] elements, on root";
+  return 0;
+}
+
+/* 5, the v-ops. */
+static int span_v(tdist_group_t *g, tdist_backend_args_t *a, size_t es, int is_root, span_t *sp,
+                  const char *fn) {
+  switch (a->type) {
+  case TDIST_OP_ALL_TO_ALL_V:
+    TDIST_CHECK(extent(g, a->scounts, a->sdispls, es, "send_counts", fn, &sp->sn, &a->count));
+    return extent(g, a->rcounts, a->rdispls, es, "recv_counts", fn, &sp->rn, NULL);
+  case TDIST_OP_ALL_GATHER_V:
+  case TDIST_OP_GATHER_V: return span_gather_v(g, a, es, is_root, sp, fn);
+  case TDIST_OP_SCATTER_V: return span_scatter_v(g, a, es, is_root, sp, fn);
+  default: /* TDIST_OP_REDUCE_SCATTER_V */
+    TDIST_CHECK(extent(g, a->rcounts, NULL, es, "recv_counts", fn, &sp->sn, NULL));
+    sp->rn = a->count = a->rcounts[g->rank];
+    sp->ip = IP_RECV_IN_SEND;
+    sp->off = block_at(NULL, a->rcounts, g->rank);
+    sp->form = "recvbuf == sendbuf + (recv_counts[0] + ... + recv_counts[rank-1]) elements";
+    return 0;
+  }
+}
+
 int tdist__op_check(tdist_group_t *g, tdist_backend_args_t *a, const char *fn) {
   const tdist_optype_t t = a->type;
   const unsigned props = tdist_backend_op_props(t);
   TDIST_CHECK(check_group(g, t, fn));
   if (t == TDIST_OP_BARRIER) return 0; /* no buffers */
   if (t == TDIST_OP_BATCH_P2P) return check_batch(g, a, fn);
-
-  /* 2-4: dtype, reduction, root or peer */
-  TDIST_CHECK(check_dtype(g, a->dtype, fn));
-  if (props & TDIST_BACKEND_OP_REDUCING) TDIST_CHECK(check_redop(g, a->redop, a->dtype, fn));
-  if (props & TDIST_BACKEND_OP_ROOTED) TDIST_CHECK(check_rank(g, a->root, "root", fn));
-  if (props & TDIST_BACKEND_OP_PEER) {
-    int recv = t == TDIST_OP_RECV;
-    if (recv && a->root == TDIST_ANY_SOURCE)
-      TDIST_CHECK(check_any(g, "TDIST_ANY_SOURCE", fn));
-    else
-      TDIST_CHECK(check_rank(g, a->root, "peer", fn));
-    if (recv && a->tag == TDIST_ANY_TAG)
-      TDIST_CHECK(check_any(g, "TDIST_ANY_TAG", fn));
-    else if (a->tag < 0)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: tag %d < 0", fn, a->tag);
-  }
-
-  /* 5: sizes. sn / rn: the elements this rank reads from sendbuf / writes
-   * to recvbuf (0 where it does not use the buffer); ip, off, form: the
-   * op's in-place form. */
-  const size_t es = tdist_dtype_size(a->dtype), n = (size_t)g->size;
-  const int rank = g->rank, is_root = !(props & TDIST_BACKEND_OP_ROOTED) || rank == a->root;
-  size_t sn = 0, rn = 0, off = 0, elems;
-  int ip = IP_NONE;
-  const char *sname = "sendbuf", *rname = "recvbuf", *form = NULL;
-  switch (t) {
-  case TDIST_OP_BROADCAST:
-  case TDIST_OP_SEND:
-  case TDIST_OP_RECV: /* one buffer */
+  if ((unsigned)t >= TDIST_OPTYPE_COUNT)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown op %d", fn, (int)t);
+  TDIST_CHECK(check_scalars(g, a, props, fn));
+  const size_t es = tdist_dtype_size(a->dtype);
+  size_t elems;
+  if (t == TDIST_OP_BROADCAST || t == TDIST_OP_SEND || t == TDIST_OP_RECV) { /* one buffer */
     TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
     return check_buf(g, t == TDIST_OP_SEND ? a->sendbuf : a->recvbuf, a->count, "buf", fn);
-  case TDIST_OP_ALL_REDUCE:
-  case TDIST_OP_REDUCE:
-    TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
-    sn = a->count;
-    rn = is_root ? a->count : 0;
-    if (t == TDIST_OP_REDUCE) rname = "recvbuf (on root)";
-    ip = IP_SAME;
-    form = "sendbuf == recvbuf";
-    break;
-  case TDIST_OP_ALL_GATHER:
-  case TDIST_OP_GATHER:
-    TDIST_CHECK(check_count(a->count, n, es, &elems, fn));
-    sn = a->count;
-    rn = is_root ? elems : 0;
-    ip = IP_SEND_IN_RECV;
-    if (t == TDIST_OP_ALL_GATHER) {
-      off = (size_t)rank * a->count;
-      form = "sendbuf == recvbuf + rank * count elements";
-    } else {
-      off = (size_t)a->root * a->count;
-      rname = "recvbuf (on root)";
-      form = "sendbuf == recvbuf + root * count elements, on root";
-    }
-    break;
-  case TDIST_OP_SCATTER:
-    TDIST_CHECK(check_count(a->count, n, es, &elems, fn));
-    sn = is_root ? elems : 0;
-    rn = a->count;
-    sname = "sendbuf (on root)";
-    ip = IP_RECV_IN_SEND;
-    off = (size_t)a->root * a->count;
-    form = "recvbuf == sendbuf + root * count elements, on root";
-    break;
-  case TDIST_OP_REDUCE_SCATTER:
-    TDIST_CHECK(check_count(a->count, n, es, &elems, fn));
-    sn = elems;
-    rn = a->count;
-    ip = IP_RECV_IN_SEND;
-    off = (size_t)rank * a->count;
-    form = "recvbuf == sendbuf + rank * count elements";
-    break;
-  case TDIST_OP_ALL_TO_ALL:
-    TDIST_CHECK(check_count(a->count, n, es, &elems, fn));
-    sn = rn = elems;
-    break;
-  case TDIST_OP_ALL_TO_ALL_V:
-    TDIST_CHECK(extent(g, a->scounts, a->sdispls, es, "send_counts", fn, &sn, &a->count));
-    TDIST_CHECK(extent(g, a->rcounts, a->rdispls, es, "recv_counts", fn, &rn, NULL));
-    break;
-  case TDIST_OP_ALL_GATHER_V:
-  case TDIST_OP_GATHER_V:
-    TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
-    sn = a->count;
-    if (!is_root) { /* gather_v off root: the receive side is not read */
-      a->rcounts = a->rdispls = NULL;
-      break;
-    }
-    TDIST_CHECK(extent(g, a->rcounts, a->rdispls, es, "recv_counts", fn, &rn, NULL));
-    if (a->rcounts[rank] != a->count)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                          "%s: recv_counts[%d] = %zu but this rank's send_count is %zu", fn, rank,
-                          a->rcounts[rank], a->count);
-    ip = IP_SEND_IN_RECV;
-    off = block_at(a->rdispls, a->rcounts, t == TDIST_OP_GATHER_V ? a->root : rank);
-    if (t == TDIST_OP_GATHER_V) {
-      rname = "recvbuf (on root)";
-      form = "sendbuf == recvbuf + recv_displs[root] elements, on root";
-    } else {
-      form = "sendbuf == recvbuf + recv_displs[rank] elements";
-    }
-    break;
-  case TDIST_OP_SCATTER_V:
-    TDIST_CHECK(check_count(a->count, 1, es, &elems, fn));
-    rn = a->count;
-    if (!is_root) { /* off root: the send side is not read */
-      a->scounts = a->sdispls = NULL;
-      break;
-    }
-    TDIST_CHECK(extent(g, a->scounts, a->sdispls, es, "send_counts", fn, &sn, NULL));
-    if (a->scounts[rank] != a->count)
-      return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
-                          "%s: send_counts[%d] = %zu but root's recv_count is %zu", fn, rank,
-                          a->scounts[rank], a->count);
-    sname = "sendbuf (on root)";
-    ip = IP_RECV_IN_SEND;
-    off = block_at(a->sdispls, a->scounts, rank);
-    form = "recvbuf == sendbuf + send_displs[root] elements, on root";
-    break;
-  case TDIST_OP_REDUCE_SCATTER_V:
-    TDIST_CHECK(extent(g, a->rcounts, NULL, es, "recv_counts", fn, &sn, NULL));
-    rn = a->count = a->rcounts[rank];
-    ip = IP_RECV_IN_SEND;
-    off = block_at(NULL, a->rcounts, rank);
-    form = "recvbuf == sendbuf + (recv_counts[0] + ... + recv_counts[rank-1]) elements";
-    break;
-  default: return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: unknown op %d", fn, (int)t);
   }
-
+  const int is_root = !(props & TDIST_BACKEND_OP_ROOTED) || g->rank == a->root;
+  span_t sp = {0, 0, 0, IP_NONE, "sendbuf", "recvbuf", NULL};
+  if (props & TDIST_BACKEND_OP_V)
+    TDIST_CHECK(span_v(g, a, es, is_root, &sp, fn));
+  else
+    TDIST_CHECK(span_fixed(g, a, es, is_root, &sp, fn));
   /* 6, 7: buffers, overlap */
-  TDIST_CHECK(check_buf(g, a->sendbuf, sn, sname, fn));
-  TDIST_CHECK(check_buf(g, a->recvbuf, rn, rname, fn));
-  return check_overlap(a->sendbuf, sn * es, a->recvbuf, rn * es, ip, off * es, form, fn);
+  TDIST_CHECK(check_buf(g, a->sendbuf, sp.sn, sp.sname, fn));
+  TDIST_CHECK(check_buf(g, a->recvbuf, sp.rn, sp.rname, fn));
+  return check_overlap(a->sendbuf, sp.sn * es, a->recvbuf, sp.rn * es, sp.ip, sp.off * es, sp.form,
+                       fn);
 }
