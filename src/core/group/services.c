@@ -49,11 +49,13 @@ int64_t tdist_backend_param_int(const char *name, int64_t dflt) {
 }
 
 int tdist_backend_error(int code, const char *fmt, ...) {
-  char text[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof(text), fmt ? fmt : "", ap);
-  va_end(ap);
+  char text[512] = "";
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+  }
   return tdist__error(code, "%s", text);
 }
 
