@@ -156,6 +156,13 @@ int tdist_group_global_rank(const tdist_group_t *group, int rank);
 /* The group's name, and its backend's ("cpu", "nccl"). */
 const char *tdist_group_name(const tdist_group_t *group);
 const char *tdist_group_backend(const tdist_group_t *group);
+/*
+ * tdist_group_device_memory - 1 if the group's backend takes CUDA device
+ * buffers only (NCCL), 0 if it takes host memory (the CPU backend, a
+ * plug-in that declares host memory), -1 for NULL. Bindings use it to
+ * check a buffer's kind before the call. Thread: any.
+ */
+int tdist_group_device_memory(const tdist_group_t *group);
 /* The group's default op timeout in milliseconds; settable at any time. */
 int64_t tdist_group_timeout(const tdist_group_t *group);
 int tdist_group_set_timeout(tdist_group_t *group, int64_t timeout_ms);

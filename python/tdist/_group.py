@@ -26,7 +26,8 @@ class ProcessGroup:
         self.name = C.group_name(ptr).decode()
         self.ranks = tuple(C.group_global_rank(ptr, i) for i in range(self._size))
         self._of_world = {w: i for i, w in enumerate(self.ranks)}
-        self.device = self.backend != "cpu"  # device memory (NCCL) or host memory
+        # device memory (NCCL) or host memory (CPU, a plug-in): the backend says
+        self.device = C.group_device_memory(ptr) == 1
 
     def rank(self):
         return self._rank

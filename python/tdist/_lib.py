@@ -158,6 +158,7 @@ _FUNCS = {
     "tdist_group_global_rank": (I, [P, I]),
     "tdist_group_name": (S, [P]),
     "tdist_group_backend": (S, [P]),
+    "tdist_group_device_memory": (I, [P]),
     "tdist_group_timeout": (I64, [P]),
     "tdist_group_set_timeout": (I, [P, I64]),
     "tdist_group_abort": (I, [P, S]),

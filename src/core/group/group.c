@@ -361,6 +361,12 @@ int tdist_group_size(const tdist_group_t *g) { return g ? g->size : -1; }
 const char *tdist_group_name(const tdist_group_t *g) { return g ? g->name : ""; }
 const char *tdist_group_backend(const tdist_group_t *g) { return g ? g->bk->name : ""; }
 
+int tdist_group_device_memory(const tdist_group_t *g) {
+  if (!g) return -1;
+  return !(g->bk->caps.mem & TDIST_BACKEND_MEM_HOST) &&
+         (g->bk->caps.mem & TDIST_BACKEND_MEM_DEVICE);
+}
+
 int tdist_group_global_rank(const tdist_group_t *g, int rank) {
   return (g && rank >= 0 && rank < g->size) ? g->global_ranks[rank] : -1;
 }

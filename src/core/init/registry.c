@@ -117,9 +117,22 @@ static int default_dir(char *out, size_t cap) {
   return n > 0 && (size_t)n < cap;
 }
 
+/* The services a plug-in calls resolve in the process's global scope. A
+ * libtdist.so that was opened RTLD_LOCAL (Python's ctypes does) is not in
+ * it: put the copy already loaded there (RTLD_NOLOAD loads nothing; the
+ * extra reference is dropped again). A program linked with the static
+ * library exports them itself (tdist/backend.h). */
+static void services_global(void) {
+  Dl_info info;
+  if (!dladdr((void *)services_global, &info) || !info.dli_fname) return;
+  void *self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+  if (self) dlclose(self);
+}
+
 /* Load `file` as the plug-in for `name`: 0 with *out set, or an error
  * naming the file. */
 static int load_one(const char *file, const char *name, const tdist_backend_t **out) {
+  services_global();
   void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
   if (!h) return tdist__error(TDIST_ERR_NOT_SUPPORTED, "backend plug-in %s: %s", file, dlerror());
   const tdist_backend_t *(*entry)(void) = NULL;
