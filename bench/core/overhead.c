@@ -1,18 +1,14 @@
 /*
  * overhead.c - what the runtime itself costs per op.
  *
- * A backend that completes every op at once (tests/plugins/test_backend.c, compiled in and registered)
- * leaves only tdist's part: validate, take a handle from the pool, hand it to
- * the progress thread, post, finish, wake or let the caller observe it,
- * release. Rows:
- *   pipelined  each thread keeps a window of 64 ops in flight (submit 64,
- *              wait for all, release all); ns/op = wall time / ops, i.e. the
- *              throughput cost, at 1 and 4 submitting threads;
- *   roundtrip  one op at a time (submit, wait, release): latency;
- *   polled     pipelined, but completion comes from the backend poll path
- *              (as NCCL's event queries do).
- * allocs/op counts the runtime's heap allocations (its allocator counts
- * them) after a warm-up round; it must be 0 in steady state.
+ * A backend that completes every op at once (tests/plugins/test_backend.c, compiled in and
+ * registered) leaves only tdist's part: validate, take a handle from the pool, hand it to the
+ * progress thread, post, finish, wake or let the caller observe it, release. Rows: pipelined  each
+ * thread keeps a window of 64 ops in flight (submit 64, wait for all, release all); ns/op = wall
+ * time / ops, i.e. the throughput cost, at 1 and 4 submitting threads; roundtrip  one op at a time
+ * (submit, wait, release): latency; polled     pipelined, but completion comes from the backend
+ * poll path (as NCCL's event queries do). allocs/op counts the runtime's heap allocations (its
+ * allocator counts them) after a warm-up round; it must be 0 in steady state.
  *
  * Usage: tdist_bench_overhead [-o ops_per_thread] [-r reps]
  * Prints a table and one machine-readable line per row:

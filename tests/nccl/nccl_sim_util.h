@@ -37,43 +37,43 @@ __attribute__((used)) static const tdist_backend_t *const ns_nccl_backend_ref =
 
 /* In a child: `call` must return `want` (a tdist code); prints both and the
  * last error otherwise. */
-#define NS_EXPECT(call, want)                                                                   \
-  do {                                                                                          \
-    int rc__ = (call);                                                                          \
-    if (rc__ != (want)) {                                                                       \
+#define NS_EXPECT(call, want)                                                                    \
+  do {                                                                                           \
+    int rc__ = (call);                                                                           \
+    if (rc__ != (want)) {                                                                        \
       fprintf(stderr, "[pid %d] %s:%d: %s returned %s, want %s (%s)\n", (int)getpid(), __FILE__, \
               __LINE__, #call, tdist_err_name(rc__), tdist_err_name(want), tdist_last_error());  \
-      return 1;                                                                                 \
-    }                                                                                           \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
 
 /* In a child: the CUDA call must succeed. */
-#define NS_CUDA(call)                                                                            \
-  do {                                                                                           \
-    cudaError_t e__ = (call);                                                                    \
-    if (e__ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "[pid %d] %s:%d: %s = %s\n", (int)getpid(), __FILE__, __LINE__, #call,     \
-              cudaGetErrorName(e__));                                                            \
-      return 1;                                                                                  \
-    }                                                                                            \
+#define NS_CUDA(call)                                                                        \
+  do {                                                                                       \
+    cudaError_t e__ = (call);                                                                \
+    if (e__ != cudaSuccess) {                                                                \
+      fprintf(stderr, "[pid %d] %s:%d: %s = %s\n", (int)getpid(), __FILE__, __LINE__, #call, \
+              cudaGetErrorName(e__));                                                        \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)
 
 /* In a child: string `s` must contain `sub`. */
-#define NS_HAS(s, sub)                                                                           \
-  do {                                                                                           \
-    const char *s__ = (s);                                                                       \
-    if (!s__ || !strstr(s__, (sub))) {                                                           \
+#define NS_HAS(s, sub)                                                                            \
+  do {                                                                                            \
+    const char *s__ = (s);                                                                        \
+    if (!s__ || !strstr(s__, (sub))) {                                                            \
       fprintf(stderr, "[pid %d] %s:%d: \"%s\" lacks \"%s\"\n", (int)getpid(), __FILE__, __LINE__, \
-              s__ ? s__ : "(null)", (sub));                                                      \
-      return 1;                                                                                  \
-    }                                                                                            \
+              s__ ? s__ : "(null)", (sub));                                                       \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 /* Caller thread: world group of `size` ranks on backend "nccl", this one
  * `rank` on simulated device `device`, rank 0 hosting the store on
  * 127.0.0.1:port. */
-static inline int ns_world_on(const char *backend, int rank, int size, int port,
-                              int64_t timeout_ms, int device, tdist_group_t **g) {
+static inline int ns_world_on(const char *backend, int rank, int size, int port, int64_t timeout_ms,
+                              int device, tdist_group_t **g) {
   char url[64];
   snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
   tdist_init_opts_t o = {0};
@@ -135,10 +135,10 @@ static inline long long ns_now_ms(void) {
 }
 
 /* Poll `cond` (an expression) every ms for up to timeout_ms. */
-#define NS_WAIT_FOR(cond, timeout_ms)                                                            \
-  do {                                                                                           \
-    for (long long t__ = ns_now_ms(); !(cond) && ns_now_ms() - t__ < (timeout_ms);)             \
-      usleep(1000);                                                                              \
+#define NS_WAIT_FOR(cond, timeout_ms)                                               \
+  do {                                                                              \
+    for (long long t__ = ns_now_ms(); !(cond) && ns_now_ms() - t__ < (timeout_ms);) \
+      usleep(1000);                                                                 \
   } while (0)
 
 /* ---- element types on the host ---------------------------------------------------------- */
@@ -154,13 +154,18 @@ static inline int ns_is_signed(tdist_dtype_t dt) {
 /* A float of `eb` exponent bits and `mb` mantissa bits (bias 2^(eb-1)-1)
  * from its bits; e4m3 has no infinity (its all-ones pattern is NaN). */
 static inline double ns_small_float(uint32_t bits, int eb, int mb, int e4m3) {
-  uint32_t sign = bits >> (eb + mb), e = (bits >> mb) & ((1u << eb) - 1), m = bits & ((1u << mb) - 1);
+  uint32_t sign = bits >> (eb + mb), e = (bits >> mb) & ((1u << eb) - 1),
+           m = bits & ((1u << mb) - 1);
   int bias = (1 << (eb - 1)) - 1;
   double v;
-  if (e == 0) v = ldexp((double)m, 1 - bias - mb);
-  else if (!e4m3 && e == (1u << eb) - 1) v = m ? NAN : INFINITY;
-  else if (e4m3 && e == 15 && m == 7) v = NAN;
-  else v = ldexp((double)(m | (1u << mb)), (int)e - bias - mb);
+  if (e == 0)
+    v = ldexp((double)m, 1 - bias - mb);
+  else if (!e4m3 && e == (1u << eb) - 1)
+    v = m ? NAN : INFINITY;
+  else if (e4m3 && e == 15 && m == 7)
+    v = NAN;
+  else
+    v = ldexp((double)(m | (1u << mb)), (int)e - bias - mb);
   return sign ? -v : v;
 }
 
@@ -216,7 +221,7 @@ static inline double ns_decode(tdist_dtype_t dt, const void *p) {
   case TDIST_FLOAT64: return *(const double *)p;
   case TDIST_FLOAT16: return ns_small_float(*(const uint16_t *)p, 5, 10, 0);
   case TDIST_BFLOAT16: {
-    uint32_t x = (uint32_t)*(const uint16_t *)p << 16;
+    uint32_t x = (uint32_t) * (const uint16_t *)p << 16;
     float f;
     memcpy(&f, &x, 4);
     return f;

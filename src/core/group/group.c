@@ -219,8 +219,8 @@ static int wait_pending(tdist_group_t *g, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
   /* Ops a caller finished within its spin may still wait for their
    * bookkeeping, queued without a wake (ops.c) or held by the backend
-   * (backend.h, quiet): the loop takes them now. */
-  tdist__progress_flush_lazy(g->ctx->progress);
+   * (backend.h, quiet): the loop takes them now (its wake drains the queue
+   * and polls the backends). */
   tdist__progress_wake_any();
   pthread_mutex_lock(&g->mu);
   while (atomic_load(&g->pending) > 0) {

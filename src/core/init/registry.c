@@ -173,13 +173,8 @@ static int find_plugin(const char *name, const tdist_backend_t **out) {
 /* The error for a name no backend answers to, saying what is known and
  * where plug-ins were looked for. */
 static int unknown_backend(const char *name) {
-  char names[256] = "", here[PATH_MAX] = "";
-  size_t len = 0;
-  pthread_mutex_lock(&table_mu);
-  for (int i = 0; i < ntable && len < sizeof(names); i++)
-    len +=
-        (size_t)snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "", table[i]->name);
-  pthread_mutex_unlock(&table_mu);
+  char names[256], here[PATH_MAX] = "";
+  tdist__backend_names(names, sizeof(names));
   (void)default_dir(here, sizeof(here));
   const char *path = tdist__env_raw("TDIST_BACKEND_PATH");
   return tdist__error(TDIST_ERR_NOT_SUPPORTED,
