@@ -133,7 +133,11 @@ int tdist_work_status_info(const tdist_work_t *work, int *source, int *tag, size
  * tdist_work_on_complete - register a completion callback (see the type for
  * the thread and the rules). One callback per handle: a second registration
  * returns TDIST_ERR_INVALID_STATE. If the work is already complete, `cb` runs
- * now, on the calling thread, before this returns.
+ * now, on the calling thread, before this returns. The callback runs after
+ * the work is seen complete, not before: a thread waiting on the work (or
+ * testing it) may return while the callback has not run yet or still runs,
+ * as with a callback chained on a torch Future. A caller that needs to know
+ * the callback finished has the callback say so (a counter, a semaphore).
  * @return 0, TDIST_ERR_INVALID_ARGUMENT (NULL work or cb), or
  *         TDIST_ERR_INVALID_STATE.
  */
