@@ -654,11 +654,27 @@ int main(int argc, char **argv) {
 fail:
   fflush(stdout);
   atomic_store(&g_shm->phase, PH_STOP);
+  /* Ranks may be blocked in a long call (a phase that failed): after 10 s
+   * of waiting, the client processes are killed. */
+  double kill_at = now_s() + 10;
   for (int i = 0; clients && i < g_cfg.procs; i++) {
     int st = 0;
-    if (clients[i] > 0 && waitpid(clients[i], &st, 0) == clients[i] &&
-        !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
-      rc = 1;
+    while (clients[i] > 0) {
+      pid_t w = waitpid(clients[i], &st, WNOHANG);
+      if (w == clients[i]) {
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) rc = 1;
+        clients[i] = -1;
+      } else if (w < 0) {
+        clients[i] = -1;
+      } else if (now_s() > kill_at) {
+        fprintf(stderr, "tdist_bench_scale: client process %d did not stop: killed\n", i);
+        kill(clients[i], SIGKILL);
+        kill_at = now_s() + 10;
+        rc = 1;
+      } else {
+        sleep_s(0.01);
+      }
+    }
   }
   if (server > 0) {
     atomic_store(&g_shm->server_stop, 1);
