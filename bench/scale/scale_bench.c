@@ -643,8 +643,17 @@ int main(int argc, char **argv) {
   clients[h] = -1;
   d = wait_deaths(t, 1 + (hhi - hlo), victim, hlo, hhi, &reached);
   if (d < 0) {
-    printf("host_lost_known FAILED: %d of %d survivors had read all %d records after %.0f s\n",
-           reached, g_cfg.n - 1 - (hhi - hlo), hhi - hlo, now_s() - t);
+    long long sum = 0;
+    int lo = -1;
+    for (int r = 0; r < hlo; r++)
+      if (r != victim) {
+        int k = atomic_load(&g_shm->r[r].ndead) - 1;
+        sum += k;
+        if (lo < 0 || k < lo) lo = k;
+      }
+    printf("host_lost_known FAILED: %d of %d survivors had read all %d records after %.0f s "
+           "(each had read %.1f on average, the slowest %d)\n",
+           reached, g_cfg.n - 1 - (hhi - hlo), hhi - hlo, now_s() - t, (double)sum / (hlo - 1), lo);
     goto fail;
   }
   printf("host_lost_known %.3f s (%d ranks on the host, %d death records read by each of %d "
