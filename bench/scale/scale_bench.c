@@ -140,8 +140,9 @@ static proc_t g_p;
 /* Connection `which` (0 rendezvous/world, 1 monitor, 2 heartbeat) of a rank.
  * With -c 2 the monitor shares the world's connection and the heartbeats
  * keep their own (a closed heartbeat connection is a death); with -c 1 all
- * share one, which is not today's design: a call that gives up closes the
- * connection its heartbeats ride on. */
+ * share one, which is good only for the phases before the monitor: the one
+ * heartbeat thread of a process then waits behind each rank's monitor wait
+ * on the shared handle, falls behind, and the detector declares ranks dead. */
 static tdist_store_t *conn_of(int rank, int which) {
   int w = which == 2 ? g_cfg.conns - 1 : which == 1 && g_cfg.conns == 3 ? 1 : 0;
   return g_p.s[(size_t)(rank - g_p.lo) * (size_t)g_cfg.conns + (size_t)w];
