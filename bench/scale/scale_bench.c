@@ -73,6 +73,7 @@ enum { PH_CONNECT = 1, PH_RDZV, PH_GROUP, PH_MON, PH_STOP };
 
 typedef struct {
   double t_rdzv, t_group, t_dead; /* when this rank finished a phase / read a death */
+  double t_beat;                  /* its last heartbeat's reply */
   atomic_int ndead;               /* death records its monitor loop has read */
 } rank_slot_t;
 
@@ -294,6 +295,7 @@ static void *hb_main(void *arg) {
         if (phase_now() != PH_STOP) fail_msg(r, "heartbeat");
         return NULL;
       }
+      g_shm->r[r].t_beat = now_s();
       atomic_fetch_add(&g_shm->ops, 1);
     }
   }
@@ -630,9 +632,9 @@ int main(int argc, char **argv) {
            now_s() - t);
     goto fail;
   }
-  printf("silent_rank_known %.3f s (from when its heartbeats stopped; heartbeat timeout %" PRId64
-         " ms)\n",
-         d, hb_timeout);
+  printf("silent_rank_known %.3f s after its last heartbeat (%.3f s after it was told to stop; "
+         "heartbeat timeout %" PRId64 " ms)\n",
+         d + (t - g_shm->r[victim].t_beat), d, hb_timeout);
   fflush(stdout);
 
   /* a host lost: SIGKILL the last client process */
