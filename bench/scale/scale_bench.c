@@ -8,7 +8,8 @@
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
  * spread over P client processes (a process stands for a host), each rank a
- * thread with the library's own client (tdist_store_t). Each rank opens the
+ * thread with the library's own client (tdist_store_t); process 0 holds rank
+ * 0 alone, the others share the rest. Each rank opens the
  * store connections a rank of today's design keeps open: the rendezvous /
  * world-group store (tdist_init_process_group), the monitor's connection
  * and its heartbeat connection (core/group/monitor.c: both made with
@@ -33,11 +34,13 @@
  * time, store operations per second (counted by the clients: every reply,
  * a wait that expired included), the server process's CPU (utime + stime
  * from /proc/<pid>/stat) and RSS (/proc/<pid>/status) over a steady window
- * of -s seconds, its key count; then the time from one rank going silent
- * (its heartbeats stop, its connections stay open: a hung process) until
- * every other rank's monitor loop has read the death record, and the time
- * from SIGKILL of one client process (a host lost: its connections close)
- * until every survivor has read all of that host's death records.
+ * of -s seconds, its key count; then the time from SIGKILL of process 0
+ * (one rank killed: its connections close) until every other rank's monitor
+ * loop has read its death record; the same for one rank going silent
+ * (its heartbeats stop, its connections stay open: a hung process); and the
+ * time from SIGKILL of the last client process (a host lost: its
+ * connections close) until every survivor has read all of that host's death
+ * records.
  *
  * Limits: RLIMIT_NOFILE is raised to its hard limit (printed). The client
  * API has no option to bind a source address, so the ranks spread their
@@ -137,6 +140,18 @@ typedef struct {
 } proc_t;
 
 static proc_t g_p;
+
+/* The ranks of client process idx: process 0 holds rank 0 alone (killing it
+ * kills one rank), the others share ranks 1..n-1 evenly (a host each). */
+static void proc_ranks(int idx, int *lo, int *hi) {
+  if (idx == 0) {
+    *lo = 0;
+    *hi = 1;
+    return;
+  }
+  *lo = 1 + (int)((int64_t)(g_cfg.n - 1) * (idx - 1) / (g_cfg.procs - 1));
+  *hi = 1 + (int)((int64_t)(g_cfg.n - 1) * idx / (g_cfg.procs - 1));
+}
 
 /* Connection `which` (0 rendezvous/world, 1 monitor, 2 heartbeat) of a rank.
  * With -c 2 the monitor shares the world's connection and the heartbeats
@@ -307,8 +322,7 @@ static int client_proc(int idx) {
   int rc = 1, nl, nthreads = 0;
   pthread_t *th = NULL, hb;
   int hb_started = 0;
-  g_p.lo = (int)((int64_t)g_cfg.n * idx / g_cfg.procs);
-  g_p.hi = (int)((int64_t)g_cfg.n * (idx + 1) / g_cfg.procs);
+  proc_ranks(idx, &g_p.lo, &g_p.hi);
   nl = g_p.hi - g_p.lo;
   pthread_mutex_init(&g_p.mu, NULL);
   pthread_cond_init(&g_p.cv, NULL);
@@ -443,14 +457,15 @@ static int wait_count(atomic_int *ctr, int want, const char *what) {
   return 0;
 }
 
-/* Seconds from t0 until every rank in [0,n) outside [skip_lo,skip_hi) and
+/* Seconds from t0 until every rank in [first,n) outside [skip_lo,skip_hi) and
  * other than skip has read `want` death records; -1 on timeout. */
-static double wait_deaths(double t0, int want, int skip, int skip_lo, int skip_hi, int *reached) {
+static double wait_deaths(double t0, int want, int first, int skip, int skip_lo, int skip_hi,
+                          int *reached) {
   double end = t0 + g_cfg.phase_timeout_s;
   for (;;) {
     int done = 0, all = 0;
     double last = t0;
-    for (int r = 0; r < g_cfg.n; r++) {
+    for (int r = first; r < g_cfg.n; r++) {
       if (r == skip || (r >= skip_lo && r < skip_hi)) continue;
       all++;
       if (atomic_load(&g_shm->r[r].ndead) >= want) {
@@ -510,7 +525,7 @@ int main(int argc, char **argv) {
     }
     i++;
   }
-  if (g_cfg.n < 2 || g_cfg.procs < 2 || g_cfg.procs > g_cfg.n || g_cfg.addrs < 1 ||
+  if (g_cfg.n < 8 || g_cfg.procs < 3 || g_cfg.procs > g_cfg.n / 2 || g_cfg.addrs < 1 ||
       g_cfg.addrs > 254 || g_cfg.conns < 1 || g_cfg.conns > 3) {
     usage();
     return 2;
@@ -622,13 +637,28 @@ int main(int argc, char **argv) {
          t1 - t0, 100.0 * (ccpu1 - ccpu0) / (t1 - t0));
   fflush(stdout);
 
-  /* one rank goes silent (rank 1: process 0) */
+  /* one rank killed: SIGKILL process 0 (rank 0 alone); its connections close */
   int reached = 0, victim = 1;
   t = now_s();
-  atomic_store(&g_shm->silent, victim);
-  double d = wait_deaths(t, 1, victim, -1, -1, &reached);
+  kill(clients[0], SIGKILL);
+  waitpid(clients[0], NULL, 0);
+  clients[0] = -1;
+  double d = wait_deaths(t, 1, 1, -1, -1, -1, &reached);
   if (d < 0) {
-    printf("silent_rank_known FAILED: %d of %d survivors knew after %.0f s\n", reached, g_cfg.n - 1,
+    printf("killed_rank_known FAILED: %d of %d survivors knew after %.0f s\n", reached, g_cfg.n - 1,
+           now_s() - t);
+    goto fail;
+  }
+  printf("killed_rank_known %.3f s (its process SIGKILLed, read by each of %d survivors)\n", d,
+         g_cfg.n - 1);
+  fflush(stdout);
+
+  /* one rank goes silent (rank 1: process 1) */
+  t = now_s();
+  atomic_store(&g_shm->silent, victim);
+  d = wait_deaths(t, 2, 1, victim, -1, -1, &reached);
+  if (d < 0) {
+    printf("silent_rank_known FAILED: %d of %d survivors knew after %.0f s\n", reached, g_cfg.n - 2,
            now_s() - t);
     goto fail;
   }
@@ -639,29 +669,30 @@ int main(int argc, char **argv) {
 
   /* a host lost: SIGKILL the last client process */
   int h = g_cfg.procs - 1;
-  int hlo = (int)((int64_t)g_cfg.n * h / g_cfg.procs), hhi = g_cfg.n;
+  int hlo, hhi;
+  proc_ranks(h, &hlo, &hhi);
   t = now_s();
   kill(clients[h], SIGKILL);
   waitpid(clients[h], NULL, 0);
   clients[h] = -1;
-  d = wait_deaths(t, 1 + (hhi - hlo), victim, hlo, hhi, &reached);
+  d = wait_deaths(t, 2 + (hhi - hlo), 1, victim, hlo, hhi, &reached);
   if (d < 0) {
     long long sum = 0;
     int lo = -1;
-    for (int r = 0; r < hlo; r++)
+    for (int r = 1; r < hlo; r++)
       if (r != victim) {
-        int k = atomic_load(&g_shm->r[r].ndead) - 1;
+        int k = atomic_load(&g_shm->r[r].ndead) - 2;
         sum += k;
         if (lo < 0 || k < lo) lo = k;
       }
     printf("host_lost_known FAILED: %d of %d survivors had read all %d records after %.0f s "
            "(each had read %.1f on average, the slowest %d)\n",
-           reached, g_cfg.n - 1 - (hhi - hlo), hhi - hlo, now_s() - t, (double)sum / (hlo - 1), lo);
+           reached, g_cfg.n - 2 - (hhi - hlo), hhi - hlo, now_s() - t, (double)sum / (hlo - 2), lo);
     goto fail;
   }
   printf("host_lost_known %.3f s (%d ranks on the host, %d death records read by each of %d "
          "survivors)\n",
-         d, hhi - hlo, hhi - hlo, g_cfg.n - 1 - (hhi - hlo));
+         d, hhi - hlo, hhi - hlo, g_cfg.n - 2 - (hhi - hlo));
   rc = 0;
 fail:
   fflush(stdout);
