@@ -8,7 +8,7 @@
  * a pool of end events, and the FIFO of launched ops.
  *
  * Threads (who runs what):
- *   caller threads   init, split, shrink, destroy (nccl_comm.c), submit
+ *   caller threads   init, split, shrink (nccl_comm.c), destroy (nccl_state.c), submit
  *                    (nccl_ops.c), wait_stream (nccl_progress.c). They may
  *                    block, within the group's timeout.
  *   progress thread  post, poll, abort (nccl_progress.c). Never blocks: poll
@@ -256,7 +256,7 @@ int tdist__nccl_missing(const char *what, const char *fn, int maj, int min);
 #define TDIST__NCCL_NEED(what, fn, maj, min) \
   (NC.fn ? 0 : tdist__nccl_missing((what), #fn, (maj), (min)))
 
-/* The backend as the core's table lists it (nccl_comm.c). */
+/* The backend as the core's table lists it (nccl_state.c). */
 extern const tdist_backend_t tdist__nccl_backend;
 
 /* Error conversion at the boundary: the tdist code, with the library's own
@@ -335,12 +335,30 @@ void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
  * (unlinked; the core fails them). nccl_progress.c. */
 void tdist__nccl_forget_locked(tdist__nccl_t *nc);
 
+/* ---- a group's state (nccl_state.c), caller thread --------------------------------- */
+/* A non-blocking config named `name` (copied by NCCL during init). */
+void tdist__nccl_config(ncclConfig_t *cfg, const char *name);
+/* A zeroed state for a group of p on `device`; no CUDA object yet. */
+int tdist__nccl_state_new(int device, const tdist_backend_params_t *p, tdist__nccl_t **out);
+/* The device current: create the streams, the start event and the scratch. */
+int tdist__nccl_state_setup(tdist__nccl_t *nc);
+/* The state set up, comm ready: make NCCL's connections now (a one-float
+ * all_reduce), so a rank that never came shows as a timed-out op. */
+int tdist__nccl_connect_now(tdist__nccl_t *nc, ncclComm_t comm);
+/* Publish nc, with its communicator, as the new group's state. */
+void tdist__nccl_state_publish(tdist__nccl_t *nc, ncclComm_t comm, tdist_backend_out_t *out);
+/* Free what new, setup and the event pool made; comm gone, no job pending. */
+void tdist__nccl_state_free(tdist__nccl_t *nc);
+/* mu held: wait (within nc->timeout_ms) for the worker's abort jobs to end. */
+int tdist__nccl_wait_jobs(tdist__nccl_t *nc);
+
 /* Event pool, mu held. get may create an event (caller thread only). */
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev);
 void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 
 /* Vtable entries (tdist/backend.h), by file:
- *   nccl_comm.c     init, split, shrink, destroy       (caller thread)
+ *   nccl_comm.c     init, split, shrink                (caller thread)
+ *   nccl_state.c    destroy                            (caller thread)
  *   nccl_ops.c      submit                             (caller thread)
  *   nccl_progress.c post, poll, abort                  (progress thread)
  *                   wait_stream                        (caller thread)
