@@ -407,49 +407,41 @@ static void wake_progress(void *arg) {
   tdist_backend_wake_any();
 }
 
-int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
-  int rc = 0;
-  tdist__nccl_t *nc = state;
-  tdist__nccl_op_t *no = tdist__nccl_op(op);
-  const tdist_backend_args_t *a = op->args;
-  ncclDataType_t dt = ncclFloat32;
-  ncclRedOp_t rop = ncclSum;
-  int premul = 0, doomed = 0, settle = 0;
+/* What submit learns at the enqueue that the caller must act on once mu and
+ * the device are released. */
+typedef struct enqueue_out {
+  int doomed; /* the enqueue failed after it began: fail the group, then return */
+  int settle; /* the group aborted during the enqueue: wait for its abort */
   char doom_msg[300];
-  cudaEvent_t end = NULL;
-  /* The core checked the capabilities; these guard the mapping itself. */
+} enqueue_out_t;
+
+/* Map the op's dtype and reduction (the core checked the capabilities;
+ * these guard the mapping itself) and check what this NCCL can run. */
+static int map_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t *dt,
+                  ncclRedOp_t *rop) {
   if (a->type != TDIST_OP_BARRIER && a->type != TDIST_OP_BATCH_P2P &&
-      tdist__nccl_dtype(a->dtype, &dt) != 0)
+      tdist__nccl_dtype(a->dtype, dt) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: dtype %s", tdist_dtype_name(a->dtype));
   if (tdist_backend_op_is_reducing(a->type) && a->redop != TDIST_PREMUL_SUM &&
-      tdist__nccl_redop(a->redop, &rop) != 0)
+      tdist__nccl_redop(a->redop, rop) != 0)
     return tdist__error(TDIST_ERR_NOT_SUPPORTED, "nccl: reduction %s", tdist_redop_name(a->redop));
   TDIST_CHECK(check_fp8(a));
   TDIST_CHECK(check_fp8_cc(nc, a));
-  TDIST_CHECK(check_available(a->type));
+  return check_available(a->type);
+}
 
-  tdist__nccl_dev_t dev;
-  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
-  rc = check_capture(nc, a);
-  if (rc == 0) rc = check_buffers(nc, a);
-  if (rc != 0) {
-    tdist__nccl_dev_leave(&dev);
-    return rc;
-  }
-
-  pthread_mutex_lock(&nc->mu);
-  /* Ours from here (backend.h: left as the handle's previous use had them). */
-  tdist__list_init(&op->link);
-  op->priv = NULL;
-  no->end = NULL;
-  no->posted = 0;
-  no->completed = 0;
-  if (nc->dead || !nc->comm) {
-    rc = tdist__error(TDIST_ERR_ABORTED, "nccl: the communicator of group '%s' was aborted",
-                      nc->name);
-    goto out;
-  }
-  TDIST_CHECKGOTO(tdist__nccl_event_get(nc, &end), rc, out);
+/* mu held, the device current: order the op after the caller's stream,
+ * enqueue it on nc->stream, record its end event and put it on the FIFO. */
+static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataType_t dt,
+                          ncclRedOp_t rop, enqueue_out_t *eo) {
+  int rc = 0, premul = 0;
+  tdist__nccl_op_t *no = tdist__nccl_op(op);
+  const tdist_backend_args_t *a = op->args;
+  cudaEvent_t end = NULL;
+  if (nc->dead || !nc->comm)
+    return tdist__error(TDIST_ERR_ABORTED, "nccl: the communicator of group '%s' was aborted",
+                        nc->name);
+  TDIST_CHECK(tdist__nccl_event_get(nc, &end));
   CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
   CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
   if (tdist_backend_op_is_reducing(a->type) && a->redop == TDIST_PREMUL_SUM) {
@@ -473,15 +465,15 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
     if (rc == TDIST_ERR_ABORTED && tdist_backend_aborted(nc->group)) {
       /* The group failed meanwhile (a peer died, another op timed out): its
        * abort stops NCCL (a revoke, kept for shrink); submit returns once
-       * it has (settle, below). The op's PreMulSum handle stays: the
-       * communicator is in progress and takes no calls now. */
-      settle = 1;
+       * it has (settle). The op's PreMulSum handle stays: the communicator
+       * is in progress and takes no calls now. */
+      eo->settle = 1;
       premul = 0;
       goto fail;
     }
     if (rc != 0) {
-      doom_after_enqueue(nc, rc, tdist_op_name(a->type), doom_msg, sizeof(doom_msg));
-      doomed = 1;
+      doom_after_enqueue(nc, rc, tdist_op_name(a->type), eo->doom_msg, sizeof(eo->doom_msg));
+      eo->doomed = 1;
       premul = 0; /* the communicator is gone with its ops */
       goto fail;
     }
@@ -509,13 +501,42 @@ fail:
     }
   }
   if (end) tdist__nccl_event_put(nc, end);
-out:
+  return rc;
+}
+
+int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
+  int rc = 0;
+  tdist__nccl_t *nc = state;
+  tdist__nccl_op_t *no = tdist__nccl_op(op);
+  const tdist_backend_args_t *a = op->args;
+  ncclDataType_t dt = ncclFloat32;
+  ncclRedOp_t rop = ncclSum;
+  enqueue_out_t eo = {0, 0, ""};
+  TDIST_CHECK(map_op(nc, a, &dt, &rop));
+
+  tdist__nccl_dev_t dev;
+  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
+  rc = check_capture(nc, a);
+  if (rc == 0) rc = check_buffers(nc, a);
+  if (rc != 0) {
+    tdist__nccl_dev_leave(&dev);
+    return rc;
+  }
+
+  pthread_mutex_lock(&nc->mu);
+  /* Ours from here (backend.h: left as the handle's previous use had them). */
+  tdist__list_init(&op->link);
+  op->priv = NULL;
+  no->end = NULL;
+  no->posted = 0;
+  no->completed = 0;
+  rc = enqueue_locked(nc, op, dt, rop, &eo);
   pthread_mutex_unlock(&nc->mu);
   tdist__nccl_dev_leave(&dev);
-  if (doomed) {
-    fail_and_await(nc, rc, doom_msg);
-    tdist__error(rc, "%s", doom_msg); /* the message the caller reads */
+  if (eo.doomed) {
+    fail_and_await(nc, rc, eo.doom_msg);
+    tdist__error(rc, "%s", eo.doom_msg); /* the message the caller reads */
   }
-  if (settle) settle_after_abort(nc, op->timeout_ms);
+  if (eo.settle) settle_after_abort(nc, op->timeout_ms);
   return rc;
 }
