@@ -71,17 +71,18 @@ void tdist__srv_warn(struct tdist_store_server *srv, const char *fmt, ...) {
  * how many followed in one line per BUSY_WINDOW_MS. */
 #define BUSY_WINDOW_MS 10000
 
-/* The line for the refusals held back since the first of the window. */
+/* At the end of a window: the line for the refusals held back since its
+ * first, and the next refusal is logged in full again. */
 static void busy_summary(struct tdist_store_server *srv, uint64_t now) {
-  if (srv->busy_held && now - srv->busy_window_start >= BUSY_WINDOW_MS) {
+  if (!srv->busy_warned || now - srv->busy_window_start < BUSY_WINDOW_MS) return;
+  if (srv->busy_held)
     TDIST_WARN(STORE,
                "store server: %d more connections refused for want of descriptors in the last "
                "%.1f s (RLIMIT_NOFILE %" PRIu64 ", %zu connections open)",
                srv->busy_held, (double)(now - srv->busy_window_start) / 1000, srv->nofile,
                srv->nconns);
-    srv->busy_held = 0;
-    srv->busy_warned = 0;
-  }
+  srv->busy_held = 0;
+  srv->busy_warned = 0;
 }
 
 /* 1 when descriptor fd is one of the reserved ones (the lowest free
