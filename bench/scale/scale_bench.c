@@ -3,7 +3,7 @@
  * simulated ranks on one machine (issue 30, stage 1: the store level).
  *
  *   tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]
- *                     [-s steady_s] [-T phase_timeout_s] [--no-group]
+ *                     [-s steady_s] [-T phase_timeout_s] [--no-group] [--etcd]
  *
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
@@ -42,6 +42,15 @@
  * connections close) until every survivor has read all of that host's death
  * records.
  *
+ * --etcd: the same ranks against one etcd member the harness starts on
+ * 127.0.0.1 ($TDIST_ETCD_BIN, else etcd in PATH; etcd's default settings, a
+ * data directory under /tmp removed at the end) through the library's etcd
+ * store (tdist_store_open_url "etcd://"): connect, rendezvous, address
+ * exchange and the steady state are measured, the CPU and RSS being etcd's;
+ * the failure phases are not run (the etcd store detects deaths with leases,
+ * another design) and the key count is not read (printed as -1). -a is
+ * ignored (one address).
+ *
  * Limits: RLIMIT_NOFILE is raised to its hard limit (printed). The client
  * API has no option to bind a source address, so the ranks spread their
  * connections over -a destination addresses 127.0.0.1..127.0.0.a (the
@@ -63,8 +72,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,6 +104,7 @@ typedef struct {
 
 typedef struct {
   int n, procs, addrs, conns, group;
+  int etcd; /* --etcd: the ranks use an etcd the harness starts (etcd_proc) */
   double steady_s, phase_timeout_s;
   int64_t hb_ms, mon_ms;
 } cfg_t;
@@ -337,7 +349,10 @@ static int client_proc(int idx) {
     char host[32];
     snprintf(host, sizeof(host), "127.0.0.%d",
              1 + (r * g_cfg.conns + i % g_cfg.conns) % g_cfg.addrs);
-    if (tdist_store_connect(host, port, &o, &g_p.s[i])) {
+    char url[64];
+    snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", port);
+    if (g_cfg.etcd ? tdist_store_open_url(url, &o, &g_p.s[i])
+                   : tdist_store_connect(host, port, &o, &g_p.s[i])) {
       fail_msg(r, "connect");
       goto fail;
     }
@@ -407,6 +422,37 @@ static int server_proc(void) {
   }
   tdist_store_server_stop(srv);
   return 0;
+}
+
+/* A free TCP port on 127.0.0.1 (bound, read, closed: etcd binds it next). */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof(a);
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+/* (--etcd, the server process) exec one etcd member on 127.0.0.1 with its
+ * data in `dir` ($TDIST_ETCD_BIN, else etcd in PATH); the clients wait for
+ * it as they wait for a store server (tdist_store_open_url). Its settings
+ * are etcd's defaults (--max-txn-ops 128, --quota-backend-bytes 2 GiB,
+ * --max-request-bytes 1.5 MiB), as a user's cluster would have them. */
+static int etcd_proc(const char *dir, int port, int peer_port) {
+  const char *bin = getenv("TDIST_ETCD_BIN");
+  char client[64], peer[64], cluster[96];
+  snprintf(client, sizeof(client), "http://127.0.0.1:%d", port);
+  snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", peer_port);
+  snprintf(cluster, sizeof(cluster), "scale=%s", peer);
+  if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) return 1;
+  execlp(bin && *bin ? bin : "etcd", "etcd", "--name", "scale", "--data-dir", dir,
+         "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls",
+         peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster, "--log-level",
+         "error", (char *)NULL);
+  return 127;
 }
 
 /* ---- parent: command and measure ------------------------------------------------- */
@@ -491,16 +537,22 @@ static double max_t(size_t off) {
 
 static void usage(void) {
   fprintf(stderr, "usage: tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]\n"
-                  "                         [-s steady_s] [-T phase_timeout_s] [--no-group]\n");
+                  "                         [-s steady_s] [-T phase_timeout_s] [--no-group] "
+                  "[--etcd]\n");
 }
 
 int main(int argc, char **argv) {
   int rc = 1;
   pid_t server = -1, *clients = NULL;
+  char etcd_dir[] = "/tmp/tdist-scale-etcd-XXXXXX"; /* --etcd: made by mkdtemp */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-group")) {
       g_cfg.group = 0;
+      continue;
+    }
+    if (!strcmp(a, "--etcd")) {
+      g_cfg.etcd = 1;
       continue;
     }
     if (!v) {
@@ -542,12 +594,16 @@ int main(int argc, char **argv) {
   getrlimit(RLIMIT_NOFILE, &rl);
   long conns = (long)g_cfg.n * g_cfg.conns;
   printf("config ranks=%d procs=%d conns_per_rank=%d store_conns=%ld dest_addrs=127.0.0.1..%d "
-         "group_exchange=%s\n",
-         g_cfg.n, g_cfg.procs, g_cfg.conns, conns, g_cfg.addrs, g_cfg.group ? "yes" : "no");
+         "group_exchange=%s store=%s\n",
+         g_cfg.n, g_cfg.procs, g_cfg.conns, conns, g_cfg.etcd ? 1 : g_cfg.addrs,
+         g_cfg.group ? "yes" : "no", g_cfg.etcd ? "etcd (one member, started here)" : "tdist");
+  /* The server keeps 16 descriptors in reserve (store/server_impl.h
+   * SRV_FD_RESERVE) and a dozen for its loop, listener and stdio; a
+   * connection past that gets a BUSY error naming the limit. */
   printf("limits RLIMIT_NOFILE %lu -> %lu (hard %lu): the server process holds one descriptor per "
-         "store connection, so at most ~%lu connections\n",
+         "store connection and keeps 16 free, so at most ~%lu connections\n",
          (unsigned long)before, (unsigned long)rl.rlim_cur, (unsigned long)rl.rlim_max,
-         (unsigned long)rl.rlim_cur - 16);
+         (unsigned long)rl.rlim_cur - 29);
   printf("settings TDIST_HEARTBEAT_INTERVAL_MS=%" PRId64 " TDIST_MONITOR_INTERVAL_MS=%" PRId64
          " TDIST_HEARTBEAT_TIMEOUT_MS=%" PRId64 " (environment, else the defaults)\n",
          g_cfg.hb_ms, g_cfg.mon_ms, hb_timeout);
@@ -566,7 +622,19 @@ int main(int argc, char **argv) {
     clients[i] = -1;
 
   /* the server process */
-  if ((server = fork()) == 0) _exit(server_proc());
+  if (g_cfg.etcd) {
+    int port = free_port(), peer_port = free_port();
+    if (!mkdtemp(etcd_dir) || port < 0 || peer_port < 0) {
+      perror("etcd data directory or ports");
+      goto fail;
+    }
+    atomic_store(&g_shm->port, port);
+    atomic_store(&g_shm->keys, -1); /* not counted */
+    if ((server = fork()) == 0) _exit(etcd_proc(etcd_dir, port, peer_port));
+    if (server > 0) atomic_store(&g_shm->server_up, 1);
+  } else if ((server = fork()) == 0) {
+    _exit(server_proc());
+  }
   if (server < 0) goto fail;
   while (atomic_load(&g_shm->server_up) == 0)
     sleep_s(0.001);
@@ -636,6 +704,11 @@ int main(int argc, char **argv) {
          (double)proc_rss_kb(server) / 1024.0, rss0 / 1024.0, (long long)atomic_load(&g_shm->keys),
          t1 - t0, 100.0 * (ccpu1 - ccpu0) / (t1 - t0));
   fflush(stdout);
+  if (g_cfg.etcd) { /* its failure detection is another design (leases): not measured here */
+    printf("failure phases not run with --etcd\n");
+    rc = 0;
+    goto fail;
+  }
 
   /* one rank killed: SIGKILL process 0 (rank 0 alone); its connections close */
   int reached = 0, victim = 1;
@@ -721,7 +794,13 @@ fail:
   }
   if (server > 0) {
     atomic_store(&g_shm->server_stop, 1);
+    if (g_cfg.etcd) kill(server, SIGTERM);
     waitpid(server, NULL, 0);
+  }
+  if (g_cfg.etcd && etcd_dir[strlen(etcd_dir) - 1] != 'X') {
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", etcd_dir);
+    if (system(cmd) != 0) fprintf(stderr, "tdist_bench_scale: could not remove %s\n", etcd_dir);
   }
   if (atomic_load(&g_shm->failed) && g_shm->err[0])
     fprintf(stderr, "tdist_bench_scale: first error: %s\n", g_shm->err);

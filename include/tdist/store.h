@@ -84,7 +84,9 @@ typedef struct tdist_store_opts {
  * backoff until the timeout, so a client may start before its server.
  * @return 0; TDIST_ERR_TIMEOUT if no server answered in time;
  *         TDIST_ERR_AUTH if the server refused the token;
- *         TDIST_ERR_PROTOCOL on a version mismatch.
+ *         TDIST_ERR_PROTOCOL on a version mismatch;
+ *         TDIST_ERR_STORE_ERROR at once (not retried) if the server is out of
+ *         file descriptors (the message names its RLIMIT_NOFILE).
  */
 int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *opts,
                         tdist_store_t **store);

@@ -264,19 +264,19 @@ static int reply_u64(tdist__buf_t *out, uint64_t v) {
   return TDIST__EXEC_DONE;
 }
 
-/* A waiter (x->on_missing) on every missing key of the n validated keys at
- * `keys_off`: the owner wakes the request when one is written. */
-static int add_waiters(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, uint32_t n,
-                       tdist__exec_t *x) {
-  tdist__rd_t r2 = {r->p, r->n, keys_off};
-  for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *k = NULL;
-    uint32_t kl = 0;
-    tdist__get_key(&r2, &k, &kl);
+/* Park a request on its missing key (k, kl), the idx-th of its keys, whose
+ * length prefix is at byte `at` of the body: one waiter (x->on_missing), and
+ * the position the owner re-runs it from when that key is written. */
+static int park(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, uint32_t idx, size_t at,
+                uint64_t timeout, tdist__exec_t *x) {
+  if (x->on_missing) { /* without it (the file store) the owner polls from the start */
     tdist__kv_entry_t *e = get_or_make(kv, k, kl);
-    if (!e) return TDIST__EXEC_NOMEM;
-    if (!e->present && x->on_missing(x->ctx, e)) return TDIST__EXEC_NOMEM;
+    if (!e || x->on_missing(x->ctx, e)) return TDIST__EXEC_NOMEM;
+    x->resume = 1;
+    x->resume_idx = idx;
+    x->resume_off = at;
   }
+  x->timeout_ms = timeout;
   return TDIST__EXEC_BLOCKED;
 }
 
@@ -301,35 +301,60 @@ static int reply_values(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, 
   return TDIST__EXEC_DONE;
 }
 
-/* get, wait, multi_get: u64 timeout, then one key (get) or u32 n + n keys. */
+/* get, wait, multi_get: u64 timeout, then one key (get) or u32 n + n keys.
+ *
+ * Cost: a request waits on one missing key at a time. Re-run after that key
+ * was written (x->resume), it goes on from that key: the keys before it were
+ * present and validated at the last run. Only when the rest are present too
+ * does it read all n keys again (one of the earlier ones may have been
+ * deleted meanwhile: then it waits on that one). So a multi_get of n keys
+ * that k writes complete costs O(n + k) key look-ups in all and holds one
+ * waiter, where waking it on every write and re-reading all n keys each time
+ * cost O(n k) (with n ranks asking for all n addresses at once: n^3). */
 static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *out,
                         tdist__exec_t *x) {
   uint64_t timeout;
   uint32_t n = 1;
+  const uint8_t *k = NULL;
+  uint32_t kl = 0;
   if (tdist__get_u64(r, &timeout)) BAD("truncated timeout");
   if (op != TDIST__OP_GET && tdist__get_u32(r, &n)) BAD("truncated key count");
   if (n == 0 || n > TDIST__STORE_MAX_KEYS) BAD("bad key count");
   size_t keys_off = r->off;
+  int blocking = !x->final && timeout > 0;
+  if (x->resume && blocking && x->resume_idx < n && x->resume_off >= keys_off &&
+      x->resume_off < r->n) {
+    tdist__rd_t r2 = {r->p, r->n, x->resume_off};
+    for (uint32_t i = x->resume_idx; i < n; i++) {
+      size_t at = r2.off;
+      if (tdist__get_key(&r2, &k, &kl)) BAD("bad key"); /* validated before: cannot happen */
+      tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+      if (!e || !e->present) return park(kv, k, kl, i, at, timeout, x);
+    }
+  }
+  x->resume = 0;
   int64_t missing = -1;
+  size_t missing_at = 0;
+  const uint8_t *mk = NULL;
+  uint32_t mkl = 0;
   uint64_t total = 0;
   for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *k = NULL;
-    uint32_t kl = 0;
+    size_t at = r->off;
     if (tdist__get_key(r, &k, &kl)) BAD("bad key");
     tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
     if (!e || !e->present) {
-      if (missing < 0) missing = i;
+      if (missing < 0) {
+        missing = i;
+        missing_at = at;
+        mk = k;
+        mkl = kl;
+      }
     } else {
       total += e->vlen + 4u;
     }
   }
   if (r->off != r->n) BAD("trailing bytes");
-  if (missing >= 0 && !x->final && timeout > 0) {
-    /* Without on_missing (the file store) the owner polls. */
-    int rc = x->on_missing ? add_waiters(kv, r, keys_off, n, x) : TDIST__EXEC_BLOCKED;
-    if (rc == TDIST__EXEC_BLOCKED) x->timeout_ms = timeout;
-    return rc;
-  }
+  if (missing >= 0 && blocking) return park(kv, mk, mkl, (uint32_t)missing, missing_at, timeout, x);
   if (missing >= 0) {
     RESERVE(9);
     size_t f = tdist__frame_begin(out, TDIST__ST_TIMEOUT);

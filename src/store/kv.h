@@ -8,11 +8,13 @@
  *
  * Waiting: a get/wait/multi_get whose keys are missing returns
  * TDIST__EXEC_BLOCKED. If the caller gave an on_missing hook, a placeholder
- * entry (present = 0) is made for each missing key and handed to the hook,
- * which links a waiter to it; kv->on_write later reports each write so the
- * server can wake exactly those waiters. The caller re-runs the request when
- * woken, and once more with `final` set at its deadline, which answers
- * TDIST__ST_TIMEOUT instead of blocking.
+ * entry (present = 0) is made for the first missing key and handed to the
+ * hook, which links a waiter to it; kv->on_write later reports each write so
+ * the server can wake exactly that waiter. The caller re-runs the request
+ * when woken, passing back the resume position the blocked run left in the
+ * tdist__exec_t (the request goes on from the key it waited on, so waiting
+ * costs O(keys) in all: exec_waiting in kv.c), and once more with `final`
+ * set at its deadline, which answers TDIST__ST_TIMEOUT instead of blocking.
  *
  * Thread safety: none; one thread owns a table (the server's loop thread, or
  * a file-store call holding the file lock).
@@ -61,6 +63,14 @@ typedef struct tdist__exec {
    * TDIST__ST_FULL with that message and changes nothing. */
   const char *(*admit)(void *ctx, uint64_t store, uint64_t reply);
   void *ctx;
+  /* in/out: where a blocked get/wait/multi_get goes on. A BLOCKED run with
+   * on_missing sets them (resume = 1, the index of the key it waits on and
+   * its byte offset in the body); the caller passes them back unchanged
+   * when it re-runs the same body, and zeroes them for another request.
+   * Ignored with `final`. */
+  int resume;
+  uint32_t resume_idx;
+  size_t resume_off;
   /* out */
   uint64_t timeout_ms; /* of a blocked request */
   const char *why;     /* what was malformed (TDIST__EXEC_BAD) */

@@ -56,6 +56,8 @@ enum tdist__store_status {
   TDIST__ST_AUTH = 3,    /* token refused; the server closes */
   TDIST__ST_VERSION = 4, /* u32 server version; the server closes */
   TDIST__ST_FULL = 5,    /* bytes message: the server's memory budget refused it */
+  TDIST__ST_BUSY = 6,    /* bytes message: no descriptor for this connection; sent
+                            unasked as the first frame, then the server closes */
 };
 
 /* A growable byte buffer. Owner: whoever embeds it. */

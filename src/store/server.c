@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "util/alloc.h"
@@ -57,6 +58,75 @@ void tdist__srv_warn(struct tdist_store_server *srv, const char *fmt, ...) {
              srv->warn_in_window == WARN_BURST ? " (further client warnings are counted)" : "");
 }
 
+/* ---- running out of descriptors ------------------------------------------------- */
+
+/* The server holds one descriptor per connection. Once they run out, accept()
+ * fails with EMFILE and libuv closes the pending connections unanswered (its
+ * own spare-descriptor trick): the clients see a closed socket, retry and
+ * time out minutes later with nothing naming the cause. So the last
+ * SRV_FD_RESERVE descriptors are kept free: a connection accepted onto one of
+ * them gets one BUSY frame naming the limit and is closed at once (the
+ * client fails with TDIST_ERR_STORE_ERROR and that message, without
+ * retrying), and the server logs the first refusal of a burst at WARN and
+ * how many followed in one line per BUSY_WINDOW_MS. */
+#define BUSY_WINDOW_MS 10000
+
+/* At the end of a window: the line for the refusals held back since its
+ * first, and the next refusal is logged in full again. */
+static void busy_summary(struct tdist_store_server *srv, uint64_t now) {
+  if (!srv->busy_warned || now - srv->busy_window_start < BUSY_WINDOW_MS) return;
+  if (srv->busy_held)
+    TDIST_WARN(STORE,
+               "store server: %d more connections refused for want of descriptors in the last "
+               "%.1f s (RLIMIT_NOFILE %" PRIu64 ", %zu connections open)",
+               srv->busy_held, (double)(now - srv->busy_window_start) / 1000, srv->nofile,
+               srv->nconns);
+  srv->busy_held = 0;
+  srv->busy_warned = 0;
+}
+
+/* 1 when descriptor fd is one of the reserved ones (the lowest free
+ * descriptor is handed out, so every one below fd is in use). The limit is
+ * read again then: the process may have raised it since. */
+static int fd_reserved(struct tdist_store_server *srv, int fd) {
+  if ((uint64_t)fd + SRV_FD_RESERVE < srv->nofile) return 0;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    srv->nofile = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+  return (uint64_t)fd + SRV_FD_RESERVE >= srv->nofile;
+}
+
+/* Answer c (just accepted onto a reserved descriptor) BUSY and close it. */
+static void refuse_busy(conn_t *c) {
+  struct tdist_store_server *srv = c->srv;
+  char msg[300];
+  int n = snprintf(msg, sizeof(msg),
+                   "the store server is out of file descriptors: %zu connections open, "
+                   "RLIMIT_NOFILE is %" PRIu64
+                   " (%d kept in reserve); raise the server process's limit (ulimit -n) or "
+                   "open fewer connections",
+                   srv->nconns - 1, srv->nofile, SRV_FD_RESERVE);
+  uint8_t frame[9 + sizeof(msg)];
+  tdist__buf_t b = {frame, 0, sizeof(frame)}; /* fits: no reallocation of the stack buffer */
+  size_t f = tdist__frame_begin(&b, TDIST__ST_BUSY);
+  tdist__put_bytes(&b, msg, (uint32_t)n);
+  tdist__frame_end(&b, f);
+  uv_buf_t ub = uv_buf_init((char *)b.p, (unsigned)b.len);
+  /* A fresh socket's send buffer takes a few hundred bytes: no uv_write to wait for. */
+  uv_try_write((uv_stream_t *)&c->tcp, &ub, 1);
+  uint64_t now = uv_now(&srv->loop);
+  busy_summary(srv, now);
+  if (!srv->busy_warned) {
+    srv->busy_warned = 1;
+    srv->busy_window_start = now;
+    TDIST_WARN(STORE, "store server: refusing connection from %s: %s (further refusals counted)",
+               c->peer, msg);
+  } else {
+    srv->busy_held++;
+  }
+  tdist__srv_conn_close(c, NULL);
+}
+
 /* After the detector's scan declared deaths: the monitors waiting for those
  * records are woken now, not at the next request that drains the list. */
 static void on_declared(void *arg) { tdist__srv_drain_ready(arg); }
@@ -71,12 +141,14 @@ static void on_sweep(uv_timer_t *t) {
   }
   tdist__srv_drain_ready(srv);
   tdist__srv_maybe_purge(srv);
+  busy_summary(srv, now);
 }
 
 static void on_connection(uv_stream_t *l, int status) {
   struct tdist_store_server *srv = l->data;
   if (status < 0) {
-    TDIST_WARN(STORE, "store server: accept failed: %s", uv_strerror(status));
+    TDIST_WARN(STORE, "store server: accept failed: %s (%zu connections open)", uv_strerror(status),
+               srv->nconns);
     return;
   }
   conn_t *c = tdist__calloc(1, sizeof(*c));
@@ -92,6 +164,7 @@ static void on_connection(uv_stream_t *l, int status) {
   c->next = srv->conns;
   if (c->next) c->next->prev = c;
   srv->conns = c;
+  srv->nconns++;
   if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
     tdist__srv_conn_close(c, "accept failed");
     return;
@@ -111,6 +184,11 @@ static void on_connection(uv_stream_t *l, int status) {
       port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+  }
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && fd_reserved(srv, fd)) {
+    refuse_busy(c);
+    return;
   }
   /* A connection costs its struct and a handshake buffer: refused while
    * even that does not fit (the peer sees the connection close). */
@@ -173,6 +251,10 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
   srv->kv.on_write = tdist__srv_on_write;
   tdist__srv_budget_init(srv);
   srv->kv.ctx = srv;
+  srv->nofile = UINT64_MAX;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    srv->nofile = (uint64_t)rl.rlim_cur;
   if (token && *token && !(srv->token = tdist__strdup(token))) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "store server: out of memory");
     goto fail;

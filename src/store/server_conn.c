@@ -21,12 +21,13 @@
  * request is parked waiting for a key (the client is taken to be gone).
  *
  * Waiting: a get/wait/multi_get whose keys are missing leaves its frame at
- * the head of the read buffer, links a waiter onto each missing key's entry
- * and arms the connection's timer with the request's timeout. A write to such
- * a key (kv->on_write) puts the waiting connections on the ready list; the
- * list is drained at the end of the callback that made the write, and each
- * connection re-runs its head frame (blocking again if another key is still
- * missing). The timer re-runs it with `final` set, which answers TIMEOUT.
+ * the head of the read buffer, links one waiter onto its first missing key's
+ * entry and arms the connection's timer with the request's timeout. A write
+ * to that key (kv->on_write) puts the waiting connections on the ready list;
+ * the list is drained at the end of the callback that made the write, and
+ * each connection re-runs its head frame from the key it waited on (c->resume:
+ * kv.h), blocking again on the next missing key if there is one. The timer
+ * re-runs it with `final` set, which answers TIMEOUT.
  * Nothing polls. While blocked, a connection keeps reading into the room its
  * buffer has (so a disconnect is seen and its waiters are freed).
  *
@@ -177,6 +178,7 @@ void tdist__srv_conn_close(conn_t *c, const char *why) {
     tdist__live_on_close(srv->live, c);
     tdist__srv_drain_ready(srv); /* a death record wakes the monitors waiting for it */
   }
+  srv->nconns--;
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -340,11 +342,20 @@ static int run_frame(conn_t *c, const uint8_t *body, uint32_t len) {
     if (h > 0) c->close_after_flush = 1;
     return 0;
   }
-  tdist__exec_t x = {
-      .final = c->final, .on_missing = on_missing, .admit = tdist__srv_admit, .ctx = c};
+  tdist__exec_t x = {.final = c->final,
+                     .on_missing = on_missing,
+                     .admit = tdist__srv_admit,
+                     .ctx = c,
+                     .resume = c->resume,
+                     .resume_idx = c->resume_idx,
+                     .resume_off = c->resume_off};
   srv->current = c;
   int rc = tdist__kv_exec(&srv->kv, body, len, &c->out, &x);
   srv->current = NULL;
+  /* kept only while this frame stays parked at the head */
+  c->resume = rc == TDIST__EXEC_BLOCKED ? x.resume : 0;
+  c->resume_idx = x.resume_idx;
+  c->resume_off = x.resume_off;
   if (rc == TDIST__EXEC_BLOCKED) {
     c->blocked = 1;
     if (!c->timer_armed) {

@@ -44,6 +44,12 @@
  * must still answer a delete or a counter); they are charged all the same. */
 #define SRV_SMALL_REPLY (64 * 1024)
 
+/* Descriptors kept free: a connection accepted onto one of the last
+ * SRV_FD_RESERVE descriptors below RLIMIT_NOFILE is answered BUSY and closed
+ * at once (server.c), so the server never runs out (libuv would then close
+ * new connections without a word) and keeps some for itself. */
+#define SRV_FD_RESERVE 16
+
 typedef struct tdist__srv_conn tdist__srv_conn_t;
 
 typedef struct tdist__srv_waiter {
@@ -73,8 +79,12 @@ struct tdist__srv_conn {
   uint64_t t_frame;     /* uv_now when the incomplete head frame began; 0: none */
   uint64_t t_write;     /* uv_now when the uv_write in flight began */
   uint64_t charged;     /* bytes of this connection in srv->conn_bytes */
-  size_t nwaiters;
+  size_t nwaiters;      /* 0 or 1: a parked request waits on one key at a time */
   tdist__srv_waiter_t *waiters;
+  /* where the parked head frame goes on when woken (tdist__exec_t, kv.h) */
+  int resume;
+  uint32_t resume_idx;
+  size_t resume_off;
   tdist__srv_conn_t *ready_next;
   int in_ready;
   char peer[64];
@@ -96,6 +106,11 @@ struct tdist_store_server {
   uint64_t warn_window_start;
   int warn_in_window, warn_held;
   tdist__srv_conn_t *current; /* connection whose request is executing */
+  /* connections refused for want of descriptors (server.c) */
+  uint64_t nofile; /* RLIMIT_NOFILE as last read */
+  size_t nconns;   /* connections open */
+  uint64_t busy_window_start;
+  int busy_warned, busy_held;
   int stopping;
   _Atomic int64_t num_keys; /* mirror of kv.npresent for other threads */
   /* budget.c */

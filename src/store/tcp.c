@@ -189,9 +189,11 @@ static int connect_once(const char *host, int port, int64_t deadline_ms) {
   return fd;
 }
 
-/* Send HELLO and read the answer: 0, TDIST_ERR_AUTH, TDIST_ERR_PROTOCOL, or a
- * transport error (retryable). */
-static int handshake(int fd, const char *token, int64_t deadline_ms, uint32_t *server_version) {
+/* Send HELLO and read the answer: 0, TDIST_ERR_AUTH, TDIST_ERR_PROTOCOL,
+ * TDIST_ERR_STORE_ERROR (the server had no descriptor for this connection:
+ * its message in busy[busy_len]), or a transport error (retryable). */
+static int handshake(int fd, const char *token, int64_t deadline_ms, uint32_t *server_version,
+                     char *busy, size_t busy_len) {
   tdist__buf_t b = {0};
   size_t tl = token ? strlen(token) : 0;
   int rc = tdist__buf_reserve(&b, 32 + tl);
@@ -202,8 +204,17 @@ static int handshake(int fd, const char *token, int64_t deadline_ms, uint32_t *s
   tdist__put_bytes(&b, token, (uint32_t)tl);
   tdist__frame_end(&b, f);
   rc = send_all(fd, b.p, b.len, deadline_ms);
-  if (rc == 0) rc = recv_frame(fd, &b, deadline_ms);
-  if (rc == 0) {
+  /* A server out of descriptors sends BUSY unasked and closes: the frame may
+   * be waiting even when the HELLO could not be sent. */
+  if (rc == 0 || rc == TDIST_ERR_CLOSED) rc = recv_frame(fd, &b, deadline_ms);
+  if (rc == 0 && b.p[0] == TDIST__ST_BUSY) {
+    tdist__rd_t r = {b.p, b.len, 1};
+    const uint8_t *m = (const uint8_t *)"";
+    uint32_t ml = 0;
+    tdist__get_bytes(&r, &m, &ml, 4096);
+    snprintf(busy, busy_len, "%.*s", (int)ml, (const char *)m);
+    rc = TDIST_ERR_STORE_ERROR;
+  } else if (rc == 0) {
     tdist__rd_t r = {b.p, b.len, 1};
     *server_version = 0;
     tdist__get_u32(&r, server_version);
@@ -233,14 +244,19 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
   int64_t backoff = 10;
   int attempts = 0, rc = TDIST_ERR_TIMEOUT, fd = -1;
   uint32_t sv = 0;
+  char busy[320] = "";
   for (;;) {
     attempts++;
     fd = connect_once(host, port, deadline);
     if (fd >= 0) {
-      rc = handshake(fd, token, deadline, &sv);
+      rc = handshake(fd, token, deadline, &sv, busy, sizeof(busy));
       if (rc == 0) break;
       close(fd);
       fd = -1;
+      /* Not retried: the server stays out of descriptors until connections
+       * close, and a retry loop across thousands of ranks would hide it. */
+      if (rc == TDIST_ERR_STORE_ERROR)
+        return tdist__error(rc, "store connect to %s:%d refused: %s", host, port, busy);
       if (rc == TDIST_ERR_AUTH)
         return tdist__error(rc,
                             "store server %s:%d refused the token (set TDIST_STORE_TOKEN to "

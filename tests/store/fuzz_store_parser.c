@@ -3,7 +3,8 @@
  * handling: the input is a byte stream cut into frames exactly as the server
  * does ([u32 len][body], len bounded), and every body runs through
  * tdist__kv_exec against one table that persists across frames, with waiter
- * registration and timeout re-runs exercised as on the server. Built with
+ * registration, a resumed re-run and timeout re-runs exercised as on the
+ * server. Built with
  * -DTDIST_BUILD_FUZZ=ON and clang.
  */
 #include <stddef.h>
@@ -56,6 +57,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     out.len = 0;
     int rc = tdist__kv_exec(&kv, body, len, &out, &x);
     if (rc == TDIST__EXEC_BLOCKED) {
+      /* one waiter per parked request (kv.c exec_waiting) */
+      if (w.n != 1 || !x.resume) __builtin_trap();
+      unwait(&kv, &w);
+      /* a spurious wake-up: re-run from the resume position; nothing was
+       * written, so it parks again */
+      rc = tdist__kv_exec(&kv, body, len, &out, &x);
+      if (rc != TDIST__EXEC_BLOCKED || w.n != 1) __builtin_trap();
       unwait(&kv, &w); /* the timer fires: re-run with final set */
       x.final = 1;
       rc = tdist__kv_exec(&kv, body, len, &out, &x);
