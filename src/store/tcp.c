@@ -46,15 +46,18 @@ typedef struct tcp_store {
   int fd; /* -1 once broken */
 } tcp_store_t;
 
-/* Wait for `events` on fd until deadline_ms; 0 ready, TDIST_ERR_TIMEOUT, TDIST_ERR_IO. */
+/* Wait for `events` on fd until deadline_ms; 0 ready, TDIST_ERR_TIMEOUT, TDIST_ERR_IO.
+ * Past the deadline it still looks once without waiting: a thread that was
+ * not scheduled until after the deadline (a loaded host) takes a reply that
+ * arrived in time instead of dropping the connection over it. */
 static int wait_fd(int fd, short events, int64_t deadline_ms) {
   for (;;) {
     int64_t left = deadline_ms - tdist__now_ms();
-    if (left <= 0) return TDIST_ERR_TIMEOUT;
     struct pollfd p = {.fd = fd, .events = events};
-    int n = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
+    int n = poll(&p, 1, left <= 0 ? 0 : left > 1000000 ? 1000000 : (int)left);
     if (n > 0) return 0;
     if (n < 0 && errno != EINTR) return TDIST_ERR_IO;
+    if (left <= 0 && n == 0) return TDIST_ERR_TIMEOUT;
   }
 }
 
