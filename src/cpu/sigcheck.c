@@ -28,7 +28,9 @@
  *     that arrives before its op is posted waits on the unexpected list
  *     (or the orphan list) and is taken at round 0.
  *   - Lag one: a rank that received nothing in the op (a broadcast or
- *     scatter root, a reduce leaf, a gather non-root) may complete it at
+ *     scatter root, a reduce leaf, a gather non-root), or a broadcast
+ *     receiver, whose data came down a path of ranks that agreed with it
+ *     (may_lag), may complete it at
  *     once, when it is the group's oldest collective and no op lags; the op
  *     then lags (engine.c keeps it, without the core's op or buffers, as
  *     cpu_group_t.lagging) until every member was heard, and no later op of
@@ -43,8 +45,10 @@
  *     which everyone agreed on, still finish.
  * Together: whatever the disagreement, every rank that receives anything
  * in the op fails it (MISMATCH, or the abort that the detecting rank's ERR
- * and record cause); a rank that only sends fails it or its next op; no
- * rank completes two ops in a row. A header for an op that completed here
+ * and record cause), except a broadcast receiver whose data is the root's;
+ * that one, and a rank that only sends, fails it or its next op; no rank
+ * completes two ops in a row, and none completes with data from a
+ * disagreeing rank. A header for an op that completed here
  * (or lags) is compared with the done ring and always fails the group: a
  * correct run never sends a rank anything its op did not take.
  *
@@ -201,14 +205,24 @@ static int oldest(const cpu_op_t *op) {
   return 0;
 }
 
-/* It completes once it has heard every member it must. A rank that
- * received nothing in it (a broadcast or scatter root, a reduce leaf, a
- * gather non-root) may complete at once, lagging, when it is the oldest
- * collective and none lags: lag one. */
+/* May op complete before every member was heard? A rank that received
+ * nothing in it (a broadcast or scatter root, a reduce leaf, a gather
+ * non-root) may; so may a broadcast receiver: what it received is the
+ * root's data, since every rank on its path from the root sent only after
+ * its own receive matched (the same induction as for all_reduce), so each
+ * agreed with it. The other receivers (a reduce or gather root, an inner
+ * reduce rank, a scatter receiver) still wait for every signature: lagging
+ * buys latency only where a rank runs ahead, which for them is rarely the
+ * case (docs/cpu-backend.md "Mismatch"). */
+static int may_lag(const cpu_op_t *op) { return !op->received || op->type == TDIST_OP_BROADCAST; }
+
+/* It completes once it has heard every member it must, or at once,
+ * lagging, when it may (may_lag), is the oldest collective and none lags:
+ * lag one. */
 int tdist__cpu_sig_finish(const cpu_op_t *op) {
   if (tdist__cpu_lag_blocks(op)) return 0;
   if (tdist__cpu_sigs_complete(op)) return 1;
-  return !op->received && !op->cg->lagging && oldest(op) ? 2 : 0;
+  return may_lag(op) && !op->cg->lagging && oldest(op) ? 2 : 0;
 }
 
 void tdist__cpu_lag_clear(cpu_op_t *op) {
