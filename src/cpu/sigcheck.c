@@ -195,12 +195,13 @@ void tdist__cpu_on_sig(cpu_conn_t *c) {
   tdist__list_push_back(&cg->ux, &u->link);
 }
 
-/* Is op the oldest collective still active in its group? */
+/* Is op the oldest collective still running in its group (lagging ones
+ * completed already)? */
 static int oldest(const cpu_op_t *op) {
   tdist__list_t *n;
   tdist__list_foreach(n, &op->cg->ops) {
     const cpu_op_t *o = tdist__list_entry(n, cpu_op_t, link);
-    if (!o->p2p) return o == op;
+    if (!o->p2p && !o->lagging) return o == op;
   }
   return 0;
 }
@@ -220,9 +221,17 @@ static int may_lag(const cpu_op_t *op) { return !op->received || op->type == TDI
  * lagging, when it may (may_lag), is the oldest collective and none lags:
  * lag one. */
 int tdist__cpu_sig_finish(const cpu_op_t *op) {
-  if (tdist__cpu_lag_blocks(op)) return 0;
-  if (tdist__cpu_sigs_complete(op)) return 1;
-  return may_lag(op) && !op->cg->lagging && oldest(op) ? 2 : 0;
+  const cpu_group_t *cg = op->cg;
+  if (!tdist__cpu_lag_blocks(op)) {
+    if (tdist__cpu_sigs_complete(op)) return 1;
+    return may_lag(op) && !cg->lagging && oldest(op) ? 2 : 0;
+  }
+  /* Behind a lagging op: one in which this rank received nothing may
+   * complete too (lagging while it lacks signatures), up to CPU_LAG_MAX
+   * lagging ops: a broadcast root runs ahead as MPI's does, and it has no
+   * data to be wrong about; the first op in which it receives waits. */
+  if (op->received || cg->nlagging >= CPU_LAG_MAX || !oldest(op)) return 0;
+  return tdist__cpu_sigs_complete(op) ? 1 : 2;
 }
 
 void tdist__cpu_lag_clear(cpu_op_t *op) {
