@@ -30,14 +30,20 @@
  *   - Lag one: a rank that received nothing in the op (a broadcast or
  *     scatter root, a reduce leaf, a gather non-root), or a broadcast
  *     receiver, whose data came down a path of ranks that agreed with it
- *     (may_lag), may complete it at
- *     once, when it is the group's oldest collective and no op lags; the op
- *     then lags (engine.c keeps it, without the core's op or buffers, as
- *     cpu_group_t.lagging) until every member was heard, and no later op of
- *     the group, collective or p2p, completes before that
+ *     (may_lag), may complete it at once, when it is the group's oldest
+ *     collective and no op lags; the op then lags (engine.c keeps it,
+ *     without the core's op or buffers; cpu_group_t.lagging is the oldest)
+ *     until every member was heard, and no later op of the group that
+ *     receives anything, nor any p2p op, completes before that
  *     (tdist__cpu_lag_blocks). Programs may rely on a root finishing before
  *     its receivers post (tests/cpu/test_cpu_deferred.c), so it cannot wait
- *     for them; it just cannot run two ops ahead.
+ *     for them.
+ *   - Up to CPU_LAG_MAX behind it: a later collective in which this rank
+ *     receives nothing may complete behind a lagging one, lagging too, up
+ *     to CPU_LAG_MAX lagging ops, so a broadcast root in a loop runs ahead
+ *     of its receivers as MPI's does (lag one made each of its ops a round
+ *     trip to the slowest receiver). It has no data to be wrong about, and
+ *     the first op in which it receives waits for the oldest lagging op.
  *   - A reported mismatch in collective #s blocks the group's ops from #s
  *     on (and p2p ops posted after it): the engine advances none of them
  *     again (engine.c: advance, tdist__cpu_blocked), so no rank completes
@@ -46,10 +52,13 @@
  * Together: whatever the disagreement, every rank that receives anything
  * in the op fails it (MISMATCH, or the abort that the detecting rank's ERR
  * and record cause), except a broadcast receiver whose data is the root's;
- * that one, and a rank that only sends, fails it or its next op; no rank
- * completes two ops in a row, and none completes with data from a
- * disagreeing rank. A header for an op that completed here
- * (or lags) is compared with the done ring and always fails the group: a
+ * that one, and a rank that only sends, fails it or a later op: at the
+ * latest the first one in which it receives, its first p2p op, or the one
+ * after CPU_LAG_MAX completed collectives. None completes an op with data
+ * from a disagreeing rank, nor an op in which it receives while an earlier
+ * one it completed still lacks a member's signature. A header for an op
+ * that completed here (or lags) is compared with the done ring and always
+ * fails the group: a
  * correct run never sends a rank anything its op did not take.
  *
  * Threads: progress thread only. tdist__cpu_on_sig and tdist__cpu_sig_heard
