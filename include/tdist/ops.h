@@ -12,7 +12,9 @@
  *          makes the op fail on every rank with TDIST_ERR_MISMATCH (CPU
  *          backend) instead of hanging or corrupting memory; a rank that
  *          only sends in it, or a broadcast receiver that got the root's
- *          data, may complete it and fail its next op on the group instead
+ *          data, may complete it and fail a later op on the group instead,
+ *          at the latest its first op that receives data, its first
+ *          point-to-point op or its 17th collective from that one on
  *          (docs/cpu-backend.md "Mismatch").
  *   count  number of elements (not bytes); 0 is allowed and completes at once
  *          after the ranks agree.
