@@ -10,7 +10,12 @@
  *   group  the group; every member must make the same call (same op, count,
  *          dtype, reduction and root) in the same order. A rank that differs
  *          makes the op fail on every rank with TDIST_ERR_MISMATCH (CPU
- *          backend) instead of hanging or corrupting memory.
+ *          backend) instead of hanging or corrupting memory; a rank that
+ *          only sends in it, or a broadcast receiver that got the root's
+ *          data, may complete it and fail a later op on the group instead,
+ *          at the latest its first op that receives data, its first
+ *          point-to-point op or its 17th collective from that one on
+ *          (docs/cpu-backend.md "Mismatch").
  *   count  number of elements (not bytes); 0 is allowed and completes at once
  *          after the ranks agree.
  *   opts   NULL or per-op options (timeout, PREMUL_SUM scalar, CUDA stream).

@@ -221,36 +221,48 @@ int tdist__cpu_algo_setup_v(cpu_op_t *op) {
 
 /* ---- agreement ------------------------------------------------------------------ */
 
-/* What rank `src` must send this rank in op, and the names of both sides'
- * numbers (for the message). 0 when src sends this rank nothing in op. */
-static int expected(const cpu_op_t *op, int src, size_t *count, char *mine, size_t ml, char *theirs,
-                    size_t tl) {
+/* What rank `src` must send this rank in op: 1 and *count, or 0 when src
+ * sends this rank nothing in op. Runs for every header of a v-op, so it
+ * only reads the arrays (the names for a message are count_names'). */
+static int expected(const cpu_op_t *op, int src, size_t *count) {
   const tdist_backend_args_t *a = op->args;
   switch (op->type) {
   case TDIST_OP_ALL_TO_ALL_V:
-    *count = a->rcounts[src];
-    snprintf(theirs, tl, "send_counts[%d]", op->rank);
-    snprintf(mine, ml, "recv_counts[%d]", src);
-    return 1;
-  case TDIST_OP_ALL_GATHER_V:
+  case TDIST_OP_ALL_GATHER_V: *count = a->rcounts[src]; return 1;
   case TDIST_OP_GATHER_V:
-    if (op->type == TDIST_OP_GATHER_V && op->rank != op->root) return 0;
+    if (op->rank != op->root) return 0;
     *count = a->rcounts[src];
-    snprintf(theirs, tl, "send_count");
-    snprintf(mine, ml, "recv_counts[%d]", src);
     return 1;
   case TDIST_OP_SCATTER_V:
     if (op->rank == op->root || src != op->root) return 0;
     *count = op->count;
+    return 1;
+  case TDIST_OP_REDUCE_SCATTER_V: *count = op->count; return 1;
+  default: return 0;
+  }
+}
+
+/* The names of both sides' numbers in op (for a mismatch's message). */
+static void count_names(const cpu_op_t *op, int src, char *mine, size_t ml, char *theirs,
+                        size_t tl) {
+  switch (op->type) {
+  case TDIST_OP_ALL_TO_ALL_V:
+    snprintf(theirs, tl, "send_counts[%d]", op->rank);
+    snprintf(mine, ml, "recv_counts[%d]", src);
+    break;
+  case TDIST_OP_ALL_GATHER_V:
+  case TDIST_OP_GATHER_V:
+    snprintf(theirs, tl, "send_count");
+    snprintf(mine, ml, "recv_counts[%d]", src);
+    break;
+  case TDIST_OP_SCATTER_V:
     snprintf(theirs, tl, "send_counts[%d]", op->rank);
     snprintf(mine, ml, "recv_count");
-    return 1;
-  case TDIST_OP_REDUCE_SCATTER_V:
-    *count = op->count;
+    break;
+  default:
     snprintf(theirs, tl, "recv_counts[%d]", op->rank);
     snprintf(mine, ml, "recv_counts[%d]", op->rank);
-    return 1;
-  default: return 0;
+    break;
   }
 }
 
@@ -281,7 +293,7 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
   if (h->kind == CPU_MSG_PROBE || h->kind == CPU_MSG_SIG || !op->args) return 0;
   size_t want = 0;
   char mine[40], theirs[40];
-  if (!expected(op, src, &want, mine, sizeof(mine), theirs, sizeof(theirs))) {
+  if (!expected(op, src, &want)) {
     snprintf(text, sizeof(text),
              "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
              " %s to rank %d in %s, which expects nothing from it",
@@ -290,6 +302,7 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
     return 1;
   }
   if (h->count == want) return 0;
+  count_names(op, src, mine, sizeof(mine), theirs, sizeof(theirs));
   snprintf(text, sizeof(text),
            "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
            " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",

@@ -276,10 +276,12 @@ struct cpu_group {
    * between the report and the core's abort (sigcheck.c,
    * docs/cpu-backend.md "Mismatch"). */
   uint64_t broken_at;
-  /* The collective that completed before it heard every member (at most
-   * one, sigcheck.c "lag one"): no later op of the group completes until it
-   * has; NULL when none. */
+  /* The oldest collective that completed before it heard every member
+   * (sigcheck.c "lag one"): no later op of the group completes until it has,
+   * except a collective in which this rank only sends, up to CPU_LAG_MAX
+   * lagging ops in all; NULL when none. nlagging: how many lag. */
   cpu_op_t *lagging;
+  int nlagging;
   /* cma.c: a sender aborted under a read; fail at poison_at + 1 s with
    * poison_why, unless its cause arrives first */
   int poisoned;
@@ -747,6 +749,10 @@ static inline int tdist__cpu_lag_blocks(const cpu_op_t *op) {
   const cpu_op_t *l = op->cg->lagging;
   return l && l != op && op->cseq > l->cseq;
 }
+/* Collectives lagging at most in one group (sigcheck.c): how far a rank
+ * that only sends (a broadcast root in a loop) runs ahead of the
+ * signatures of its oldest lagging op. */
+#define CPU_LAG_MAX 16
 /* Engine: lagging op has heard every member: back to the pool, and the
  * ops that waited for it are readied. */
 void tdist__cpu_lag_clear(cpu_op_t *op);

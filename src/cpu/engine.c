@@ -119,8 +119,21 @@ static void release_stages(cpu_op_t *op) {
 
 void tdist__cpu_op_put(cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
-  if (cg->lagging == op) cg->lagging = NULL;
-  op->lagging = 0;
+  if (op->lagging) {
+    op->lagging = 0;
+    cg->nlagging--;
+    if (cg->lagging == op) { /* the next oldest lagging op, if any (post order) */
+      cg->lagging = NULL;
+      tdist__list_t *n;
+      tdist__list_foreach(n, &cg->ops) {
+        cpu_op_t *o = tdist__list_entry(n, cpu_op_t, link);
+        if (o->lagging) {
+          cg->lagging = o;
+          break;
+        }
+      }
+    }
+  }
   tdist__cpu_copy_cancel(op); /* before its buffers go back to the caller */
   if (tdist__list_linked(&op->link)) tdist__list_remove(&op->link);
   if (tdist__list_linked(&op->rlink)) tdist__list_remove(&op->rlink);
@@ -171,7 +184,8 @@ static void op_complete(cpu_op_t *op, int lag) {
     op->bop = NULL;
     op->args = NULL;
     op->lagging = 1;
-    cg->lagging = op;
+    cg->nlagging++;
+    if (!cg->lagging) cg->lagging = op; /* ops lag in post order: the oldest */
   } else {
     tdist__cpu_op_put(op);
   }

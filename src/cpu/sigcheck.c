@@ -28,14 +28,22 @@
  *     that arrives before its op is posted waits on the unexpected list
  *     (or the orphan list) and is taken at round 0.
  *   - Lag one: a rank that received nothing in the op (a broadcast or
- *     scatter root, a reduce leaf, a gather non-root) may complete it at
- *     once, when it is the group's oldest collective and no op lags; the op
- *     then lags (engine.c keeps it, without the core's op or buffers, as
- *     cpu_group_t.lagging) until every member was heard, and no later op of
- *     the group, collective or p2p, completes before that
+ *     scatter root, a reduce leaf, a gather non-root), or a broadcast
+ *     receiver, whose data came down a path of ranks that agreed with it
+ *     (may_lag), may complete it at once, when it is the group's oldest
+ *     collective and no op lags; the op then lags (engine.c keeps it,
+ *     without the core's op or buffers; cpu_group_t.lagging is the oldest)
+ *     until every member was heard, and no later op of the group that
+ *     receives anything, nor any p2p op, completes before that
  *     (tdist__cpu_lag_blocks). Programs may rely on a root finishing before
  *     its receivers post (tests/cpu/test_cpu_deferred.c), so it cannot wait
- *     for them; it just cannot run two ops ahead.
+ *     for them.
+ *   - Up to CPU_LAG_MAX behind it: a later collective in which this rank
+ *     receives nothing may complete behind a lagging one, lagging too, up
+ *     to CPU_LAG_MAX lagging ops, so a broadcast root in a loop runs ahead
+ *     of its receivers as MPI's does (lag one made each of its ops a round
+ *     trip to the slowest receiver). It has no data to be wrong about, and
+ *     the first op in which it receives waits for the oldest lagging op.
  *   - A reported mismatch in collective #s blocks the group's ops from #s
  *     on (and p2p ops posted after it): the engine advances none of them
  *     again (engine.c: advance, tdist__cpu_blocked), so no rank completes
@@ -43,9 +51,14 @@
  *     which everyone agreed on, still finish.
  * Together: whatever the disagreement, every rank that receives anything
  * in the op fails it (MISMATCH, or the abort that the detecting rank's ERR
- * and record cause); a rank that only sends fails it or its next op; no
- * rank completes two ops in a row. A header for an op that completed here
- * (or lags) is compared with the done ring and always fails the group: a
+ * and record cause), except a broadcast receiver whose data is the root's;
+ * that one, and a rank that only sends, fails it or a later op: at the
+ * latest the first one in which it receives, its first p2p op, or the one
+ * after CPU_LAG_MAX completed collectives. None completes an op with data
+ * from a disagreeing rank, nor an op in which it receives while an earlier
+ * one it completed still lacks a member's signature. A header for an op
+ * that completed here (or lags) is compared with the done ring and always
+ * fails the group: a
  * correct run never sends a rank anything its op did not take.
  *
  * Threads: progress thread only. tdist__cpu_on_sig and tdist__cpu_sig_heard
@@ -191,24 +204,43 @@ void tdist__cpu_on_sig(cpu_conn_t *c) {
   tdist__list_push_back(&cg->ux, &u->link);
 }
 
-/* Is op the oldest collective still active in its group? */
+/* Is op the oldest collective still running in its group (lagging ones
+ * completed already)? */
 static int oldest(const cpu_op_t *op) {
   tdist__list_t *n;
   tdist__list_foreach(n, &op->cg->ops) {
     const cpu_op_t *o = tdist__list_entry(n, cpu_op_t, link);
-    if (!o->p2p) return o == op;
+    if (!o->p2p && !o->lagging) return o == op;
   }
   return 0;
 }
 
-/* It completes once it has heard every member it must. A rank that
- * received nothing in it (a broadcast or scatter root, a reduce leaf, a
- * gather non-root) may complete at once, lagging, when it is the oldest
- * collective and none lags: lag one. */
+/* May op complete before every member was heard? A rank that received
+ * nothing in it (a broadcast or scatter root, a reduce leaf, a gather
+ * non-root) may; so may a broadcast receiver: what it received is the
+ * root's data, since every rank on its path from the root sent only after
+ * its own receive matched (the same induction as for all_reduce), so each
+ * agreed with it. The other receivers (a reduce or gather root, an inner
+ * reduce rank, a scatter receiver) still wait for every signature: lagging
+ * buys latency only where a rank runs ahead, which for them is rarely the
+ * case (docs/cpu-backend.md "Mismatch"). */
+static int may_lag(const cpu_op_t *op) { return !op->received || op->type == TDIST_OP_BROADCAST; }
+
+/* It completes once it has heard every member it must, or at once,
+ * lagging, when it may (may_lag), is the oldest collective and none lags:
+ * lag one. */
 int tdist__cpu_sig_finish(const cpu_op_t *op) {
-  if (tdist__cpu_lag_blocks(op)) return 0;
-  if (tdist__cpu_sigs_complete(op)) return 1;
-  return !op->received && !op->cg->lagging && oldest(op) ? 2 : 0;
+  const cpu_group_t *cg = op->cg;
+  if (!tdist__cpu_lag_blocks(op)) {
+    if (tdist__cpu_sigs_complete(op)) return 1;
+    return may_lag(op) && !cg->lagging && oldest(op) ? 2 : 0;
+  }
+  /* Behind a lagging op: one in which this rank received nothing may
+   * complete too (lagging while it lacks signatures), up to CPU_LAG_MAX
+   * lagging ops: a broadcast root runs ahead as MPI's does, and it has no
+   * data to be wrong about; the first op in which it receives waits. */
+  if (op->received || cg->nlagging >= CPU_LAG_MAX || !oldest(op)) return 0;
+  return tdist__cpu_sigs_complete(op) ? 1 : 2;
 }
 
 void tdist__cpu_lag_clear(cpu_op_t *op) {

@@ -21,6 +21,12 @@
  *   roots     ranks disagree on the root of broadcast, reduce, gather and
  *             scatter: MISMATCH naming the roots on every rank, never the
  *             op timeout.
+ *   root_ahead  a loop of broadcasts whose first one rank 2 posts with
+ *             another count: the root, which only sends, may complete up
+ *             to 16 of them (src/cpu: CPU_LAG_MAX lagging ops) before its
+ *             first failure, never more; rank 1 (it agrees, and receives
+ *             the root's data) at most the first, with the root's data;
+ *             rank 2 none; all fail with MISMATCH.
  */
 #include <dirent.h>
 #include <signal.h>
@@ -215,6 +221,38 @@ static int roots(int rank, int n, void *arg) {
   return 0;
 }
 
+enum { AHEAD_OPS = 40, LAG_MAX = 16 /* src/cpu/cpu.h CPU_LAG_MAX */ };
+
+static int root_ahead(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 20000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  int32_t v[10];
+  int done = 0, rc = 0;
+  char msg[512] = "";
+  for (; done < AHEAD_OPS; done++) {
+    for (int i = 0; i < 10; i++)
+      v[i] = rank == 0 ? 1000 + done : -1;
+    rc = tdist_broadcast(g, v, rank == 2 && done == 0 ? 10 : 8, TDIST_INT32, 0, NULL, NULL);
+    if (rc != 0) {
+      snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+      break;
+    }
+    for (int i = 0; i < 8; i++)
+      MP_CHECK(v[i] == 1000 + done); /* a completed op holds the root's data */
+  }
+  fprintf(stderr, "[rank %d] root_ahead: %d broadcasts completed, then %s: %s\n", rank, done,
+          tdist_err_name(rc), msg);
+  atomic_fetch_add(&sh->seen, 1);
+  for (int64_t t0 = tdist__now_ms(); atomic_load(&sh->seen) < n && tdist__now_ms() - t0 < 20000;)
+    usleep(2000);
+  MP_CHECK(rc == TDIST_ERR_MISMATCH && strstr(msg, "mismatch"));
+  MP_CHECK(done <= (rank == 0 ? LAG_MAX : rank == 1 ? 1 : 0));
+  tdist_group_destroy(g);
+  return 0;
+}
+
 #define HOST_HB_TIMEOUT_MS 1500
 
 static int host_stopped(int rank, int n, void *arg) {
@@ -356,6 +394,7 @@ int main(void) {
     snprintf(name, sizeof(name), "roots (%s)", tdist_op_name(rooted[i]));
     fails += run(name, roots, sh, 0);
   }
+  fails += run("root_ahead", root_ahead, sh, 0);
   /* At n = 2 with roots 0/1 a reduce or gather sends nothing at all. */
   sh->n = 2;
   for (int i = 1; i < 3; i++) {
