@@ -155,7 +155,16 @@ static void test_agent_killed(void **state) {
   free(o1);
   kill(h1.pid, SIGKILL);
   assert_true(wait_out(&h0, "ABORT ", 2));
-  kill(h0.pid, SIGTERM); /* it would wait for host 1 to say it is done */
+  /* Host 0's launcher would wait for host 1 to say it is done: SIGTERM,
+   * again once it is past its ranks (the first may come while they exit). */
+  for (int t = 0; t < 60; t++) {
+    char st = 0, comm[32];
+    pid_t pp;
+    unsigned long long started;
+    if (ru_proc_stat(h0.pid, comm, sizeof(comm), &st, &pp, &started) != 0 || st == 'Z') break;
+    kill(h0.pid, SIGTERM);
+    sleep(1);
+  }
   ru_wait(&h0, RUN_TIMEOUT);
   ru_wait(&h1, RUN_TIMEOUT);
   int ok = 1;
@@ -175,8 +184,10 @@ static void test_agent_killed(void **state) {
   for (int i = 0; i < 2; i++) {
     int gone = 0;
     for (int t = 0; t < 100 && !gone; t++) {
-      char st = 0;
-      gone = ru_proc_stat(pids[i], NULL, 0, &st, NULL, NULL) != 0 || st == 'Z';
+      char st = 0, comm[32];
+      pid_t pp;
+      unsigned long long started;
+      gone = ru_proc_stat(pids[i], comm, sizeof(comm), &st, &pp, &started) != 0 || st == 'Z';
       if (!gone) usleep(100000);
     }
     assert_true(gone);
