@@ -4,6 +4,7 @@
  *
  *   tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]
  *                     [-s steady_s] [-T phase_timeout_s] [--no-group]
+ *                     [--hosts-agg]
  *
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
@@ -27,6 +28,18 @@
  *      every TDIST_HEARTBEAT_INTERVAL_MS (1000) on the heartbeat connection
  *      (one heartbeat thread per process paces its ranks' beats over the
  *      interval, where today each rank has a heartbeat thread).
+ * --hosts-agg runs the host agent's design instead of 3. (tools/launcher/
+ * agent.c, issue 30): per client process (a host) one agent with two
+ * connections of its own writes "tdist/hbh/<process>" every interval
+ * listing its ranks, and one record watcher waits on the next record and
+ * reads every new one in one multi_get, handing deaths to its ranks (here
+ * their counters; a real agent writes a line to each over a unix socket).
+ * A rank told to go silent is judged by its agent (its local beats stop:
+ * "<r> d ..." once they are older than the timeout, checked every 250 ms).
+ * Each rank reads the record count once and keeps -c connections (default
+ * 2: world and monitor; the heartbeat connection is gone); -c 0 gives the
+ * ranks no connection and no thread, skipping phases 1 and 2, so that the
+ * liveness part alone runs at 100k ranks within the descriptor limit.
  * The server's dead-rank detector (store/liveness.c) is the real one, with
  * TDIST_HEARTBEAT_TIMEOUT_MS from the environment (default 5000).
  *
