@@ -346,7 +346,10 @@ static void *hosts_agg_beat(void *arg) {
     double t = now_s();
     size_t len = 0;
     int silent = atomic_load(&g_shm->silent);
-    if (silent >= g_p.lo && silent < g_p.hi && silent_since == 0) silent_since = t;
+    if (silent >= g_p.lo && silent < g_p.hi && silent_since == 0) {
+      silent_since = t; /* its local beats stop now: the last one */
+      g_shm->r[silent].t_beat = t;
+    }
     for (int r = g_p.lo; r < g_p.hi; r++) {
       if (r == silent && silent_done) continue;
       if (r == silent && (t - silent_since) * 1000 > (double)timeout) {
@@ -362,7 +365,7 @@ static void *hosts_agg_beat(void *arg) {
       goto done;
     }
     atomic_fetch_add(&g_shm->ops, 1);
-    for (int r = g_p.lo; r < g_p.hi; r++)
+    for (int r = g_p.lo; r < g_p.hi; r++) /* the local beats the agent had */
       if (r != silent) g_shm->r[r].t_beat = now_s();
     if (first) atomic_fetch_add(&g_shm->mon_ready, nl);
     /* judged every quarter of the timeout at most, beat every interval */
@@ -372,9 +375,12 @@ static void *hosts_agg_beat(void *arg) {
     while (phase_now() != PH_STOP && now_s() < next) {
       sleep_s(judge < step ? judge : step);
       silent = atomic_load(&g_shm->silent);
-      if (silent >= g_p.lo && silent < g_p.hi && !silent_done && silent_since &&
-          (now_s() - silent_since) * 1000 > (double)timeout)
-        break; /* the agent reports it at once */
+      if (silent < g_p.lo || silent >= g_p.hi || silent_done) continue;
+      if (silent_since == 0) { /* its local beats stop now: the last one */
+        silent_since = now_s();
+        g_shm->r[silent].t_beat = silent_since;
+      }
+      if ((now_s() - silent_since) * 1000 > (double)timeout) break; /* reported at once */
     }
   }
 done:
