@@ -419,15 +419,16 @@ static void *hosts_agg_relay(void *arg) {
     }
     if (tdist_store_multi_get(g_p.agent_watch, keys, n, vals, lens, 5000)) goto fail;
     atomic_fetch_add(&g_shm->ops, 2);
-    double t = now_s();
+    int deaths = 0;
     for (size_t k = 0; k < n; k++) {
-      int dead = lens[k] > 5 && memcmp(vals[k], "dead ", 5) == 0;
+      deaths += lens[k] > 5 && memcmp(vals[k], "dead ", 5) == 0;
       tdist_store_free(vals[k]);
-      if (!dead) continue;
-      for (int r = g_p.lo; r < g_p.hi; r++) {
-        g_shm->r[r].t_dead = t;
-        atomic_fetch_add(&g_shm->r[r].ndead, 1);
-      }
+    }
+    /* One hand-over per rank per batch (the agent writes a batch at once). */
+    double t = now_s();
+    for (int r = g_p.lo; deaths && r < g_p.hi; r++) {
+      g_shm->r[r].t_dead = t;
+      atomic_fetch_add(&g_shm->r[r].ndead, deaths);
     }
     next += (int64_t)n;
   }

@@ -272,20 +272,37 @@ static void *loop_main(void *arg) {
   return NULL;
 }
 
-/* (relay) Send records first..first+n-1 to the ranks that want them. */
+/* (relay) Send records first..first+n-1 to the ranks that want them: one
+ * buffer, one send per rank for the batch (a lost host's records arrive
+ * together). */
 static void relay(trun_agent_t *a, int64_t first, void **vals, size_t *lens, size_t n) {
-  pthread_mutex_lock(&a->mu);
+  size_t cap = n * 540 + 1, len = 0;
+  char *buf = malloc(cap);
+  size_t *at = malloc(sizeof(*at) * (n + 1)); /* where record k's line starts */
+  if (!buf || !at) goto done;
   for (size_t k = 0; k < n; k++) {
-    char line[600];
-    int l = snprintf(line, sizeof(line), "rec %" PRId64 " %.*s\n", first + (int64_t)k,
+    at[k] = len;
+    int l = snprintf(buf + len, cap - len, "rec %" PRId64 " %.*s\n", first + (int64_t)k,
                      (int)(lens[k] < 500 ? lens[k] : 500), (char *)vals[k]);
-    for (size_t j = 0; j < (size_t)l; j++)
-      if (line[j] == '\n' && j + 1 != (size_t)l) line[j] = ' ';
-    for (int i = 0; i < a->n; i++)
-      if (a->r[i].state == A_ALIVE && a->r[i].next <= first + (int64_t)k)
-        tell(&a->r[i], line, (size_t)l);
+    for (size_t j = len; j + 1 < len + (size_t)l; j++)
+      if (buf[j] == '\n') buf[j] = ' ';
+    len += (size_t)l;
+  }
+  at[n] = len;
+  pthread_mutex_lock(&a->mu);
+  for (int i = 0; i < a->n; i++) {
+    arank_t *r = &a->r[i];
+    if (r->state != A_ALIVE) continue;
+    /* from the first record its monitor wants */
+    int64_t skip = r->next - first;
+    if (skip >= (int64_t)n) continue;
+    size_t from = skip > 0 ? at[skip] : 0;
+    tell(r, buf + from, len - from);
   }
   pthread_mutex_unlock(&a->mu);
+done:
+  free(buf);
+  free(at);
 }
 
 static void *relay_main(void *arg) {
