@@ -342,28 +342,51 @@ static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
   return -1;
 }
 
+/* A host's heartbeat, read once per diagnosis for all its ranks. */
+struct host_cache {
+  long host; /* -1: none */
+  void *val;
+  size_t len;
+};
+
+/* (monitor) Does `key` exist? Never waits (a missing key is the answer). */
+static int exists(tdist__monitor_t *m, const char *key) {
+  const char *keys[1] = {key};
+  int all = 0;
+  return tdist_store_check(m->conn, keys, 1, &all) == 0 && all;
+}
+
 /* next_seq of group uid in world rank wr's heartbeat: its own key, or, for a
  * rank behind a host agent, its line "<wr> a <value>" in the host's
  * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>"). */
-static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid) {
+static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc) {
   char key[48];
   void *val = NULL;
   size_t len = 0;
   int64_t next = -1;
   snprintf(key, sizeof(key), "tdist/hb/%d", wr);
-  if (tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
+  if (exists(m, key) && tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
     next = seq_in(val, len, uid);
     tdist_store_free(val);
     return next;
   }
   snprintf(key, sizeof(key), "tdist/hbat/%d", wr);
-  if (tdist_store_get(m->conn, key, &val, &len, 100) != 0) return -1;
-  snprintf(key, sizeof(key), "tdist/hbh/%.*s", (int)(len < 16 ? len : 16), (char *)val);
+  if (!exists(m, key) || tdist_store_get(m->conn, key, &val, &len, 100) != 0) return -1;
+  char hs[24];
+  snprintf(hs, sizeof(hs), "%.*s", (int)(len < 16 ? len : 16), (char *)val);
   tdist_store_free(val);
-  if (tdist_store_get(m->conn, key, &val, &len, 100) != 0) return -1;
+  long host = strtol(hs, NULL, 10);
+  if (hc->host != host) {
+    tdist_store_free(hc->val);
+    hc->val = NULL;
+    hc->host = -1;
+    snprintf(key, sizeof(key), "tdist/hbh/%ld", host);
+    if (tdist_store_get(m->conn, key, &hc->val, &hc->len, 100) != 0) return -1;
+    hc->host = host;
+  }
   char want[24];
   int wl = snprintf(want, sizeof(want), "%d a ", wr);
-  const char *p = val, *end = p + len;
+  const char *p = hc->val, *end = p + hc->len;
   while (p < end) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     const char *le = nl ? nl : end;
@@ -373,7 +396,6 @@ static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid) {
     }
     p = le + 1;
   }
-  tdist_store_free(val);
   return next;
 }
 
@@ -393,9 +415,10 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   char text[256] = "";
   size_t tl = 0;
   int behind = 0;
+  struct host_cache hc = {-1, NULL, 0};
   for (int i = 0; found && i < mb->size; i++) {
     if (i == mb->rank) continue;
-    int64_t next = peer_seq(m, mb->ranks[i], uid);
+    int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
     if (next > (int64_t)seq) continue; /* it submitted this op */
     int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
@@ -413,6 +436,7 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
              "every rank of group '%.95s' had reached seq %" PRIu64 " (stuck in the backend)",
              mb->name, seq);
   m->h.on_verdict(m->h.arg, uid, seq, verdict[0] ? verdict : NULL);
+  tdist_store_free(hc.val);
   tdist__free(mb);
 }
 
