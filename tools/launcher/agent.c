@@ -127,7 +127,8 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
     long long next = 0;
     if (sscanf(line + 6, "%d %lld", &r->rank, &next) == 2) r->next = next;
     r->last_ms = now_ms();
-  } else if (!strcmp(line, "bye") && r->state == A_ALIVE) {
+  } else if (!strcmp(line, "bye") && (r->state == A_ALIVE || r->state == A_HELLO)) {
+    /* (a monitor whose start failed after its hello says bye at once) */
     r->state = A_LEFT;
     a->urgent = 1; /* peers read its "bye" (core/ops/mesh.c) */
   }
