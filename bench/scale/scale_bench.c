@@ -4,6 +4,7 @@
  *
  *   tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]
  *                     [-s steady_s] [-T phase_timeout_s] [--no-group] [--etcd]
+ *                     [--hosts-agg]
  *
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
@@ -27,6 +28,18 @@
  *      every TDIST_HEARTBEAT_INTERVAL_MS (1000) on the heartbeat connection
  *      (one heartbeat thread per process paces its ranks' beats over the
  *      interval, where today each rank has a heartbeat thread).
+ * --hosts-agg runs the host agent's design instead of 3. (tools/launcher/
+ * agent.c, issue 30): per client process (a host) one agent with two
+ * connections of its own writes "tdist/hbh/<process>" every interval
+ * listing its ranks, and one record watcher waits on the next record and
+ * reads every new one in one multi_get, handing deaths to its ranks (here
+ * their counters; a real agent writes a line to each over a unix socket).
+ * A rank told to go silent is judged by its agent (its local beats stop:
+ * "<r> d ..." once they are older than the timeout, checked every 250 ms).
+ * Each rank reads the record count once and keeps -c connections (default
+ * 2: world and monitor; the heartbeat connection is gone); -c 0 gives the
+ * ranks no connection and no thread, skipping phases 1 and 2, so that the
+ * liveness part alone runs at 100k ranks within the descriptor limit.
  * The server's dead-rank detector (store/liveness.c) is the real one, with
  * TDIST_HEARTBEAT_TIMEOUT_MS from the environment (default 5000).
  *
@@ -105,6 +118,7 @@ typedef struct {
 typedef struct {
   int n, procs, addrs, conns, group;
   int etcd; /* --etcd: the ranks use an etcd the harness starts (etcd_proc) */
+  int agg; /* --hosts-agg: one host agent per process (hosts_agg_*) */
   double steady_s, phase_timeout_s;
   int64_t hb_ms, mon_ms;
 } cfg_t;
@@ -144,7 +158,8 @@ static void fail_msg(int rank, const char *what) {
 /* ---- client process ------------------------------------------------------------ */
 
 typedef struct {
-  int lo, hi;        /* this process's ranks */
+  int lo, hi;                              /* this process's ranks */
+  tdist_store_t *agent_beat, *agent_watch; /* --hosts-agg: the agent's two connections */
   tdist_store_t **s; /* conns per rank: [0] rendezvous/world, [1] monitor, [2] heartbeat */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -172,6 +187,8 @@ static void proc_ranks(int idx, int *lo, int *hi) {
  * heartbeat thread of a process then waits behind each rank's monitor wait
  * on the shared handle, falls behind, and the detector declares ranks dead. */
 static tdist_store_t *conn_of(int rank, int which) {
+  if (g_cfg.agg)
+    return g_p.s[(size_t)(rank - g_p.lo) * (size_t)g_cfg.conns + (which && g_cfg.conns > 1)];
   int w = which == 2 ? g_cfg.conns - 1 : which == 1 && g_cfg.conns == 3 ? 1 : 0;
   return g_p.s[(size_t)(rank - g_p.lo) * (size_t)g_cfg.conns + (size_t)w];
 }
@@ -287,6 +304,8 @@ fail:
   if (phase_now() != PH_STOP) fail_msg(r, "monitor");
 }
 
+static void hosts_agg_rank(int r);
+
 static void *rank_main(void *arg) {
   int r = (int)(intptr_t)arg;
   if (wait_phase(PH_RDZV) || rank_rendezvous(r)) return NULL;
@@ -298,7 +317,141 @@ static void *rank_main(void *arg) {
     atomic_fetch_add(&g_shm->group_done, 1);
   }
   if (wait_phase(PH_MON)) return NULL;
+  if (g_cfg.agg) {
+    hosts_agg_rank(r);
+    return NULL;
+  }
   rank_monitor(r);
+  return NULL;
+}
+
+/* ---- --hosts-agg: the host agent's design (tools/launcher/agent.c) -------------- */
+
+/* (rank thread) A monitor behind an agent: it reads the record count once
+ * (where its records start) and then talks only to its agent (here: shared
+ * memory), never to the store. */
+static void hosts_agg_rank(int r) {
+  int64_t count = 0;
+  if (tdist_store_add(conn_of(r, 1), "tdist/aborts/count", 0, &count)) {
+    fail_msg(r, "monitor start");
+    return;
+  }
+  atomic_fetch_add(&g_shm->ops, 1);
+  wait_phase(PH_STOP);
+}
+
+/* (agent beat thread) Every interval one "tdist/hbh/<process>" listing the
+ * process's ranks ("<r> a <value>"); the rank told to go silent is listed
+ * until its local beats are older than the timeout, then as dead ("<r> d
+ * ..."), as the agent judges a rank whose beats stopped. */
+static void *hosts_agg_beat(void *arg) {
+  int host = (int)(intptr_t)arg, nl = g_p.hi - g_p.lo;
+  int64_t timeout = env_ms("TDIST_HEARTBEAT_TIMEOUT_MS", 5000);
+  size_t cap = (size_t)nl * 40 + 256;
+  char *v = malloc(cap), key[48];
+  double silent_since = 0;
+  int silent_done = 0;
+  if (!v) return NULL;
+  snprintf(key, sizeof(key), "tdist/hbh/%d", host);
+  if (wait_phase(PH_MON)) goto done;
+  for (int first = 1; phase_now() != PH_STOP; first = 0) {
+    double t = now_s();
+    size_t len = 0;
+    int silent = atomic_load(&g_shm->silent);
+    if (silent >= g_p.lo && silent < g_p.hi && silent_since == 0) {
+      silent_since = t; /* its local beats stop now: the last one */
+      g_shm->r[silent].t_beat = t;
+    }
+    for (int r = g_p.lo; r < g_p.hi; r++) {
+      if (r == silent && silent_done) continue;
+      if (r == silent && (t - silent_since) * 1000 > (double)timeout) {
+        len += (size_t)snprintf(v + len, cap - len, "%d d no heartbeat for %.0f ms\n", r,
+                                (t - silent_since) * 1000);
+        silent_done = 1;
+        continue;
+      }
+      len += (size_t)snprintf(v + len, cap - len, "%d a 0000000000000001:0\n", r);
+    }
+    if (tdist_store_set(g_p.agent_beat, key, v, len)) {
+      if (phase_now() != PH_STOP) fail_msg(g_p.lo, "host heartbeat");
+      goto done;
+    }
+    atomic_fetch_add(&g_shm->ops, 1);
+    for (int r = g_p.lo; r < g_p.hi; r++) /* the local beats the agent had */
+      if (r != silent) g_shm->r[r].t_beat = now_s();
+    if (first) atomic_fetch_add(&g_shm->mon_ready, nl);
+    /* judged every quarter of the timeout at most, beat every interval */
+    double step = (double)g_cfg.hb_ms / 1000.0, judge = (double)timeout / 4000.0;
+    if (judge > 0.25) judge = 0.25; /* as the agent's loop: at most 250 ms */
+    double next = t + step;
+    while (phase_now() != PH_STOP && now_s() < next) {
+      sleep_s(judge < step ? judge : step);
+      silent = atomic_load(&g_shm->silent);
+      if (silent < g_p.lo || silent >= g_p.hi || silent_done) continue;
+      if (silent_since == 0) { /* its local beats stop now: the last one */
+        silent_since = now_s();
+        g_shm->r[silent].t_beat = silent_since;
+      }
+      if ((now_s() - silent_since) * 1000 > (double)timeout) break; /* reported at once */
+    }
+  }
+done:
+  free(v);
+  return NULL;
+}
+
+/* (agent relay thread) One watcher per host: wait for the next record,
+ * read every new one in one multi_get, hand each death to the local ranks
+ * (here: their counters; a real agent writes a line to each rank). */
+static void *hosts_agg_relay(void *arg) {
+  (void)arg;
+  enum { BATCH = 512 };
+  int64_t next = 0;
+  char(*key)[48] = calloc(BATCH, sizeof(*key));
+  const char **keys = calloc(BATCH, sizeof(*keys));
+  void **vals = calloc(BATCH, sizeof(*vals));
+  size_t *lens = calloc(BATCH, sizeof(*lens));
+  if (!key || !keys || !vals || !lens || wait_phase(PH_MON)) goto done;
+  if (tdist_store_add(g_p.agent_watch, "tdist/aborts/count", 0, &next)) goto fail;
+  next++;
+  while (phase_now() != PH_STOP) {
+    snprintf(key[0], sizeof(key[0]), "tdist/aborts/%" PRId64, next);
+    keys[0] = key[0];
+    int rc = tdist_store_wait(g_p.agent_watch, keys, 1, 500);
+    atomic_fetch_add(&g_shm->ops, 1);
+    if (rc == TDIST_ERR_TIMEOUT) continue;
+    if (rc) goto fail;
+    int64_t count = next;
+    if (tdist_store_add(g_p.agent_watch, "tdist/aborts/count", 0, &count)) goto fail;
+    size_t n = count >= next ? (size_t)(count - next + 1) : 1;
+    if (n > BATCH) n = BATCH;
+    for (size_t k = 1; k < n; k++) {
+      snprintf(key[k], sizeof(key[k]), "tdist/aborts/%" PRId64, next + (int64_t)k);
+      keys[k] = key[k];
+    }
+    if (tdist_store_multi_get(g_p.agent_watch, keys, n, vals, lens, 5000)) goto fail;
+    atomic_fetch_add(&g_shm->ops, 2);
+    int deaths = 0;
+    for (size_t k = 0; k < n; k++) {
+      deaths += lens[k] > 5 && memcmp(vals[k], "dead ", 5) == 0;
+      tdist_store_free(vals[k]);
+    }
+    /* One hand-over per rank per batch (the agent writes a batch at once). */
+    double t = now_s();
+    for (int r = g_p.lo; deaths && r < g_p.hi; r++) {
+      g_shm->r[r].t_dead = t;
+      atomic_fetch_add(&g_shm->r[r].ndead, deaths);
+    }
+    next += (int64_t)n;
+  }
+  goto done;
+fail:
+  if (phase_now() != PH_STOP) fail_msg(g_p.lo, "host agent's record watch");
+done:
+  free(key);
+  free(keys);
+  free(vals);
+  free(lens);
   return NULL;
 }
 
@@ -332,18 +485,28 @@ static void *hb_main(void *arg) {
 /* (client process main thread) Connect, start the threads, relay phases. */
 static int client_proc(int idx) {
   int rc = 1, nl, nthreads = 0;
-  pthread_t *th = NULL, hb;
-  int hb_started = 0;
+  pthread_t *th = NULL, hb, relay;
+  int hb_started = 0, relay_started = 0;
   proc_ranks(idx, &g_p.lo, &g_p.hi);
   nl = g_p.hi - g_p.lo;
   pthread_mutex_init(&g_p.mu, NULL);
   pthread_cond_init(&g_p.cv, NULL);
   g_p.s = calloc((size_t)nl * (size_t)g_cfg.conns, sizeof(*g_p.s));
   th = calloc((size_t)nl, sizeof(*th));
-  if (!g_p.s || !th) goto fail;
+  if ((nl > 0 && g_cfg.conns > 0 && !g_p.s) || !th) goto fail;
   int port = atomic_load(&g_shm->port);
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT,
                           .timeout_ms = (int64_t)(g_cfg.phase_timeout_s * 1000)};
+  if (g_cfg.agg) {
+    char host[32];
+    snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
+    if (tdist_store_connect(host, port, &o, &g_p.agent_beat) ||
+        tdist_store_connect(host, port, &o, &g_p.agent_watch)) {
+      fail_msg(g_p.lo, "host agent connect");
+      goto fail;
+    }
+    atomic_fetch_add(&g_shm->conns, 2);
+  }
   for (int i = 0; i < nl * g_cfg.conns; i++) {
     int r = g_p.lo + i / g_cfg.conns;
     char host[32];
@@ -362,13 +525,18 @@ static int client_proc(int idx) {
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setstacksize(&at, 256 << 10);
-  for (int i = 0; i < nl; i++, nthreads++)
+  for (int i = 0; g_cfg.conns && i < nl; i++, nthreads++)
     if (pthread_create(&th[i], &at, rank_main, (void *)(intptr_t)(g_p.lo + i))) {
       snprintf(g_shm->err, sizeof(g_shm->err), "process %d: pthread_create failed", idx);
       atomic_fetch_add(&g_shm->failed, 1);
       break;
     }
-  hb_started = pthread_create(&hb, &at, hb_main, NULL) == 0;
+  if (g_cfg.agg) {
+    hb_started = pthread_create(&hb, &at, hosts_agg_beat, (void *)(intptr_t)idx) == 0;
+    relay_started = pthread_create(&relay, &at, hosts_agg_relay, NULL) == 0;
+  } else {
+    hb_started = pthread_create(&hb, &at, hb_main, NULL) == 0;
+  }
   pthread_attr_destroy(&at);
   for (int last = 0; last != PH_STOP;) {
     int ph = atomic_load(&g_shm->phase);
@@ -390,7 +558,20 @@ fail:
   for (int i = 0; i < nthreads; i++)
     pthread_join(th[i], NULL);
   if (hb_started) pthread_join(hb, NULL);
-  for (int r = g_p.lo; g_p.s && r < g_p.hi; r++) {
+  if (relay_started) pthread_join(relay, NULL);
+  if (g_p.agent_beat) { /* its ranks leave, then the agent */
+    size_t cap = (size_t)nl * 16 + 16, len = 0;
+    char *v = malloc(cap), key[48];
+    snprintf(key, sizeof(key), "tdist/hbh/%d", idx);
+    for (int r = g_p.lo; v && r < g_p.hi; r++)
+      len += (size_t)snprintf(v + len, cap - len, "%d b\n", r);
+    if (v) tdist_store_set(g_p.agent_beat, key, v, len);
+    tdist_store_set(g_p.agent_beat, key, "bye", 3);
+    free(v);
+  }
+  if (g_p.agent_beat) tdist_store_release(g_p.agent_beat);
+  if (g_p.agent_watch) tdist_store_release(g_p.agent_watch);
+  for (int r = g_p.lo; !g_cfg.agg && g_p.s && r < g_p.hi; r++) {
     char key[64];
     snprintf(key, sizeof(key), "tdist/hb/%d", r);
     if (conn_of(r, 2)) tdist_store_set(conn_of(r, 2), key, "bye", 3);
@@ -538,13 +719,15 @@ static double max_t(size_t off) {
 static void usage(void) {
   fprintf(stderr, "usage: tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]\n"
                   "                         [-s steady_s] [-T phase_timeout_s] [--no-group] "
-                  "[--etcd]\n");
+                  "[--etcd]\n"
+                  "                         [--hosts-agg]\n");
 }
 
 int main(int argc, char **argv) {
   int rc = 1;
   pid_t server = -1, *clients = NULL;
   char etcd_dir[] = "/tmp/tdist-scale-etcd-XXXXXX"; /* --etcd: made by mkdtemp */
+  int conns_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-group")) {
@@ -553,6 +736,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "--etcd")) {
       g_cfg.etcd = 1;
+      continue;
+    }
+    if (!strcmp(a, "--hosts-agg")) {
+      g_cfg.agg = 1;
       continue;
     }
     if (!v) {
@@ -566,7 +753,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "-a"))
       g_cfg.addrs = atoi(v);
     else if (!strcmp(a, "-c"))
-      g_cfg.conns = atoi(v);
+      g_cfg.conns = atoi(v), conns_given = 1;
     else if (!strcmp(a, "-s"))
       g_cfg.steady_s = atof(v);
     else if (!strcmp(a, "-T"))
@@ -577,11 +764,13 @@ int main(int argc, char **argv) {
     }
     i++;
   }
+  if (g_cfg.agg && !conns_given) g_cfg.conns = 2; /* world and monitor: no heartbeat conn */
   if (g_cfg.n < 8 || g_cfg.procs < 3 || g_cfg.procs > g_cfg.n / 2 || g_cfg.addrs < 1 ||
-      g_cfg.addrs > 254 || g_cfg.conns < 1 || g_cfg.conns > 3) {
+      g_cfg.addrs > 254 || g_cfg.conns < (g_cfg.agg ? 0 : 1) || g_cfg.conns > (g_cfg.agg ? 2 : 3)) {
     usage();
     return 2;
   }
+  if (g_cfg.agg && g_cfg.conns == 0) g_cfg.group = 0;
   g_cfg.hb_ms = env_ms("TDIST_HEARTBEAT_INTERVAL_MS", 1000);
   g_cfg.mon_ms = env_ms("TDIST_MONITOR_INTERVAL_MS", 200);
   int64_t hb_timeout = env_ms("TDIST_HEARTBEAT_TIMEOUT_MS", 5000);
@@ -592,11 +781,14 @@ int main(int argc, char **argv) {
   rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl)) perror("setrlimit");
   getrlimit(RLIMIT_NOFILE, &rl);
-  long conns = (long)g_cfg.n * g_cfg.conns;
+  long conns = (long)g_cfg.n * g_cfg.conns + (g_cfg.agg ? 2L * g_cfg.procs : 0);
   printf("config ranks=%d procs=%d conns_per_rank=%d store_conns=%ld dest_addrs=127.0.0.1..%d "
-         "group_exchange=%s store=%s\n",
+         "group_exchange=%s store=%s liveness=%s\n",
          g_cfg.n, g_cfg.procs, g_cfg.conns, conns, g_cfg.etcd ? 1 : g_cfg.addrs,
-         g_cfg.group ? "yes" : "no", g_cfg.etcd ? "etcd (one member, started here)" : "tdist");
+         g_cfg.group ? "yes" : "no", g_cfg.etcd ? "etcd (one member, started here)" : "tdist",
+         g_cfg.agg ? (g_cfg.conns ? "hosts-agg (one agent per process: 2 connections)"
+                                  : "hosts-agg, ranks without store connections (no rendezvous)")
+                   : "per-rank");
   /* The server keeps 16 descriptors in reserve (store/server_impl.h
    * SRV_FD_RESERVE) and a dozen for its loop, listener and stdio; a
    * connection past that gets a BUSY error naming the limit. */
@@ -660,7 +852,8 @@ int main(int argc, char **argv) {
   printf("connect %.3f s (%ld connections)\n", now_s() - t, conns);
   fflush(stdout);
 
-  /* 1. rendezvous */
+  /* 1. rendezvous (ranks without connections: only the liveness part) */
+  if (g_cfg.conns == 0) goto monitors;
   t = now_s();
   atomic_store(&g_shm->phase, PH_RDZV);
   if (wait_count(&g_shm->rdzv_done, g_cfg.n, "rendezvous")) goto fail;
@@ -678,6 +871,7 @@ int main(int argc, char **argv) {
   }
 
   /* 3. monitors and heartbeats; the steady state */
+monitors:
   t = now_s();
   atomic_store(&g_shm->phase, PH_MON);
   if (wait_count(&g_shm->mon_ready, g_cfg.n, "monitor start")) goto fail;

@@ -25,15 +25,27 @@
 TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
 
 #define HB_PREFIX "tdist/hb/"
+#define HOST_PREFIX "tdist/hbh/"
 #define MAX_RANKS (1 << 20)
+#define MAX_HOSTS (1 << 20)
 
 enum { R_NONE = 0, R_ALIVE, R_LEFT, R_DEAD };
 
+/* A rank: beating itself (host -1: last_ms and conn are its own) or listed
+ * in host `host`'s heartbeat (that host's last_ms and conn judge it). */
 typedef struct rank_state {
   uint64_t last_ms;
   const void *conn;
   int state;
+  int host;
 } rank_state_t;
+
+/* A host agent: its heartbeat "tdist/hbh/<host>" lists its ranks. */
+typedef struct host_state {
+  uint64_t last_ms;
+  const void *conn;
+  int state; /* R_ALIVE, R_LEFT ("bye"), R_DEAD (its ranks were declared) */
+} host_state_t;
 
 struct tdist__live {
   uv_timer_t timer;
@@ -45,6 +57,9 @@ struct tdist__live {
   int64_t timeout_ms;
   rank_state_t *ranks;
   int cap;
+  host_state_t *hosts;
+  int hcap;
+  int ndirect;                 /* ranks that ever beat for themselves: the scan reads ranks too */
   int in_publish;              /* our own writes come back through on_write */
   void (*declared)(void *arg); /* after a scan that declared deaths */
   void *declared_arg;
@@ -96,6 +111,33 @@ done:
   tdist__buf_free(&out);
 }
 
+/* Write key = val through the engine (an internal write: not a heartbeat). */
+static void put(tdist__live_t *l, const char *key, const char *val, size_t vl) {
+  tdist__buf_t req = {0}, out = {0};
+  if (tdist__buf_reserve(&req, strlen(key) + vl + 16) == 0) {
+    tdist__put_u8(&req, TDIST__OP_SET);
+    tdist__put_bytes(&req, key, (uint32_t)strlen(key));
+    tdist__put_bytes(&req, val, (uint32_t)vl);
+    exec(l, &req, &out);
+  }
+  tdist__buf_free(&req);
+  tdist__buf_free(&out);
+}
+
+/* Host h is gone (its agent silent or its connection closed): every rank it
+ * listed alive is declared dead (O(ranks) once, not per scan). 1 if any. */
+static int host_gone(tdist__live_t *l, int h, const char *why) {
+  int declared = 0;
+  l->hosts[h].state = R_DEAD;
+  l->hosts[h].conn = NULL;
+  for (int i = 0; i < l->cap; i++)
+    if (l->ranks[i].state == R_ALIVE && l->ranks[i].host == h) {
+      declare_dead(l, i, why);
+      declared = 1;
+    }
+  return declared;
+}
+
 /* (server loop) Check phase, after the poll that followed a timer tick. */
 static void on_check(uv_check_t *c) {
   tdist__live_t *l = c->data;
@@ -103,9 +145,19 @@ static void on_check(uv_check_t *c) {
   uv_check_stop(&l->check);
   uint64_t now = uv_now(l->loop);
   int declared = 0;
-  for (int i = 0; i < l->cap; i++) {
+  for (int h = 0; h < l->hcap; h++) {
+    host_state_t *hs = &l->hosts[h];
+    if (hs->state == R_ALIVE && now - hs->last_ms > (uint64_t)l->timeout_ms) {
+      char why[160];
+      snprintf(why, sizeof(why),
+               "its host agent %d sent no heartbeat for %" PRIu64 " ms (timeout %" PRId64 " ms)", h,
+               now - hs->last_ms, l->timeout_ms);
+      declared |= host_gone(l, h, why);
+    }
+  }
+  for (int i = 0; l->ndirect && i < l->cap; i++) {
     rank_state_t *r = &l->ranks[i];
-    if (r->state == R_ALIVE && now - r->last_ms > (uint64_t)l->timeout_ms) {
+    if (r->state == R_ALIVE && r->host < 0 && now - r->last_ms > (uint64_t)l->timeout_ms) {
       char why[128];
       snprintf(why, sizeof(why), "no heartbeat for %" PRIu64 " ms (timeout %" PRId64 " ms)",
                now - r->last_ms, l->timeout_ms);
@@ -169,9 +221,98 @@ static int grow(tdist__live_t *l, int rank) {
   return 0;
 }
 
+static int grow_hosts(tdist__live_t *l, int h) {
+  if (h < l->hcap) return 0;
+  int cap = l->hcap ? l->hcap : 16;
+  while (cap <= h)
+    cap *= 2;
+  host_state_t *n = tdist__realloc(l->hosts, sizeof(*n) * (size_t)cap);
+  if (!n) return -1;
+  memset(n + l->hcap, 0, sizeof(*n) * (size_t)(cap - l->hcap));
+  l->hosts = n;
+  l->hcap = cap;
+  return 0;
+}
+
+/* One line of a host heartbeat: "<rank> a <value>" (alive; value as a rank's
+ * own heartbeat), "<rank> b" (left cleanly) or "<rank> d <reason>" (the
+ * agent saw it die: its connection closed, or its local beats stopped). */
+static int host_line(tdist__live_t *l, int h, const char *p, const char *end) {
+  char *e = NULL;
+  long rank = strtol(p, &e, 10);
+  if (e == p || e + 2 > end || *e != ' ' || rank < 0 || rank >= MAX_RANKS || grow(l, (int)rank))
+    return 0;
+  rank_state_t *r = &l->ranks[rank];
+  if (r->state == R_DEAD) return 0;
+  char what = e[1];
+  if (what == 'a') {
+    if (r->host != h || r->state != R_ALIVE) {
+      /* First seen here: where its diagnosis values are (monitor.c). */
+      char key[48], val[16];
+      snprintf(key, sizeof(key), "tdist/hbat/%ld", rank);
+      int vl = snprintf(val, sizeof(val), "%d", h);
+      put(l, key, val, (size_t)vl);
+    }
+    r->state = R_ALIVE;
+    r->host = h;
+    r->conn = NULL;
+  } else if (what == 'b') {
+    if (r->state == R_LEFT) return 0;
+    r->state = R_LEFT;
+    r->conn = NULL;
+    /* Its own "bye", as a rank beating itself leaves it (core/ops/mesh.c
+     * reads it: a rank that left is not a failure). */
+    char key[48];
+    snprintf(key, sizeof(key), "tdist/hb/%ld", rank);
+    put(l, key, "bye", 3);
+  } else if (what == 'd') {
+    char why[200];
+    const char *w = e + 2 < end && e[2] == ' ' ? e + 3 : end;
+    snprintf(why, sizeof(why), "%.*s", (int)(end - w), w);
+    declare_dead(l, (int)rank, why[0] ? why : "its host agent saw it die");
+    return 1;
+  }
+  return 0;
+}
+
+/* "tdist/hbh/<host>": the agent's beat (every listed rank alive), or "bye". */
+static void host_beat(tdist__live_t *l, const tdist__kv_entry_t *e, const void *conn) {
+  char *end = NULL;
+  long h = strtol(e->key + sizeof(HOST_PREFIX) - 1, &end, 10);
+  if (!end || *end || h < 0 || h >= MAX_HOSTS || grow_hosts(l, (int)h)) return;
+  host_state_t *hs = &l->hosts[h];
+  if (hs->state == R_DEAD) return; /* its ranks were declared; no revival */
+  const char *p = (const char *)e->val, *vend = p + e->vlen;
+  int declared = 0;
+  if (e->vlen == 3 && memcmp(p, "bye", 3) == 0) {
+    /* Leaving cleanly after its ranks: one still listed alive did not say
+     * goodbye to it. */
+    declared = host_gone(l, (int)h, "its host agent left while it was still listed alive");
+    hs->state = R_LEFT;
+  } else {
+    hs->state = R_ALIVE;
+    hs->last_ms = uv_now(l->loop);
+    hs->conn = conn;
+    while (p < vend) {
+      const char *nl = memchr(p, '\n', (size_t)(vend - p));
+      const char *le = nl ? nl : vend;
+      declared |= host_line(l, (int)h, p, le);
+      p = le + 1;
+    }
+  }
+  /* No l->declared here: we run inside the request that wrote the beat,
+   * and the server drains the woken waiters after it (server_conn.c). */
+  (void)declared;
+}
+
 void tdist__live_on_write(tdist__live_t *l, const tdist__kv_entry_t *e, const void *conn) {
-  if (!l || l->in_publish || e->klen <= sizeof(HB_PREFIX) - 1 ||
-      memcmp(e->key, HB_PREFIX, sizeof(HB_PREFIX) - 1) != 0)
+  if (!l || l->in_publish) return;
+  if (e->klen > sizeof(HOST_PREFIX) - 1 &&
+      memcmp(e->key, HOST_PREFIX, sizeof(HOST_PREFIX) - 1) == 0) {
+    host_beat(l, e, conn);
+    return;
+  }
+  if (e->klen <= sizeof(HB_PREFIX) - 1 || memcmp(e->key, HB_PREFIX, sizeof(HB_PREFIX) - 1) != 0)
     return;
   char *end = NULL;
   long rank = strtol(e->key + sizeof(HB_PREFIX) - 1, &end, 10);
@@ -183,13 +324,18 @@ void tdist__live_on_write(tdist__live_t *l, const tdist__kv_entry_t *e, const vo
     r->conn = NULL;
     return;
   }
+  l->ndirect = 1;
   r->state = R_ALIVE;
+  r->host = -1;
   r->last_ms = uv_now(l->loop);
   r->conn = conn;
 }
 
 void tdist__live_on_close(tdist__live_t *l, const void *conn) {
   if (!l || !conn) return;
+  for (int h = 0; h < l->hcap; h++)
+    if (l->hosts[h].state == R_ALIVE && l->hosts[h].conn == conn)
+      host_gone(l, h, "its host agent's store connection closed without a goodbye (host gone?)");
   for (int i = 0; i < l->cap; i++)
     if (l->ranks[i].state == R_ALIVE && l->ranks[i].conn == conn)
       declare_dead(l, i, "its store connection closed without a goodbye (process gone?)");
@@ -199,6 +345,7 @@ static void on_closed(uv_handle_t *h) {
   tdist__live_t *l = h->data;
   if (--l->open_handles > 0) return;
   tdist__free(l->ranks);
+  tdist__free(l->hosts);
   tdist__free(l);
 }
 

@@ -33,6 +33,17 @@
  *                       (raise(SIGSTOP): no heartbeat any more, its
  *                       connections open) and the others destroy the group,
  *                       print "done" and exit 0
+ *   watch-death HOW R,R..
+ *                       every rank prints "PID <pid>", joins the tdist job
+ *                       with an abort callback and waits in a barrier;
+ *                       then the first rank listed kills itself (HOW kill9)
+ *                       or stops itself (stop); with HOW none nobody acts
+ *                       (the test kills a launcher). Every other rank waits
+ *                       (up to 120 s) for its world group to abort and for
+ *                       the store's dead set to hold every listed rank,
+ *                       lets 3 s pass (the death records reach its
+ *                       monitor, which logs them with TDIST_DEBUG=INFO),
+ *                       prints "ABORT <reason>", destroys and exits 0
  *
  * "Others wait" means: print "waiting", sleep up to 60 s, and on SIGTERM print
  * "TERM" and exit 0.
@@ -49,8 +60,6 @@
 #include "tdist/tdist.h"
 
 static volatile sig_atomic_t got_sig;
-static void on_sig(int s) { got_sig = s; }
-
 static int env_int(const char *n) {
   const char *v = getenv(n);
   return v ? atoi(v) : -1;
@@ -60,6 +69,71 @@ static const char *env_str(const char *n) {
   const char *v = getenv(n);
   return v ? v : "-";
 }
+
+static char abort_why[512];
+static volatile int aborted; /* set by the progress thread, polled below */
+
+static void on_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
+  (void)g, (void)status, (void)arg;
+  snprintf(abort_why, sizeof(abort_why), "%s", reason);
+  __atomic_store_n(&aborted, 1, __ATOMIC_RELEASE);
+}
+
+/* watch-death (see the top). */
+static int watch_death(int rank, const char *how, const char *list) {
+  int dead[16], nd = 0;
+  for (const char *p = list; *p && nd < 16; p++) {
+    dead[nd++] = atoi(p);
+    while (p[1] && p[1] != ',')
+      p++;
+    if (p[1] == ',') p++;
+  }
+  printf("PID %d\n", (int)getpid());
+  fflush(stdout);
+  tdist_group_t *g = NULL;
+  if (tdist_init_process_group(NULL, &g) || tdist_group_on_abort(g, on_abort, NULL) ||
+      tdist_barrier(g, NULL, NULL)) {
+    fprintf(stderr, "watch-death: %s\n", tdist_last_error());
+    return 1;
+  }
+  if (nd > 0 && rank == dead[0] && strcmp(how, "none") != 0) {
+    printf("acting\n");
+    fflush(stdout);
+    raise(!strcmp(how, "stop") ? SIGSTOP : SIGKILL);
+    return 9; /* only if someone sent SIGCONT: the launcher must SIGKILL */
+  }
+  printf("waiting\n");
+  fflush(stdout);
+  tdist_store_t *st = NULL; /* the job's store itself (the group's is a prefix view) */
+  if (tdist_store_connect(env_str("MASTER_ADDR"), env_int("MASTER_PORT"), NULL, &st) != 0) {
+    fprintf(stderr, "watch-death: %s\n", tdist_last_error());
+    return 1;
+  }
+  int known = 0;
+  for (int t = 0; t < 12000 && !known; t++) {
+    usleep(10000);
+    if (!__atomic_load_n(&aborted, __ATOMIC_ACQUIRE)) continue;
+    known = 1;
+    for (int i = 0; i < nd && known; i++) {
+      char key[48];
+      snprintf(key, sizeof(key), "tdist/dead/%d", dead[i]);
+      const char *keys[1] = {key};
+      int exists = 0;
+      if (tdist_store_check(st, keys, 1, &exists) != 0 || !exists) known = 0;
+    }
+  }
+  tdist_store_release(st);
+  if (!known) {
+    fprintf(stderr, "watch-death: not every listed rank was declared dead in 120 s\n");
+    return 1;
+  }
+  sleep(3);
+  printf("ABORT %s\n", abort_why);
+  fflush(stdout);
+  tdist_group_destroy(g);
+  return 0;
+}
+static void on_sig(int s) { got_sig = s; }
 
 /* Write s in three pieces with pauses, so the launcher sees partial lines. */
 static void write_pieces(int fd, const char *s) {
@@ -237,6 +311,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (!strcmp(mode, "init")) return do_init(rank, argc > 2 ? atoi(argv[2]) : -1);
+  if (!strcmp(mode, "watch-death") && argc > 3) return watch_death(rank, argv[2], argv[3]);
   if (!strcmp(mode, "stop-self") && argc > 2) {
     tdist_group_t *g = NULL;
     printf("PID %d\n", (int)getpid());

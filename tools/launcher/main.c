@@ -3,7 +3,8 @@
  *
  *   tdistrun -n N [--nnodes M --node-rank R] [--master-addr A] [--master-port P]
  *            [--store URL] [--backend cpu|nccl] [--grace S] [--dump-grace MS]
- *            [--external-store] [--no-prefix] [--no-fail-fast] [--] prog args...
+ *            [--external-store] [--no-prefix] [--no-fail-fast] [--no-host-agent]
+ *            [--] prog args...
  *
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
  * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
@@ -26,7 +27,13 @@
  * stop their ranks. Each launcher counts itself into "tdistrun/done" when its
  * ranks are gone; node 0 keeps the store up until all nodes are done.
  *
- * Threads: main thread only, plus the store server's thread when hosting.
+ * The host agent (agent.c): unless --no-host-agent or --store, the launcher
+ * heartbeats for its ranks (one "tdist/hbh/<node rank>" per interval) and
+ * relays the store's abort and death records to them; the ranks find it
+ * through TDIST_HOST_AGENT. Without it each rank beats and watches itself.
+ *
+ * Threads: main thread, the store server's thread when hosting, the host
+ * agent's two threads.
  */
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -48,6 +55,7 @@ extern char **environ;
 
 typedef struct opts {
   int nproc, nnodes, node_rank, master_port, external_store, prefix, keep_going;
+  int no_agent; /* --no-host-agent */
   const char *master_addr, *backend;
   const char *store_url; /* --store; for etcd with one node, the run's own sub-prefix */
   double grace_s;
@@ -75,6 +83,9 @@ static void usage(FILE *f) {
              "  --no-prefix             do not prefix output lines with \"[rank r] \"\n"
              "  --no-fail-fast          a failed rank does not stop the others; exit non-zero\n"
              "                          at the end naming the first failure\n"
+             "  --no-host-agent         each rank heartbeats to the store and watches its\n"
+             "                          records itself (default: this launcher does it for\n"
+             "                          its ranks, one heartbeat per host; not with --store)\n"
              "See docs/launcher.md.\n");
 }
 
@@ -110,6 +121,9 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       continue;
     } else if (!strcmp(a, "--no-fail-fast")) {
       o->keep_going = 1;
+      continue;
+    } else if (!strcmp(a, "--no-host-agent")) {
+      o->no_agent = 1;
       continue;
     }
     if (!v) {
@@ -227,7 +241,8 @@ static int is_local_addr(const char *addr) {
 /* The variables tdistrun sets; inherited copies are dropped. */
 static const char *const own_vars[] = {
     "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED", "TDIST_STORE_URL",  NULL};
+    "MASTER_ADDR", "MASTER_PORT", "TDIST_STORE_HOSTED", "TDIST_STORE_URL",  "TDIST_HOST_AGENT",
+    NULL};
 
 static int is_own_var(const char *kv) {
   for (const char *const *v = own_vars; *v; v++) {
@@ -238,7 +253,7 @@ static int is_own_var(const char *kv) {
 }
 
 /* Environment of one rank: ours, then the inherited ones we do not set. */
-static char **rank_env(const opts_t *o, int local, const char *addr, int port) {
+static char **rank_env(const opts_t *o, int local, const char *addr, int port, const char *agent) {
   size_t n = 0;
   while (environ[n])
     n++;
@@ -265,6 +280,7 @@ static char **rank_env(const opts_t *o, int local, const char *addr, int port) {
     PUT("MASTER_PORT=%d", port);
   }
   PUT("TDIST_STORE_HOSTED=1");
+  if (agent) PUT("TDIST_HOST_AGENT=%s", agent);
   /* --backend wins over an inherited TDIST_BACKEND, which is kept otherwise
    * (TDIST_BACKEND=nccl tdistrun ... runs on nccl). */
   if (o->backend) PUT("TDIST_BACKEND=%s", o->backend);
@@ -381,6 +397,7 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv, &o)) return 2;
   int rc = 1, nenv = 0;
   tdist_store_server_t *srv = NULL;
+  trun_agent_t *agent = NULL;
   coord_t coord = {.node_rank = o.node_rank};
   deaths_t deaths = {.seen = 0};
   trun_job_t job = {.nlocal = o.nproc,
@@ -458,6 +475,8 @@ int main(int argc, char **argv) {
     job.scan = deaths_scan;
     job.scan_arg = &deaths;
   }
+  /* The host agent needs the store server (not etcd or a file). */
+  if (coord.store && !o.store_url && !o.no_agent) trun_agent_start(addr, port, o.node_rank, &agent);
   if (o.nnodes > 1) {
     job.tick = coord_tick;
     job.tick_arg = &coord;
@@ -468,10 +487,13 @@ int main(int argc, char **argv) {
   for (; nenv < o.nproc; nenv++) {
     job.ranks[nenv].global_rank = o.node_rank * o.nproc + nenv;
     job.ranks[nenv].out.fd = job.ranks[nenv].err.fd = -1;
-    if (!(envs[nenv] = rank_env(&o, nenv, addr, port))) goto nomem;
+    if (!(envs[nenv] = rank_env(&o, nenv, addr, port, agent ? trun_agent_name(agent) : NULL)))
+      goto nomem;
   }
   if (trun_spawn(&job, o.argv, envs) != 0) goto done;
   rc = trun_supervise(&job);
+  trun_agent_stop(agent); /* every local rank ended: its last beat, "bye" */
+  agent = NULL;
   if (coord.store && o.nnodes > 1) coord_finish(&coord, &job, hosting, o.nnodes);
   goto done;
 nomem:
@@ -484,6 +506,7 @@ done:
   }
   free(envs);
   free(job.ranks);
+  trun_agent_stop(agent);
   tdist_store_release(coord.store);
   tdist_store_server_stop(srv);
   free(run_url);

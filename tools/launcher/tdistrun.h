@@ -6,9 +6,12 @@
  *   main.c   command line, the environment given to ranks, hosting the store,
  *            coordination between the launchers of a multi-node job;
  *   ranks.c  starting the ranks (fork/exec), relaying their output with a
- *            "[rank r] " prefix, forwarding signals, fail-fast supervision.
+ *            "[rank r] " prefix, forwarding signals, fail-fast supervision;
+ *   agent.c  the host agent: the ranks' heartbeats aggregated into one per
+ *            host, the store's records relayed to them (two threads).
  *
- * Threads: everything here runs on the launcher's main thread. The signals
+ * Threads: everything here runs on the launcher's main thread, except the
+ * host agent's two threads (agent.c). The signals
  * the launcher handles are blocked in every thread and read from a signalfd
  * by the supervision loop, so no code runs in a signal handler.
  */
@@ -114,5 +117,21 @@ const char *trun_signame(int sig, char *buf, size_t len);
 /* Describe a waitpid status: "exited with code 3" / "was killed by signal 9
  * (SIGKILL)". */
 void trun_describe_status(int status, char *buf, size_t len);
+
+/* ---- the host agent (agent.c) ------------------------------------------------ */
+
+typedef struct trun_agent trun_agent_t;
+
+/* Start the host agent of host `host` (the node rank) for the store at
+ * addr:port: two store connections, an abstract unix socket for the local
+ * ranks (its name: trun_agent_name, given to them as TDIST_HOST_AGENT) and
+ * two threads (the only threads of the launcher besides the store server's;
+ * they inherit the blocked signals). 0, or -1 with a message printed: the
+ * ranks then beat to the store themselves. Main thread. */
+int trun_agent_start(const char *addr, int port, int host, trun_agent_t **out);
+const char *trun_agent_name(const trun_agent_t *a);
+/* Last beat (ranks that left or died since), "bye", stop and free. Main
+ * thread, after every local rank ended; NULL is ignored. */
+void trun_agent_stop(trun_agent_t *a);
 
 #endif /* TDIST_TOOLS_TDISTRUN_H */

@@ -20,12 +20,18 @@
  */
 #include "core/group/monitor.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "store/store_impl.h"
 #include "util/alloc.h"
@@ -72,7 +78,16 @@ struct tdist__monitor {
 
   /* heartbeat thread (and start/stop) */
   pthread_t hb_thread;
-  tdist_store_t *hb_conn;
+  tdist_store_t *hb_conn; /* NULL with a host agent */
+
+  /* The host agent (TDIST_HOST_AGENT), -1 without: the heartbeat thread
+   * writes to it, the monitor thread reads the records it relays (a socket
+   * may be written and read by two threads at once). */
+  int agent_fd;
+  char agent_name[108];
+  char abuf[8192]; /* monitor thread: a partial line from the agent */
+  size_t alen;
+  int agent_gone; /* monitor thread: it closed its end */
 };
 
 void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason) {
@@ -155,6 +170,95 @@ static void refresh_snapshot(tdist__monitor_t *m) {
   pthread_mutex_unlock(&m->mu);
 }
 
+/* ---- the host agent (monitor.h): the rank's side of its line protocol -------------- */
+
+/* (caller in start) Connect to the agent's abstract unix socket `name`; -1
+ * if there is none (then the rank beats for itself). Writes give up after
+ * STORE_CALL_MS (a stopped agent must not hold the heartbeat thread). */
+static int agent_connect(const char *name) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  size_t nl = strlen(name);
+  if (nl == 0 || nl + 1 > sizeof(a.sun_path)) return -1;
+  memcpy(a.sun_path + 1, name, nl); /* abstract: leading NUL */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct timeval tv = {STORE_CALL_MS / 1000, (STORE_CALL_MS % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, (struct sockaddr *)&a,
+              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Write one whole line (heartbeat thread, or the caller in start/stop). */
+static int agent_send(int fd, const char *p, size_t len) {
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* (heartbeat) "hb <value>" (newlines in the value become spaces) or "bye". */
+static void agent_beat(tdist__monitor_t *m, const char *val, size_t len, int bye) {
+  char line[sizeof(m->snap) + 8];
+  size_t n = 0;
+  if (bye) {
+    n = (size_t)snprintf(line, sizeof(line), "bye\n");
+  } else {
+    memcpy(line, "hb ", 3);
+    for (size_t i = 0; i < len; i++)
+      line[3 + i] = val[i] == '\n' ? ' ' : val[i];
+    n = 3 + len;
+    line[n++] = '\n';
+  }
+  if (agent_send(m->agent_fd, line, n) != 0)
+    TDIST_INFO(CORE, "monitor: heartbeat to the host agent failed: %s", strerror(errno));
+}
+
+/* (monitor) Wait up to `ms` for what the agent relays: "rec <n> <record>"
+ * (applied as a record read from the store) and "ok" (its heartbeat reached
+ * the store: the store answers). */
+static void agent_poll(tdist__monitor_t *m, int64_t ms) {
+  struct pollfd p = {.fd = m->agent_fd, .events = POLLIN};
+  if (m->agent_gone || poll(&p, 1, (int)ms) <= 0) {
+    if (m->agent_gone) {
+      struct timespec ts = {0, (long)ms * 1000000};
+      nanosleep(&ts, NULL);
+    }
+    return;
+  }
+  ssize_t n = recv(m->agent_fd, m->abuf + m->alen, sizeof(m->abuf) - m->alen, MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+    /* The agent is gone: with it the store declared this host's ranks dead
+     * (its connection closed), and a launcher's death kills its ranks. */
+    m->agent_gone = 1;
+    TDIST_WARN(CORE, "monitor: the host agent '%s' closed its connection", m->agent_name);
+    return;
+  }
+  if (n < 0) return;
+  m->alen += (size_t)n;
+  char *p0 = m->abuf, *end = m->abuf + m->alen, *nl;
+  while ((nl = memchr(p0, '\n', (size_t)(end - p0)))) {
+    *nl = '\0';
+    if (!strcmp(p0, "ok")) {
+      m->last_ok_ms = tdist__now_ms();
+    } else if (!strncmp(p0, "rec ", 4)) {
+      char *rec = strchr(p0 + 4, ' ');
+      if (rec) apply_record(m, rec + 1, strlen(rec + 1));
+    }
+    p0 = nl + 1;
+  }
+  m->alen = (size_t)(end - p0);
+  memmove(m->abuf, p0, m->alen);
+  if (m->alen == sizeof(m->abuf)) m->alen = 0; /* a line too long: dropped */
+}
+
 /* (heartbeat, or the caller in start) One heartbeat on hb_conn: the value
  * the monitor thread left, or "bye". A broken connection is reopened
  * first (the store came back). */
@@ -169,6 +273,10 @@ static void heartbeat(tdist__monitor_t *m, int bye) {
     len = m->snap_len;
     memcpy(buf, m->snap, len);
     pthread_mutex_unlock(&m->mu);
+  }
+  if (m->agent_fd >= 0) {
+    agent_beat(m, buf, len, bye);
+    return;
   }
   if (!tdist__store_alive(m->hb_conn)) {
     tdist_store_t *fresh = NULL;
@@ -212,8 +320,8 @@ static void *heartbeat_main(void *arg) {
     pthread_mutex_lock(&m->mu);
   }
   pthread_mutex_unlock(&m->mu);
-  m->hb_conn->timeout_ms = STORE_CALL_MS; /* leaving: do not wait long for a store gone */
-  heartbeat(m, 1);                        /* leaving cleanly: not a death */
+  if (m->hb_conn) m->hb_conn->timeout_ms = STORE_CALL_MS; /* leaving: do not wait long */
+  heartbeat(m, 1);                                        /* leaving cleanly: not a death */
   return NULL;
 }
 
@@ -234,6 +342,63 @@ static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
   return -1;
 }
 
+/* A host's heartbeat, read once per diagnosis for all its ranks. */
+struct host_cache {
+  long host; /* -1: none */
+  void *val;
+  size_t len;
+};
+
+/* (monitor) Does `key` exist? Never waits (a missing key is the answer). */
+static int exists(tdist__monitor_t *m, const char *key) {
+  const char *keys[1] = {key};
+  int all = 0;
+  return tdist_store_check(m->conn, keys, 1, &all) == 0 && all;
+}
+
+/* next_seq of group uid in world rank wr's heartbeat: its own key, or, for a
+ * rank behind a host agent, its line "<wr> a <value>" in the host's
+ * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>"). */
+static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc) {
+  char key[48];
+  void *val = NULL;
+  size_t len = 0;
+  int64_t next = -1;
+  snprintf(key, sizeof(key), "tdist/hb/%d", wr);
+  if (exists(m, key) && tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
+    next = seq_in(val, len, uid);
+    tdist_store_free(val);
+    return next;
+  }
+  snprintf(key, sizeof(key), "tdist/hbat/%d", wr);
+  if (!exists(m, key) || tdist_store_get(m->conn, key, &val, &len, 100) != 0) return -1;
+  char hs[24];
+  snprintf(hs, sizeof(hs), "%.*s", (int)(len < 16 ? len : 16), (char *)val);
+  tdist_store_free(val);
+  long host = strtol(hs, NULL, 10);
+  if (hc->host != host) {
+    tdist_store_free(hc->val);
+    hc->val = NULL;
+    hc->host = -1;
+    snprintf(key, sizeof(key), "tdist/hbh/%ld", host);
+    if (tdist_store_get(m->conn, key, &hc->val, &hc->len, 100) != 0) return -1;
+    hc->host = host;
+  }
+  char want[24];
+  int wl = snprintf(want, sizeof(want), "%d a ", wr);
+  const char *p = hc->val, *end = p + hc->len;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const char *le = nl ? nl : end;
+    if (le - p >= wl && memcmp(p, want, (size_t)wl) == 0) {
+      next = seq_in(p + wl, (size_t)(le - p - wl), uid);
+      break;
+    }
+    p = le + 1;
+  }
+  return next;
+}
+
 struct members {
   int size, rank;
   int ranks[4096];
@@ -250,17 +415,10 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   char text[256] = "";
   size_t tl = 0;
   int behind = 0;
+  struct host_cache hc = {-1, NULL, 0};
   for (int i = 0; found && i < mb->size; i++) {
     if (i == mb->rank) continue;
-    char key[48];
-    snprintf(key, sizeof(key), "tdist/hb/%d", mb->ranks[i]);
-    void *val = NULL;
-    size_t len = 0;
-    int64_t next = -1;
-    if (tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
-      next = seq_in(val, len, uid);
-      tdist_store_free(val);
-    }
+    int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
     if (next > (int64_t)seq) continue; /* it submitted this op */
     int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
@@ -278,6 +436,7 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
              "every rank of group '%.95s' had reached seq %" PRIu64 " (stuck in the backend)",
              mb->name, seq);
   m->h.on_verdict(m->h.arg, uid, seq, verdict[0] ? verdict : NULL);
+  tdist_store_free(hc.val);
   tdist__free(mb);
 }
 
@@ -295,8 +454,17 @@ static void run_diagnoses(tdist__monitor_t *m) {
 /* Keep the connection usable and notice a store that stopped answering.
  * Returns 1 when the store can be called this round. */
 static int store_check(tdist__monitor_t *m) {
-  if (tdist__store_alive(m->conn)) return 1;
   int64_t silent = tdist__now_ms() - m->last_ok_ms, limit = tdist__param_HeartbeatTimeoutMs();
+  if (m->agent_fd >= 0 && !m->store_lost && limit > 0 && (silent > limit || m->agent_gone)) {
+    /* Behind an agent, "the store answers" is its "ok" (each of its beats
+     * that reached the store): a silent agent or store is a lost store. */
+    m->store_lost = 1;
+    TDIST_WARN(CORE,
+               "monitor: the store (through the host agent '%s') has not answered for %lld ms",
+               m->agent_name, (long long)silent);
+    m->h.on_store_lost(m->h.arg, silent, tdist_store_address(m->conn));
+  }
+  if (tdist__store_alive(m->conn)) return 1;
   if (!m->store_lost && limit > 0 && silent > limit) {
     m->store_lost = 1;
     TDIST_WARN(CORE, "monitor: the store at %s has not answered for %lld ms",
@@ -344,6 +512,10 @@ static void *monitor_main(void *arg) {
       refresh_snapshot(m);
       m->last_snap_ms = now;
     }
+    if (m->agent_fd >= 0) {
+      agent_poll(m, interval); /* the agent watches the records for this host */
+      continue;
+    }
     char key[64];
     snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, m->next);
     const char *keys[1] = {key};
@@ -382,18 +554,35 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
   pthread_condattr_destroy(&ca);
   m->world_rank = world_rank;
   m->h = *h;
+  m->agent_fd = -1;
   /* No lock is held here: connecting may take a while. */
   TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
   m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
-  TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->hb_conn), rc, fail);
+  int64_t count = 0;
+  TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
+  m->next = count + 1; /* records of earlier jobs on this store are history */
+  const char *agent = getenv("TDIST_HOST_AGENT");
+  if (agent && *agent && (m->agent_fd = agent_connect(agent)) >= 0) {
+    /* The agent relays records from m->next on; its next beat (at once)
+     * registers this rank with the store's detector. */
+    char hello[64];
+    int hl = snprintf(hello, sizeof(hello), "hello %d %" PRId64 "\n", world_rank, m->next);
+    if (agent_send(m->agent_fd, hello, (size_t)hl) != 0) {
+      close(m->agent_fd);
+      m->agent_fd = -1;
+    }
+  }
+  if (agent && *agent && m->agent_fd < 0)
+    TDIST_INFO(CORE, "monitor: no host agent at '%s': heartbeats go to the store", agent);
+  if (m->agent_fd >= 0) snprintf(m->agent_name, sizeof(m->agent_name), "%s", agent);
+  if (m->agent_fd < 0)
+    TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->hb_conn), rc, fail);
   /* A heartbeat may wait for a slow store up to the heartbeat timeout: one
    * that gives up sooner closes its connection, which the store takes for a
    * death. */
   int64_t hb_timeout = tdist__param_HeartbeatTimeoutMs();
-  m->hb_conn->timeout_ms = hb_timeout > STORE_CALL_MS ? hb_timeout : STORE_CALL_MS;
-  int64_t count = 0;
-  TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
-  m->next = count + 1; /* records of earlier jobs on this store are history */
+  if (m->hb_conn) m->hb_conn->timeout_ms = hb_timeout > STORE_CALL_MS ? hb_timeout : STORE_CALL_MS;
+
   /* Register with the liveness detector before the group exists, so a rank
    * that dies at once is still known (and declared dead). */
   refresh_snapshot(m);
@@ -420,9 +609,10 @@ fail:
     pthread_join(m->thread, NULL);
   }
   if (registered) {
-    m->hb_conn->timeout_ms = STORE_CALL_MS;
+    if (m->hb_conn) m->hb_conn->timeout_ms = STORE_CALL_MS;
     heartbeat(m, 1); /* registered but never ran: not a death */
   }
+  if (m->agent_fd >= 0) close(m->agent_fd);
   if (m->hb_conn) tdist_store_release(m->hb_conn);
   if (m->conn) tdist_store_release(m->conn);
   pthread_cond_destroy(&m->cv);
@@ -444,7 +634,8 @@ void tdist__monitor_stop(tdist__monitor_t *m) {
   pthread_cond_signal(&m->cv);
   pthread_mutex_unlock(&m->mu);
   pthread_join(m->hb_thread, NULL);
-  tdist_store_release(m->hb_conn);
+  if (m->agent_fd >= 0) close(m->agent_fd); /* after its "bye" */
+  if (m->hb_conn) tdist_store_release(m->hb_conn);
   tdist_store_release(m->conn);
   pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);

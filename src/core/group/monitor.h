@@ -26,6 +26,13 @@
  *     stays open, so nothing else notices), on_store_lost is called once.
  *     Its calls are bounded (STORE_CALL_MS), and a broken connection is
  *     reopened, so a store that comes back is used again.
+ * Behind a host agent (TDIST_HOST_AGENT names its abstract unix socket;
+ * tdistrun's, tools/launcher/agent.c) the heartbeats go to the agent ("hello
+ * <rank> <next>", "hb <value>", "bye"), which beats once for its host, and
+ * the records come from it ("rec <n> <record>"; "ok" after each host beat
+ * that reached the store is what "the store answers" means then): no
+ * heartbeat connection, no wait on the store per rank. Without an agent, or
+ * when it cannot be reached at start, everything is as above.
  * It knows nothing of groups: the handlers (the group layer's) do. Handlers
  * run on the monitor thread with no monitor lock held.
  *
