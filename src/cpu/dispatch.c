@@ -261,7 +261,8 @@ void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
     if (--ctx->nparked == 0 && !cpu_off_loop(ctx)) uv_timer_stop(&ctx->park_timer);
   }
   c->dead = 1;
-  if (!cpu_off_loop(ctx)) { /* else stopped by tdist__cpu_loop_sync */
+  /* A connection never made (lazy.c) has no poll to stop. */
+  if (c->link == CPU_LINK_UP && !cpu_off_loop(ctx)) { /* else stopped by tdist__cpu_loop_sync */
     uv_poll_stop(&c->poll);
     c->events = 0;
   }

@@ -164,6 +164,10 @@ void tdist__cpu_shm_drain(cpu_ctx_t *ctx) {
 
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
   int left = 0;
+  /* Under mark_mu, so a ring attached meanwhile (lazy.c) gets exactly the
+   * marks that will be taken off it. */
+  pthread_mutex_lock(&ctx->mark_mu);
+  ctx->nmarks += on ? 1 : -1;
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->rx_ring) continue;
@@ -174,7 +178,17 @@ int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
       left |= tdist__cpu_ring_avail(c->rx_ring) != 0;
     }
   }
+  pthread_mutex_unlock(&ctx->mark_mu);
   return left;
+}
+
+void tdist__cpu_shm_attach_rx(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *ring) {
+  if (!ring) return;
+  pthread_mutex_lock(&ctx->mark_mu);
+  for (int k = 0; k < ctx->nmarks; k++)
+    tdist__cpu_ring_poll_begin(ring);
+  c->rx_ring = ring;
+  pthread_mutex_unlock(&ctx->mark_mu);
 }
 
 /* ---- setup and teardown --------------------------------------------------------- */
