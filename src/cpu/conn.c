@@ -1,7 +1,9 @@
 /*
- * conn.c - setting up and tearing down the full mesh of connections.
+ * conn.c - listening, the advertised address, the eager full mesh
+ * (TDIST_CPU_CONNECT=eager; lazy.c makes connections on first use, the
+ * default), and tearing connections down.
  *
- * Caller thread (inside the backend's init of the world group, bounded by
+ * Eager, on the caller thread (inside the backend's init of the world group, bounded by
  * the group's timeout): every rank listens on an ephemeral port and trades
  * "host:port" with every other rank through the group's store view
  * (tdist_backend_allgather, keys "cpu/addr/<rank>"), then connects to every

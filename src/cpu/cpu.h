@@ -7,8 +7,9 @@
  * services (tdist_backend_complete, tdist_backend_fail, tdist_backend_fail_remote).
  *
  * Layout:
- *   ctx     one per world group: the full mesh of TCP connections (one per
- *           pair of processes), the registry of groups that use it, the
+ *   ctx     one per world group: the TCP connections (one per pair of
+ *           processes: all made at creation, or placeholders connected on
+ *           first use, lazy.c), the registry of groups that use it, the
  *           orphan list (messages for a group not created here yet), the
  *           ready list (ops the engine must advance) and a cache of staging
  *           buffers. Shared by the world and every subgroup (refcounted);
@@ -31,7 +32,8 @@
  * Threads: setup (conn.c: listen, store all-gather, connect, handshake,
  * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
  * run on the caller thread inside init/split/shrink/destroy, and reach the
- * progress thread with tdist_backend_call. Everything else runs under the
+ * progress thread with tdist_backend_call; lazy connections are made on
+ * lazy.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs under the
  * engine lock (ctx->mu, drive.c): on the progress thread, which never
  * blocks but for that lock, or on a caller thread that starts its op in
  * submit or drives it while it waits (test); such a caller never touches

@@ -26,8 +26,10 @@
  *     the peer wrote before it went (its ERR, its goodbye) is read before
  *     the loss is reported (io.c, on_readable).
  *
- * Setup (caller thread, within the world's creation): every process makes
- * one segment (a memfd) holding one inbound ring per local peer; the
+ * Setup (caller thread, within the world's creation; with lazy connections
+ * on lazy.c's threads, once per pair, on a two-rank stand-in context):
+ * every process makes one segment (a memfd) holding one inbound ring per
+ * local peer; the
  * peers trade (pid, fd, where their ring is) over the socket, map each
  * other's segment through /proc/PID/fd/FD (the same permission
  * process_vm_readv needs), and agree: a pair that either side cannot map
