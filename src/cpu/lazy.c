@@ -39,7 +39,7 @@
  * Failures are named as the mesh names them: a connect refused (after
  * retrying for a second: the listener exists before its address is
  * published, so a refusal means the peer is gone), no address within the
- * world's timeout, a failed handshake: the placeholder is reported lost
+ * world's timeout, a failed handshake (HANDSHAKE_MS at most): the placeholder is reported lost
  * (tdist__cpu_on_conn_lost: "rank X (world rank Y, addr) ..."), which
  * fails the groups that need the peer; later ops find it dead ("is gone").
  * The monitor's death record aborts waiting groups as before.
@@ -68,6 +68,10 @@ _Atomic uint64_t tdist__cpu_connects;
 
 enum { ST_NONE, ST_DIALING, ST_CLAIMED, ST_WAITING, ST_FAILED }; /* per peer, under mu */
 #define STOP_SLICE_MS 200 /* how often a blocked thread looks at `stop` */
+/* A handshake (hello, verdict, the pair's setup) that takes longer is
+ * given up: a live peer's acceptor answers in milliseconds, and the one
+ * dialer must not wait a whole group timeout behind a stopped process. */
+#define HANDSHAKE_MS 10000
 
 /* A finished connection (or a failure) on its way to the progress thread. */
 typedef struct lazy_done {
@@ -100,7 +104,31 @@ struct cpu_lazy {
   int async_on;
   pthread_t dialer, acceptor;
   int threads;
+  int busy[2]; /* the socket the dialer / acceptor is in a handshake on, or
+                  -1; under mu: stop shuts it down so a blocked handshake
+                  returns at once, and it is closed only after it is
+                  cleared here (lz_close), so stop never shuts a reused fd */
 };
+
+static void lz_busy(cpu_lazy_t *lz, int which, int fd) {
+  pthread_mutex_lock(&lz->mu);
+  lz->busy[which] = fd;
+  pthread_mutex_unlock(&lz->mu);
+}
+
+/* fd is no longer in a handshake (closed by the caller, or handed over). */
+static void lz_unbusy(cpu_lazy_t *lz, int fd) {
+  if (fd < 0) return;
+  pthread_mutex_lock(&lz->mu);
+  for (int i = 0; i < 2; i++)
+    if (lz->busy[i] == fd) lz->busy[i] = -1;
+  pthread_mutex_unlock(&lz->mu);
+}
+
+static void lz_close(cpu_lazy_t *lz, int fd) {
+  lz_unbusy(lz, fd);
+  if (fd >= 0) close(fd);
+}
 
 static void done_free(lazy_done_t *d) {
   if (d->fd >= 0) close(d->fd);
@@ -130,6 +158,7 @@ static void lazy_unref(cpu_lazy_t *lz) {
 
 /* (any of the threads) Hand d to the progress thread, or drop it once stopped. */
 static void hand_over(cpu_lazy_t *lz, lazy_done_t *d) {
+  lz_unbusy(lz, d->fd);
   pthread_mutex_lock(&lz->mu);
   if (lz->ctx && lz->async_on) {
     d->next = lz->done;
@@ -156,7 +185,7 @@ static void fail_peer(cpu_lazy_t *lz, lazy_done_t *d, const char *fmt, const cha
   lz->st[d->peer] = ST_FAILED;
   pthread_mutex_unlock(&lz->mu);
   snprintf(d->why, sizeof(d->why), fmt, arg);
-  if (d->fd >= 0) close(d->fd);
+  lz_close(lz, d->fd);
   d->fd = -1;
   d->ok = 0;
   hand_over(lz, d);
@@ -244,11 +273,15 @@ static void dial(cpu_lazy_t *lz, int peer) {
     fail_peer(lz, d, "refused the connection (%s)", tdist_last_error());
     return;
   }
+  lz_busy(lz, 0, d->fd);
+  int64_t hs = tdist__now_ns() + (int64_t)HANDSHAKE_MS * 1000000;
+  deadline = hs < deadline ? hs : deadline;
   hello_t hi = {.magic = CPU_MAGIC, .rank = lz->rank, .size = lz->size, .uid = lz->uid};
   int32_t verdict = 0;
   if (tdist__cpu_io_full(d->fd, &hi, sizeof(hi), 1, deadline) != 0 ||
       tdist__cpu_io_full(d->fd, &verdict, sizeof(verdict), 0, deadline) != 0) {
-    fail_peer(lz, d, "closed the connection during its handshake%s", "");
+    fail_peer(lz, d, "did not answer the connection's handshake (%s)",
+              tdist__now_ns() >= deadline ? "in time" : "closed");
     return;
   }
   pthread_mutex_lock(&lz->mu);
@@ -256,6 +289,8 @@ static void dial(cpu_lazy_t *lz, int peer) {
   if (verdict) lz->st[peer] = ST_CLAIMED;
   pthread_mutex_unlock(&lz->mu);
   if (!verdict) {
+    lz_close(lz, d->fd);
+    d->fd = -1;
     done_free(d);
     return;
   }
@@ -289,13 +324,14 @@ static void *dialer_main(void *arg) {
 /* ---- the acceptor --------------------------------------------------------------- */
 
 static void take_incoming(cpu_lazy_t *lz, int fd) {
-  /* A hello that does not come within 10 s is not one of ours. */
-  int64_t deadline = tdist__now_ns() + 10000000000LL;
+  /* A hello that does not come in time is not one of ours. */
+  int64_t deadline = tdist__now_ns() + (int64_t)HANDSHAKE_MS * 1000000;
   hello_t h;
+  lz_busy(lz, 1, fd);
   if (tdist__cpu_io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC ||
       h.size != lz->size || h.uid != lz->uid || h.rank < 0 || h.rank >= lz->size ||
       h.rank == lz->rank) {
-    close(fd);
+    lz_close(lz, fd);
     return;
   }
   int p = h.rank;
@@ -305,7 +341,7 @@ static void take_incoming(cpu_lazy_t *lz, int fd) {
   if (verdict) lz->st[p] = ST_CLAIMED;
   pthread_mutex_unlock(&lz->mu);
   if (tdist__cpu_io_full(fd, &verdict, sizeof(verdict), 1, deadline) != 0 || !verdict) {
-    close(fd);
+    lz_close(lz, fd);
     if (!verdict) return;
     lazy_done_t *d = done_new(p);
     if (d) fail_peer(lz, d, "closed the connection during its handshake%s", "");
@@ -314,7 +350,7 @@ static void take_incoming(cpu_lazy_t *lz, int fd) {
   tdist__cpu_tune_socket(fd);
   lazy_done_t *d = done_new(p);
   if (!d) {
-    close(fd);
+    lz_close(lz, fd);
     return;
   }
   d->fd = fd;
@@ -324,7 +360,6 @@ static void take_incoming(cpu_lazy_t *lz, int fd) {
   if (getpeername(fd, (struct sockaddr *)&a, &al) == 0)
     inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
   snprintf(d->addr, sizeof(d->addr), "%s:%d (it connected)", host, ntohs(a.sin_port));
-  deadline = tdist__now_ns() + lz->timeout_ms * 1000000;
   if (pair_setup(lz, d, deadline) != 0) {
     fail_peer(lz, d, "%s", d->why);
     return;
@@ -439,6 +474,7 @@ int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int 
   pthread_cond_init(&lz->cv, NULL);
   lz->refs = 1;
   lz->lfd = lfd;
+  lz->busy[0] = lz->busy[1] = -1;
   lz->rank = p->rank;
   lz->size = p->size;
   lz->uid = p->uid;
@@ -517,6 +553,8 @@ void tdist__cpu_lazy_stop(cpu_ctx_t *ctx) {
   lz->async_on = 0;
   atomic_store(&lz->stop, 1);
   pthread_cond_broadcast(&lz->cv);
+  for (int i = 0; i < 2; i++) /* a handshake in progress returns at once */
+    if (lz->busy[i] >= 0) shutdown(lz->busy[i], SHUT_RDWR);
   pthread_mutex_unlock(&lz->mu);
   if (on) uv_close((uv_handle_t *)&lz->async, on_async_closed);
 }
