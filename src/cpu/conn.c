@@ -422,7 +422,7 @@ static int build_mesh(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_setu
   TDIST_CHECK(get_addrs(p, s->me, s->deadline, s->addrs));
   TDIST_CHECK(connect_higher(p, s));
   TDIST_CHECK(accept_lower(p, s));
-  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, s->deadline, s->cma, s->local));
+  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, NULL, s->deadline, s->cma, s->local));
   TDIST_CHECK(make_conns(ctx, s));
   TDIST_CHECK(tdist__cpu_shm_setup(ctx, s->local, s->deadline));
   return 0;

@@ -33,11 +33,10 @@
  * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
  * run on the caller thread inside init/split/shrink/destroy, and reach the
  * progress thread with tdist_backend_call; lazy connections are made on
- * lazy.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs under the
- * engine lock (ctx->mu, drive.c): on the progress thread, which never
- * blocks but for that lock, or on a caller thread that starts its op in
- * submit or drives it while it waits (test); such a caller never touches
- * the loop and leaves completions and failures to the progress thread.
+ * lazy.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs
+ * under the engine lock (ctx->mu, drive.c): on the progress thread, which never blocks but for that
+ * lock, or on a caller thread that starts its op in submit or drives it while it waits (test); such
+ * a caller never touches the loop and leaves completions and failures to the progress thread.
  *
  * Transport and engine (no re-entry). The transport is the I/O call chains
  * of io.c, dispatch.c and cma.c: parse -> on_header / on_payload, flush, the
@@ -308,10 +307,12 @@ struct cpu_group {
  * caller thread during setup). */
 struct cpu_conn {
   cpu_ctx_t *ctx;
-  int peer; /* world rank */
-  int fd;   /* -1 until connected (lazy.c) */
-  int link; /* CPU_LINK_*: not UP, no poll is registered and the send queue
-               waits (lazy.c) */
+  int peer;  /* world rank */
+  int fd;    /* -1 until connected (lazy.c) */
+  int link;  /* CPU_LINK_*: not UP, no poll is registered and the send queue
+                waits (lazy.c) */
+  int quiet; /* lazy.c: nothing came from the peer on it yet, so its loss
+                waits a second for a cause (dispatch.c) */
   uv_poll_t poll;
   int events;         /* UV_READABLE | UV_WRITABLE currently watched */
   int dead;           /* closed or failed: no more I/O */
@@ -610,9 +611,10 @@ void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
 void tdist__cpu_cma_sync(cpu_ctx_t *ctx); /* (progress) timer armed if a descriptor waits */
 /* Caller thread, setup (conn.c): trade hellos over the peers' fds[], probe,
  * and say who can read whom (out[j].enabled) and who shares this host
- * (local[j]); fds[me] is unused. */
-int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
-                            int *local);
+ * (local[j]); fds[me] is unused; names[j]: the world rank j stands for in
+ * logs (NULL: j itself; lazy.c trades as a pair 0, 1). */
+int tdist__cpu_cma_exchange(int me, int n, const int *fds, const int *names, int64_t deadline,
+                            cpu_cma_hello_t *out, int *local);
 /* Copy d's bytes from process pid into dst, then check the sender's live
  * word. 0; or -1 with a description in why and *aborted set when the
  * sender had aborted (its live word changed: a failed read then names no
@@ -628,6 +630,9 @@ int tdist__cpu_cma_read_end(int pid, const cpu_rma_desc_t *d, char *why, size_t 
  * -2 when the sender aborted (aborted != 0): cg waits up to 1 s for its
  * cause first. cg may be NULL (an orphan's read): nothing to fail. */
 int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const char *why);
+/* (engine lock) cg fails with text (REMOTE_FAILED) in 1 s unless a cause
+ * (an ERR, the abort record) aborts it first (the timer of cma.c). */
+void tdist__cpu_fail_later(cpu_group_t *cg, const char *text);
 void tdist__cpu_cma_ack(cpu_ctx_t *ctx, int src_world, uint64_t cookie); /* descriptor read */
 void tdist__cpu_cma_take(cpu_ctx_t *ctx, cpu_ux_t *u); /* pending u is read elsewhere */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads

@@ -180,6 +180,11 @@ static lazy_done_t *done_new(int peer) {
   return d;
 }
 
+/* The pair cannot be connected. The placeholder is quiet (nothing came
+ * over it), so its loss waits a second for a cause (dispatch.c): a peer
+ * that left because its group failed (a mismatch it found, say) had no
+ * connection to tell us on, unlike the mesh, where its ERR comes before
+ * its EOF; its abort record reaches us through the store meanwhile. */
 static void fail_peer(cpu_lazy_t *lz, lazy_done_t *d, const char *fmt, const char *arg) {
   pthread_mutex_lock(&lz->mu);
   lz->st[d->peer] = ST_FAILED;
@@ -194,10 +199,10 @@ static void fail_peer(cpu_lazy_t *lz, lazy_done_t *d, const char *fmt, const cha
 /* Both sides of an accepted pair: single-copy hellos, then (one host) the
  * rings, over the still-blocking socket. 0, or -1 (d->why set). */
 static int pair_setup(cpu_lazy_t *lz, lazy_done_t *d, int64_t deadline) {
-  int fds[2] = {-1, d->fd}, local[2] = {0, 0};
+  int fds[2] = {-1, d->fd}, local[2] = {0, 0}, names[2] = {lz->rank, d->peer};
   cpu_cma_hello_t cma[2];
   memset(cma, 0, sizeof(cma));
-  if (tdist__cpu_cma_exchange(0, 2, fds, deadline, cma, local) != 0) {
+  if (tdist__cpu_cma_exchange(0, 2, fds, names, deadline, cma, local) != 0) {
     snprintf(d->why, sizeof(d->why), "failed in the connection handshake: %s", tdist_last_error());
     return -1;
   }
@@ -497,6 +502,7 @@ int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int 
       goto fail;
     }
     c->link = CPU_LINK_IDLE;
+    c->quiet = 1;
     ctx->conns[i] = c;
   }
   ctx->lazy = lz;
