@@ -583,8 +583,10 @@ void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
   release_req_t r = {ctx, NULL, 0, NULL};
   /* Lingering blocks: never on the progress thread (a release from a
    * callback closes at once). */
-  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread())
+  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread()) {
     r.ls = tdist__malloc(sizeof(*r.ls) * (size_t)ctx->size);
+    tdist__cpu_lazy_owing_wait(ctx, tdist__param_CpuLingerMs());
+  }
   tdist_backend_call(ctx->progress, release_task, &r);
   if (r.ls) tdist__cpu_linger(r.ls, r.n);
   tdist__free(r.ls);

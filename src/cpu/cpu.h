@@ -527,6 +527,11 @@ int tdist__cpu_lazy_threads(cpu_ctx_t *ctx); /* (caller) start the dialer and ac
  * Only queues (never blocks). */
 void tdist__cpu_conn_want(cpu_conn_t *c);
 void tdist__cpu_lazy_stop(cpu_ctx_t *ctx); /* (progress, last release) no more handoffs */
+/* (caller, before the last release) A connection still being made owes
+ * what is queued on it (an abort's ERR, which names the cause for the
+ * peer): wait up to max_ms for such connections to come up, so the
+ * linger delivers what they owe as the mesh's connections deliver theirs. */
+void tdist__cpu_lazy_owing_wait(cpu_ctx_t *ctx, int64_t max_ms);
 /* (after stop) Join the threads (caller) or detach them (progress thread);
  * the state goes with the last of them. */
 void tdist__cpu_lazy_end(cpu_lazy_t *lz, int join);

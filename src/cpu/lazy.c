@@ -468,6 +468,33 @@ void tdist__cpu_conn_want(cpu_conn_t *c) {
   pthread_mutex_unlock(&lz->mu);
 }
 
+/* (progress) For the last release: connections being made with messages
+ * queued on them (q->n). */
+typedef struct {
+  cpu_ctx_t *ctx;
+  int n;
+} owing_req_t;
+static void count_owing(void *arg) {
+  owing_req_t *q = arg;
+  cpu_ctx_t *ctx = q->ctx;
+  q->n = 0;
+  if (ctx->refs != 1 || !ctx->lazy) return;
+  tdist__cpu_enter(ctx);
+  for (int i = 0; i < ctx->size; i++) {
+    cpu_conn_t *c = ctx->conns[i];
+    q->n += c && c->link == CPU_LINK_DIALING && !c->dead && !tdist__list_empty(&c->txq);
+  }
+  tdist__cpu_leave(ctx);
+}
+
+void tdist__cpu_lazy_owing_wait(cpu_ctx_t *ctx, int64_t max_ms) {
+  int64_t end = tdist__now_ns() + max_ms * 1000000;
+  for (owing_req_t q = {ctx, 0};; usleep(2000)) {
+    tdist_backend_call(ctx->progress, count_owing, &q);
+    if (!q.n || tdist__now_ns() >= end) break;
+  }
+}
+
 /* ---- creation and the end ------------------------------------------------------- */
 
 int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int lfd,
