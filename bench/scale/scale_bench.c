@@ -21,7 +21,7 @@
  *   2. the store part of the world group's creation by the CPU backend
  *      (cpu/conn.c get_addrs, store/bootstrap.c): set "cpu/addr/<r>", then a
  *      multi_get of all n addresses (the TCP mesh itself is not opened here);
- *      with --lazy-addr, what lazy connections (cpu/lazy.c, the default)
+ *      with --lazy-addr, what lazy connections (cpu/lazy.c, TDIST_CPU_CONNECT=lazy)
  *      do instead: the set, then one get per peer used, here the log2(n)
  *      partners of a recursive-doubling all_reduce;
  *   3. the monitor (monitor.c): add "tdist/aborts/count" 0, a first

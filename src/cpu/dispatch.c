@@ -259,8 +259,10 @@ void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
     /* A lazy connection lost before anything came over it (or never
      * made): the peer may have left after a failure of its own, with no
      * connection to send its ERR on; its abort record (the store) gets a
-     * second to name the cause first. */
-    if (c->quiet)
+     * second to name the cause first. Likewise a peer that left on
+     * purpose (BYE) with lazy connections: it is not the cause, and the
+     * rank that is may still be connecting to us to say so. */
+    if (c->quiet || (c->bye && ctx->lazy))
       tdist__cpu_fail_later(cg, text);
     else
       tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "%s", text);

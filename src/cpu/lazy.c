@@ -1,6 +1,7 @@
 /*
- * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy, the
- * default): the world's creation publishes this rank's address and
+ * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy; the
+ * default is still the eager mesh, docs/cpu-backend.md "Known limits"):
+ * the world's creation publishes this rank's address and
  * nothing else, and a pair connects when an op first needs it.
  *
  * Why: the full mesh (conn.c, TDIST_CPU_CONNECT=eager) costs every rank n
@@ -403,8 +404,8 @@ static void attach(cpu_ctx_t *ctx, lazy_done_t *d) {
   }
   snprintf(c->addr, sizeof(c->addr), "%s", d->addr);
   if (!d->ok) {
-    done_free(d);
     ctx->ev->lost(c, d->why); /* c->link stays: its poll never started */
+    done_free(d);
     return;
   }
   c->rx = tdist__malloc(CPU_RX_CAP);
@@ -605,6 +606,6 @@ void tdist__cpu_lazy_end(cpu_lazy_t *lz, int join) {
 }
 
 int tdist__cpu_lazy_mode(void) {
-  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "lazy");
-  return strcmp(m, "eager") != 0;
+  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "eager");
+  return strcmp(m, "lazy") == 0;
 }

@@ -1,6 +1,7 @@
 /*
  * test_cpu_lazy.c - connections made on first use (src/cpu/lazy.c,
- * TDIST_CPU_CONNECT=lazy, the default), each case in its own world:
+ * TDIST_CPU_CONNECT=lazy; the default is the eager mesh), each case in its
+ * own world:
  *
  *   lazy          n=4: creating the world connects nobody; ranks 0 and 1
  *                 trade p2p messages (checked) and then each has made one
@@ -194,7 +195,7 @@ int main(void) {
       mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return 1;
   int fails = 0;
-  unsetenv("TDIST_CPU_CONNECT");
+  setenv("TDIST_CPU_CONNECT", "lazy", 1);
   fails += run("lazy", lazy, 4, sh);
   setenv("TDIST_CPU_SHM", "0", 1);
   fails += run("lazy (TDIST_CPU_SHM=0)", lazy, 4, sh);

@@ -128,7 +128,7 @@ run_mode() {
       echo "  rank $r: no 'MH OK ... cma_cross=0 cma_local>0' line"
       ok=1
     fi
-    # Lazy connections (the default) decide per pair when the pair is first
+    # Lazy connections (TDIST_CPU_CONNECT=lazy) decide per pair when the pair is first
     # used, so a rank sees the peers its all_reduce talks to: at least one
     # of the other hosts' ranks, at most all of them, none of its own host.
     local other=0 same=0 p
