@@ -16,7 +16,9 @@
  * with the mesh. A message queued on a placeholder (tdist__cpu_send) or a
  * receive posted from its peer (engine.c) asks for the connection
  * (tdist__cpu_conn_want): the message waits in the send queue, the op is
- * neither failed nor blocked. Two threads per world do the blocking part:
+ * neither failed nor blocked. Two threads per world do the blocking part,
+ * each handshake on a short-lived thread of its own (hs_start), so a
+ * stopped peer holds up only its own pair:
  *   dialer    takes the wanted peers in order: reads "cpu/addr/<peer>"
  *             (tdist_store_get, waiting), connects, sends the 24-byte
  *             hello, reads the verdict (1 accept, 0 reject);
@@ -105,15 +107,21 @@ struct cpu_lazy {
   int async_on;
   pthread_t dialer, acceptor;
   int threads;
-  int busy[2]; /* the socket the dialer / acceptor is in a handshake on, or
-                  -1; under mu: stop shuts it down so a blocked handshake
-                  returns at once, and it is closed only after it is
-                  cleared here (lz_close), so stop never shuts a reused fd */
+  int *busy, nbusy; /* sockets in a handshake (-1: a free slot); under mu:
+                       stop shuts them down so a blocked handshake returns
+                       at once, and one is closed only after it is cleared
+                       here (lz_close), so stop never shuts a reused fd */
 };
 
-static void lz_busy(cpu_lazy_t *lz, int which, int fd) {
+/* No free slot (more handshakes than peers: not ours): not registered,
+ * bounded by HANDSHAKE_MS alone. */
+static void lz_busy(cpu_lazy_t *lz, int fd) {
   pthread_mutex_lock(&lz->mu);
-  lz->busy[which] = fd;
+  for (int i = 0; i < lz->nbusy; i++)
+    if (lz->busy[i] < 0) {
+      lz->busy[i] = fd;
+      break;
+    }
   pthread_mutex_unlock(&lz->mu);
 }
 
@@ -121,7 +129,7 @@ static void lz_busy(cpu_lazy_t *lz, int which, int fd) {
 static void lz_unbusy(cpu_lazy_t *lz, int fd) {
   if (fd < 0) return;
   pthread_mutex_lock(&lz->mu);
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < lz->nbusy; i++)
     if (lz->busy[i] == fd) lz->busy[i] = -1;
   pthread_mutex_unlock(&lz->mu);
 }
@@ -154,6 +162,7 @@ static void lazy_unref(cpu_lazy_t *lz) {
   pthread_cond_destroy(&lz->cv);
   tdist__free(lz->st);
   tdist__free(lz->dialq);
+  tdist__free(lz->busy);
   tdist__free(lz);
 }
 
@@ -279,7 +288,7 @@ static void dial(cpu_lazy_t *lz, int peer) {
     fail_peer(lz, d, "refused the connection (%s)", tdist_last_error());
     return;
   }
-  lz_busy(lz, 0, d->fd);
+  lz_busy(lz, d->fd);
   int64_t hs = tdist__now_ns() + (int64_t)HANDSHAKE_MS * 1000000;
   deadline = hs < deadline ? hs : deadline;
   hello_t hi = {.magic = CPU_MAGIC, .rank = lz->rank, .size = lz->size, .uid = lz->uid};
@@ -308,6 +317,51 @@ static void dial(cpu_lazy_t *lz, int peer) {
   hand_over(lz, d);
 }
 
+/* One handshake on a thread of its own (detached, holding a reference):
+ * a peer stopped in the middle of one (SIGSTOP, a debugger) must not hold
+ * up the pair's other handshakes for HANDSHAKE_MS. */
+typedef struct {
+  cpu_lazy_t *lz;
+  int arg, incoming; /* a peer to dial, or an accepted socket */
+} hs_t;
+
+static void take_incoming(cpu_lazy_t *lz, int fd);
+
+static void *hs_main(void *arg) {
+  hs_t h = *(hs_t *)arg;
+  tdist__free(arg);
+  if (h.incoming)
+    take_incoming(h.lz, h.arg);
+  else
+    dial(h.lz, h.arg);
+  lazy_unref(h.lz);
+  return NULL;
+}
+
+/* Run the handshake on its own thread, or here if none can start. */
+static void hs_start(cpu_lazy_t *lz, int arg, int incoming) {
+  hs_t *h = tdist__malloc(sizeof(*h));
+  pthread_t t;
+  pthread_attr_t at;
+  if (h) {
+    *h = (hs_t){lz, arg, incoming};
+    pthread_mutex_lock(&lz->mu);
+    lz->refs++;
+    pthread_mutex_unlock(&lz->mu);
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &at, hs_main, h);
+    pthread_attr_destroy(&at);
+    if (rc == 0) return;
+    tdist__free(h);
+    lazy_unref(lz); /* not the last: the caller's thread holds one */
+  }
+  if (incoming)
+    take_incoming(lz, arg);
+  else
+    dial(lz, arg);
+}
+
 static void *dialer_main(void *arg) {
   cpu_lazy_t *lz = arg;
   pthread_mutex_lock(&lz->mu);
@@ -319,7 +373,7 @@ static void *dialer_main(void *arg) {
     int peer = lz->dialq[lz->dq_head];
     lz->dq_head = (lz->dq_head + 1) % lz->size;
     pthread_mutex_unlock(&lz->mu);
-    dial(lz, peer);
+    hs_start(lz, peer, 0);
     pthread_mutex_lock(&lz->mu);
   }
   pthread_mutex_unlock(&lz->mu);
@@ -333,7 +387,7 @@ static void take_incoming(cpu_lazy_t *lz, int fd) {
   /* A hello that does not come in time is not one of ours. */
   int64_t deadline = tdist__now_ns() + (int64_t)HANDSHAKE_MS * 1000000;
   hello_t h;
-  lz_busy(lz, 1, fd);
+  lz_busy(lz, fd);
   if (tdist__cpu_io_full(fd, &h, sizeof(h), 0, deadline) != 0 || h.magic != CPU_MAGIC ||
       h.size != lz->size || h.uid != lz->uid || h.rank < 0 || h.rank >= lz->size ||
       h.rank == lz->rank) {
@@ -381,7 +435,7 @@ static void *acceptor_main(void *arg) {
     if (poll(&pfd, 1, STOP_SLICE_MS) <= 0) continue;
     int fd = accept4(lz->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
-      take_incoming(lz, fd);
+      hs_start(lz, fd, 1);
     } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
       /* Out of descriptors or memory: the pending connection stays in the
        * backlog; try again a slice later rather than spin. */
@@ -507,14 +561,17 @@ int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int 
   pthread_cond_init(&lz->cv, NULL);
   lz->refs = 1;
   lz->lfd = lfd;
-  lz->busy[0] = lz->busy[1] = -1;
+  lz->nbusy = 2 * p->size;
   lz->rank = p->rank;
   lz->size = p->size;
   lz->uid = p->uid;
   lz->timeout_ms = p->timeout_ms > 0 ? p->timeout_ms : 1800000;
   lz->st = tdist__calloc((size_t)p->size, 1);
   lz->dialq = tdist__calloc((size_t)p->size, sizeof(int));
-  if (!lz->st || !lz->dialq) {
+  lz->busy = tdist__malloc(sizeof(int) * (size_t)lz->nbusy);
+  for (int i = 0; lz->busy && i < lz->nbusy; i++)
+    lz->busy[i] = -1;
+  if (!lz->st || !lz->dialq || !lz->busy) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
@@ -587,7 +644,7 @@ void tdist__cpu_lazy_stop(cpu_ctx_t *ctx) {
   lz->async_on = 0;
   atomic_store(&lz->stop, 1);
   pthread_cond_broadcast(&lz->cv);
-  for (int i = 0; i < 2; i++) /* a handshake in progress returns at once */
+  for (int i = 0; i < lz->nbusy; i++) /* a handshake in progress returns at once */
     if (lz->busy[i] >= 0) shutdown(lz->busy[i], SHUT_RDWR);
   pthread_mutex_unlock(&lz->mu);
   if (on) uv_close((uv_handle_t *)&lz->async, on_async_closed);
