@@ -1,7 +1,7 @@
 /*
  * conn.c - listening, the advertised address, the eager full mesh
- * (TDIST_CPU_CONNECT=eager, the default; lazy.c makes connections on
- * first use with TDIST_CPU_CONNECT=lazy), and tearing connections down.
+ * (TDIST_CPU_CONNECT=eager; lazy.c makes connections on first use, the
+ * default), and tearing connections down.
  *
  * Eager, on the caller thread (inside the backend's init of the world group, bounded by
  * the group's timeout): every rank listens on an ephemeral port and trades

@@ -516,7 +516,7 @@ void tdist__cpu_tune_socket(int fd); /* TCP_NODELAY and TDIST_CPU_SOCKBUF */
 
 /* ---- lazy.c: connections made on first use (TDIST_CPU_CONNECT) --------------- */
 typedef struct cpu_lazy cpu_lazy_t;
-int tdist__cpu_lazy_mode(void); /* 1: lazy, 0: the full mesh (the default) */
+int tdist__cpu_lazy_mode(void); /* 1: lazy (the default), 0: the full mesh */
 /* (caller, setup) Publish `me` as "cpu/addr/<rank>" and give every peer a
  * placeholder connection; lfd (listening) is the lazy state's on success. */
 int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int lfd,

@@ -1,7 +1,6 @@
 /*
- * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy; the
- * default is still the eager mesh, docs/cpu-backend.md "Known limits"):
- * the world's creation publishes this rank's address and
+ * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy, the
+ * default): the world's creation publishes this rank's address and
  * nothing else, and a pair connects when an op first needs it.
  *
  * Why: the full mesh (conn.c, TDIST_CPU_CONNECT=eager) costs every rank n
@@ -663,6 +662,6 @@ void tdist__cpu_lazy_end(cpu_lazy_t *lz, int join) {
 }
 
 int tdist__cpu_lazy_mode(void) {
-  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "eager");
-  return strcmp(m, "lazy") == 0;
+  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "lazy");
+  return strcmp(m, "eager") != 0;
 }

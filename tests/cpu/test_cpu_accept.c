@@ -122,8 +122,8 @@ static void test_hard_accept_failure(void **state) {
 }
 
 int main(void) {
-  /* The mesh's accept loop (conn.c) is what is tested (the default; lazy
-   * connections accept on a thread of their own, lazy.c). */
+  /* The mesh's accept loop (conn.c) is what is tested: lazy connections
+   * (the default) accept on a thread of their own (lazy.c). */
   setenv("TDIST_CPU_CONNECT", "eager", 1);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_transient_accept_failures),
                                      cmocka_unit_test(test_hard_accept_failure)};

@@ -1,7 +1,7 @@
 /*
  * test_cpu_lazy.c - connections made on first use (src/cpu/lazy.c,
- * TDIST_CPU_CONNECT=lazy; the default is the eager mesh), each case in its
- * own world:
+ * TDIST_CPU_CONNECT=lazy, the default, set explicitly here), each case in
+ * its own world:
  *
  *   lazy          n=4: creating the world connects nobody; ranks 0 and 1
  *                 trade p2p messages (checked) and then each has made one
