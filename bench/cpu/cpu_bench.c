@@ -4,7 +4,10 @@
  * 127.0.0.1 (rank 0 hosts the store), and rank 0 reports.
  *
  *   tdist_bench_cpu -n N [-T budget_s] [-o op,op,...|all] [-P] [-t tag] [-m min_bytes]
- *                   [-b max_bytes]
+ *                   [-b max_bytes] [-I]
+ *
+ * -I: one line: the world's creation time and the first two 8-byte all_reduces
+ * after it (max over ranks), to compare TDIST_CPU_CONNECT=eager and lazy.
  *
  * Under a launcher (RANK and WORLD_SIZE set, e.g. `tdistrun -n 4
  * tdist_bench_cpu`), -n is ignored and this process is one rank (env://).
@@ -38,6 +41,7 @@
 static const size_t kSizes[] = {8, 1024, 65536, 1048576, 16777216, 67108864};
 static double g_budget = 0.3;
 static int g_peers = 0;
+static int g_init = 0; /* -I: time the world's creation and first all_reduce (init_report) */
 static char g_tag[32] = "tdist";
 static size_t g_max = 67108864;
 static size_t g_min = 0;
@@ -157,6 +161,28 @@ static int agree_iters(tdist_group_t *g, double warm_us, int lo, int hi) {
   return iters;
 }
 
+/* -I: the world's creation (max over ranks) and the first two 8-byte
+ * all_reduces after it (the first pays lazy connections, docs/cpu-backend.md
+ * "Connections"), one line from rank 0. */
+static int init_report(tdist_group_t *g, double t_init) {
+  float v = 1.f;
+  double t[3];
+  for (int i = 0; i < 2; i++) {
+    double a = now_us();
+    MP_CHECK_RC(tdist_all_reduce(g, &v, &v, 1, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+    t[i + 1] = now_us() - a;
+  }
+  t[0] = t_init;
+  double mx[3];
+  MP_CHECK_RC(tdist_all_reduce(g, t, mx, 3, TDIST_FLOAT64, TDIST_MAX, NULL, NULL));
+  const char *mode = getenv("TDIST_CPU_CONNECT");
+  if (tdist_group_rank(g) == 0)
+    printf("init n=%d connect=%s create_ms=%.2f first_allreduce_us=%.1f second_allreduce_us=%.1f\n",
+           tdist_group_size(g), mode ? mode : "lazy", mx[0] / 1000, mx[1], mx[2]);
+  tdist_group_destroy(g);
+  return 0;
+}
+
 /* arg: the store port of forked ranks, or NULL under a launcher (env://). */
 static int rank_main(int rank, int n, void *arg) {
   char method[64], ops[256];
@@ -173,9 +199,12 @@ static int rank_main(int rank, int n, void *arg) {
     o.host_store = 1;
   }
   tdist_group_t *g = NULL;
+  double t0 = now_us();
   MP_CHECK_RC(tdist_init_process_group(&o, &g));
+  double t_init = now_us() - t0;
   rank = tdist_group_rank(g);
   n = tdist_group_size(g);
+  if (g_init) return init_report(g, t_init);
   if (rank == 0 && !g_peers)
     printf("# tdist cpu backend, n=%d, budget %.2fs\n%14s %12s %12s %8s %6s %11s %7s %7s %11s %6s\n"
            "%14s %12s %12s %8s %6s %11s %7s %7s %11s %6s\n",
@@ -232,8 +261,10 @@ static int rank_main(int rank, int n, void *arg) {
 
 int main(int argc, char **argv) {
   int n = 2, c;
-  while ((c = getopt(argc, argv, "n:T:o:Pb:m:t:")) != -1) {
-    if (c == 'n')
+  while ((c = getopt(argc, argv, "n:T:o:Pb:m:t:I")) != -1) {
+    if (c == 'I')
+      g_init = 1;
+    else if (c == 'n')
       n = atoi(optarg);
     else if (c == 'T')
       g_budget = atof(optarg);
@@ -248,7 +279,8 @@ int main(int argc, char **argv) {
     else if (c == 't')
       snprintf(g_tag, sizeof(g_tag), "%s", optarg);
     else {
-      fprintf(stderr, "usage: %s -n N [-T budget_s] [-o ops] [-P] [-m min_bytes] [-b max_bytes]\n",
+      fprintf(stderr,
+              "usage: %s -n N [-T budget_s] [-o ops] [-P] [-m min_bytes] [-b max_bytes] [-I]\n",
               argv[0]);
       return 2;
     }

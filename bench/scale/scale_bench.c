@@ -4,7 +4,7 @@
  *
  *   tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]
  *                     [-s steady_s] [-T phase_timeout_s] [--no-group] [--etcd]
- *                     [--hosts-agg]
+ *                     [--hosts-agg] [--lazy-addr]
  *
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
@@ -22,6 +22,9 @@
  *   2. the store part of the world group's creation by the CPU backend
  *      (cpu/conn.c get_addrs, store/bootstrap.c): set "cpu/addr/<r>", then a
  *      multi_get of all n addresses (the TCP mesh itself is not opened here);
+ *      with --lazy-addr, what lazy connections (cpu/lazy.c, TDIST_CPU_CONNECT=lazy)
+ *      do instead: the set, then one get per peer used, here the log2(n)
+ *      partners of a recursive-doubling all_reduce;
  *   3. the monitor (monitor.c): add "tdist/aborts/count" 0, a first
  *      heartbeat, then a loop waiting TDIST_MONITOR_INTERVAL_MS (200) for
  *      "tdist/aborts/<next>" and reading it; and "tdist/hb/<r>" written
@@ -119,6 +122,7 @@ typedef struct {
   int n, procs, addrs, conns, group;
   int etcd; /* --etcd: the ranks use an etcd the harness starts (etcd_proc) */
   int agg; /* --hosts-agg: one host agent per process (hosts_agg_*) */
+  int lazy_addr; /* --lazy-addr: the exchange of lazy connections (rank_group_lazy) */
   double steady_s, phase_timeout_s;
   int64_t hb_ms, mon_ms;
 } cfg_t;
@@ -236,9 +240,45 @@ fail:
   return -1;
 }
 
+/* Peers a rank of n reads with --lazy-addr: its recursive-doubling
+ * partners r ^ 2^k below n (all_reduce's small-message algorithm). */
+static int lazy_peers(int r, int n, int *out) {
+  int k = 0;
+  for (int m = 1; m < n; m <<= 1)
+    if ((r ^ m) < n) out[k++] = r ^ m;
+  return k;
+}
+
+/* (rank thread) --lazy-addr: the store part of lazy connections
+ * (cpu/lazy.c): one set of "cpu/addr/<r>" at creation, then one get
+ * (waiting for the key) per peer an op uses, here the log2(n) peers of a
+ * recursive-doubling all_reduce. */
+static int rank_group_lazy(int r) {
+  tdist_store_t *s = conn_of(r, 0);
+  char key[64], val[64];
+  int peers[32], np = lazy_peers(r, g_cfg.n, peers);
+  snprintf(key, sizeof(key), "tdist/g/0/cpu/addr/%d", r);
+  int vl = snprintf(val, sizeof(val), "127.0.%d.%d:%d", (r >> 8) & 255, r & 255, 20000 + r % 30000);
+  if (tdist_store_set(s, key, val, (size_t)vl)) goto fail;
+  for (int i = 0; i < np; i++) {
+    void *v = NULL;
+    size_t len = 0;
+    snprintf(key, sizeof(key), "tdist/g/0/cpu/addr/%d", peers[i]);
+    if (tdist_store_get(s, key, &v, &len, (int64_t)(g_cfg.phase_timeout_s * 1000))) goto fail;
+    tdist_store_free(v);
+  }
+  atomic_fetch_add(&g_shm->ops, 1 + np);
+  return 0;
+fail:
+  fail_msg(r, "group address exchange (lazy)");
+  return -1;
+}
+
 /* (rank thread) The store part of the CPU backend's group creation:
- * store/bootstrap.c's all-gather of "cpu/addr" under the group's prefix. */
+ * store/bootstrap.c's all-gather of "cpu/addr" under the group's prefix
+ * (TDIST_CPU_CONNECT=eager). */
 static int rank_group(int r) {
+  if (g_cfg.lazy_addr) return rank_group_lazy(r);
   tdist_store_t *s = conn_of(r, 0);
   int rc = -1, n = g_cfg.n;
   char key[64], val[64];
@@ -720,7 +760,7 @@ static void usage(void) {
   fprintf(stderr, "usage: tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]\n"
                   "                         [-s steady_s] [-T phase_timeout_s] [--no-group] "
                   "[--etcd]\n"
-                  "                         [--hosts-agg]\n");
+                  "                         [--hosts-agg] [--lazy-addr]\n");
 }
 
 int main(int argc, char **argv) {
@@ -740,6 +780,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "--hosts-agg")) {
       g_cfg.agg = 1;
+      continue;
+    }
+    if (!strcmp(a, "--lazy-addr")) {
+      g_cfg.lazy_addr = 1;
       continue;
     }
     if (!v) {
@@ -865,8 +909,15 @@ int main(int argc, char **argv) {
     t = now_s();
     atomic_store(&g_shm->phase, PH_GROUP);
     if (wait_count(&g_shm->group_done, g_cfg.n, "group address exchange")) goto fail;
-    printf("group_addr_exchange %.3f s (%lld values read)\n",
-           max_t(offsetof(rank_slot_t, t_group)) - t, (long long)g_cfg.n * g_cfg.n);
+    long long reads = (long long)g_cfg.n * g_cfg.n;
+    if (g_cfg.lazy_addr) {
+      int peers[32];
+      reads = 0;
+      for (int r = 0; r < g_cfg.n; r++)
+        reads += lazy_peers(r, g_cfg.n, peers);
+    }
+    printf("group_addr_exchange%s %.3f s (%lld values read)\n", g_cfg.lazy_addr ? " (lazy)" : "",
+           max_t(offsetof(rank_slot_t, t_group)) - t, reads);
     fflush(stdout);
   }
 

@@ -146,8 +146,8 @@ static void host_identity(char *id) {
  * that fit the socket buffers, all sent before any is read: no ordering
  * between ranks is needed. On return out[j] holds the peer's pid and, in
  * `enabled`, whether the peer can read this process. */
-int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
-                            int *local) {
+int tdist__cpu_cma_exchange(int me, int n, const int *fds, const int *names, int64_t deadline,
+                            cpu_cma_hello_t *out, int *local) {
   cpu_cma_hello_t mine;
   char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
   tdist__cpu_cma_hello(&mine);
@@ -165,8 +165,8 @@ int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu
     /* Shared memory needs a known identity on both sides (shm_conn.c). */
     local[j] = my_host[0] && peer_host[0] && strcmp(my_host, peer_host) == 0;
     if (my_host[0] && peer_host[0] && strcmp(my_host, peer_host) != 0) {
-      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads", j,
-                 peer_host, my_host);
+      TDIST_INFO(CPU, "cma: rank %d is on another host (%s; here %s): TCP for its payloads",
+                 names ? names[j] : j, peer_host, my_host);
       out[j].enabled = 0; /* tdist__cpu_cma_probe then says no without reading */
     }
   }
@@ -329,6 +329,12 @@ int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const cha
     tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "%s", text);
     return -1;
   }
+  tdist__cpu_fail_later(cg, text);
+  return -2;
+}
+
+void tdist__cpu_fail_later(cpu_group_t *cg, const char *text) {
+  if (cg->aborted) return;
   if (!cg->poisoned) {
     cpu_ctx_t *ctx = cg->ctx;
     /* A flag, and the time as is: on_timer compares now >= poison_at +
@@ -336,13 +342,12 @@ int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const cha
     cg->poisoned = 1;
     cg->poison_at = tdist__cpu_now_ms();
     snprintf(cg->poison_why, sizeof(cg->poison_why), "%s", text);
-    TDIST_INFO(CPU, "cma: %s; waiting for its cause", text);
+    TDIST_INFO(CPU, "%s; waiting for its cause", text);
     /* A running timer is due sooner (pending descriptors) and on_timer
      * re-arms for the poison: moving it to CAUSE_MS would delay those. */
     if (ctx->rma_timer_on && !cpu_off_loop(ctx) && !uv_is_active((uv_handle_t *)&ctx->rma_timer))
       arm(ctx, CAUSE_MS);
   }
-  return -2;
 }
 
 static void pending_add(cpu_ctx_t *ctx, cpu_ux_t *u);

@@ -1,7 +1,9 @@
 /*
- * conn.c - setting up and tearing down the full mesh of connections.
+ * conn.c - listening, the advertised address, the eager full mesh
+ * (TDIST_CPU_CONNECT=eager; lazy.c makes connections on first use, the
+ * default), and tearing connections down.
  *
- * Caller thread (inside the backend's init of the world group, bounded by
+ * Eager, on the caller thread (inside the backend's init of the world group, bounded by
  * the group's timeout): every rank listens on an ephemeral port and trades
  * "host:port" with every other rank through the group's store view
  * (tdist_backend_allgather, keys "cpu/addr/<rank>"), then connects to every
@@ -35,13 +37,7 @@
 #include "util/error.h"
 #include "cpu/cpu.h"
 
-typedef struct {
-  uint32_t magic;
-  int32_t rank, size, pad;
-  uint64_t uid;
-} hello_t;
-
-static void tune_socket(int fd) {
+void tdist__cpu_tune_socket(int fd) {
   int one = 1, buf = (int)tdist__param_CpuSockBuf();
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (buf > 0) {
@@ -146,7 +142,7 @@ int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadl
   return 0;
 }
 
-static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
+int tdist__cpu_connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
   char host[64];
   const char *colon = strrchr(addr, ':');
   if (!colon || (size_t)(colon - addr) >= sizeof(host))
@@ -160,7 +156,7 @@ static int connect_to(const char *addr, int64_t deadline_ns, int *fd_out) {
   for (;;) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return tdist__error(TDIST_ERR_IO, "cpu: socket: %s", strerror(errno));
-    tune_socket(fd); /* before connect, so the window scale covers the buffers */
+    tdist__cpu_tune_socket(fd); /* before connect, so the window scale covers the buffers */
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
       *fd_out = fd;
       return 0;
@@ -201,11 +197,12 @@ done:
   return rc;
 }
 
-static cpu_conn_t *conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr) {
+cpu_conn_t *tdist__cpu_conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr, int with_rx) {
   cpu_conn_t *c = tdist__calloc(1, sizeof(*c));
   if (!c) return NULL;
-  c->rx = tdist__malloc(CPU_RX_CAP);
-  if (!c->rx) {
+  c->rx_seg.fd = -1;
+  c->rx = with_rx ? tdist__malloc(CPU_RX_CAP) : NULL;
+  if (with_rx && !c->rx) {
     tdist__free(c);
     return NULL;
   }
@@ -227,8 +224,9 @@ static void start_all(void *arg) {
   tdist__cpu_probe_start_timer(ctx);
   tdist__cpu_copy_start(ctx);
   tdist__cpu_shm_start(ctx);
+  if (ctx->lazy) tdist__cpu_lazy_start(ctx);
   for (int i = 0; i < ctx->size; i++)
-    if (ctx->conns[i]) tdist__cpu_conn_start(ctx->conns[i]);
+    if (ctx->conns[i] && ctx->conns[i]->link == CPU_LINK_UP) tdist__cpu_conn_start(ctx->conns[i]);
 }
 
 /* ---- context creation (caller thread) --------------------------------------- */
@@ -293,7 +291,17 @@ static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t
   tdist__list_init(&ctx->ready);
   tdist__list_init(&ctx->held);
   pthread_mutex_init(&ctx->mu, NULL);
+  pthread_mutex_init(&ctx->mark_mu, NULL);
   return ctx;
+}
+
+/* A connection without a registered poll, or whose poll is closed. */
+static void conn_free(cpu_conn_t *c) {
+  if (c->fd >= 0) close(c->fd);
+  if (c->tx_map) tdist__cpu_shm_seg_unmap(c->tx_map, c->tx_map_bytes);
+  if (c->rx_seg.base || c->rx_seg.fd >= 0) tdist__cpu_shm_seg_destroy(&c->rx_seg);
+  tdist__free(c->rx);
+  tdist__free(c);
 }
 
 /* A ctx that never reached the progress thread: nothing of it is started,
@@ -302,13 +310,11 @@ static void ctx_free_unstarted(cpu_ctx_t *ctx) {
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c) continue;
-    close(c->fd);
-    if (c->tx_map) tdist__cpu_shm_seg_unmap(c->tx_map, c->tx_map_bytes);
-    tdist__free(c->rx);
-    tdist__free(c);
+    conn_free(c);
   }
   tdist__cpu_shm_release(ctx);
   pthread_mutex_destroy(&ctx->mu);
+  pthread_mutex_destroy(&ctx->mark_mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
 }
@@ -317,7 +323,7 @@ static void ctx_free_unstarted(cpu_ctx_t *ctx) {
 static int connect_higher(const tdist_backend_params_t *p, mesh_setup_t *s) {
   hello_t hi = {.magic = CPU_MAGIC, .rank = p->rank, .size = s->n, .uid = p->uid};
   for (int j = p->rank + 1; j < s->n; j++) {
-    TDIST_CHECK(connect_to(s->addrs[j], s->deadline, &s->fds[j]));
+    TDIST_CHECK(tdist__cpu_connect_to(s->addrs[j], s->deadline, &s->fds[j]));
     if (tdist__cpu_io_full(s->fds[j], &hi, sizeof(hi), 1, s->deadline) != 0)
       return tdist__error(TDIST_ERR_IO, "cpu: handshake with rank %d (%s) failed", j, s->addrs[j]);
   }
@@ -381,7 +387,7 @@ static int accept_lower(const tdist_backend_params_t *p, mesh_setup_t *s) {
       close(fd);
       continue;
     }
-    tune_socket(fd);
+    tdist__cpu_tune_socket(fd);
     s->fds[h.rank] = fd;
     k++;
   }
@@ -393,11 +399,12 @@ static int make_conns(cpu_ctx_t *ctx, mesh_setup_t *s) {
   for (int j = 0; j < s->n; j++) {
     if (j == ctx->rank) continue;
     fcntl(s->fds[j], F_SETFL, fcntl(s->fds[j], F_GETFL) | O_NONBLOCK);
-    ctx->conns[j] = conn_new(ctx, j, s->fds[j], s->addrs[j]);
+    ctx->conns[j] = tdist__cpu_conn_new(ctx, j, s->fds[j], s->addrs[j], 1);
     if (!ctx->conns[j]) return tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     ctx->conns[j]->pid = s->cma[j].pid;
     ctx->conns[j]->cma_tx = s->cma[j].enabled; /* here: the peer can read us */
     s->fds[j] = -1;                            /* the connection's now */
+    atomic_fetch_add_explicit(&tdist__cpu_connects, 1, memory_order_relaxed);
   }
   return 0;
 }
@@ -415,9 +422,24 @@ static int build_mesh(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_setu
   TDIST_CHECK(get_addrs(p, s->me, s->deadline, s->addrs));
   TDIST_CHECK(connect_higher(p, s));
   TDIST_CHECK(accept_lower(p, s));
-  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, s->deadline, s->cma, s->local));
+  TDIST_CHECK(tdist__cpu_cma_exchange(p->rank, s->n, s->fds, NULL, s->deadline, s->cma, s->local));
   TDIST_CHECK(make_conns(ctx, s));
   TDIST_CHECK(tdist__cpu_shm_setup(ctx, s->local, s->deadline));
+  return 0;
+}
+
+/* Lazy (lazy.c): listen and publish our address; peers connect on use.
+ * The backlog holds the peers that dial at once (at most n - 1). */
+static int listen_lazy(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_setup_t *s) {
+  char host[64];
+  int port = 0;
+  if (!p->store)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu: a store is needed to connect ranks");
+  advertised_host(p->store, host, sizeof(host));
+  TDIST_CHECK(listen_on(host, s->n < 4096 ? s->n : 4096, &s->lfd, &port));
+  snprintf(s->me, sizeof(s->me), "%s:%d", host, port);
+  TDIST_CHECK(tdist__cpu_lazy_create(ctx, p, s->lfd, s->me));
+  s->lfd = -1; /* the lazy state's now */
   return 0;
 }
 
@@ -433,7 +455,17 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
-  if (p->size > 1) {
+  if (p->size > 1 && tdist__cpu_lazy_mode()) {
+    TDIST_CHECKGOTO(listen_lazy(p, ctx, &s), rc, fail);
+    tdist_backend_call(p->progress, start_all, ctx);
+    if (tdist__cpu_lazy_threads(ctx) != 0) {
+      rc = TDIST_ERR_INTERNAL;
+      tdist__cpu_ctx_release(ctx); /* started: the progress thread's to free */
+      ctx = NULL;
+      goto fail;
+    }
+    TDIST_INFO(CPU, "rank %d/%d: listening on %s, connecting on first use", p->rank, p->size, s.me);
+  } else if (p->size > 1) {
     TDIST_CHECKGOTO(build_mesh(p, ctx, &s), rc, fail);
     tdist_backend_call(p->progress, start_all, ctx);
     TDIST_INFO(CPU, "rank %d/%d: listening on %s, connected to %d peers", p->rank, p->size, s.me,
@@ -457,6 +489,7 @@ static void ctx_maybe_free(cpu_ctx_t *ctx) {
   tdist__cpu_buf_drain(ctx);
   tdist__cpu_shm_release(ctx);
   pthread_mutex_destroy(&ctx->mu);
+  pthread_mutex_destroy(&ctx->mark_mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
 }
@@ -464,9 +497,8 @@ static void ctx_maybe_free(cpu_ctx_t *ctx) {
 static void on_closed(uv_handle_t *h) {
   cpu_conn_t *c = h->data;
   cpu_ctx_t *ctx = c->ctx;
-  if (c->tx_map) tdist__cpu_shm_seg_unmap(c->tx_map, c->tx_map_bytes); /* not lingering on it */
-  tdist__free(c->rx);
-  tdist__free(c);
+  c->fd = -1;   /* closed by detach or the linger */
+  conn_free(c); /* the tx mapping unless lingering on it took it */
   ctx->open_handles--;
   ctx_maybe_free(ctx);
 }
@@ -483,12 +515,18 @@ typedef struct release_req {
   cpu_ctx_t *ctx;
   cpu_leaving_t *ls; /* ctx->size entries, or NULL: no lingering */
   int n;
+  cpu_lazy_t *lazy; /* the last release: the lazy state to end */
 } release_req_t;
 
 static void release_task(void *arg) {
   release_req_t *r = arg;
   cpu_ctx_t *ctx = r->ctx;
   if (--ctx->refs > 0) return;
+  if (ctx->lazy) { /* no connection is handed over from here on */
+    tdist__cpu_lazy_stop(ctx);
+    r->lazy = ctx->lazy;
+    ctx->lazy = NULL;
+  }
   if (ctx->timer_on) {
     ctx->timer_on = 0;
     ctx->open_handles++;
@@ -518,6 +556,11 @@ static void release_task(void *arg) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c) continue;
     ctx->conns[i] = NULL;
+    if (c->link != CPU_LINK_UP) { /* never connected (lazy.c): no poll, no fd */
+      tdist__cpu_conn_free_queues(c);
+      conn_free(c);
+      continue;
+    }
     /* Out of the loop; with lingering, the fd and what the queue owes
      * are the caller's (below), else closed here after a goodbye. */
     cpu_leaving_t *l = r->ls ? &r->ls[r->n] : NULL;
@@ -537,12 +580,15 @@ static void release_task(void *arg) {
 }
 
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {
-  release_req_t r = {ctx, NULL, 0};
+  release_req_t r = {ctx, NULL, 0, NULL};
   /* Lingering blocks: never on the progress thread (a release from a
    * callback closes at once). */
-  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread())
+  if (tdist__param_CpuLingerMs() > 0 && !tdist_backend_on_progress_thread()) {
     r.ls = tdist__malloc(sizeof(*r.ls) * (size_t)ctx->size);
+    tdist__cpu_lazy_owing_wait(ctx, tdist__param_CpuLingerMs());
+  }
   tdist_backend_call(ctx->progress, release_task, &r);
   if (r.ls) tdist__cpu_linger(r.ls, r.n);
   tdist__free(r.ls);
+  tdist__cpu_lazy_end(r.lazy, !tdist_backend_on_progress_thread());
 }

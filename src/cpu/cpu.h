@@ -7,8 +7,9 @@
  * services (tdist_backend_complete, tdist_backend_fail, tdist_backend_fail_remote).
  *
  * Layout:
- *   ctx     one per world group: the full mesh of TCP connections (one per
- *           pair of processes), the registry of groups that use it, the
+ *   ctx     one per world group: the TCP connections (one per pair of
+ *           processes: all made at creation, or placeholders connected on
+ *           first use, lazy.c), the registry of groups that use it, the
  *           orphan list (messages for a group not created here yet), the
  *           ready list (ops the engine must advance) and a cache of staging
  *           buffers. Shared by the world and every subgroup (refcounted);
@@ -31,11 +32,11 @@
  * Threads: setup (conn.c: listen, store all-gather, connect, handshake,
  * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
  * run on the caller thread inside init/split/shrink/destroy, and reach the
- * progress thread with tdist_backend_call. Everything else runs under the
- * engine lock (ctx->mu, drive.c): on the progress thread, which never
- * blocks but for that lock, or on a caller thread that starts its op in
- * submit or drives it while it waits (test); such a caller never touches
- * the loop and leaves completions and failures to the progress thread.
+ * progress thread with tdist_backend_call; lazy connections are made on
+ * lazy.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs
+ * under the engine lock (ctx->mu, drive.c): on the progress thread, which never blocks but for that
+ * lock, or on a caller thread that starts its op in submit or drives it while it waits (test); such
+ * a caller never touches the loop and leaves completions and failures to the progress thread.
  *
  * Transport and engine (no re-entry). The transport is the I/O call chains
  * of io.c, dispatch.c and cma.c: parse -> on_header / on_payload, flush, the
@@ -111,6 +112,17 @@ typedef struct cpu_rma_desc {
   uint64_t token;     /* ... and the value it holds while the group is alive */
   uint64_t cookie;    /* echoed in the ACK */
 } cpu_rma_desc_t;
+
+/* The first bytes on a new connection: who dials (conn.c, lazy.c). */
+typedef struct cpu_hello {
+  uint32_t magic;
+  int32_t rank, size, pad;
+  uint64_t uid;
+} hello_t;
+
+/* A connection's link (lazy.c): up (the mesh's connections are born up),
+ * or a placeholder not connected yet, or one being connected. */
+enum { CPU_LINK_UP = 0, CPU_LINK_IDLE = 1, CPU_LINK_DIALING = 2 };
 
 /* Traded by every pair of ranks at setup (conn.c). */
 typedef struct tdist__cpu_cma_hello {
@@ -297,8 +309,12 @@ struct cpu_group {
  * caller thread during setup). */
 struct cpu_conn {
   cpu_ctx_t *ctx;
-  int peer; /* world rank */
-  int fd;
+  int peer;  /* world rank */
+  int fd;    /* -1 until connected (lazy.c) */
+  int link;  /* CPU_LINK_*: not UP, no poll is registered and the send queue
+                waits (lazy.c) */
+  int quiet; /* lazy.c: nothing came from the peer on it yet, so its loss
+                waits a second for a cause (dispatch.c) */
   uv_poll_t poll;
   int events;         /* UV_READABLE | UV_WRITABLE currently watched */
   int dead;           /* closed or failed: no more I/O */
@@ -327,6 +343,8 @@ struct cpu_conn {
   struct tdist__cpu_ring *rx_ring; /* in ours (ctx->shm) */
   void *tx_map;                    /* the peer's segment (unmapped with the conn) */
   size_t tx_map_bytes;
+  tdist__cpu_shm_seg_t rx_seg; /* lazy.c: this pair's own segment holding rx_ring
+                                  (base NULL: the ring is in ctx->shm, or none) */
   /* receive */
   uint8_t *rx;
   size_t rx_lo, rx_hi; /* unparsed bytes are rx[rx_lo, rx_hi) */
@@ -358,7 +376,8 @@ struct cpu_ctx {
   int refs;                  /* groups using it (changed on the progress thread only) */
   int open_handles;
   tdist_backend_progress_t *progress;
-  cpu_conn_t **conns;    /* world rank -> conn */
+  cpu_conn_t **conns;    /* world rank -> conn (lazy: placeholders until used) */
+  struct cpu_lazy *lazy; /* lazy.c: the dialer and acceptor; NULL for the mesh */
   tdist__list_t groups;  /* cpu_group_t.link */
   tdist__list_t orphans; /* cpu_ux_t.link: messages for unknown group uids */
   tdist__list_t ready;   /* cpu_op_t.rlink: ops whose round (or p2p op) is
@@ -403,7 +422,11 @@ struct cpu_ctx {
   int caller;         /* the holder is a caller thread: the loop is not ours to touch */
   int loop_stale;     /* a caller left loop work (watch, timers, failures, completions) */
   tdist__list_t held; /* tdist_backend_op_t.link: completions not given to the core yet */
-  int nquiet;         /* of them, quiet ones held without a wake (drive.c) */
+  /* (any thread) tdist__cpu_shm_mark's waiters, counted under mark_mu, so a
+   * ring attached later (lazy.c) starts with their poll marks */
+  pthread_mutex_t mark_mu;
+  int nmarks;
+  int nquiet; /* of them, quiet ones held without a wake (drive.c) */
 };
 
 /* The backend's words in the core's op (tdist_backend_op_t.scratch), set in
@@ -486,6 +509,36 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
                           cpu_ctx_t **out);
 /* Caller thread: drop a group's reference; the last one closes everything. */
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx);
+/* (caller, setup) A connection object for world rank peer on fd (-1: a
+ * placeholder); with_rx: its receive buffer now (else at connect). */
+cpu_conn_t *tdist__cpu_conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr, int with_rx);
+/* (any thread) Connect to "host:port", retrying until deadline_ns. */
+int tdist__cpu_connect_to(const char *addr, int64_t deadline_ns, int *fd_out);
+void tdist__cpu_tune_socket(int fd); /* TCP_NODELAY and TDIST_CPU_SOCKBUF */
+
+/* ---- lazy.c: connections made on first use (TDIST_CPU_CONNECT) --------------- */
+typedef struct cpu_lazy cpu_lazy_t;
+int tdist__cpu_lazy_mode(void); /* 1: lazy (the default), 0: the full mesh */
+/* (caller, setup) Publish `me` as "cpu/addr/<rank>" and give every peer a
+ * placeholder connection; lfd (listening) is the lazy state's on success. */
+int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int lfd,
+                           const char *me);
+void tdist__cpu_lazy_start(cpu_ctx_t *ctx);  /* (progress, start_all) the async handle */
+int tdist__cpu_lazy_threads(cpu_ctx_t *ctx); /* (caller) start the dialer and acceptor */
+/* (engine lock) An op needs c: connect it unless it is up or on its way.
+ * Only queues (never blocks). */
+void tdist__cpu_conn_want(cpu_conn_t *c);
+void tdist__cpu_lazy_stop(cpu_ctx_t *ctx); /* (progress, last release) no more handoffs */
+/* (caller, before the last release) A connection still being made owes
+ * what is queued on it (an abort's ERR, which names the cause for the
+ * peer): wait up to max_ms for such connections to come up, so the
+ * linger delivers what they owe as the mesh's connections deliver theirs. */
+void tdist__cpu_lazy_owing_wait(cpu_ctx_t *ctx, int64_t max_ms);
+/* (after stop) Join the threads (caller) or detach them (progress thread);
+ * the state goes with the last of them. */
+void tdist__cpu_lazy_end(cpu_lazy_t *lz, int join);
+/* Connections made since the process started, mesh and lazy (tests). */
+extern _Atomic uint64_t tdist__cpu_connects;
 
 /* ---- io.c: the progress thread's socket work ------------------------------ */
 void tdist__cpu_conn_start(cpu_conn_t *c); /* register the uv_poll (progress thread) */
@@ -565,9 +618,10 @@ void tdist__cpu_cma_start_timer(cpu_ctx_t *ctx);       /* progress thread */
 void tdist__cpu_cma_sync(cpu_ctx_t *ctx); /* (progress) timer armed if a descriptor waits */
 /* Caller thread, setup (conn.c): trade hellos over the peers' fds[], probe,
  * and say who can read whom (out[j].enabled) and who shares this host
- * (local[j]); fds[me] is unused. */
-int tdist__cpu_cma_exchange(int me, int n, const int *fds, int64_t deadline, cpu_cma_hello_t *out,
-                            int *local);
+ * (local[j]); fds[me] is unused; names[j]: the world rank j stands for in
+ * logs (NULL: j itself; lazy.c trades as a pair 0, 1). */
+int tdist__cpu_cma_exchange(int me, int n, const int *fds, const int *names, int64_t deadline,
+                            cpu_cma_hello_t *out, int *local);
 /* Copy d's bytes from process pid into dst, then check the sender's live
  * word. 0; or -1 with a description in why and *aborted set when the
  * sender had aborted (its live word changed: a failed read then names no
@@ -583,6 +637,9 @@ int tdist__cpu_cma_read_end(int pid, const cpu_rma_desc_t *d, char *why, size_t 
  * -2 when the sender aborted (aborted != 0): cg waits up to 1 s for its
  * cause first. cg may be NULL (an orphan's read): nothing to fail. */
 int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const char *why);
+/* (engine lock) cg fails with text (REMOTE_FAILED) in 1 s unless a cause
+ * (an ERR, the abort record) aborts it first (the timer of cma.c). */
+void tdist__cpu_fail_later(cpu_group_t *cg, const char *text);
 void tdist__cpu_cma_ack(cpu_ctx_t *ctx, int src_world, uint64_t cookie); /* descriptor read */
 void tdist__cpu_cma_take(cpu_ctx_t *ctx, cpu_ux_t *u); /* pending u is read elsewhere */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
@@ -606,7 +663,10 @@ int tdist__cpu_shm_setup(cpu_ctx_t *ctx, const int *local, int64_t deadline);
 /* (caller, setup) All of buf through blocking-with-deadline I/O on fd: 0 or
  * TDIST_ERR_TIMEOUT / TDIST_ERR_CLOSED / TDIST_ERR_IO (conn.c). */
 int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns);
-void tdist__cpu_shm_start(cpu_ctx_t *ctx);   /* (progress) the idle handle */
+void tdist__cpu_shm_start(cpu_ctx_t *ctx); /* (progress) the idle handle */
+/* (engine lock) c's inbound ring (or NULL) becomes readable: it starts with
+ * the marks of the waiters polling now (lazy.c, at connect). */
+void tdist__cpu_shm_attach_rx(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *ring);
 void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
 /* Write iov to c's ring: bytes written, or -1 with errno EAGAIN when full
  * (the peer's doorbell says when there is room). Rings the peer's doorbell

@@ -135,6 +135,7 @@ static void rx_unexpected(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h) {
 void tdist__cpu_on_header(cpu_conn_t *c) {
   cpu_ctx_t *ctx = c->ctx;
   const cpu_hdr_t *h = &c->rh;
+  c->quiet = 0; /* the peer can tell us a cause on c from now on */
   if (on_conn_header(c, h)) return;
   cpu_group_t *cg = tdist__cpu_group_find(ctx, h->uid);
   if (h->kind == CPU_MSG_ERR || !cg) {
@@ -252,16 +253,27 @@ void tdist__cpu_on_conn_lost(cpu_conn_t *c, const char *why) {
   tdist__list_foreach(n, &ctx->groups) {
     cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
     int r = tdist__cpu_grank_of(cg, c->peer);
-    if (r >= 0 && !cg->aborted && needs_peer(cg, r, c))
-      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) %s", r, c->peer,
-                      c->addr, why);
+    if (r < 0 || cg->aborted || !needs_peer(cg, r, c)) continue;
+    char text[200];
+    snprintf(text, sizeof(text), "rank %d (world rank %d, %s) %s", r, c->peer, c->addr, why);
+    /* A lazy connection lost before anything came over it (or never
+     * made): the peer may have left after a failure of its own, with no
+     * connection to send its ERR on; its abort record (the store) gets a
+     * second to name the cause first. Likewise a peer that left on
+     * purpose (BYE) with lazy connections: it is not the cause, and the
+     * rank that is may still be connecting to us to say so. */
+    if (c->quiet || (c->bye && ctx->lazy))
+      tdist__cpu_fail_later(cg, text);
+    else
+      tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "%s", text);
   }
   if (c->parked) {
     c->parked = 0;
     if (--ctx->nparked == 0 && !cpu_off_loop(ctx)) uv_timer_stop(&ctx->park_timer);
   }
   c->dead = 1;
-  if (!cpu_off_loop(ctx)) { /* else stopped by tdist__cpu_loop_sync */
+  /* A connection never made (lazy.c) has no poll to stop. */
+  if (c->link == CPU_LINK_UP && !cpu_off_loop(ctx)) { /* else stopped by tdist__cpu_loop_sync */
     uv_poll_stop(&c->poll);
     c->events = 0;
   }

@@ -389,6 +389,7 @@ static void advance(cpu_op_t *op) {
    * (its count never reaches 0) until the core aborts the group. */
   for (int i = 0; i < op->nrecv; i++) {
     cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
+    if (pc) tdist__cpu_conn_want(pc); /* lazy.c: a dead peer is named on connect */
     if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
       tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
                       op->recvs[i].peer, pc->peer, pc->addr);
@@ -525,6 +526,7 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                    .root = p->tag,
                    .len = len};
     cpu_conn_t *pc = p->peer >= 0 ? cg->conns[p->peer] : NULL; /* -1: any source */
+    if (pc) tdist__cpu_conn_want(pc);                          /* lazy.c: connect on first use */
     if (p->kind == TDIST_P2P_SEND && p->peer == cg->rank) {
       /* To self: a copy queued as if it had arrived. */
       cpu_ux_t *u = tdist__cpu_ux_new(cg->ctx, &h, me, 0);

@@ -119,7 +119,7 @@ void tdist__cpu_buf_drain(cpu_ctx_t *ctx) {
 static void on_poll(uv_poll_t *h, int status, int events);
 
 static void watch(cpu_conn_t *c) {
-  if (c->dead) return;
+  if (c->dead || c->link != CPU_LINK_UP) return; /* not connected: no poll yet */
   /* Parked: no reads, but a peer that goes away must still be noticed. */
   /* A ring's room is announced by a doorbell on the socket (shm_conn.c),
    * which is always writable. */
@@ -241,6 +241,10 @@ void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
   m->off = 0;
   int idle = tdist__list_empty(&c->txq);
   tdist__list_push_back(&c->txq, &m->link);
+  if (c->link != CPU_LINK_UP) { /* queued until connected (lazy.c: attach flushes) */
+    tdist__cpu_conn_want(c);
+    return;
+  }
   /* Only a message at the head may be written now; behind others, the
    * socket is full and UV_WRITABLE flushes it in turn. */
   if (idle) flush(c);
@@ -567,6 +571,7 @@ void tdist__cpu_conn_watch(cpu_conn_t *c) {
 }
 
 void tdist__cpu_conn_drive(cpu_conn_t *c) {
+  if (c->link != CPU_LINK_UP) return;
   /* A ring is read without a system call; its socket (doorbells, the EOF)
    * is the progress thread's, woken by epoll. */
   if (!c->dead && !c->parked && (!c->rx_ring || tdist__cpu_ring_avail(c->rx_ring)))

@@ -26,8 +26,10 @@
  *     the peer wrote before it went (its ERR, its goodbye) is read before
  *     the loss is reported (io.c, on_readable).
  *
- * Setup (caller thread, within the world's creation): every process makes
- * one segment (a memfd) holding one inbound ring per local peer; the
+ * Setup (caller thread, within the world's creation; with lazy connections
+ * on lazy.c's threads, once per pair, on a two-rank stand-in context):
+ * every process makes one segment (a memfd) holding one inbound ring per
+ * local peer; the
  * peers trade (pid, fd, where their ring is) over the socket, map each
  * other's segment through /proc/PID/fd/FD (the same permission
  * process_vm_readv needs), and agree: a pair that either side cannot map
@@ -164,6 +166,10 @@ void tdist__cpu_shm_drain(cpu_ctx_t *ctx) {
 
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
   int left = 0;
+  /* Under mark_mu, so a ring attached meanwhile (lazy.c) gets exactly the
+   * marks that will be taken off it. */
+  pthread_mutex_lock(&ctx->mark_mu);
+  ctx->nmarks += on ? 1 : -1;
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
     if (!c || !c->rx_ring) continue;
@@ -174,7 +180,17 @@ int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
       left |= tdist__cpu_ring_avail(c->rx_ring) != 0;
     }
   }
+  pthread_mutex_unlock(&ctx->mark_mu);
   return left;
+}
+
+void tdist__cpu_shm_attach_rx(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *ring) {
+  if (!ring) return;
+  pthread_mutex_lock(&ctx->mark_mu);
+  for (int k = 0; k < ctx->nmarks; k++)
+    tdist__cpu_ring_poll_begin(ring);
+  c->rx_ring = ring;
+  pthread_mutex_unlock(&ctx->mark_mu);
 }
 
 /* ---- setup and teardown --------------------------------------------------------- */

@@ -11,6 +11,8 @@
  * connection stayed in the backlog and setup timed out ("setup exchange
  * with a peer failed" after the whole timeout).
  *
+ * The mesh is built only with TDIST_CPU_CONNECT=eager (set in main).
+ *
  * This test defines accept4 itself, so the library's calls come here
  * (the executable's definition comes before libc's); armed, it fails the
  * next calls made by the thread that armed it (the one that creates the
@@ -23,6 +25,7 @@
  *    timeout) with TDIST_ERR_IO naming accept4, not with a timeout.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -119,6 +122,9 @@ static void test_hard_accept_failure(void **state) {
 }
 
 int main(void) {
+  /* The mesh's accept loop (conn.c) is what is tested: lazy connections
+   * (the default) accept on a thread of their own (lazy.c). */
+  setenv("TDIST_CPU_CONNECT", "eager", 1);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_transient_accept_failures),
                                      cmocka_unit_test(test_hard_accept_failure)};
   return cmocka_run_group_tests(tests, NULL, NULL);

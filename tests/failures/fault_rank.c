@@ -26,7 +26,8 @@
  *          shrink keeps every rank (VICTIM included) and the all_reduce runs
  *          over all of them.
  *   store  VICTIM SIGKILLs the store server ($FAULT_STORE_PID, a tdist-store
- *          process) and waits until its port refuses connections. The CPU
+ *          process) and waits until its port refuses connections (after an
+ *          all_to_all and a barrier: every lazy connection is made). The CPU
  *          collectives go on (they never use the store), also while the
  *          monitor's heartbeats fail for three intervals; a split
  *          (tdist_new_group) still works since the CPU backend reuses the
@@ -339,6 +340,15 @@ static int store_port_closed(void) {
 }
 
 static int scenario_store(tdist_group_t *g) {
+  /* Lazy connections (src/cpu/lazy.c, TDIST_CPU_CONNECT=lazy) read a peer's address
+   * from the store when a pair is first used: every pair is made before
+   * the store goes (an all_to_all needs every pair; a rank enters the
+   * barrier only once its all_to_all is done, and the victim's barrier
+   * completes only once every member entered it). After that the CPU
+   * collectives never use the store, as with the eager mesh. */
+  int32_t a2a_in[8] = {0}, a2a_out[8];
+  CHECK_RC(tdist_all_to_all(g, a2a_in, a2a_out, 1, TDIST_INT32, NULL, NULL));
+  CHECK_RC(tdist_barrier(g, NULL, NULL));
   if (me == victim) {
     const char *pid = getenv("FAULT_STORE_PID");
     CHECK(pid && atoi(pid) > 0);
