@@ -178,7 +178,7 @@ static int init_report(tdist_group_t *g, double t_init) {
   const char *mode = getenv("TDIST_CPU_CONNECT");
   if (tdist_group_rank(g) == 0)
     printf("init n=%d connect=%s create_ms=%.2f first_allreduce_us=%.1f second_allreduce_us=%.1f\n",
-           tdist_group_size(g), mode ? mode : "lazy", mx[0] / 1000, mx[1], mx[2]);
+           tdist_group_size(g), mode ? mode : "auto", mx[0] / 1000, mx[1], mx[2]);
   tdist_group_destroy(g);
   return 0;
 }

@@ -455,7 +455,7 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
-  if (p->size > 1 && tdist__cpu_lazy_mode()) {
+  if (p->size > 1 && tdist__cpu_lazy_mode(p->size)) {
     TDIST_CHECKGOTO(listen_lazy(p, ctx, &s), rc, fail);
     tdist_backend_call(p->progress, start_all, ctx);
     if (tdist__cpu_lazy_threads(ctx) != 0) {

@@ -518,7 +518,10 @@ void tdist__cpu_tune_socket(int fd); /* TCP_NODELAY and TDIST_CPU_SOCKBUF */
 
 /* ---- lazy.c: connections made on first use (TDIST_CPU_CONNECT) --------------- */
 typedef struct cpu_lazy cpu_lazy_t;
-int tdist__cpu_lazy_mode(void); /* 1: lazy (the default), 0: the full mesh */
+/* 1: connect on first use, 0: the full mesh, for a world of `size` ranks
+ * (TDIST_CPU_CONNECT: auto (the default: lazy from TDIST_CPU_LAZY_FROM = 64
+ * ranks), eager or lazy). */
+int tdist__cpu_lazy_mode(int size);
 /* (caller, setup) Publish `me` as "cpu/addr/<rank>" and give every peer a
  * placeholder connection; lfd (listening) is the lazy state's on success. */
 int tdist__cpu_lazy_create(cpu_ctx_t *ctx, const tdist_backend_params_t *p, int lfd,

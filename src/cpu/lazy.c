@@ -1,6 +1,7 @@
 /*
- * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy, the
- * default): the world's creation publishes this rank's address and
+ * lazy.c - connections made on first use (TDIST_CPU_CONNECT=lazy, and
+ * the default `auto` for worlds of TDIST_CPU_LAZY_FROM = 64 ranks or more):
+ * the world's creation publishes this rank's address and
  * nothing else, and a pair connects when an op first needs it.
  *
  * Why: the full mesh (conn.c, TDIST_CPU_CONNECT=eager) costs every rank n
@@ -661,7 +662,15 @@ void tdist__cpu_lazy_end(cpu_lazy_t *lz, int join) {
   lazy_unref(lz);
 }
 
-int tdist__cpu_lazy_mode(void) {
-  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "lazy");
-  return strcmp(m, "eager") != 0;
+/* From how many ranks `auto` connects on first use: below it the full mesh
+ * costs a few milliseconds at creation and spares the first collectives a
+ * connect per new pair (about 1 ms each here); from it on the mesh's n - 1
+ * sockets per rank and the store's O(n^2) address reads dominate. */
+TDIST_PARAM(CpuLazyFrom, "TDIST_CPU_LAZY_FROM", 64)
+
+int tdist__cpu_lazy_mode(int size) {
+  const char *m = tdist__param_str("TDIST_CPU_CONNECT", "auto");
+  if (!strcmp(m, "eager")) return 0;
+  if (!strcmp(m, "lazy")) return 1;
+  return size >= tdist__param_CpuLazyFrom();
 }

@@ -1,7 +1,7 @@
 /*
  * test_cpu_lazy.c - connections made on first use (src/cpu/lazy.c,
- * TDIST_CPU_CONNECT=lazy, the default, set explicitly here), each case in
- * its own world:
+ * TDIST_CPU_CONNECT=lazy, set explicitly here: the default is lazy only from 64 ranks), each case
+ * in its own world:
  *
  *   lazy          n=4: creating the world connects nobody; ranks 0 and 1
  *                 trade p2p messages (checked) and then each has made one
@@ -20,6 +20,8 @@
  *                 does not hang.
  *   eager         n=4 with TDIST_CPU_CONNECT=eager: the full mesh is made at
  *                 creation (n - 1 connections before any op).
+ *   auto          the default: with TDIST_CPU_LAZY_FROM=4 a world of 4 runs
+ *                 the lazy case, with 5 the eager one.
  *
  * The connection counter (tdist__cpu_connects) counts connections that
  * became usable in this process.
@@ -205,5 +207,11 @@ int main(void) {
   fails += run("dead_peer", dead_peer, 3, sh);
   setenv("TDIST_CPU_CONNECT", "eager", 1);
   fails += run("eager", eager, 4, sh);
+  /* auto, the default: lazy from TDIST_CPU_LAZY_FROM ranks, the mesh below. */
+  unsetenv("TDIST_CPU_CONNECT");
+  setenv("TDIST_CPU_LAZY_FROM", "4", 1);
+  fails += run("auto, 4 ranks from 4: lazy", lazy, 4, sh);
+  setenv("TDIST_CPU_LAZY_FROM", "5", 1);
+  fails += run("auto, 4 ranks from 5: eager", eager, 4, sh);
   return fails != 0;
 }
