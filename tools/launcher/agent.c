@@ -72,6 +72,9 @@ struct trun_agent {
   int lfd, wake[2];
   int64_t interval_ms, timeout_ms;
   tdist_store_t *beat, *watch; /* the loop's and the relay's connections */
+  char addr[256];              /* the store, for reopen */
+  int port;
+  tdist_store_opts_t so;
   pthread_t loop, relay;
   pthread_mutex_t mu;
   arank_t *r; /* table, guarded by mu (changed by the loop thread only) */
@@ -194,6 +197,21 @@ static void on_accept(trun_agent_t *a) {
   }
 }
 
+/* (the thread that owns *s: the loop for beat, the relay for watch) A call
+ * on *s failed other than by a wait the store answered: the client closed
+ * the connection (a reply later than the call's grace, as on a loaded host)
+ * or the store went away. Open a new one and drop the old, as a rank's
+ * monitor does (core/group/monitor.c): an agent left with a dead connection
+ * would stop beating, and its live ranks would be declared dead. Returns 0,
+ * or -1 while the store cannot be reached (the next failure tries again). */
+static int reopen(trun_agent_t *a, tdist_store_t **s) {
+  tdist_store_t *fresh = NULL;
+  if (tdist_store_connect(a->addr, a->port, &a->so, &fresh) != 0) return -1;
+  tdist_store_release(*s);
+  *s = fresh;
+  return 0;
+}
+
 /* (loop) Write the host's heartbeat; "ok" to the ranks if it reached the
  * store. Ranks reported left or dead are then forgotten. */
 static void beat(trun_agent_t *a, int bye) {
@@ -214,6 +232,7 @@ static void beat(trun_agent_t *a, int bye) {
   char key[48];
   snprintf(key, sizeof(key), "tdist/hbh/%d", a->host);
   int rc = tdist_store_set(a->beat, key, v, len);
+  if (rc != 0 && reopen(a, &a->beat) == 0) rc = tdist_store_set(a->beat, key, v, len);
   free(v);
   if (rc != 0) return; /* no "ok": the ranks count the store as silent */
   if (bye) tdist_store_set(a->beat, key, "bye", 3);
@@ -320,7 +339,10 @@ static void *relay_main(void *arg) {
     int rc = tdist_store_wait(a->watch, keys, 1, 500);
     if (rc == TDIST_ERR_TIMEOUT) continue;
     if (rc != 0) {
-      usleep(200 * 1000); /* store unreachable: the ranks learn it from "ok" */
+      /* The connection is gone (a reply the client stopped waiting for
+       * closes it: that TIMEOUT is followed by CLOSED here): a new one. The
+       * store unreachable: the ranks learn it from the missing "ok". */
+      if (reopen(a, &a->watch) != 0) usleep(200 * 1000);
       continue;
     }
     int64_t count = next;
@@ -362,6 +384,9 @@ int trun_agent_start(const char *addr, int port, int host, trun_agent_t **out) {
   /* A beat may wait for a slow store up to the timeout (as a rank's does). */
   tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT,
                            .timeout_ms = a->timeout_ms > 1000 ? a->timeout_ms : 1000};
+  snprintf(a->addr, sizeof(a->addr), "%s", addr);
+  a->port = port;
+  a->so = so;
   if (tdist_store_connect(addr, port, &so, &a->beat) != 0 ||
       tdist_store_connect(addr, port, &so, &a->watch) != 0)
     goto fail;
