@@ -12,7 +12,10 @@
  *     is declared dead ("no heartbeat"), named on every survivor; both paths;
  *   - the agent itself dies (host 1's launcher SIGKILLed): its ranks die with
  *     it (PR_SET_PDEATHSIG) and the store, seeing the agent's connection
- *     close, declares them dead: host 0's ranks get both death records.
+ *     close, declares them dead: host 0's ranks get both death records;
+ *   - the agent's relay connection to the store is reset under it (ss -K):
+ *     it opens a new one, and a rank killed afterwards is still named on
+ *     every survivor, its host's included.
  * No timing is asserted; short heartbeat timeouts keep the runs short.
  */
 #include <setjmp.h>
@@ -196,11 +199,92 @@ static void test_agent_killed(void **state) {
   ru_free(&h1);
 }
 
+/* The world rank r's pid, from host p's "[rank r] PID n" line (0 if none). */
+static int rank_pid(const ru_proc_t *p, int r) {
+  char *o = ru_peek_out(p), pre[32];
+  snprintf(pre, sizeof(pre), "[rank %d] PID ", r);
+  const char *at = o ? strstr(o, pre) : NULL;
+  int pid = at ? atoi(at + strlen(pre)) : 0;
+  free(o);
+  return pid;
+}
+
+/* Abort (ss -K, the kernel's SOCK_DESTROY) the TCP connection to the
+ * store's port that process `pid` opened last (the highest descriptor: the
+ * host agent's relay, which connects after the launcher's own connection
+ * and the agent's beat). Returns 0, or -1 if ss cannot (not root, no
+ * kernel support) or finds fewer than three such connections. */
+static int reset_relay_conn(pid_t pid, const char *port) {
+  char cmd[256], line[512], needle[32], best[16] = "";
+  snprintf(cmd, sizeof(cmd), "ss -tnpH state established '( dport = :%s )' 2>/dev/null", port);
+  snprintf(needle, sizeof(needle), "pid=%d,fd=", (int)pid);
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  int n = 0, top = -1;
+  while (fgets(line, sizeof(line), f)) {
+    const char *at = strstr(line, needle);
+    char local[128];
+    if (!at || sscanf(line, "%*s %*s %127s", local) != 1 || !strrchr(local, ':')) continue;
+    int fd = atoi(at + strlen(needle));
+    n++;
+    if (fd > top) {
+      top = fd;
+      snprintf(best, sizeof(best), "%s", strrchr(local, ':') + 1);
+    }
+  }
+  pclose(f);
+  if (n < 3) return -1;
+  snprintf(cmd, sizeof(cmd), "ss -tnK '( sport = :%s and dport = :%s )' >/dev/null 2>&1", best,
+           port);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Host 1's agent loses its relay's store connection (reset under it, as a
+ * client that gave up on a late reply closes it): it must open a new one,
+ * or the death record of a rank killed afterwards never reaches its own
+ * host's survivor (rank 2 hears of deaths through the agent alone). */
+static void test_agent_store_reset(void **state) {
+  (void)state;
+  char port[16];
+  snprintf(port, sizeof(port), "%d", tdist_mp_free_port());
+  ru_proc_t h0, h1;
+  start_host(&h1, 1, port, 1, "none", "3");
+  start_host(&h0, 0, port, 1, "none", "3");
+  assert_true(wait_out(&h0, "waiting", 2));
+  assert_true(wait_out(&h1, "waiting", 2));
+  int victim = rank_pid(&h1, 3);
+  assert_true(victim > 0);
+  if (reset_relay_conn(h1.pid, port) != 0) {
+    kill(h0.pid, SIGKILL), kill(h1.pid, SIGKILL), kill(victim, SIGKILL);
+    ru_wait(&h0, RUN_TIMEOUT), ru_wait(&h1, RUN_TIMEOUT);
+    ru_free(&h0), ru_free(&h1);
+    skip(); /* ss -K needs root and SOCK_DESTROY */
+  }
+  sleep(1);
+  kill(victim, SIGKILL);
+  ru_wait(&h1, RUN_TIMEOUT);
+  ru_wait(&h0, RUN_TIMEOUT);
+  int ok = 1;
+  for (int r = 0; r < 3; r++) {
+    const ru_proc_t *h = r < 2 ? &h0 : &h1;
+    if (count(h->err, r, "death record from rank 3 ") < 1 || count(h->out, r, "ABORT ") != 1 ||
+        count(h->out, r, "its connection to the host agent closed") != 1 ||
+        count(h->err, r, "death record from rank 2 ") != 0) {
+      fprintf(stderr, "rank %d: not told rank 3's death alone\n", r);
+      ok = 0;
+    }
+  }
+  if (!ok) dump(&h0), dump(&h1);
+  assert_true(ok);
+  ru_free(&h0);
+  ru_free(&h1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_killed_agent),  cmocka_unit_test(test_killed_per_rank),
       cmocka_unit_test(test_stopped_agent), cmocka_unit_test(test_stopped_per_rank),
-      cmocka_unit_test(test_agent_killed),
+      cmocka_unit_test(test_agent_killed),  cmocka_unit_test(test_agent_store_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
