@@ -194,6 +194,17 @@ static double max_t(size_t off) {
   return m;
 }
 
+/* The store connections the ranks reopened after a call found one gone
+ * (scale_client.c reopen_conn, as monitor.c does): not errors, but each
+ * heartbeat one made the server declare that rank dead (its connection
+ * closed without a goodbye), as it would a real rank's. */
+static void print_reconnects(const char *label, const char *when) {
+  if (g_cfg.agg) return; /* the agents' connections are not reopened */
+  printf("%s monitor=%d heartbeat=%d (%s: store connections reopened after a call found one "
+         "closed, as monitor.c does)\n",
+         label, atomic_load(&g_shm->mon_reconnects), atomic_load(&g_shm->hb_reconnects), when);
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]\n"
                   "                         [-s steady_s] [-T phase_timeout_s] [--no-group] "
@@ -386,6 +397,7 @@ monitors:
          (double)(ops1 - ops0) / (t1 - t0), 100.0 * (cpu1 - cpu0) / (t1 - t0),
          (double)proc_rss_kb(server) / 1024.0, rss0 / 1024.0, (long long)atomic_load(&g_shm->keys),
          t1 - t0, 100.0 * (ccpu1 - ccpu0) / (t1 - t0));
+  print_reconnects("steady_reconnects", "so far");
   fflush(stdout);
   if (g_cfg.etcd) { /* its failure detection is another design (leases): not measured here */
     printf("failure phases not run with --etcd\n");
@@ -488,6 +500,7 @@ fail:
   if (atomic_load(&g_shm->failed) && g_shm->err[0])
     fprintf(stderr, "tdist_bench_scale: first error: %s\n", g_shm->err);
   free(clients);
+  print_reconnects("reconnects", "whole run");
   munmap(g_shm, shm_size);
   printf("result %s\n", rc ? "FAILED" : "ok");
   return rc;

@@ -30,6 +30,14 @@ void fail_msg(int rank, const char *what) {
 
 proc_t g_p;
 
+/* Where connection `which` of a rank is in g_p.s (see conn_of). */
+static size_t conn_index(int rank, int which) {
+  size_t base = (size_t)(rank - g_p.lo) * (size_t)g_cfg.conns;
+  if (g_cfg.agg) return base + (size_t)(which && g_cfg.conns > 1);
+  int w = which == 2 ? g_cfg.conns - 1 : which == 1 && g_cfg.conns == 3 ? 1 : 0;
+  return base + (size_t)w;
+}
+
 /* The ranks of client process idx: process 0 holds rank 0 alone (killing it
  * kills one rank), the others share ranks 1..n-1 evenly (a host each). */
 void proc_ranks(int idx, int *lo, int *hi) {
@@ -48,12 +56,7 @@ void proc_ranks(int idx, int *lo, int *hi) {
  * share one, which is good only for the phases before the monitor: the one
  * heartbeat thread of a process then waits behind each rank's monitor wait
  * on the shared handle, falls behind, and the detector declares ranks dead. */
-tdist_store_t *conn_of(int rank, int which) {
-  if (g_cfg.agg)
-    return g_p.s[(size_t)(rank - g_p.lo) * (size_t)g_cfg.conns + (which && g_cfg.conns > 1)];
-  int w = which == 2 ? g_cfg.conns - 1 : which == 1 && g_cfg.conns == 3 ? 1 : 0;
-  return g_p.s[(size_t)(rank - g_p.lo) * (size_t)g_cfg.conns + (size_t)w];
-}
+tdist_store_t *conn_of(int rank, int which) { return g_p.s[conn_index(rank, which)]; }
 
 /* (rank or heartbeat thread) Block until the parent's phase reaches ph; 0,
  * or -1 when told to stop first. */
@@ -71,6 +74,45 @@ int phase_now(void) {
   int ph = g_p.phase;
   pthread_mutex_unlock(&g_p.mu);
   return ph;
+}
+
+/* Open connection i of this process (rank lo + i / conns), as every one is
+ * opened: its destination address spread over -a, the phase timeout as its
+ * timeout (a connect retries until then); 0 or the store's error. */
+static int open_conn(int i, tdist_store_t **out) {
+  int r = g_p.lo + i / g_cfg.conns, port = atomic_load(&g_shm->port);
+  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT,
+                          .timeout_ms = (int64_t)(g_cfg.phase_timeout_s * 1000)};
+  char host[32], url[64];
+  snprintf(host, sizeof(host), "127.0.0.%d", 1 + (r * g_cfg.conns + i % g_cfg.conns) % g_cfg.addrs);
+  snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", port);
+  return g_cfg.etcd ? tdist_store_open_url(url, &o, out) : tdist_store_connect(host, port, &o, out);
+}
+
+/* 1 when a store call's rc says its connection is gone (closed by the
+ * server, or by the client after a reply later than its grace: every later
+ * call then fails with TDIST_ERR_CLOSED). monitor.c's store_check asks
+ * tdist__store_alive; the public API tells it by the error code. */
+static int conn_gone(int rc) { return rc == TDIST_ERR_CLOSED || rc == TDIST_ERR_IO; }
+
+/* (the slot's only user in the monitor phase: the rank thread for its
+ * monitor connection, the heartbeat thread for heartbeat connections, which
+ * starts only after every local rank's first beat) Replace connection
+ * `which` of rank r, found gone, by a fresh one opened as the first was,
+ * and count it in *count: what monitor.c does (store_check, heartbeat), so
+ * one late reply under load is not the run's failure. 0; -1 (the caller
+ * fails, tdist_last_error says why) when the reopen failed (its connect
+ * retried up to the phase timeout), the run is stopping, or -c 1 (one
+ * connection shared by the rank and heartbeat threads: not replaceable). */
+static int reopen_conn(int r, int which, atomic_int *count) {
+  if (g_cfg.conns < 2 || phase_now() == PH_STOP) return -1;
+  size_t i = conn_index(r, which);
+  tdist_store_t *fresh = NULL;
+  if (open_conn((int)i, &fresh)) return -1;
+  tdist_store_release(g_p.s[i]);
+  g_p.s[i] = fresh;
+  atomic_fetch_add(count, 1);
+  return 0;
 }
 
 /* (rank thread) store/rendezvous.c's rendezvous(): claim, count in, agree on
@@ -169,26 +211,35 @@ done:
 
 /* (rank thread) monitor.c's start and monitor_main loop, reading records. */
 static void rank_monitor(int r) {
-  tdist_store_t *m = conn_of(r, 1);
   int64_t count = 0;
+  int beat0 = 0;
   char key[64], hb[64];
-  if (tdist_store_add(m, "tdist/aborts/count", 0, &count)) goto fail;
+  if (tdist_store_add(conn_of(r, 1), "tdist/aborts/count", 0, &count)) goto fail;
   snprintf(key, sizeof(key), "tdist/hb/%d", r);
   int hl = snprintf(hb, sizeof(hb), "0000000000000001:%d", 0);
-  if (tdist_store_set(conn_of(r, 2), key, hb, (size_t)hl)) goto fail;
+  int brc = tdist_store_set(conn_of(r, 2), key, hb, (size_t)hl);
+  atomic_fetch_add(&g_p.first_beats, 1); /* the heartbeat thread may start */
+  beat0 = 1;
+  if (brc) goto fail;
   atomic_fetch_add(&g_shm->ops, 2);
   atomic_fetch_add(&g_shm->mon_ready, 1);
   int64_t next = count + 1;
   while (phase_now() != PH_STOP) {
     snprintf(key, sizeof(key), "tdist/aborts/%" PRId64, next);
     const char *k = key;
-    int rc = tdist_store_wait(m, &k, 1, g_cfg.mon_ms);
+    int rc = tdist_store_wait(conn_of(r, 1), &k, 1, g_cfg.mon_ms);
     atomic_fetch_add(&g_shm->ops, 1);
-    if (rc == TDIST_ERR_TIMEOUT) continue;
+    if (rc == TDIST_ERR_TIMEOUT) continue; /* expired, or its reply was late: see below */
+    if (conn_gone(rc) && reopen_conn(r, 1, &g_shm->mon_reconnects) == 0) continue;
     if (rc) goto fail;
     void *v = NULL;
     size_t len = 0;
-    if (tdist_store_get(m, key, &v, &len, g_cfg.mon_ms)) goto fail;
+    rc = tdist_store_get(conn_of(r, 1), key, &v, &len, g_cfg.mon_ms);
+    /* A late reply closed the connection (the next call reopens it) or it
+     * was gone: the same record again, not a failure. */
+    if (rc == TDIST_ERR_TIMEOUT) continue;
+    if (conn_gone(rc) && reopen_conn(r, 1, &g_shm->mon_reconnects) == 0) continue;
+    if (rc) goto fail;
     atomic_fetch_add(&g_shm->ops, 1);
     if (len > 5 && memcmp(v, "dead ", 5) == 0) {
       g_shm->r[r].t_dead = now_s();
@@ -200,6 +251,7 @@ static void rank_monitor(int r) {
   return;
 fail:
   if (phase_now() != PH_STOP) fail_msg(r, "monitor");
+  if (!beat0) atomic_fetch_add(&g_p.first_beats, 1); /* nor will it beat */
 }
 
 static void *rank_main(void *arg) {
@@ -228,6 +280,10 @@ static void *hb_main(void *arg) {
   if (wait_phase(PH_MON)) return NULL;
   int nl = g_p.hi - g_p.lo;
   char key[64], hb[64];
+  /* The ranks' first beats use the heartbeat connections too: once they are
+   * done this thread is their only user and may replace one (reopen_conn). */
+  while (atomic_load(&g_p.first_beats) < nl && phase_now() != PH_STOP)
+    sleep_s(0.001);
   double t = now_s(), step = (double)g_cfg.hb_ms / 1000.0 / (nl ? nl : 1);
   while (phase_now() != PH_STOP) {
     for (int r = g_p.lo; r < g_p.hi && phase_now() != PH_STOP; r++) {
@@ -237,7 +293,12 @@ static void *hb_main(void *arg) {
       if (atomic_load(&g_shm->silent) == r) continue;
       snprintf(key, sizeof(key), "tdist/hb/%d", r);
       int hl = snprintf(hb, sizeof(hb), "0000000000000001:%d", 0);
-      if (tdist_store_set(conn_of(r, 2), key, hb, (size_t)hl)) {
+      int rc = tdist_store_set(conn_of(r, 2), key, hb, (size_t)hl);
+      /* Gone (monitor.c's heartbeat reopens it before its next beat): this
+       * beat again on the fresh one; failing there too is a real error. */
+      if (conn_gone(rc) && reopen_conn(r, 2, &g_shm->hb_reconnects) == 0)
+        rc = tdist_store_set(conn_of(r, 2), key, hb, (size_t)hl);
+      if (rc) {
         if (phase_now() != PH_STOP) fail_msg(r, "heartbeat");
         return NULL;
       }
@@ -275,13 +336,7 @@ int client_proc(int idx) {
   }
   for (int i = 0; i < nl * g_cfg.conns; i++) {
     int r = g_p.lo + i / g_cfg.conns;
-    char host[32];
-    snprintf(host, sizeof(host), "127.0.0.%d",
-             1 + (r * g_cfg.conns + i % g_cfg.conns) % g_cfg.addrs);
-    char url[64];
-    snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", port);
-    if (g_cfg.etcd ? tdist_store_open_url(url, &o, &g_p.s[i])
-                   : tdist_store_connect(host, port, &o, &g_p.s[i])) {
+    if (open_conn(i, &g_p.s[i])) {
       fail_msg(r, "connect");
       goto fail;
     }

@@ -38,6 +38,8 @@ typedef struct {
   atomic_int port, server_up, server_stop;
   atomic_int phase, silent; /* the parent's command; the rank told to go silent, or -1 */
   atomic_int connected, rdzv_done, group_done, mon_ready, failed;
+  /* connections reopened after a call found them gone (not an error) */
+  atomic_int mon_reconnects, hb_reconnects;
   atomic_llong ops, keys, conns;
   atomic_int err_taken;
   char err[512];
@@ -64,7 +66,8 @@ typedef struct {
   tdist_store_t **s; /* conns per rank: [0] rendezvous/world, [1] monitor, [2] heartbeat */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int phase; /* relayed from the shared memory by the main thread */
+  int phase;              /* relayed from the shared memory by the main thread */
+  atomic_int first_beats; /* ranks past their first heartbeat (rank_monitor) */
 } proc_t;
 
 /* A client process's own state (scale_client.c). */
