@@ -25,6 +25,8 @@
 #include "cpu/cpu.h"
 #include "cpu/lazy.h"
 
+/* ---- a handshake's socket, its end and the handoff (any of the threads) --------- */
+
 /* No free slot (more handshakes than peers: not ours): not registered,
  * bounded by HANDSHAKE_MS alone. */
 static void lz_busy(cpu_lazy_t *lz, int fd) {

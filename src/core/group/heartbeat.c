@@ -124,6 +124,8 @@ void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms) {
   if (m->alen == sizeof(m->abuf)) m->alen = 0; /* a line too long: dropped */
 }
 
+/* ---- heartbeats (heartbeat thread; the value from the monitor thread) ---------- */
+
 /* (heartbeat, or the caller in start) One heartbeat on hb_conn: the value
  * the monitor thread left, or "bye". A broken connection is reopened
  * first (the store came back). */
@@ -189,6 +191,8 @@ void *tdist__mon_heartbeat_main(void *arg) {
   tdist__mon_heartbeat(m, 1);                             /* leaving cleanly: not a death */
   return NULL;
 }
+
+/* ---- the agent's hello (caller, in start) ---------------------------------------- */
 
 void tdist__mon_agent_open(tdist__monitor_t *m) {
   const char *agent = getenv("TDIST_HOST_AGENT");
