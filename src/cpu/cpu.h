@@ -33,7 +33,7 @@
  * shm_conn.c: the rings) and the creation and destruction of a cpu_group_t
  * run on the caller thread inside init/split/shrink/destroy, and reach the
  * progress thread with tdist_backend_call; lazy connections are made on
- * lazy.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs
+ * lazy_hs.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs
  * under the engine lock (ctx->mu, drive.c): on the progress thread, which never blocks but for that
  * lock, or on a caller thread that starts its op in submit or drives it while it waits (test); such
  * a caller never touches the loop and leaves completions and failures to the progress thread.

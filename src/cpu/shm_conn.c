@@ -27,7 +27,7 @@
  *     the loss is reported (io.c, on_readable).
  *
  * Setup (caller thread, within the world's creation; with lazy connections
- * on lazy.c's threads, once per pair, on a two-rank stand-in context):
+ * on lazy_hs.c's threads, once per pair, on a two-rank stand-in context):
  * every process makes one segment (a memfd) holding one inbound ring per
  * local peer; the
  * peers trade (pid, fd, where their ring is) over the socket, map each

@@ -1,7 +1,7 @@
 /*
  * liveness.h - the store server's dead-rank detector (internal).
  *
- * Ranks heartbeat by writing "tdist/hb/<world rank>" (core/monitor.c does it
+ * Ranks heartbeat by writing "tdist/hb/<world rank>" (core/group/heartbeat.c does it
  * every TDIST_HEARTBEAT_INTERVAL_MS); the value "bye" says the rank is
  * leaving cleanly. The server declares a registered rank dead when
  *   - it has been silent for TDIST_HEARTBEAT_TIMEOUT_MS (the server's

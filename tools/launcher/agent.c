@@ -4,7 +4,7 @@
  * agent does, so the store sees O(hosts) heartbeats and record watchers,
  * not O(ranks).
  *
- *   - Every local rank's monitor (core/group/monitor.c) connects to the
+ *   - Every local rank's monitor (core/group/heartbeat.c) connects to the
  *     agent's abstract unix socket (TDIST_HOST_AGENT) and says
  *     "hello <rank> <next record>", then "hb <value>" every heartbeat
  *     interval and "bye" when it leaves.

@@ -1,94 +1,33 @@
 /*
  * monitor.c - see monitor.h. Two threads per runtime context, each with a
  * store connection of its own:
- *   - the monitor thread publishes abort records, waits for records, runs
- *     diagnoses and refreshes the heartbeat's value; its handlers go through
- *     the progress thread (tdist__progress_call), so it may wait behind one
- *     long step of that thread;
- *   - the heartbeat thread only writes "tdist/hb/<rank>": the value the
- *     monitor thread just refreshed (every TDIST_HEARTBEAT_INTERVAL_MS), or,
- *     when none came for an interval plus one monitor round, the last one;
- *     and "bye" when it stops. It calls no handler and waits on nothing but
- *     its timer and the store, so how long one data-path step takes (a
- *     400 MB copy on a loaded host: seconds) never delays a heartbeat: a
- *     process whose threads run is never declared dead.
- *
- * Ownership: the queues, the value (`snap`) and the stop flags are guarded
- * by m->mu, which is never held across a store call or a handler; `conn`,
- * `next`, `last_snap_ms` and `last_ok_ms` are the monitor thread's,
- * `hb_conn` the heartbeat thread's (after start).
+ *   - the monitor thread (here) publishes abort records, waits for records
+ *     (from the store, or relayed by the host agent), runs diagnoses and
+ *     refreshes the heartbeat's value; its handlers go through the progress
+ *     thread (tdist__progress_call), so it may wait behind one long step of
+ *     that thread;
+ *   - the heartbeat thread (heartbeat.c, with the host agent's client) only
+ *     writes the heartbeat, so a long data-path step never delays one.
+ * Start and stop run on the caller. The monitor object and who owns which
+ * of its fields: monitor_impl.h.
  */
 #include "core/group/monitor.h"
 
-#include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
-#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "core/group/monitor_impl.h"
 #include "store/store_impl.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
-#include "util/param.h"
 
-TDIST_PARAM(MonitorIntervalMs, "TDIST_MONITOR_INTERVAL_MS", 200)
-TDIST_PARAM(HeartbeatIntervalMs, "TDIST_HEARTBEAT_INTERVAL_MS", 1000)
-TDIST_PARAM(HeartbeatTimeoutMs, "TDIST_HEARTBEAT_TIMEOUT_MS", 5000)
-
-/* Bound of one store call that does not wait (a set, an add): a live store
- * answers in well under a millisecond; a call that takes longer closes the
- * connection, which the next round reopens. */
-#define STORE_CALL_MS 1000
-
-#define QUEUE_MAX 32
 #define COUNT_KEY "tdist/aborts/count"
-
-struct tdist__monitor {
-  pthread_mutex_t mu;
-  pthread_cond_t cv; /* wakes the heartbeat thread: a fresh value, or stop */
-  int stop;
-  int hb_stop;
-  char snap[4096]; /* the heartbeat's value, refreshed by the monitor thread */
-  size_t snap_len;
-  int snap_fresh; /* refreshed since the last heartbeat */
-  int nq;
-  char queue[QUEUE_MAX][320];
-  int ndiag; /* timeout diagnoses asked for by the progress thread */
-  struct diag_req {
-    uint64_t uid, seq;
-  } diag[QUEUE_MAX];
-
-  /* monitor thread (and start/stop) */
-  pthread_t thread;
-  tdist_store_t *conn;
-  tdist__mon_handlers_t h;
-  int world_rank;
-  int64_t next; /* next record number to wait for */
-  int64_t last_snap_ms;
-  int64_t last_ok_ms; /* the store last answered */
-  int store_lost;     /* on_store_lost was called */
-
-  /* heartbeat thread (and start/stop) */
-  pthread_t hb_thread;
-  tdist_store_t *hb_conn; /* NULL with a host agent */
-
-  /* The host agent (TDIST_HOST_AGENT), -1 without: the heartbeat thread
-   * writes to it, the monitor thread reads the records it relays (a socket
-   * may be written and read by two threads at once). */
-  int agent_fd;
-  char agent_name[108];
-  char abuf[8192]; /* monitor thread: a partial line from the agent */
-  size_t alen;
-  int agent_gone; /* monitor thread: it closed its end */
-};
 
 void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason) {
   if (!m) return;
@@ -113,7 +52,7 @@ int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   return queued;
 }
 
-static void apply_record(tdist__monitor_t *m, const char *rec, size_t len) {
+void tdist__mon_apply_record(tdist__monitor_t *m, const char *rec, size_t len) {
   char buf[400];
   snprintf(buf, sizeof(buf), "%.*s", (int)len, rec);
   char *end = NULL;
@@ -153,7 +92,7 @@ static void publish_queued(tdist__monitor_t *m) {
   }
 }
 
-/* ---- heartbeats (heartbeat thread; the value from the monitor thread) ---------- */
+/* ---- the heartbeat's value (monitor thread; heartbeat.c sends it) ---------- */
 
 /* (monitor) Ask the group layer for the heartbeat's value. This waits for
  * the progress thread, which is why the heartbeat thread never does it: a
@@ -168,161 +107,6 @@ static void refresh_snapshot(tdist__monitor_t *m) {
   m->snap_fresh = 1; /* the heartbeat thread sends it now */
   pthread_cond_signal(&m->cv);
   pthread_mutex_unlock(&m->mu);
-}
-
-/* ---- the host agent (monitor.h): the rank's side of its line protocol -------------- */
-
-/* (caller in start) Connect to the agent's abstract unix socket `name`; -1
- * if there is none (then the rank beats for itself). Writes give up after
- * STORE_CALL_MS (a stopped agent must not hold the heartbeat thread). */
-static int agent_connect(const char *name) {
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  size_t nl = strlen(name);
-  if (nl == 0 || nl + 1 > sizeof(a.sun_path)) return -1;
-  memcpy(a.sun_path + 1, name, nl); /* abstract: leading NUL */
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct timeval tv = {STORE_CALL_MS / 1000, (STORE_CALL_MS % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (connect(fd, (struct sockaddr *)&a,
-              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-/* Write one whole line (heartbeat thread, or the caller in start/stop). */
-static int agent_send(int fd, const char *p, size_t len) {
-  while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-/* (heartbeat) "hb <value>" (newlines in the value become spaces) or "bye". */
-static void agent_beat(tdist__monitor_t *m, const char *val, size_t len, int bye) {
-  char line[sizeof(m->snap) + 8];
-  size_t n = 0;
-  if (bye) {
-    n = (size_t)snprintf(line, sizeof(line), "bye\n");
-  } else {
-    memcpy(line, "hb ", 3);
-    for (size_t i = 0; i < len; i++)
-      line[3 + i] = val[i] == '\n' ? ' ' : val[i];
-    n = 3 + len;
-    line[n++] = '\n';
-  }
-  if (agent_send(m->agent_fd, line, n) != 0)
-    TDIST_INFO(CORE, "monitor: heartbeat to the host agent failed: %s", strerror(errno));
-}
-
-/* (monitor) Wait up to `ms` for what the agent relays: "rec <n> <record>"
- * (applied as a record read from the store) and "ok" (its heartbeat reached
- * the store: the store answers). */
-static void agent_poll(tdist__monitor_t *m, int64_t ms) {
-  struct pollfd p = {.fd = m->agent_fd, .events = POLLIN};
-  if (m->agent_gone || poll(&p, 1, (int)ms) <= 0) {
-    if (m->agent_gone) {
-      struct timespec ts = {0, (long)ms * 1000000};
-      nanosleep(&ts, NULL);
-    }
-    return;
-  }
-  ssize_t n = recv(m->agent_fd, m->abuf + m->alen, sizeof(m->abuf) - m->alen, MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-    /* The agent is gone: with it the store declared this host's ranks dead
-     * (its connection closed), and a launcher's death kills its ranks. */
-    m->agent_gone = 1;
-    TDIST_WARN(CORE, "monitor: the host agent '%s' closed its connection", m->agent_name);
-    return;
-  }
-  if (n < 0) return;
-  m->alen += (size_t)n;
-  char *p0 = m->abuf, *end = m->abuf + m->alen, *nl;
-  while ((nl = memchr(p0, '\n', (size_t)(end - p0)))) {
-    *nl = '\0';
-    if (!strcmp(p0, "ok")) {
-      m->last_ok_ms = tdist__now_ms();
-    } else if (!strncmp(p0, "rec ", 4)) {
-      char *rec = strchr(p0 + 4, ' ');
-      if (rec) apply_record(m, rec + 1, strlen(rec + 1));
-    }
-    p0 = nl + 1;
-  }
-  m->alen = (size_t)(end - p0);
-  memmove(m->abuf, p0, m->alen);
-  if (m->alen == sizeof(m->abuf)) m->alen = 0; /* a line too long: dropped */
-}
-
-/* (heartbeat, or the caller in start) One heartbeat on hb_conn: the value
- * the monitor thread left, or "bye". A broken connection is reopened
- * first (the store came back). */
-static void heartbeat(tdist__monitor_t *m, int bye) {
-  char key[48], buf[sizeof(m->snap)];
-  size_t len;
-  snprintf(key, sizeof(key), "tdist/hb/%d", m->world_rank);
-  if (bye) {
-    len = (size_t)snprintf(buf, sizeof(buf), "bye");
-  } else {
-    pthread_mutex_lock(&m->mu);
-    len = m->snap_len;
-    memcpy(buf, m->snap, len);
-    pthread_mutex_unlock(&m->mu);
-  }
-  if (m->agent_fd >= 0) {
-    agent_beat(m, buf, len, bye);
-    return;
-  }
-  if (!tdist__store_alive(m->hb_conn)) {
-    tdist_store_t *fresh = NULL;
-    if (tdist__store_reconnect(m->hb_conn, STORE_CALL_MS, &fresh) != 0) {
-      TDIST_INFO(CORE, "monitor: heartbeat connection: %s", tdist_last_error());
-      return;
-    }
-    fresh->timeout_ms = m->hb_conn->timeout_ms;
-    tdist_store_release(m->hb_conn);
-    m->hb_conn = fresh;
-  }
-  if (tdist_store_set(m->hb_conn, key, buf, len) != 0)
-    TDIST_INFO(CORE, "monitor: heartbeat failed: %s", tdist_last_error());
-}
-
-/* (heartbeat) Beat as soon as the monitor thread left a fresh value, so a
- * heartbeat is as recent as it was when one thread did both; and on its own
- * when none came for an interval plus one monitor round (the monitor
- * thread is waiting for a busy progress thread): the last value then, but
- * the beat is never late. */
-static void *heartbeat_main(void *arg) {
-  tdist__monitor_t *m = arg;
-  int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
-  if (period < 1) period = 1;
-  pthread_mutex_lock(&m->mu);
-  for (;;) {
-    struct timespec due;
-    clock_gettime(CLOCK_MONOTONIC, &due);
-    due.tv_sec += period / 1000;
-    due.tv_nsec += (period % 1000) * 1000000;
-    if (due.tv_nsec >= 1000000000) {
-      due.tv_sec++;
-      due.tv_nsec -= 1000000000;
-    }
-    while (!m->hb_stop && !m->snap_fresh && pthread_cond_timedwait(&m->cv, &m->mu, &due) == 0) {
-    }
-    if (m->hb_stop) break;
-    m->snap_fresh = 0;
-    pthread_mutex_unlock(&m->mu);
-    heartbeat(m, 0);
-    pthread_mutex_lock(&m->mu);
-  }
-  pthread_mutex_unlock(&m->mu);
-  if (m->hb_conn) m->hb_conn->timeout_ms = STORE_CALL_MS; /* leaving: do not wait long */
-  heartbeat(m, 1);                                        /* leaving cleanly: not a death */
-  return NULL;
 }
 
 /* ---- timeout diagnosis (monitor thread) ------------------------------------------ */
@@ -513,7 +297,7 @@ static void *monitor_main(void *arg) {
       m->last_snap_ms = now;
     }
     if (m->agent_fd >= 0) {
-      agent_poll(m, interval); /* the agent watches the records for this host */
+      tdist__mon_agent_poll(m, interval); /* the agent watches the records for this host */
       continue;
     }
     char key[64];
@@ -532,7 +316,7 @@ static void *monitor_main(void *arg) {
     void *val = NULL;
     size_t len = 0;
     if (tdist_store_get(m->conn, key, &val, &len, interval) == 0) {
-      apply_record(m, val, len);
+      tdist__mon_apply_record(m, val, len);
       tdist_store_free(val);
     }
     m->next++;
@@ -561,20 +345,7 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
   int64_t count = 0;
   TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
   m->next = count + 1; /* records of earlier jobs on this store are history */
-  const char *agent = getenv("TDIST_HOST_AGENT");
-  if (agent && *agent && (m->agent_fd = agent_connect(agent)) >= 0) {
-    /* The agent relays records from m->next on; its next beat (at once)
-     * registers this rank with the store's detector. */
-    char hello[64];
-    int hl = snprintf(hello, sizeof(hello), "hello %d %" PRId64 "\n", world_rank, m->next);
-    if (agent_send(m->agent_fd, hello, (size_t)hl) != 0) {
-      close(m->agent_fd);
-      m->agent_fd = -1;
-    }
-  }
-  if (agent && *agent && m->agent_fd < 0)
-    TDIST_INFO(CORE, "monitor: no host agent at '%s': heartbeats go to the store", agent);
-  if (m->agent_fd >= 0) snprintf(m->agent_name, sizeof(m->agent_name), "%s", agent);
+  tdist__mon_agent_open(m);
   if (m->agent_fd < 0)
     TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->hb_conn), rc, fail);
   /* A heartbeat may wait for a slow store up to the heartbeat timeout: one
@@ -586,7 +357,7 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
   /* Register with the liveness detector before the group exists, so a rank
    * that dies at once is still known (and declared dead). */
   refresh_snapshot(m);
-  heartbeat(m, 0);
+  tdist__mon_heartbeat(m, 0);
   m->snap_fresh = 0; /* sent; no thread runs yet */
   registered = 1;
   m->last_snap_ms = m->last_ok_ms = tdist__now_ms();
@@ -595,7 +366,7 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
     goto fail;
   }
   monitor_started = 1;
-  if (pthread_create(&m->hb_thread, NULL, heartbeat_main, m) != 0) {
+  if (pthread_create(&m->hb_thread, NULL, tdist__mon_heartbeat_main, m) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "monitor: cannot start its heartbeat thread");
     goto fail;
   }
@@ -610,7 +381,7 @@ fail:
   }
   if (registered) {
     if (m->hb_conn) m->hb_conn->timeout_ms = STORE_CALL_MS;
-    heartbeat(m, 1); /* registered but never ran: not a death */
+    tdist__mon_heartbeat(m, 1); /* registered but never ran: not a death */
   }
   if (m->agent_fd >= 0) close(m->agent_fd);
   if (m->hb_conn) tdist_store_release(m->hb_conn);
