@@ -282,7 +282,8 @@ static void host_beat(tdist__live_t *l, const tdist__kv_entry_t *e, const void *
   if (!end || *end || h < 0 || h >= MAX_HOSTS || grow_hosts(l, (int)h)) return;
   host_state_t *hs = &l->hosts[h];
   if (hs->state == R_DEAD) return; /* its ranks were declared; no revival */
-  const char *p = (const char *)e->val, *vend = p + e->vlen;
+  /* An empty value has no buffer (val NULL): no arithmetic on it. */
+  const char *p = e->val ? (const char *)e->val : "", *vend = p + (e->val ? e->vlen : 0);
   int declared = 0;
   if (e->vlen == 3 && memcmp(p, "bye", 3) == 0) {
     /* Leaving cleanly after its ranks: one still listed alive did not say
