@@ -165,7 +165,17 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   tdist__list_t *it, *tmp;
   tdist__list_foreach_safe(it, tmp, &g->inflight) {
     tdist_work_t *w = tdist__list_entry(it, tdist_work_t, inflight);
-    if (w->completing) continue;
+    if (w->completing) {
+      /* Its completion is queued (tdist_backend_complete) and is delivered
+       * after this dump: record its end now, or the dump shows it still
+       * running (a synchronous op its caller finished long before, then
+       * blamed by tdist-trace as a stall). finish records it again. */
+      w->t_end_ns = tdist__work_caller_claimed(w)
+                        ? atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed)
+                        : tdist__now_ns();
+      tdist__trace_end(g->trace, w);
+      continue;
+    }
     finish_fmt(w, status, "%s", reason);
   }
   tdist__trace_meta_t m;
