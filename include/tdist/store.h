@@ -178,6 +178,33 @@ int tdist_store_append(tdist_store_t *s, const char *key, const void *value, siz
  * handle). */
 const char *tdist_store_address(const tdist_store_t *s);
 
+/*
+ * tdist_store_rendezvous_host - the world rendezvous of tdist_init_process_group
+ * done once for a whole host: what a host agent (tdistrun's, or a launcher of
+ * your own) calls for the ranks it started, so that the store sees a few
+ * requests per host instead of per rank (docs/scale.md). The ranks reach the
+ * agent over TDIST_HOST_AGENT (docs/launcher.md "The host agent"); ranks that
+ * join the store directly can be part of the same world.
+ * @param store       the root store the ranks would have used (the launcher's);
+ *                    keys go under "tdist/rdzv/"
+ * @param host        the host's index (the node rank); two agents (processes)
+ *                    claiming one index fail with TDIST_ERR_INVALID_ARGUMENT
+ *                    naming both. One agent may call several times (ranks
+ *                    that arrived later), each call blocking until the round
+ *                    is complete.
+ * @param nranks      how many ranks arrive with this call (>= 1)
+ * @param world_size  WORLD_SIZE of the job
+ * @param timeout_ms  how long to wait for the rest of the world (> 0)
+ * @param job         out: the job's id for this round (TDIST_JOB_ID, else agreed
+ *                    on the store), NUL-terminated, cut to job_len - 1
+ * @return 0 once every rank of the world arrived; TDIST_ERR_INVALID_ARGUMENT for
+ *         bad arguments or a host claimed twice; TDIST_ERR_TIMEOUT naming how
+ *         many ranks arrived; store errors.
+ * Thread: any (blocks up to timeout_ms on the store).
+ */
+int tdist_store_rendezvous_host(tdist_store_t *store, int host, int nranks, int world_size,
+                                int64_t timeout_ms, char *job, size_t job_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -287,7 +287,7 @@ static int resolve_addr(const char *method, char *host, size_t hl, int *port) {
 /* The job's id: TDIST_JOB_ID when a launcher set one, else the first rank's
  * proposal for this round ("job/<round>": the same on every rank, new for
  * every job even on a long-lived store). */
-static int agree_job(tdist_store_t *v, int64_t round, char *job, size_t jl) {
+int tdist__rdzv_agree_job(tdist_store_t *v, int64_t round, char *job, size_t jl) {
   const char *env = tdist__env_raw("TDIST_JOB_ID");
   if (env) {
     snprintf(job, jl, "%s", env);
@@ -335,7 +335,7 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, 
   TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
   int64_t round = (arrived - 1) / size;
   snprintf(key, sizeof(key), "go/%" PRId64, round);
-  TDIST_CHECK(agree_job(v, round, job, jl));
+  TDIST_CHECK(tdist__rdzv_agree_job(v, round, job, jl));
   if (arrived == (round + 1) * size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
   const char *k = key;
   int rc = tdist_store_wait(v, &k, 1, timeout_ms);
@@ -434,6 +434,17 @@ static int store_host(const tdist_init_opts_t *o, const join_cfg_t *c, int hoste
   return hosted_thread ? 0 : -1;
 }
 
+/* 1 when this rank meets on the store its launcher's host agent stands for:
+ * env:// (MASTER_ADDR/MASTER_PORT from tdistrun), no store or rank given in
+ * opts, and the store not hosted by a rank. The agent checks the rest (the
+ * rank is one of its own, the world size is the job's). */
+static int uses_launcher_store(const tdist_init_opts_t *o, const join_cfg_t *c) {
+  uint64_t m = o ? o->mask : 0;
+  if ((m & TDIST_INIT_FIELD_STORE) && o->store) return 0;
+  if ((m & (TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE)) != 0) return 0;
+  return c->host_store == TDIST_HOST_STORE_NONE && strcmp(c->method, "env://") == 0;
+}
+
 /* (caller) One world per process: the record (rdzv, under rdzv_mu) holds
  * it until tdist__rendezvous_cleanup. */
 int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
@@ -455,13 +466,23 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
    * monitor (core/inflight.c names rank 0 when it stops answering); written
    * before rank 0 arrives, so every rank reads it once all arrived. */
   if (srv) TDIST_CHECKGOTO(tdist_store_set(view, "thread_host", "0", 1), rc, fail);
-  TDIST_CHECKGOTO(rendezvous(view, c.rank, c.size, c.timeout, out->job, sizeof(out->job)), rc,
-                  fail);
-  if (!srv && c.rank != 0) {
+  /* Through the host agent when tdistrun started us on its own store (the
+   * agent counts its ranks in with one request: rdzv_host.c); the store
+   * hosted by tdistrun has no thread host. */
+  int via = 0;
+  if (uses_launcher_store(o, &c))
+    TDIST_CHECKGOTO(via = tdist__rdzv_via_agent(tdist__env_raw("TDIST_HOST_AGENT"), c.rank, c.size,
+                                                c.timeout, out->job, sizeof(out->job)),
+                    rc, fail);
+  if (!via)
+    TDIST_CHECKGOTO(rendezvous(view, c.rank, c.size, c.timeout, out->job, sizeof(out->job)), rc,
+                    fail);
+  if (!via && !srv && c.rank != 0) {
     const char *k = "thread_host";
     TDIST_CHECKGOTO(tdist_store_check(view, &k, 1, &thread_host), rc, fail);
   }
-  TDIST_INFO(INIT, "rank %d of %d joined on %s", c.rank, c.size, tdist_store_address(root));
+  TDIST_INFO(INIT, "rank %d of %d joined on %s%s", c.rank, c.size, tdist_store_address(root),
+             via ? " through the host agent" : "");
   rdzv.server = srv;
   rdzv.proc = proc;
   rdzv.store = view;

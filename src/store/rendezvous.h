@@ -38,4 +38,20 @@ int tdist__rendezvous_join(const tdist_init_opts_t *opts, tdist__rdzv_t *out);
  */
 int tdist__rendezvous_cleanup(void);
 
+/* The job's id for rendezvous round `round` on the view "tdist/rdzv/"
+ * (rendezvous.c): TDIST_JOB_ID, else the first proposal stored. */
+int tdist__rdzv_agree_job(tdist_store_t *view, int64_t round, char *job, size_t jl);
+
+/*
+ * tdist__rdzv_via_agent - the rank's side of the rendezvous through its host
+ * agent (rdzv_host.c): send "rdzv <rank> <size> <timeout_ms> <me>" on the
+ * agent's socket `agent` and wait, up to timeout_ms plus a grace, for
+ * "go <job>" or "err <code> <message>". Returns 1 when the world is complete
+ * (job set), 0 when the agent cannot be reached (the caller does the
+ * rendezvous itself), or a negative TDIST_ERR_* with the error set.
+ * Thread: the caller's.
+ */
+int tdist__rdzv_via_agent(const char *agent, int rank, int size, int64_t timeout_ms, char *job,
+                          size_t jl);
+
 #endif

@@ -49,41 +49,9 @@
 #include "tdist/tdist.h"
 #include "tdistrun.h"
 
-#define LINE_MAX_ 8192
-#define BATCH 256
+#include "agent_impl.h"
 
-enum { A_HELLO = 0, A_ALIVE, A_LEFT, A_DEAD, A_DONE };
-
-typedef struct arank {
-  int fd;          /* -1 once closed */
-  int rank;        /* world rank, from hello */
-  int state;       /* A_*; A_DONE: reported to the store, forgotten */
-  int64_t next;    /* first record its monitor wants */
-  int64_t last_ms; /* its last "hb" */
-  char *val;       /* its last heartbeat value */
-  char why[160];   /* A_DEAD: why */
-  char in[LINE_MAX_];
-  size_t inlen;
-} arank_t;
-
-struct trun_agent {
-  int host;
-  char name[80];
-  int lfd, wake[2];
-  int64_t interval_ms, timeout_ms;
-  tdist_store_t *beat, *watch; /* the loop's and the relay's connections */
-  char addr[256];              /* the store, for reopen */
-  int port;
-  tdist_store_opts_t so;
-  pthread_t loop, relay;
-  pthread_mutex_t mu;
-  arank_t *r; /* table, guarded by mu (changed by the loop thread only) */
-  int n, cap;
-  int urgent; /* loop: beat now */
-  atomic_int stop;
-};
-
-static int64_t now_ms(void) {
+int64_t trun_now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
@@ -96,7 +64,7 @@ static int64_t env_ms(const char *name, int64_t def) {
 
 /* (loop or relay, holding mu) One line to a rank; never blocks: a rank that
  * does not read (stopped) loses it, and is judged by its beats. */
-static void tell(arank_t *r, const char *line, size_t len) {
+void trun_agent_tell(arank_t *r, const char *line, size_t len) {
   if (r->fd < 0) return;
   ssize_t n = send(r->fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
   if (n >= 0 && (size_t)n != len)
@@ -121,7 +89,7 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
     if (!v) return;
     free(r->val);
     r->val = v;
-    r->last_ms = now_ms();
+    r->last_ms = trun_now_ms();
     if (r->state == A_HELLO) {
       r->state = A_ALIVE;
       a->urgent = 1; /* registers it with the store now */
@@ -129,7 +97,9 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
   } else if (!strncmp(line, "hello ", 6) && r->state == A_HELLO) {
     long long next = 0;
     if (sscanf(line + 6, "%d %lld", &r->rank, &next) == 2) r->next = next;
-    r->last_ms = now_ms();
+    r->last_ms = trun_now_ms();
+  } else if (!strncmp(line, "rdzv ", 5) && r->state == A_HELLO && r->rank < 0) {
+    trun_rdzv_line(a, r, line + 5); /* a rank's init, not a monitor (agent_rdzv.c) */
   } else if (!strcmp(line, "bye") && (r->state == A_ALIVE || r->state == A_HELLO)) {
     /* (a monitor whose start failed after its hello says bye at once) */
     r->state = A_LEFT;
@@ -151,7 +121,8 @@ static void on_readable(trun_agent_t *a, arank_t *r) {
         pthread_mutex_lock(&a->mu);
         close(r->fd);
         r->fd = -1;
-        if (r->state == A_HELLO) r->state = A_DONE; /* never said who it was */
+        if (r->state == A_HELLO) r->state = A_DONE;   /* never said who it was */
+        if (r->state == A_RDZV) trun_rdzv_gone(a, r); /* left before its batch */
         pthread_mutex_unlock(&a->mu);
       }
       return;
@@ -240,14 +211,14 @@ static void beat(trun_agent_t *a, int bye) {
   for (int i = 0; i < a->n; i++) {
     arank_t *r = &a->r[i];
     if (r->state == A_LEFT || r->state == A_DEAD) r->state = A_DONE;
-    if (r->state == A_ALIVE) tell(r, "ok\n", 3);
+    if (r->state == A_ALIVE) trun_agent_tell(r, "ok\n", 3);
   }
   pthread_mutex_unlock(&a->mu);
 }
 
 static void *loop_main(void *arg) {
   trun_agent_t *a = arg;
-  int64_t next_beat = now_ms();
+  int64_t next_beat = trun_now_ms();
   struct pollfd *p = NULL;
   int pcap = 0;
   while (!a->stop) {
@@ -262,16 +233,18 @@ static void *loop_main(void *arg) {
     p[np++] = (struct pollfd){.fd = a->wake[0], .events = POLLIN};
     for (int i = 0; i < a->n; i++)
       p[np++] = (struct pollfd){.fd = a->r[i].fd, .events = POLLIN};
-    int64_t wait = next_beat - now_ms(), judge = a->timeout_ms / 4 < 250 ? a->timeout_ms / 4 : 250;
+    int64_t wait = next_beat - trun_now_ms(),
+            judge = a->timeout_ms / 4 < 250 ? a->timeout_ms / 4 : 250;
     if (wait > judge) wait = judge;
     if (wait < 0 || a->urgent) wait = 0;
+    wait = trun_rdzv_tick(a, wait); /* a batch due now, or when it will be */
     poll(p, (nfds_t)np, (int)wait);
     if (p[0].revents) on_accept(a);
     for (int i = 0; i < a->n && 2 + i < np; i++)
       if (p[2 + i].revents && a->r[i].fd >= 0) on_readable(a, &a->r[i]);
     /* Judged after reading what was pending (a stalled agent's first round
      * reads the beats that waited), as the store's detector does. */
-    int64_t now = now_ms();
+    int64_t now = trun_now_ms();
     for (int i = 0; a->timeout_ms > 0 && i < a->n; i++) {
       arank_t *r = &a->r[i];
       if (r->state == A_ALIVE && now - r->last_ms > a->timeout_ms) {
@@ -284,7 +257,7 @@ static void *loop_main(void *arg) {
     if (a->urgent || now >= next_beat) {
       a->urgent = 0;
       beat(a, 0);
-      next_beat = now_ms() + a->interval_ms;
+      next_beat = trun_now_ms() + a->interval_ms;
     }
   }
   free(p);
@@ -317,7 +290,7 @@ static void relay(trun_agent_t *a, int64_t first, void **vals, size_t *lens, siz
     int64_t skip = r->next - first;
     if (skip >= (int64_t)n) continue;
     size_t from = skip > 0 ? at[skip] : 0;
-    tell(r, buf + from, len - from);
+    trun_agent_tell(r, buf + from, len - from);
   }
   pthread_mutex_unlock(&a->mu);
 done:
@@ -369,18 +342,22 @@ static void *relay_main(void *arg) {
   return NULL;
 }
 
-int trun_agent_start(const char *addr, int port, int host, trun_agent_t **out) {
+int trun_agent_start(const char *addr, int port, int host, int first, int nlocal, int world,
+                     trun_agent_t **out) {
   *out = NULL;
   trun_agent_t *a = calloc(1, sizeof(*a));
   if (!a) return -1;
   a->host = host;
+  a->first = first;
+  a->nlocal = nlocal;
+  a->world = world;
   a->lfd = a->wake[0] = a->wake[1] = -1;
   a->interval_ms = env_ms("TDIST_HEARTBEAT_INTERVAL_MS", 1000);
   a->timeout_ms = env_ms("TDIST_HEARTBEAT_TIMEOUT_MS", 5000);
   if (a->interval_ms < 1) a->interval_ms = 1;
   pthread_mutex_init(&a->mu, NULL);
   snprintf(a->name, sizeof(a->name), "tdist-agent-%d-%d-%lld", (int)getpid(), host,
-           (long long)now_ms());
+           (long long)trun_now_ms());
   /* A beat may wait for a slow store up to the timeout (as a rank's does). */
   tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT,
                            .timeout_ms = a->timeout_ms > 1000 ? a->timeout_ms : 1000};
@@ -436,6 +413,7 @@ void trun_agent_stop(trun_agent_t *a) {
     free(a->r[i].val);
   }
   free(a->r);
+  trun_rdzv_free(a);
   close(a->lfd);
   close(a->wake[0]);
   close(a->wake[1]);

@@ -476,7 +476,9 @@ int main(int argc, char **argv) {
     job.scan_arg = &deaths;
   }
   /* The host agent needs the store server (not etcd or a file). */
-  if (coord.store && !o.store_url && !o.no_agent) trun_agent_start(addr, port, o.node_rank, &agent);
+  if (coord.store && !o.store_url && !o.no_agent)
+    trun_agent_start(addr, port, o.node_rank, o.node_rank * o.nproc, o.nproc, o.nnodes * o.nproc,
+                     &agent);
   if (o.nnodes > 1) {
     job.tick = coord_tick;
     job.tick_arg = &coord;

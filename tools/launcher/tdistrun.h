@@ -125,10 +125,13 @@ typedef struct trun_agent trun_agent_t;
 /* Start the host agent of host `host` (the node rank) for the store at
  * addr:port: two store connections, an abstract unix socket for the local
  * ranks (its name: trun_agent_name, given to them as TDIST_HOST_AGENT) and
- * two threads (the only threads of the launcher besides the store server's;
- * they inherit the blocked signals). 0, or -1 with a message printed: the
- * ranks then beat to the store themselves. Main thread. */
-int trun_agent_start(const char *addr, int port, int host, trun_agent_t **out);
+ * two threads (the only threads of the launcher besides the store server's
+ * and the rendezvous batches'; they inherit the blocked signals). Its ranks
+ * are first .. first + nlocal - 1 of world: it counts them into the world
+ * rendezvous (agent_rdzv.c). 0, or -1 with a message printed: the ranks
+ * then beat to the store and join it themselves. Main thread. */
+int trun_agent_start(const char *addr, int port, int host, int first, int nlocal, int world,
+                     trun_agent_t **out);
 const char *trun_agent_name(const trun_agent_t *a);
 /* Last beat (ranks that left or died since), "bye", stop and free. Main
  * thread, after every local rank ended; NULL is ignored. */

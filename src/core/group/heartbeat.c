@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,40 +33,9 @@
 #include "store/store_impl.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/unixsock.h"
 
 /* ---- the host agent (monitor.h): the rank's side of its line protocol -------------- */
-
-/* (caller in start) Connect to the agent's abstract unix socket `name`; -1
- * if there is none (then the rank beats for itself). Writes give up after
- * STORE_CALL_MS (a stopped agent must not hold the heartbeat thread). */
-static int agent_connect(const char *name) {
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  size_t nl = strlen(name);
-  if (nl == 0 || nl + 1 > sizeof(a.sun_path)) return -1;
-  memcpy(a.sun_path + 1, name, nl); /* abstract: leading NUL */
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct timeval tv = {STORE_CALL_MS / 1000, (STORE_CALL_MS % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (connect(fd, (struct sockaddr *)&a,
-              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-/* Write one whole line (heartbeat thread, or the caller in start/stop). */
-static int agent_send(int fd, const char *p, size_t len) {
-  while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
 
 /* (heartbeat) "hb <value>" (newlines in the value become spaces) or "bye". */
 static void agent_beat(tdist__monitor_t *m, const char *val, size_t len, int bye) {
@@ -82,7 +50,7 @@ static void agent_beat(tdist__monitor_t *m, const char *val, size_t len, int bye
     n = 3 + len;
     line[n++] = '\n';
   }
-  if (agent_send(m->agent_fd, line, n) != 0)
+  if (tdist__send_all(m->agent_fd, line, n) != 0)
     TDIST_INFO(CORE, "monitor: heartbeat to the host agent failed: %s", strerror(errno));
 }
 
@@ -196,12 +164,12 @@ void *tdist__mon_heartbeat_main(void *arg) {
 
 void tdist__mon_agent_open(tdist__monitor_t *m) {
   const char *agent = getenv("TDIST_HOST_AGENT");
-  if (agent && *agent && (m->agent_fd = agent_connect(agent)) >= 0) {
+  if (agent && *agent && (m->agent_fd = tdist__unix_connect(agent, STORE_CALL_MS)) >= 0) {
     /* The agent relays records from m->next on; its next beat (at once)
      * registers this rank with the store's detector. */
     char hello[64];
     int hl = snprintf(hello, sizeof(hello), "hello %d %" PRId64 "\n", m->world_rank, m->next);
-    if (agent_send(m->agent_fd, hello, (size_t)hl) != 0) {
+    if (tdist__send_all(m->agent_fd, hello, (size_t)hl) != 0) {
       close(m->agent_fd);
       m->agent_fd = -1;
     }
