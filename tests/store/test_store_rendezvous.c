@@ -2,7 +2,10 @@
  * test_store_rendezvous.c - init methods over real processes: env:// with
  * rank 0 hosting the server (ranks started before it), tcp:// against an
  * already running server, file://; errors naming the variable for missing or
- * contradictory settings; two processes claiming one RANK. Uses
+ * contradictory settings; two processes claiming one RANK; the rendezvous
+ * per host (tdist_store_rendezvous_host, rdzv_host.c) mixed with ranks
+ * joining directly, an agent calling twice, a host claimed twice, its
+ * timeout naming how many arrived. Uses
  * tdist__rendezvous_join, the part of tdist_init_process_group before the
  * backend, so it runs without one.
  */
@@ -16,6 +19,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/wait.h>
 
 #include "store/rendezvous.h"
@@ -194,11 +198,116 @@ static void test_duplicate_rank(void **state) {
   munmap(dup_counts, 2 * sizeof(atomic_int));
 }
 
+/* ---- the rendezvous per host (rdzv_host.c) ---- */
+
+/* Shared across the forks: [0] processes of the world done, [1] failures
+ * seen as expected; jobs[i]: the job id process i got. */
+static atomic_int *host_counts;
+static char (*host_jobs)[64];
+
+static tdist_store_t *host_store_open(void) {
+  tdist_store_t *s = NULL;
+  tdist_store_opts_t so = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
+  if (tdist_store_connect("127.0.0.1", g_port, &so, &s)) return NULL;
+  return s;
+}
+
+static void *second_call(void *arg) {
+  /* the same agent (process) counts in one more rank of host 1, later */
+  (void)arg;
+  st_sleep_ms(200);
+  /* its own connection: a handle serves one call at a time, and the first
+   * call waits for the world (the agent opens one per batch too) */
+  tdist_store_t *s = host_store_open();
+  static char job[64];
+  int rc = s ? tdist_store_rendezvous_host(s, 1, 1, 5, 20000, job, sizeof(job)) : -1;
+  tdist_store_release(s);
+  return rc == 0 ? (void *)job : NULL;
+}
+
+/* World of 5: host 0 (process 0) brings ranks 0-1 in one call, host 1
+ * (process 1) ranks 2 and 3 in two calls, rank 4 (process 2) joins the store
+ * itself. Process 3, once the world is complete, claims host 0 again (a
+ * second agent for it) and is refused naming both; then, on a fresh prefix,
+ * waits for a world that never completes and is told how many arrived. */
+static int host_child(int idx, int n, void *arg) {
+  tdist_store_t *s = host_store_open();
+  MP_CHECK(s != NULL);
+  if (idx == 0) {
+    MP_CHECK_RC(tdist_store_rendezvous_host(s, 0, 2, 5, 20000, host_jobs[0], 64));
+  } else if (idx == 1) {
+    pthread_t t;
+    void *ok = NULL;
+    MP_CHECK(pthread_create(&t, NULL, second_call, s) == 0);
+    int rc = tdist_store_rendezvous_host(s, 1, 1, 5, 20000, host_jobs[1], 64);
+    pthread_join(t, &ok);
+    MP_CHECK_RC(rc);
+    MP_CHECK(ok != NULL && strcmp(ok, host_jobs[1]) == 0);
+  } else if (idx == 2) {
+    set_env(4, 5);
+    tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT | TDIST_INIT_FIELD_HOST_STORE |
+                                   TDIST_INIT_FIELD_INIT_METHOD,
+                           .timeout_ms = 20000,
+                           .host_store = 0,
+                           .init_method = g_method};
+    tdist__rdzv_t r;
+    MP_CHECK_RC(tdist__rendezvous_join(&o, &r));
+    snprintf(host_jobs[2], 64, "%s", r.job);
+    tdist_store_release(r.store);
+  } else {
+    for (int i = 0; i < 3000 && atomic_load(&host_counts[0]) < 3; i++)
+      st_sleep_ms(10);
+    MP_CHECK(atomic_load(&host_counts[0]) == 3);
+    char job[64];
+    MP_CHECK(tdist_store_rendezvous_host(s, 0, 1, 5, 2000, job, sizeof(job)) ==
+             TDIST_ERR_INVALID_ARGUMENT);
+    MP_CHECK(strstr(tdist_last_error(), "host 0 is claimed by two agents"));
+    tdist_store_t *v = NULL;
+    MP_CHECK_RC(tdist_store_prefix(s, "fresh/", &v));
+    MP_CHECK(tdist_store_rendezvous_host(v, 0, 1, 3, 300, job, sizeof(job)) == TDIST_ERR_TIMEOUT);
+    MP_CHECK(strstr(tdist_last_error(), "1 of WORLD_SIZE=3 ranks arrived"));
+    MP_CHECK(tdist_store_rendezvous_host(v, 0, 4, 3, 300, job, sizeof(job)) ==
+             TDIST_ERR_INVALID_ARGUMENT);
+    tdist_store_release(v);
+    atomic_fetch_add(&host_counts[1], 1);
+  }
+  if (idx < 3) atomic_fetch_add(&host_counts[0], 1);
+  tdist_store_release(s);
+  return 0;
+}
+
+static void test_rendezvous_per_host(void **state) {
+  g_port = tdist_mp_free_port();
+  snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
+  host_counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(host_counts != MAP_FAILED);
+  host_jobs = (char(*)[64])((char *)host_counts + 64);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tdist_store_server_t *srv;
+    if (st_start_server(g_port, NULL, &srv)) _exit(1);
+    st_sleep_ms(60000);
+    _exit(0);
+  }
+  int rc = tdist_mp_run(4, host_child, NULL, 60);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  assert_int_equal(rc, 0);
+  assert_int_equal(atomic_load(&host_counts[0]), 3);
+  assert_int_equal(atomic_load(&host_counts[1]), 1);
+  /* one world, one job id */
+  assert_true(host_jobs[0][0] != 0);
+  assert_string_equal(host_jobs[0], host_jobs[1]);
+  assert_string_equal(host_jobs[0], host_jobs[2]);
+  munmap(host_counts, 4096);
+  g_method[0] = 0;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_env_rank0_hosts), cmocka_unit_test(test_tcp_external_server),
       cmocka_unit_test(test_file_method),     cmocka_unit_test(test_errors_name_the_variable),
-      cmocka_unit_test(test_duplicate_rank),
+      cmocka_unit_test(test_duplicate_rank),  cmocka_unit_test(test_rendezvous_per_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

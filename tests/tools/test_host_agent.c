@@ -15,7 +15,9 @@
  *     close, declares them dead: host 0's ranks get both death records;
  *   - the agent's relay connection to the store is reset under it (ss -K):
  *     it opens a new one, and a rank killed afterwards is still named on
- *     every survivor, its host's included.
+ *     every survivor, its host's included;
+ *   - the world rendezvous through the agents, and with one host's ranks
+ *     joining the store themselves (--no-host-agent) in the same world.
  * No timing is asserted; short heartbeat timeouts keep the runs short.
  */
 #include <setjmp.h>
@@ -41,12 +43,12 @@ static void dump(const ru_proc_t *p) {
           p->seconds, p->out, p->err);
 }
 
-/* Start host `node` of the two-host job: probe watch-death HOW LIST. */
-static void start_host(ru_proc_t *p, int node, const char *port, int agent, const char *how,
-                       const char *list) {
+/* Start host `node` of the two-host job: the probe with args (NULL-ended). */
+static void start_host_args(ru_proc_t *p, int node, const char *port, int agent,
+                            const char *const *args) {
   char nr[8];
   snprintf(nr, sizeof(nr), "%d", node);
-  char *argv[20];
+  char *argv[24];
   int n = 0;
   char *fixed[] = {TDISTRUN,     "-n",
                    "2",          "--nnodes",
@@ -58,11 +60,17 @@ static void start_host(ru_proc_t *p, int node, const char *port, int agent, cons
     argv[n++] = fixed[i];
   if (!agent) argv[n++] = "--no-host-agent"; /* the agent is the default */
   argv[n++] = PROBE;
-  argv[n++] = "watch-death";
-  argv[n++] = (char *)how;
-  argv[n++] = (char *)list;
+  for (; *args && n < 23; args++)
+    argv[n++] = (char *)*args;
   argv[n] = NULL;
   assert_int_equal(ru_start(p, argv, env_short), 0);
+}
+
+/* Start host `node` of the two-host job: probe watch-death HOW LIST. */
+static void start_host(ru_proc_t *p, int node, const char *port, int agent, const char *how,
+                       const char *list) {
+  const char *args[] = {"watch-death", how, list, NULL};
+  start_host_args(p, node, port, agent, args);
 }
 
 /* Lines of host output `s` that start with "[rank r] " and contain needle. */
@@ -280,11 +288,51 @@ static void test_agent_store_reset(void **state) {
   ru_free(&h1);
 }
 
+/* The world rendezvous through the agents (agent_rdzv.c, store/rdzv_host.c):
+ * with both hosts' agents every rank joins through its agent; with host 1
+ * under --no-host-agent its ranks join the store themselves and the two
+ * kinds meet in one world (the probe's init: a barrier over it). */
+static void run_rdzv(int agent1) {
+  char port[16];
+  snprintf(port, sizeof(port), "%d", tdist_mp_free_port());
+  const char *args[] = {"init", NULL};
+  ru_proc_t h0, h1;
+  start_host_args(&h1, 1, port, agent1, args);
+  start_host_args(&h0, 0, port, 1, args);
+  ru_wait(&h1, RUN_TIMEOUT);
+  ru_wait(&h0, RUN_TIMEOUT);
+  int ok = h0.code == 0 && h1.code == 0;
+  for (int r = 0; r < 4; r++) {
+    const ru_proc_t *h = r < 2 ? &h0 : &h1;
+    int via = r < 2 || agent1;
+    if (count(h->out, r, "INIT cpu") != 1 || count(h->err, r, "joined on 127.0.0.1") != 1 ||
+        count(h->err, r, "through the host agent") != via) {
+      fprintf(stderr, "rank %d: not joined %s\n", r, via ? "through its agent" : "directly");
+      ok = 0;
+    }
+  }
+  if (!ok) dump(&h0), dump(&h1);
+  assert_true(ok);
+  ru_free(&h0);
+  ru_free(&h1);
+}
+
+static void test_agent_rendezvous(void **state) {
+  (void)state;
+  run_rdzv(1);
+}
+
+static void test_agent_rendezvous_mixed(void **state) {
+  (void)state;
+  run_rdzv(0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_killed_agent),  cmocka_unit_test(test_killed_per_rank),
-      cmocka_unit_test(test_stopped_agent), cmocka_unit_test(test_stopped_per_rank),
-      cmocka_unit_test(test_agent_killed),  cmocka_unit_test(test_agent_store_reset),
+      cmocka_unit_test(test_killed_agent),     cmocka_unit_test(test_killed_per_rank),
+      cmocka_unit_test(test_stopped_agent),    cmocka_unit_test(test_stopped_per_rank),
+      cmocka_unit_test(test_agent_killed),     cmocka_unit_test(test_agent_store_reset),
+      cmocka_unit_test(test_agent_rendezvous), cmocka_unit_test(test_agent_rendezvous_mixed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
