@@ -4,7 +4,7 @@
  *
  *   tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]
  *                     [-s steady_s] [-T phase_timeout_s] [--no-group] [--etcd]
- *                     [--hosts-agg] [--lazy-addr]
+ *                     [--hosts-agg] [--hosts-rdzv] [--lazy-addr]
  *
  * What runs: one real store server (tdist_store_server_start in a process of
  * its own, so its CPU time and memory are its own) and n simulated ranks,
@@ -43,6 +43,11 @@
  * 2: world and monitor; the heartbeat connection is gone); -c 0 gives the
  * ranks no connection and no thread, skipping phases 1 and 2, so that the
  * liveness part alone runs at 100k ranks within the descriptor limit.
+ * --hosts-rdzv (implies --hosts-agg) runs the rendezvous per host instead
+ * of 1. (scale_rdzv.c): each rank thread says "rdzv" to its process's
+ * agent over a unix socket (the real rank side), the agent counts them all
+ * in with one tdist_store_rendezvous_host call on a connection of its own;
+ * with -c 0 the ranks have threads for this but no store connection.
  * The server's dead-rank detector (store/liveness.c) is the real one, with
  * TDIST_HEARTBEAT_TIMEOUT_MS from the environment (default 5000).
  *
@@ -209,7 +214,7 @@ static void usage(void) {
   fprintf(stderr, "usage: tdist_bench_scale [-n ranks] [-P procs] [-a addrs] [-c conns_per_rank]\n"
                   "                         [-s steady_s] [-T phase_timeout_s] [--no-group] "
                   "[--etcd]\n"
-                  "                         [--hosts-agg] [--lazy-addr]\n");
+                  "                         [--hosts-agg] [--hosts-rdzv] [--lazy-addr]\n");
 }
 
 int main(int argc, char **argv) {
@@ -229,6 +234,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "--hosts-agg")) {
       g_cfg.agg = 1;
+      continue;
+    }
+    if (!strcmp(a, "--hosts-rdzv")) {
+      g_cfg.hrdzv = g_cfg.agg = 1; /* the agent does the liveness too */
       continue;
     }
     if (!strcmp(a, "--lazy-addr")) {
@@ -274,14 +283,18 @@ int main(int argc, char **argv) {
   rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl)) perror("setrlimit");
   getrlimit(RLIMIT_NOFILE, &rl);
-  long conns = (long)g_cfg.n * g_cfg.conns + (g_cfg.agg ? 2L * g_cfg.procs : 0);
+  long conns = (long)g_cfg.n * g_cfg.conns + (g_cfg.agg ? 2L * g_cfg.procs : 0) +
+               (g_cfg.hrdzv ? g_cfg.procs : 0);
   printf("config ranks=%d procs=%d conns_per_rank=%d store_conns=%ld dest_addrs=127.0.0.1..%d "
-         "group_exchange=%s store=%s liveness=%s\n",
+         "group_exchange=%s store=%s liveness=%s rendezvous=%s\n",
          g_cfg.n, g_cfg.procs, g_cfg.conns, conns, g_cfg.etcd ? 1 : g_cfg.addrs,
          g_cfg.group ? "yes" : "no", g_cfg.etcd ? "etcd (one member, started here)" : "tdist",
          g_cfg.agg ? (g_cfg.conns ? "hosts-agg (one agent per process: 2 connections)"
-                                  : "hosts-agg, ranks without store connections (no rendezvous)")
-                   : "per-rank");
+                                  : "hosts-agg, ranks without store connections")
+                   : "per-rank",
+         g_cfg.hrdzv   ? "per host (one agent per process)"
+         : g_cfg.conns ? "per rank"
+                       : "none");
   /* The server keeps 16 descriptors in reserve (store/server_impl.h
    * SRV_FD_RESERVE) and a dozen for its loop, listener and stdio; a
    * connection past that gets a BUSY error naming the limit. */
@@ -346,7 +359,7 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   /* 1. rendezvous (ranks without connections: only the liveness part) */
-  if (g_cfg.conns == 0) goto monitors;
+  if (g_cfg.conns == 0 && !g_cfg.hrdzv) goto monitors;
   t = now_s();
   atomic_store(&g_shm->phase, PH_RDZV);
   if (wait_count(&g_shm->rdzv_done, g_cfg.n, "rendezvous")) goto fail;

@@ -256,9 +256,12 @@ fail:
 
 static void *rank_main(void *arg) {
   int r = (int)(intptr_t)arg;
-  if (wait_phase(PH_RDZV) || rank_rendezvous(r)) return NULL;
-  g_shm->r[r].t_rdzv = now_s();
-  atomic_fetch_add(&g_shm->rdzv_done, 1);
+  if (wait_phase(PH_RDZV)) return NULL;
+  if (!g_cfg.hrdzv) { /* --hosts-rdzv: the driver threads (scale_rdzv.c) */
+    if (rank_rendezvous(r)) return NULL;
+    g_shm->r[r].t_rdzv = now_s();
+    atomic_fetch_add(&g_shm->rdzv_done, 1);
+  }
   if (g_cfg.group) {
     if (wait_phase(PH_GROUP) || rank_group(r)) return NULL;
     g_shm->r[r].t_group = now_s();
@@ -312,8 +315,10 @@ static void *hb_main(void *arg) {
 /* (client process main thread) Connect, start the threads, relay phases. */
 int client_proc(int idx) {
   int rc = 1, nl, nthreads = 0;
-  pthread_t *th = NULL, hb, relay;
-  int hb_started = 0, relay_started = 0;
+  pthread_t *th = NULL, hb, relay, rdzv;
+  int hb_started = 0, relay_started = 0, rdzv_started = 0, ndrivers = 0;
+  pthread_t drivers[RDZV_DRIVERS];
+  g_p.agent_lfd = -1;
   proc_ranks(idx, &g_p.lo, &g_p.hi);
   nl = g_p.hi - g_p.lo;
   pthread_mutex_init(&g_p.mu, NULL);
@@ -333,6 +338,15 @@ int client_proc(int idx) {
       goto fail;
     }
     atomic_fetch_add(&g_shm->conns, 2);
+  }
+  if (g_cfg.hrdzv) {
+    char host[32];
+    snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
+    if (hosts_rdzv_listen(idx) || tdist_store_connect(host, port, &o, &g_p.agent_rdzv)) {
+      fail_msg(g_p.lo, "host agent (rendezvous) listen or connect");
+      goto fail;
+    }
+    atomic_fetch_add(&g_shm->conns, 1);
   }
   for (int i = 0; i < nl * g_cfg.conns; i++) {
     int r = g_p.lo + i / g_cfg.conns;
@@ -358,6 +372,10 @@ int client_proc(int idx) {
   } else {
     hb_started = pthread_create(&hb, &at, hb_main, NULL) == 0;
   }
+  if (g_cfg.hrdzv) {
+    rdzv_started = pthread_create(&rdzv, &at, hosts_rdzv_agent, (void *)(intptr_t)idx) == 0;
+    ndrivers = hosts_rdzv_start_drivers(drivers, &at);
+  }
   pthread_attr_destroy(&at);
   for (int last = 0; last != PH_STOP;) {
     int ph = atomic_load(&g_shm->phase);
@@ -380,6 +398,11 @@ fail:
     pthread_join(th[i], NULL);
   if (hb_started) pthread_join(hb, NULL);
   if (relay_started) pthread_join(relay, NULL);
+  if (rdzv_started) pthread_join(rdzv, NULL);
+  for (int i = 0; i < ndrivers; i++)
+    pthread_join(drivers[i], NULL);
+  if (g_p.agent_rdzv) tdist_store_release(g_p.agent_rdzv);
+  if (g_p.agent_lfd >= 0) close(g_p.agent_lfd);
   if (g_p.agent_beat) { /* its ranks leave, then the agent */
     size_t cap = (size_t)nl * 16 + 16, len = 0;
     char *v = malloc(cap), key[48];

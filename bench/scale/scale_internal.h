@@ -7,6 +7,7 @@
  *                   phases (rendezvous, address exchange, monitor loop),
  *                   the heartbeat thread
  *   scale_hosts.c   --hosts-agg: the host agent's beat and record watch
+ *   scale_rdzv.c    --hosts-rdzv: the rendezvous through a host agent
  *   scale_server.c  the store server process, or --etcd's etcd member
  *
  * Not a library: one program split by feature; globals are per process
@@ -51,6 +52,7 @@ typedef struct {
   int etcd;      /* --etcd: the ranks use an etcd the harness starts (etcd_proc) */
   int agg;       /* --hosts-agg: one host agent per process (hosts_agg_*) */
   int lazy_addr; /* --lazy-addr: the exchange of lazy connections (rank_group_lazy) */
+  int hrdzv;     /* --hosts-rdzv: the rendezvous through one agent per process (scale_rdzv.c) */
   double steady_s, phase_timeout_s;
   int64_t hb_ms, mon_ms;
 } cfg_t;
@@ -63,6 +65,9 @@ extern shm_t *g_shm;
 typedef struct {
   int lo, hi;                              /* this process's ranks */
   tdist_store_t *agent_beat, *agent_watch; /* --hosts-agg: the agent's two connections */
+  tdist_store_t *agent_rdzv;               /* --hosts-rdzv: the agent's rendezvous connection */
+  char agent_name[64];                     /* --hosts-rdzv: its abstract socket's name */
+  int agent_lfd;                           /* --hosts-rdzv: its listening socket */
   tdist_store_t **s; /* conns per rank: [0] rendezvous/world, [1] monitor, [2] heartbeat */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -115,6 +120,17 @@ void hosts_agg_rank(int r);
 void *hosts_agg_beat(void *arg);
 /* (agent relay thread) arg unused. */
 void *hosts_agg_relay(void *arg);
+
+/* ---- scale_rdzv.c (--hosts-rdzv) ---- */
+
+/* (client main thread, before the rank threads) The agent's socket; 0 or -1. */
+int hosts_rdzv_listen(int idx);
+/* Threads per process that run its ranks' side of the rendezvous. */
+#define RDZV_DRIVERS 8
+/* (client main thread) Start them (th: RDZV_DRIVERS); how many started. */
+int hosts_rdzv_start_drivers(pthread_t *th, const pthread_attr_t *at);
+/* (agent thread) arg: the process index. */
+void *hosts_rdzv_agent(void *arg);
 
 /* ---- scale_server.c ---- */
 

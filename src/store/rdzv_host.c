@@ -123,28 +123,34 @@ static int read_line(int fd, char *buf, size_t cap, int64_t deadline_ns, const c
   }
 }
 
-int tdist__rdzv_via_agent(const char *agent, int rank, int size, int64_t timeout_ms, char *job,
-                          size_t jl) {
+int tdist__rdzv_agent_ask(const char *agent, int rank, int size, int64_t timeout_ms, int *fd) {
+  *fd = -1;
   if (!agent || !*agent || !tdist__param_RdzvAgent()) return 0;
-  int fd = tdist__unix_connect(agent, 5000);
-  if (fd < 0) {
+  int s = tdist__unix_connect(agent, 5000);
+  if (s < 0) {
     TDIST_WARN(INIT, "rendezvous: host agent %s not reachable (%s): joining the store directly",
                agent, strerror(errno));
     return 0;
   }
-  char line[768], name[64] = "?";
+  char line[256], name[64] = "?";
   gethostname(name, sizeof(name) - 1);
   int n = snprintf(line, sizeof(line), "rdzv %d %d %" PRId64 " %s:%d\n", rank, size, timeout_ms,
                    name, (int)getpid());
-  int rc = 0;
-  if (tdist__send_all(fd, line, (size_t)n) != 0) {
-    rc = tdist__error(TDIST_ERR_CLOSED, "rendezvous: writing to the host agent %s failed: %s",
-                      agent, strerror(errno));
-    goto done;
+  if (tdist__send_all(s, line, (size_t)n) != 0) {
+    int rc = tdist__error(TDIST_ERR_CLOSED, "rendezvous: writing to the host agent %s failed: %s",
+                          agent, strerror(errno));
+    close(s);
+    return rc;
   }
+  *fd = s;
+  return 1;
+}
+
+int tdist__rdzv_agent_answer(int fd, const char *agent, int64_t timeout_ms, char *job, size_t jl) {
+  char line[768];
+  int rc = 0, code = 0, off = 0;
   int64_t deadline = tdist__now_ns() + (timeout_ms + AGENT_GRACE_MS) * 1000000;
   TDIST_CHECKGOTO(read_line(fd, line, sizeof(line), deadline, agent), rc, done);
-  int code = 0, off = 0;
   if (!strncmp(line, "go ", 3)) {
     snprintf(job, jl, "%s", line + 3);
     rc = 1;
@@ -158,4 +164,11 @@ int tdist__rdzv_via_agent(const char *agent, int rank, int size, int64_t timeout
 done:
   close(fd);
   return rc;
+}
+
+int tdist__rdzv_via_agent(const char *agent, int rank, int size, int64_t timeout_ms, char *job,
+                          size_t jl) {
+  int fd = -1, rc = tdist__rdzv_agent_ask(agent, rank, size, timeout_ms, &fd);
+  if (rc != 1) return rc;
+  return tdist__rdzv_agent_answer(fd, agent, timeout_ms, job, jl);
 }

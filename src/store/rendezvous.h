@@ -53,5 +53,10 @@ int tdist__rdzv_agree_job(tdist_store_t *view, int64_t round, char *job, size_t 
  */
 int tdist__rdzv_via_agent(const char *agent, int rank, int size, int64_t timeout_ms, char *job,
                           size_t jl);
+/* Its two halves, for a caller that stands for many ranks (bench/scale):
+ * ask sends the line (1 and *fd set, 0 unreachable, or an error); answer
+ * waits for the reply on fd and closes it (1, or an error). */
+int tdist__rdzv_agent_ask(const char *agent, int rank, int size, int64_t timeout_ms, int *fd);
+int tdist__rdzv_agent_answer(int fd, const char *agent, int64_t timeout_ms, char *job, size_t jl);
 
 #endif
