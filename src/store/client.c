@@ -86,6 +86,7 @@ int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t *
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT | TDIST_STORE_FIELD_TOKEN,
                           .timeout_ms = timeout_ms,
                           .token = r->token};
+  if (r->agent) return tdist__store_connect_agent(r->agent, r->address, &o, out);
   if (strncmp(r->address, "file:", 5) == 0) return tdist_store_open_file(r->address + 5, &o, out);
   if (strncmp(r->address, "etcd://", 7) == 0) /* the whole URL: address may be cut short */
     return tdist__etcd_open(((const tdist__etcd_t *)r)->url, &o, out);

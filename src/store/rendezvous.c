@@ -43,6 +43,9 @@
 TDIST_PARAM(TimeoutMs, "TDIST_TIMEOUT_MS", 600000)
 TDIST_PARAM(StoreHosted, "TDIST_STORE_HOSTED", 0)
 TDIST_PARAM(StoreInProcess, "TDIST_STORE_IN_PROCESS", 0)
+/* 0: a rank under tdistrun opens its store connections itself rather than
+ * through the host agent's proxy. */
+TDIST_PARAM(StoreViaAgent, "TDIST_STORE_VIA_AGENT", 1)
 
 static pthread_mutex_t rdzv_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -400,6 +403,17 @@ static int join_cfg(const tdist_init_opts_t *o, join_cfg_t *c) {
   return 0;
 }
 
+/* 1 when this rank meets on the store its launcher's host agent stands for:
+ * env:// (MASTER_ADDR/MASTER_PORT from tdistrun), no store or rank given in
+ * opts, and the store not hosted by a rank. The agent checks the rest (the
+ * rank is one of its own, the world size is the job's). */
+static int uses_launcher_store(const tdist_init_opts_t *o, const join_cfg_t *c) {
+  uint64_t m = o ? o->mask : 0;
+  if ((m & TDIST_INIT_FIELD_STORE) && o->store) return 0;
+  if ((m & (TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE)) != 0) return 0;
+  return c->host_store == TDIST_HOST_STORE_NONE && strcmp(c->method, "env://") == 0;
+}
+
 /* The store everyone meets on: the one given, or one opened from the init
  * method, hosted first by rank 0 (*srv or *proc) when asked. */
 static int open_root(const tdist_init_opts_t *o, const join_cfg_t *c, tdist_store_t **root,
@@ -418,6 +432,16 @@ static int open_root(const tdist_init_opts_t *o, const join_cfg_t *c, tdist_stor
     TDIST_CHECK(resolve_addr(c->method, host, sizeof(host), &port));
     if (c->rank == 0 && c->host_store)
       TDIST_CHECK(host_store_on(c->host_store, port, c->size, srv, proc));
+    /* The launcher's store through its host agent, which forwards on a few
+     * connections of its own (tools/launcher/agent_proxy.c): the store
+     * holds O(hosts) connections, not one or two per rank. */
+    const char *agent = tdist__env_raw("TDIST_HOST_AGENT");
+    if (agent && *agent && tdist__param_StoreViaAgent() && uses_launcher_store(o, c)) {
+      char address[300];
+      snprintf(address, sizeof(address), "%s:%d", host, port);
+      if (tdist__store_connect_agent(agent, address, &so, root) == 0) return 0;
+      TDIST_WARN(INIT, "%s: connecting to the store directly", tdist_last_error());
+    }
     return tdist_store_connect(host, port, &so, root);
   }
   return tdist__error(TDIST_ERR_INVALID_ARGUMENT,
@@ -432,17 +456,6 @@ static int store_host(const tdist_init_opts_t *o, const join_cfg_t *c, int hoste
   if (o && (o->mask & TDIST_INIT_FIELD_STORE) && o->store) return -1;
   if (strncmp(c->method, "file://", 7) == 0 || strncmp(c->method, "etcd://", 7) == 0) return -1;
   return hosted_thread ? 0 : -1;
-}
-
-/* 1 when this rank meets on the store its launcher's host agent stands for:
- * env:// (MASTER_ADDR/MASTER_PORT from tdistrun), no store or rank given in
- * opts, and the store not hosted by a rank. The agent checks the rest (the
- * rank is one of its own, the world size is the job's). */
-static int uses_launcher_store(const tdist_init_opts_t *o, const join_cfg_t *c) {
-  uint64_t m = o ? o->mask : 0;
-  if ((m & TDIST_INIT_FIELD_STORE) && o->store) return 0;
-  if ((m & (TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE)) != 0) return 0;
-  return c->host_store == TDIST_HOST_STORE_NONE && strcmp(c->method, "env://") == 0;
 }
 
 /* (caller) One world per process: the record (rdzv, under rdzv_mu) holds

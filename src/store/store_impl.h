@@ -41,6 +41,8 @@ struct tdist_store {
   int64_t timeout_ms; /* default for calls given <= 0 */
   char address[280];  /* "host:port" or "file:path" */
   char *token;        /* root of a TCP store: the token it connected with, or NULL */
+  char *agent;        /* root of a TCP store reached through a host agent: its
+                         socket's name (tdist__store_connect_agent), or NULL */
   _Atomic int broken; /* root: the connection was closed by a failed call */
 };
 
@@ -52,6 +54,17 @@ int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out);
  * same token: a second connection for a thread that waits long (the
  * monitor). Caller thread. */
 int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t **out);
+
+/*
+ * tdist__store_connect_agent - a TCP store reached through the host agent
+ * `agent` (the abstract unix socket TDIST_HOST_AGENT): the agent answers the
+ * handshake and forwards every request to the store `address` ("host:port",
+ * for messages and tdist_store_address) on a few connections of its own
+ * (tools/launcher/agent_proxy.c), so the store holds O(hosts) connections.
+ * Same calls, replies and errors as tdist_store_connect's handle. Caller.
+ */
+int tdist__store_connect_agent(const char *agent, const char *address,
+                               const tdist_store_opts_t *opts, tdist_store_t **store);
 
 /* 1 while the connection of s's root still works (a failed call, such as
  * a reply that never came, closes it for good). Any thread. */

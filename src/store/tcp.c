@@ -1,6 +1,7 @@
 /*
  * tcp.c - the TCP store client: connect with jittered exponential backoff
- * until the timeout, the handshake, and one request/reply exchange at a time
+ * until the timeout (or to the host agent that forwards to the store), the
+ * handshake, and one request/reply exchange at a time
  * on a non-blocking socket whose waits use poll() with a deadline.
  *
  * Threads: any; `mu` serialises calls on the connection (one request in
@@ -9,6 +10,7 @@
  * closed and later calls fail with TDIST_ERR_CLOSED.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,6 +27,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/param.h"
+#include "util/unixsock.h"
 #include "store/store_impl.h"
 
 /* Extra time a waiting request gets beyond its server-side timeout before the
@@ -120,6 +123,7 @@ static void tcp_close(tdist_store_t *s) {
   if (t->fd >= 0) close(t->fd);
   pthread_mutex_destroy(&t->mu);
   tdist__free(t->base.token);
+  tdist__free(t->base.agent);
   tdist__free(t);
 }
 
@@ -230,17 +234,71 @@ static int handshake(int fd, const char *token, int64_t deadline_ms, uint32_t *s
   return rc;
 }
 
+/* The token from opts, else TDIST_STORE_TOKEN; NULL when none. An error
+ * for one that is too long. */
+static int opts_token(const tdist_store_opts_t *opts, const char **token) {
+  *token = (opts && (opts->mask & TDIST_STORE_FIELD_TOKEN))
+               ? opts->token
+               : tdist__param_str("TDIST_STORE_TOKEN", NULL);
+  if (*token && strlen(*token) > TDIST__STORE_MAX_TOKEN)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store token longer than %d bytes",
+                        TDIST__STORE_MAX_TOKEN);
+  return 0;
+}
+
+/* The handle over connected, handshaken fd (taken in all cases). */
+static int make_store(int fd, const char *address, const char *token, const char *agent,
+                      int64_t timeout, tdist_store_t **store) {
+  tcp_store_t *t = tdist__calloc(1, sizeof(*t));
+  if (!t) goto nomem;
+  tdist__store_init_root(&t->base, &tcp_vt, timeout);
+  snprintf(t->base.address, sizeof(t->base.address), "%s", address);
+  if (token && *token && !(t->base.token = tdist__strdup(token))) goto nomem;
+  if (agent && !(t->base.agent = tdist__strdup(agent))) goto nomem;
+  pthread_mutex_init(&t->mu, NULL);
+  t->fd = fd;
+  *store = &t->base;
+  return 0;
+nomem:
+  close(fd);
+  if (t) tdist__free(t->base.token);
+  tdist__free(t);
+  return tdist__error(TDIST_ERR_NO_MEMORY, "store connect: out of memory");
+}
+
+int tdist__store_connect_agent(const char *agent, const char *address,
+                               const tdist_store_opts_t *opts, tdist_store_t **store) {
+  const char *token = NULL;
+  TDIST_CHECK(opts_token(opts, &token));
+  int64_t timeout = tdist__store_opts_timeout(opts);
+  int64_t deadline = tdist__now_ms() + (timeout < 10000 ? timeout : 10000);
+  uint32_t sv = 0;
+  char busy[320] = "";
+  int fd = tdist__unix_connect(agent, 0), rc = TDIST_ERR_CLOSED;
+  if (fd < 0)
+    return tdist__error(TDIST_ERR_CLOSED, "store %s through the host agent %s: connect: %s",
+                        address, agent, strerror(errno));
+  /* "store": the frames that follow are the store protocol's (not the
+   * agent's line protocol of heartbeats and the rendezvous). */
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0)
+    rc = send_all(fd, (const uint8_t *)"store\n", 6, deadline);
+  if (rc == 0) rc = handshake(fd, token, deadline, &sv, busy, sizeof(busy));
+  if (rc) {
+    close(fd);
+    return tdist__error(rc, "store %s through the host agent %s: handshake: %s%s%s", address, agent,
+                        tdist_strerror(rc), *busy ? ": " : "", busy);
+  }
+  TDIST_TRACE(STORE, "connected to store %s through the host agent %s", address, agent);
+  return make_store(fd, address, token, agent, timeout, store);
+}
+
 int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *opts,
                         tdist_store_t **store) {
   if (!host || !*host || port <= 0 || port > 65535 || !store)
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store connect: bad address '%s:%d'",
                         host ? host : "(null)", port);
-  const char *token = (opts && (opts->mask & TDIST_STORE_FIELD_TOKEN))
-                          ? opts->token
-                          : tdist__param_str("TDIST_STORE_TOKEN", NULL);
-  if (token && strlen(token) > TDIST__STORE_MAX_TOKEN)
-    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store token longer than %d bytes",
-                        TDIST__STORE_MAX_TOKEN);
+  const char *token = NULL;
+  TDIST_CHECK(opts_token(opts, &token));
   int64_t timeout = tdist__store_opts_timeout(opts);
   int64_t t0 = tdist__now_ms(), deadline = t0 + timeout;
   unsigned seed = (unsigned)(getpid() ^ t0 ^ (uintptr_t)store);
@@ -281,21 +339,8 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
     nanosleep(&ts, NULL);
     if (backoff < 1000) backoff *= 2;
   }
-  tcp_store_t *t = tdist__calloc(1, sizeof(*t));
-  if (!t) {
-    close(fd);
-    return tdist__error(TDIST_ERR_NO_MEMORY, "store connect: out of memory");
-  }
-  tdist__store_init_root(&t->base, &tcp_vt, timeout);
-  snprintf(t->base.address, sizeof(t->base.address), "%s:%d", host, port);
-  if (token && *token && !(t->base.token = tdist__strdup(token))) {
-    close(fd);
-    tdist__free(t);
-    return tdist__error(TDIST_ERR_NO_MEMORY, "store connect: out of memory");
-  }
-  pthread_mutex_init(&t->mu, NULL);
-  t->fd = fd;
-  TDIST_TRACE(STORE, "connected to store %s after %d attempt(s)", t->base.address, attempts);
-  *store = &t->base;
-  return 0;
+  char address[280];
+  snprintf(address, sizeof(address), "%s:%d", host, port);
+  TDIST_TRACE(STORE, "connected to store %s after %d attempt(s)", address, attempts);
+  return make_store(fd, address, token, NULL, timeout, store);
 }

@@ -50,6 +50,7 @@
 #include "tdistrun.h"
 
 #include "agent_impl.h"
+#include "agent_proxy.h"
 
 int64_t trun_now_ms(void) {
   struct timespec t;
@@ -98,6 +99,13 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
     long long next = 0;
     if (sscanf(line + 6, "%d %lld", &r->rank, &next) == 2) r->next = next;
     r->last_ms = trun_now_ms();
+  } else if (!strcmp(line, "store") && r->state == A_HELLO && r->rank < 0) {
+    /* a store client (agent_proxy.c); without a proxy it sees the
+     * connection close and connects to the store itself */
+    if (a->proxy)
+      r->state = A_PROXY;
+    else
+      shutdown(r->fd, SHUT_RDWR);
   } else if (!strncmp(line, "rdzv ", 5) && r->state == A_HELLO && r->rank < 0) {
     trun_rdzv_line(a, r, line + 5); /* a rank's init, not a monitor (agent_rdzv.c) */
   } else if (!strcmp(line, "bye") && (r->state == A_ALIVE || r->state == A_HELLO)) {
@@ -134,6 +142,15 @@ static void on_readable(trun_agent_t *a, arank_t *r) {
       *nl = '\0';
       on_line(a, r, p);
       p = nl + 1;
+      if (r->state == A_PROXY) break;
+    }
+    if (r->state == A_PROXY) { /* store frames follow: the proxy's now */
+      trun_proxy_adopt(a->proxy, r->fd, p, (size_t)(end - p));
+      r->fd = -1;
+      r->state = A_DONE;
+      r->inlen = 0;
+      pthread_mutex_unlock(&a->mu);
+      return;
     }
     pthread_mutex_unlock(&a->mu);
     r->inlen = (size_t)(end - p);
@@ -376,6 +393,9 @@ int trun_agent_start(const char *addr, int port, int host, int first, int nlocal
            (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) != 0 ||
       listen(a->lfd, 4096) != 0 || pipe2(a->wake, O_CLOEXEC) != 0)
     goto fail;
+  /* Without a proxy the ranks' "store" connections are closed at once, and
+   * they connect to the store themselves (store/rdzv_host.c). */
+  if (trun_proxy_start(addr, port, &a->proxy) != 0) a->proxy = NULL;
   if (pthread_create(&a->loop, NULL, loop_main, a) != 0) goto fail;
   if (pthread_create(&a->relay, NULL, relay_main, a) != 0) {
     a->stop = 1;
@@ -389,6 +409,7 @@ int trun_agent_start(const char *addr, int port, int host, int first, int nlocal
 fail:
   fprintf(stderr, "tdistrun: no host agent (%s): the ranks beat to the store themselves\n",
           tdist_last_error());
+  trun_proxy_stop(a->proxy);
   if (a->lfd >= 0) close(a->lfd);
   if (a->wake[0] >= 0) close(a->wake[0]);
   if (a->wake[1] >= 0) close(a->wake[1]);
@@ -408,6 +429,7 @@ void trun_agent_stop(trun_agent_t *a) {
   }
   pthread_join(a->loop, NULL);  /* its last beat and "bye" */
   pthread_join(a->relay, NULL); /* within one wait (500 ms) */
+  trun_proxy_stop(a->proxy);    /* its ranks have ended */
   for (int i = 0; i < a->n; i++) {
     if (a->r[i].fd >= 0) close(a->r[i].fd);
     free(a->r[i].val);

@@ -20,8 +20,9 @@
 #define BATCH 256
 
 /* A_RDZV: a connection that asked for the rendezvous ("rdzv ..."),
- * waiting for its host's batch (agent_rdzv.c); not a monitor. */
-enum { A_HELLO = 0, A_ALIVE, A_LEFT, A_DEAD, A_DONE, A_RDZV };
+ * waiting for its host's batch (agent_rdzv.c); not a monitor. A_PROXY: one
+ * that said "store", handed to the store proxy (agent_proxy.c). */
+enum { A_HELLO = 0, A_ALIVE, A_LEFT, A_DEAD, A_DONE, A_RDZV, A_PROXY };
 
 typedef struct arank {
   int fd;          /* -1 once closed */
@@ -55,6 +56,7 @@ struct trun_agent {
   int counted;              /* local ranks sent in batches this round */
   int64_t last_arrival_ms;  /* of the newest pending one */
   char **seen;              /* [nlocal]: who claimed each local rank this round */
+  struct trun_proxy *proxy; /* the ranks' store connections (agent_proxy.c), or NULL */
   atomic_int stop;
 };
 
