@@ -13,12 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tdist/errors.h"
 #include "tdist/store.h"
 
+#include "agent_proxy.h"
 #include "scale_internal.h"
 
 /* (any client thread) Record the first error and count the failure. */
@@ -262,7 +265,7 @@ static void *rank_main(void *arg) {
     g_shm->r[r].t_rdzv = now_s();
     atomic_fetch_add(&g_shm->rdzv_done, 1);
   }
-  if (g_cfg.group) {
+  if (g_cfg.group && !g_cfg.hrdzv) { /* --hosts-rdzv: the drivers (world_create) */
     if (wait_phase(PH_GROUP) || rank_group(r)) return NULL;
     g_shm->r[r].t_group = now_s();
     atomic_fetch_add(&g_shm->group_done, 1);
@@ -342,7 +345,11 @@ int client_proc(int idx) {
   if (g_cfg.hrdzv) {
     char host[32];
     snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
-    if (hosts_rdzv_listen(idx) || tdist_store_connect(host, port, &o, &g_p.agent_rdzv)) {
+    g_p.wroot = calloc((size_t)nl, sizeof(*g_p.wroot));
+    g_p.wmon = calloc((size_t)nl, sizeof(*g_p.wmon));
+    if (!g_p.wroot || !g_p.wmon || hosts_rdzv_listen(idx) ||
+        tdist_store_connect(host, port, &o, &g_p.agent_rdzv) ||
+        trun_proxy_start("127.0.0.1", port, &g_p.proxy)) {
       fail_msg(g_p.lo, "host agent (rendezvous) listen or connect");
       goto fail;
     }
@@ -385,7 +392,9 @@ int client_proc(int idx) {
       pthread_cond_broadcast(&g_p.cv);
       pthread_mutex_unlock(&g_p.mu);
     }
-    sleep_s(0.001);
+    /* Until the parent's next phase (set_phase wakes it), or 100 ms. */
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    syscall(SYS_futex, &g_shm->phase, FUTEX_WAIT, last, &ts, NULL, 0);
   }
   rc = 0;
 fail:
@@ -402,6 +411,13 @@ fail:
   for (int i = 0; i < ndrivers; i++)
     pthread_join(drivers[i], NULL);
   if (g_p.agent_rdzv) tdist_store_release(g_p.agent_rdzv);
+  for (int i = 0; g_p.wroot && i < nl; i++) { /* the ranks' handles, then their proxy */
+    if (g_p.wroot[i]) tdist_store_release(g_p.wroot[i]);
+    if (g_p.wmon[i]) tdist_store_release(g_p.wmon[i]);
+  }
+  trun_proxy_stop(g_p.proxy);
+  free(g_p.wroot);
+  free(g_p.wmon);
   if (g_p.agent_lfd >= 0) close(g_p.agent_lfd);
   if (g_p.agent_beat) { /* its ranks leave, then the agent */
     size_t cap = (size_t)nl * 16 + 16, len = 0;

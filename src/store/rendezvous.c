@@ -494,8 +494,9 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
     const char *k = "thread_host";
     TDIST_CHECKGOTO(tdist_store_check(view, &k, 1, &thread_host), rc, fail);
   }
-  TDIST_INFO(INIT, "rank %d of %d joined on %s%s", c.rank, c.size, tdist_store_address(root),
-             via ? " through the host agent" : "");
+  TDIST_INFO(INIT, "rank %d of %d joined on %s%s%s", c.rank, c.size, tdist_store_address(root),
+             via ? " through the host agent" : "",
+             root->root->agent ? " (its store calls go through the agent too)" : "");
   rdzv.server = srv;
   rdzv.proc = proc;
   rdzv.store = view;

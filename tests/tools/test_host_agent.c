@@ -306,7 +306,8 @@ static void run_rdzv(int agent1) {
     const ru_proc_t *h = r < 2 ? &h0 : &h1;
     int via = r < 2 || agent1;
     if (count(h->out, r, "INIT cpu") != 1 || count(h->err, r, "joined on 127.0.0.1") != 1 ||
-        count(h->err, r, "through the host agent") != via) {
+        count(h->err, r, "through the host agent") != via ||
+        count(h->err, r, "its store calls go through the agent too") != via) {
       fprintf(stderr, "rank %d: not joined %s\n", r, via ? "through its agent" : "directly");
       ok = 0;
     }

@@ -15,8 +15,10 @@
  *     (the token checked against the agent's own), then one request at a
  *     time (the client serialises its calls);
  *   - the io thread reads requests and queues them; PROXY_WORKERS worker
- *     threads, each with one store connection, send a request and bring
- *     the reply back to the rank;
+ *     threads, each with one store connection, send the queued requests
+ *     that cannot wait in one write (up to BATCH_MAX: a host's ranks
+ *     creating their group together cost a few round trips) and bring each
+ *     reply back to its rank;
  *   - a request that may wait (GET, WAIT, MULTI_GET with a timeout) is
  *     first sent with timeout 0: when its keys exist (the common case: an
  *     address read after it was published) it costs a worker one round
@@ -25,9 +27,9 @@
  *     idle ones), so a wait never holds a shared worker: ranks that wait
  *     for each other's keys cannot starve the ranks that would write them.
  *
- * Threads: the io thread owns the client table; a client that has a
- * request out (busy) is not polled, and the thread that answers it clears
- * busy under mu and wakes the io thread. Workers and waiters own their
+ * Threads: the io thread owns the clients; each is in its epoll one-shot:
+ * a client that has a request out (busy) is not armed, and the thread that
+ * answers it clears busy and re-arms it (epoll_ctl is thread-safe). Workers and waiters own their
  * store connections. A store connection that fails is closed; the rank's
  * connection is closed with it (its call fails with TDIST_ERR_CLOSED, and
  * the library reconnects, to this proxy).
@@ -44,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -56,11 +59,14 @@ enum { ST_OK = 0, ST_TIMEOUT = 1, ST_AUTH = 3, ST_VERSION = 4 };
 #define VERSION 1u
 #define MAX_FRAME ((64u << 20) + (1u << 20) + 64u) /* the largest value and room */
 #define PROXY_WORKERS 4
-#define IDLE_WAITERS 16 /* idle waiting connections kept for the next wait */
+#define IDLE_WAITERS 16        /* idle waiting connections kept for the next wait */
+#define BATCH_MAX 64           /* requests sent in one write */
+#define BATCH_BYTES (64 << 10) /* and their bytes */
 
 typedef struct pclient {
   struct trun_proxy *proxy;
-  struct pclient *next; /* adopted, not yet in the io thread's table (mu) */
+  struct pclient *next; /* adopted (mu), then the io thread's list */
+  struct pclient *prev; /* the io thread's list */
   int fd;
   atomic_int busy; /* a request is out: set by io, cleared by its answerer */
   uint8_t *in;
@@ -84,12 +90,12 @@ struct trun_proxy {
   int nworkers;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  job_t *head, *tail; /* queued requests (mu) */
-  job_t *active;      /* waiters out (mu) */
-  int nwaiters;       /* (mu) */
-  pclient_t *adopted; /* handed over, not yet in c (mu) */
-  pclient_t **c;      /* clients (io thread only) */
-  int n, cap;
+  job_t *head, *tail;            /* queued requests (mu) */
+  job_t *active;                 /* waiters out (mu) */
+  int nwaiters;                  /* (mu) */
+  pclient_t *adopted;            /* handed over, not yet the io thread's (mu) */
+  pclient_t *all;                /* every client the io thread has (io; at stop, stop's) */
+  int ep;                        /* epoll: the wake pipe and the idle clients (one-shot) */
   int idle[IDLE_WAITERS], nidle; /* idle waiting connections (mu) */
 };
 
@@ -192,7 +198,9 @@ static uint8_t *exchange(trun_proxy_t *p, int *fd, const uint8_t *req, size_t rl
 static void answer(trun_proxy_t *p, pclient_t *c, const uint8_t *rep, size_t flen) {
   if (!rep || write_all(c->fd, rep, flen) != 0) shutdown(c->fd, SHUT_RDWR); /* io closes it */
   atomic_store(&c->busy, 0);
-  wake_io(p);
+  /* Its next request wakes the io thread (one-shot: nothing came while busy). */
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+  epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 /* A waiting op with a timeout (its u64 right after the op byte). */
@@ -261,39 +269,84 @@ static int start_waiter(trun_proxy_t *p, job_t *j) {
   return rc ? -1 : 0;
 }
 
+/* (worker) A request that may wait: first without waiting (most keys
+ * exist); else a waiter thread takes it. Answers, or hands over, j. */
+static void run_waiting(trun_proxy_t *p, int *fd, job_t *j) {
+  size_t rl = 0;
+  uint8_t *rep = NULL, *probe = malloc(j->flen);
+  if (probe) {
+    memcpy(probe, j->frame, j->flen);
+    memset(probe + 5, 0, 8);
+    rep = exchange(p, fd, probe, j->flen, &rl);
+    free(probe);
+  }
+  if (rep && rep[4] == ST_TIMEOUT) {
+    free(rep);
+    if (start_waiter(p, j) == 0) return;           /* it answers and frees j */
+    rep = exchange(p, fd, j->frame, j->flen, &rl); /* no thread: wait here */
+  }
+  answer(p, j->c, rep, rl);
+  free(rep);
+  free(j->frame);
+  free(j);
+}
+
+/* (worker) Requests that never wait, sent in one write and answered in
+ * order (the store runs a connection's requests in order): a burst of a
+ * host's ranks costs a few round trips, not one each. */
+static void run_batch(trun_proxy_t *p, int *fd, job_t **js, int n) {
+  size_t total = 0, at = 0;
+  for (int i = 0; i < n; i++)
+    total += js[i]->flen;
+  uint8_t *buf = malloc(total);
+  int i = 0, ok = buf != NULL;
+  if (ok && *fd < 0) ok = (*fd = store_open(p)) >= 0;
+  for (int k = 0; ok && k < n; k++)
+    memcpy(buf + at, js[k]->frame, js[k]->flen), at += js[k]->flen;
+  if (ok && write_all(*fd, buf, total) != 0) ok = 0;
+  for (; ok && i < n; i++) {
+    size_t rl = 0;
+    uint8_t *rep = read_frame(*fd, &rl);
+    if (!rep) break;
+    answer(p, js[i]->c, rep, rl);
+    free(rep);
+  }
+  if (i < n && *fd >= 0) close(*fd), *fd = -1; /* out of step: a fresh one next */
+  for (int k = 0; k < n; k++) {
+    if (k >= i) answer(p, js[k]->c, NULL, 0);
+    free(js[k]->frame);
+    free(js[k]);
+  }
+  free(buf);
+}
+
 static void *worker_main(void *arg) {
   trun_proxy_t *p = arg;
   int fd = -1;
+  job_t *js[BATCH_MAX];
   for (;;) {
     pthread_mutex_lock(&p->mu);
     while (!p->head && !p->stop)
       pthread_cond_wait(&p->cv, &p->mu);
-    job_t *j = p->head;
-    if (j && !(p->head = j->next)) p->tail = NULL;
-    pthread_mutex_unlock(&p->mu);
-    if (!j) break; /* stopping */
-    size_t rl = 0;
-    uint8_t *rep = NULL;
-    if (may_wait(j)) { /* first without waiting: most keys exist */
-      uint8_t *probe = malloc(j->flen);
-      if (probe) {
-        memcpy(probe, j->frame, j->flen);
-        memset(probe + 5, 0, 8);
-        rep = exchange(p, &fd, probe, j->flen, &rl);
-        free(probe);
-      }
-      if (rep && rep[4] == ST_TIMEOUT) {
-        free(rep);
-        if (start_waiter(p, j) == 0) continue;          /* it answers and frees j */
-        rep = exchange(p, &fd, j->frame, j->flen, &rl); /* no thread: wait here */
-      }
-    } else {
-      rep = exchange(p, &fd, j->frame, j->flen, &rl);
+    int n = 0;
+    size_t bytes = 0;
+    /* One that may wait alone, or a run of others up to the batch's bounds
+     * (their replies are small; the bound keeps a write from filling both
+     * ways' buffers while the store stops reading). */
+    while (p->head && n < BATCH_MAX &&
+           (n == 0 || (!may_wait(p->head) && bytes + p->head->flen <= BATCH_BYTES))) {
+      job_t *j = p->head;
+      if (!(p->head = j->next)) p->tail = NULL;
+      js[n++] = j;
+      bytes += j->flen;
+      if (may_wait(j)) break;
     }
-    answer(p, j->c, rep, rl);
-    free(rep);
-    free(j->frame);
-    free(j);
+    pthread_mutex_unlock(&p->mu);
+    if (n == 0) break; /* stopping */
+    if (n == 1 && may_wait(js[0]))
+      run_waiting(p, &fd, js[0]);
+    else
+      run_batch(p, &fd, js, n);
   }
   if (fd >= 0) close(fd);
   return NULL;
@@ -365,71 +418,63 @@ static int on_client(trun_proxy_t *p, pclient_t *c, int readable) {
   return 0;
 }
 
-static void drop(trun_proxy_t *p, int i) {
-  close(p->c[i]->fd);
-  free(p->c[i]->in);
-  free(p->c[i]);
-  p->c[i] = p->c[--p->n];
+/* (io) Forget a client (not busy: it has nothing out). */
+static void drop(trun_proxy_t *p, pclient_t *c) {
+  epoll_ctl(p->ep, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    p->all = c->next;
+  if (c->next) c->next->prev = c->prev;
+  free(c->in);
+  free(c);
 }
 
-/* (io, holding mu) Room for more clients: 0, or -1 (they wait). */
-static int grow(trun_proxy_t *p) {
-  int cap = p->cap ? p->cap * 2 : 64;
-  pclient_t **t = realloc(p->c, sizeof(*t) * (size_t)cap);
-  if (!t) return -1;
-  p->c = t, p->cap = cap;
-  return 0;
+/* (io) Read from c (when readable), take a whole request; re-arm c unless
+ * a request went out (its answerer re-arms it). */
+static void serve(trun_proxy_t *p, pclient_t *c, int readable) {
+  if (on_client(p, c, readable) != 0) {
+    drop(p, c);
+    return;
+  }
+  if (atomic_load(&c->busy)) return;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+  epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 static void *io_main(void *arg) {
   trun_proxy_t *p = arg;
-  struct pollfd *q = NULL;
-  int qcap = 0, *idx = NULL;
+  struct epoll_event evs[64];
   while (!p->stop) {
-    pthread_mutex_lock(&p->mu);
-    while (p->adopted && (p->n < p->cap || grow(p) == 0)) {
-      pclient_t *c = p->adopted;
-      p->adopted = c->next;
-      p->c[p->n++] = c;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (qcap < p->n + 1) {
-      qcap = (p->n + 1) * 2;
-      struct pollfd *nq = realloc(q, sizeof(*q) * (size_t)qcap);
-      int *ni = realloc(idx, sizeof(int) * (size_t)qcap);
-      if (nq) q = nq;
-      if (ni) idx = ni;
-      if (!nq || !ni) qcap = 0;
-    }
-    int nq = 0;
-    if (qcap) q[nq++] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
-    for (int i = 0; qcap && i < p->n; i++)
-      if (!atomic_load(&p->c[i]->busy))
-        idx[nq] = i, q[nq++] = (struct pollfd){.fd = p->c[i]->fd, .events = POLLIN};
-    if (!qcap) { /* out of memory: try again in a moment */
-      usleep(10000);
-      continue;
-    }
-    poll(q, (nfds_t)nq, 1000);
-    if (q[0].revents) {
-      char b[256];
+    int n = epoll_wait(p->ep, evs, 64, 1000);
+    for (int k = 0; k < n; k++) {
+      if (evs[k].data.ptr) {
+        serve(p, evs[k].data.ptr, 1);
+        continue;
+      }
+      char b[256]; /* the wake pipe: clients handed over */
       while (read(p->wake[0], b, sizeof(b)) > 0) {
       }
+      pthread_mutex_lock(&p->mu);
+      pclient_t *c = p->adopted;
+      p->adopted = NULL;
+      pthread_mutex_unlock(&p->mu);
+      while (c) {
+        pclient_t *next = c->next;
+        c->prev = NULL;
+        c->next = p->all;
+        if (p->all) p->all->prev = c;
+        p->all = c;
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
+        if (epoll_ctl(p->ep, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+          drop(p, c);
+        else
+          serve(p, c, 0); /* its HELLO may have come with the "store" line */
+        c = next;
+      }
     }
-    /* From the end: drop() moves the last client into the freed slot. */
-    for (int k = nq - 1; k >= 1; k--) {
-      int i = idx[k];
-      pclient_t *c = p->c[i];
-      if (atomic_load(&c->busy)) continue;
-      if (on_client(p, c, q[k].revents != 0) != 0) drop(p, i);
-    }
-    /* Clients answered since the poll may hold a whole next request. */
-    for (int i = p->n - 1; i >= 0; i--)
-      if (!atomic_load(&p->c[i]->busy) && p->c[i]->len >= 4 && on_client(p, p->c[i], 0) != 0)
-        drop(p, i);
   }
-  free(q);
-  free(idx);
   return NULL;
 }
 
@@ -444,11 +489,16 @@ int trun_proxy_start(const char *host, int port, trun_proxy_t **out) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   if (pipe2(p->wake, O_CLOEXEC | O_NONBLOCK) != 0) goto fail;
-  if (pthread_create(&p->io, NULL, io_main, p) != 0) goto fail_pipe;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+  if ((p->ep = epoll_create1(EPOLL_CLOEXEC)) < 0) goto fail_pipe;
+  if (epoll_ctl(p->ep, EPOLL_CTL_ADD, p->wake[0], &ev) != 0) goto fail_ep;
+  if (pthread_create(&p->io, NULL, io_main, p) != 0) goto fail_ep;
   for (; p->nworkers < PROXY_WORKERS; p->nworkers++)
     if (pthread_create(&p->workers[p->nworkers], NULL, worker_main, p) != 0) break;
   *out = p;
   return 0;
+fail_ep:
+  close(p->ep);
 fail_pipe:
   close(p->wake[0]);
   close(p->wake[1]);
@@ -494,10 +544,12 @@ void trun_proxy_stop(trun_proxy_t *p) {
   while (p->nwaiters > 0) /* each ends within its exchange's failure */
     pthread_cond_wait(&p->cv, &p->mu);
   pthread_mutex_unlock(&p->mu);
-  for (int i = 0; i < p->n; i++) {
-    close(p->c[i]->fd);
-    free(p->c[i]->in);
-    free(p->c[i]);
+  while (p->all) {
+    pclient_t *c = p->all;
+    p->all = c->next;
+    close(c->fd);
+    free(c->in);
+    free(c);
   }
   while (p->adopted) {
     pclient_t *c = p->adopted;
@@ -508,7 +560,7 @@ void trun_proxy_stop(trun_proxy_t *p) {
   }
   for (int i = 0; i < p->nidle; i++)
     close(p->idle[i]);
-  free(p->c);
+  close(p->ep);
   close(p->wake[0]);
   close(p->wake[1]);
   pthread_mutex_destroy(&p->mu);
