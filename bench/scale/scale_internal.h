@@ -128,7 +128,7 @@ void *hosts_agg_relay(void *arg);
 /* (client main thread, before the rank threads) The agent's socket; 0 or -1. */
 int hosts_rdzv_listen(int idx);
 /* Threads per process that run its ranks' side of the rendezvous. */
-#define RDZV_DRIVERS 8
+#define RDZV_DRIVERS 32
 /* (client main thread) Start them (th: RDZV_DRIVERS); how many started. */
 int hosts_rdzv_start_drivers(pthread_t *th, const pthread_attr_t *at);
 /* (agent thread) arg: the process index. */

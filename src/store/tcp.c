@@ -199,12 +199,13 @@ static int connect_once(const char *host, int port, int64_t deadline_ms) {
 /* Send HELLO and read the answer: 0, TDIST_ERR_AUTH, TDIST_ERR_PROTOCOL,
  * TDIST_ERR_STORE_ERROR (the server had no descriptor for this connection:
  * its message in busy[busy_len]), or a transport error (retryable). */
-static int handshake(int fd, const char *token, int64_t deadline_ms, uint32_t *server_version,
-                     char *busy, size_t busy_len) {
+static int handshake(int fd, const char *pre, const char *token, int64_t deadline_ms,
+                     uint32_t *server_version, char *busy, size_t busy_len) {
   tdist__buf_t b = {0};
-  size_t tl = token ? strlen(token) : 0;
-  int rc = tdist__buf_reserve(&b, 32 + tl);
+  size_t tl = token ? strlen(token) : 0, pl = pre ? strlen(pre) : 0;
+  int rc = tdist__buf_reserve(&b, 32 + tl + pl);
   if (rc) return rc;
+  tdist__put(&b, pre, pl); /* the agent's "store" line: one write with the HELLO */
   size_t f = tdist__frame_begin(&b, TDIST__OP_HELLO);
   tdist__put_u32(&b, TDIST__STORE_MAGIC);
   tdist__put_u32(&b, TDIST__STORE_VERSION);
@@ -281,8 +282,7 @@ int tdist__store_connect_agent(const char *agent, const char *address,
   /* "store": the frames that follow are the store protocol's (not the
    * agent's line protocol of heartbeats and the rendezvous). */
   if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0)
-    rc = send_all(fd, (const uint8_t *)"store\n", 6, deadline);
-  if (rc == 0) rc = handshake(fd, token, deadline, &sv, busy, sizeof(busy));
+    rc = handshake(fd, "store\n", token, deadline, &sv, busy, sizeof(busy));
   if (rc) {
     close(fd);
     return tdist__error(rc, "store %s through the host agent %s: handshake: %s%s%s", address, agent,
@@ -310,7 +310,7 @@ int tdist_store_connect(const char *host, int port, const tdist_store_opts_t *op
     attempts++;
     fd = connect_once(host, port, deadline);
     if (fd >= 0) {
-      rc = handshake(fd, token, deadline, &sv, busy, sizeof(busy));
+      rc = handshake(fd, NULL, token, deadline, &sv, busy, sizeof(busy));
       if (rc == 0) break;
       close(fd);
       fd = -1;

@@ -14,22 +14,24 @@
  *     over with the bytes that followed), then its HELLO, answered here
  *     (the token checked against the agent's own), then one request at a
  *     time (the client serialises its calls);
- *   - the io thread reads requests and queues them; PROXY_WORKERS worker
- *     threads, each with one store connection, send the queued requests
- *     that cannot wait in one write (up to BATCH_MAX: a host's ranks
- *     creating their group together cost a few round trips) and bring each
- *     reply back to its rank;
- *   - a request that may wait (GET, WAIT, MULTI_GET with a timeout) is
- *     first sent with timeout 0: when its keys exist (the common case: an
- *     address read after it was published) it costs a worker one round
- *     trip; when they do not, it is re-sent with its own timeout by a
- *     thread of its own on a connection of its own (taken from a pool of
- *     idle ones), so a wait never holds a shared worker: ranks that wait
- *     for each other's keys cannot starve the ranks that would write them.
+ *   - the io thread reads the requests and forwards them itself on one
+ *     connection of its own: every request read in a round goes out in
+ *     one write (up to BATCH_MAX), the replies come back in order (the
+ *     store runs a connection's requests in order), and each goes back to
+ *     its rank. A host's ranks creating their group together cost a few
+ *     round trips, and a request no thread hand-off;
+ *   - a request that may wait (GET, WAIT, MULTI_GET with a timeout) goes in
+ *     the batch with timeout 0: when its keys exist (the common case: an
+ *     address read after it was published) that is its answer; when they
+ *     do not, a thread of its own re-sends it with its own timeout on a
+ *     connection of its own (taken from a pool of idle ones), so a wait
+ *     never holds the io thread: ranks that wait for each other's keys
+ *     cannot starve the ranks that would write them.
  *
  * Threads: the io thread owns the clients; each is in its epoll one-shot:
  * a client that has a request out (busy) is not armed, and the thread that
- * answers it clears busy and re-arms it (epoll_ctl is thread-safe). Workers and waiters own their
+ * answers it hands it back (the done list, under mu) for the io thread to
+ * re-arm. Workers and waiters own their
  * store connections. A store connection that fails is closed; the rank's
  * connection is closed with it (its call fails with TDIST_ERR_CLOSED, and
  * the library reconnects, to this proxy).
@@ -48,6 +50,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "agent_proxy.h"
@@ -58,7 +61,6 @@ enum { ST_OK = 0, ST_TIMEOUT = 1, ST_AUTH = 3, ST_VERSION = 4 };
 #define MAGIC 0x54445354u
 #define VERSION 1u
 #define MAX_FRAME ((64u << 20) + (1u << 20) + 64u) /* the largest value and room */
-#define PROXY_WORKERS 4
 #define IDLE_WAITERS 16        /* idle waiting connections kept for the next wait */
 #define BATCH_MAX 64           /* requests sent in one write */
 #define BATCH_BYTES (64 << 10) /* and their bytes */
@@ -68,7 +70,8 @@ typedef struct pclient {
   struct pclient *next; /* adopted (mu), then the io thread's list */
   struct pclient *prev; /* the io thread's list */
   int fd;
-  atomic_int busy; /* a request is out: set by io, cleared by its answerer */
+  int busy;                  /* a request is out (io thread only) */
+  struct pclient *done_next; /* answered, for the io thread to re-arm (mu) */
   uint8_t *in;
   size_t len, cap;
 } pclient_t;
@@ -86,14 +89,15 @@ struct trun_proxy {
   char host[256], token[1040];
   int port, wake[2];
   atomic_int stop;
-  pthread_t io, workers[PROXY_WORKERS];
-  int nworkers;
+  pthread_t io;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  job_t *head, *tail;            /* queued requests (mu) */
+  job_t *head, *tail;            /* requests read, to forward (io) */
+  int upfd;                      /* the io thread's store connection, or -1 (io) */
   job_t *active;                 /* waiters out (mu) */
   int nwaiters;                  /* (mu) */
   pclient_t *adopted;            /* handed over, not yet the io thread's (mu) */
+  pclient_t *done;               /* answered, not yet re-armed (mu) */
   pclient_t *all;                /* every client the io thread has (io; at stop, stop's) */
   int ep;                        /* epoll: the wake pipe and the idle clients (one-shot) */
   int idle[IDLE_WAITERS], nidle; /* idle waiting connections (mu) */
@@ -134,7 +138,7 @@ static int read_all(int fd, uint8_t *b, size_t n) {
   return 0;
 }
 
-/* (worker or waiter) One reply frame from the store: malloc'd [u32][body]. */
+/* (io or waiter) One reply frame from the store: malloc'd [u32][body]. */
 static uint8_t *read_frame(int fd, size_t *flen) {
   uint32_t len;
   if (read_all(fd, (uint8_t *)&len, 4) || len == 0 || len > MAX_FRAME) return NULL;
@@ -149,7 +153,7 @@ static uint8_t *read_frame(int fd, size_t *flen) {
   return f;
 }
 
-/* (worker or waiter) A store connection: connect and HELLO with the token. */
+/* (io or waiter) A store connection: connect and HELLO with the token. */
 static int store_open(trun_proxy_t *p) {
   char ps[16];
   snprintf(ps, sizeof(ps), "%d", p->port);
@@ -183,7 +187,7 @@ static int store_open(trun_proxy_t *p) {
   return fd;
 }
 
-/* (worker or waiter) Send req on *fd (opened when -1), read the reply:
+/* (waiter) Send req on *fd (opened when -1), read the reply:
  * malloc'd, or NULL with *fd closed (-1). */
 static uint8_t *exchange(trun_proxy_t *p, int *fd, const uint8_t *req, size_t rlen, size_t *flen) {
   if (*fd < 0 && (*fd = store_open(p)) < 0) return NULL;
@@ -193,14 +197,18 @@ static uint8_t *exchange(trun_proxy_t *p, int *fd, const uint8_t *req, size_t rl
   return rep;
 }
 
-/* (worker or waiter) The reply (or, on NULL, the end of the rank's
+/* (waiter) The reply (or, on NULL, the end of the rank's
  * connection) to the client; then it may send its next request. */
 static void answer(trun_proxy_t *p, pclient_t *c, const uint8_t *rep, size_t flen) {
   if (!rep || write_all(c->fd, rep, flen) != 0) shutdown(c->fd, SHUT_RDWR); /* io closes it */
-  atomic_store(&c->busy, 0);
-  /* Its next request wakes the io thread (one-shot: nothing came while busy). */
-  struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-  epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev);
+  /* Back to the io thread, which re-arms it (one-shot: nothing came while
+   * it was busy); one wake-up for a run of answers. */
+  pthread_mutex_lock(&p->mu);
+  int first = p->done == NULL;
+  c->done_next = p->done;
+  p->done = c;
+  pthread_mutex_unlock(&p->mu);
+  if (first) wake_io(p);
 }
 
 /* A waiting op with a timeout (its u64 right after the op byte). */
@@ -244,7 +252,7 @@ static void *waiter_main(void *arg) {
   return NULL;
 }
 
-/* (worker) Hand j to a waiter thread; 0, or -1 (no thread). */
+/* (io) Hand j to a waiter thread; 0, or -1 (no thread). */
 static int start_waiter(trun_proxy_t *p, job_t *j) {
   pthread_t t;
   pthread_attr_t at;
@@ -269,87 +277,67 @@ static int start_waiter(trun_proxy_t *p, job_t *j) {
   return rc ? -1 : 0;
 }
 
-/* (worker) A request that may wait: first without waiting (most keys
- * exist); else a waiter thread takes it. Answers, or hands over, j. */
-static void run_waiting(trun_proxy_t *p, int *fd, job_t *j) {
-  size_t rl = 0;
-  uint8_t *rep = NULL, *probe = malloc(j->flen);
-  if (probe) {
-    memcpy(probe, j->frame, j->flen);
-    memset(probe + 5, 0, 8);
-    rep = exchange(p, fd, probe, j->flen, &rl);
-    free(probe);
-  }
-  if (rep && rep[4] == ST_TIMEOUT) {
-    free(rep);
-    if (start_waiter(p, j) == 0) return;           /* it answers and frees j */
-    rep = exchange(p, fd, j->frame, j->flen, &rl); /* no thread: wait here */
-  }
-  answer(p, j->c, rep, rl);
-  free(rep);
-  free(j->frame);
-  free(j);
+static void serve(trun_proxy_t *p, pclient_t *c, int readable);
+
+/* (io) The reply (NULL: the end of its connection) to a client the io
+ * thread answers itself; then its next request, or armed for it. */
+static void answer_io(trun_proxy_t *p, pclient_t *c, const uint8_t *rep, size_t flen) {
+  if (!rep || write_all(c->fd, rep, flen) != 0) shutdown(c->fd, SHUT_RDWR);
+  c->busy = 0;
+  serve(p, c, 0);
 }
 
-/* (worker) Requests that never wait, sent in one write and answered in
- * order (the store runs a connection's requests in order): a burst of a
- * host's ranks costs a few round trips, not one each. */
-static void run_batch(trun_proxy_t *p, int *fd, job_t **js, int n) {
-  size_t total = 0, at = 0;
-  for (int i = 0; i < n; i++)
-    total += js[i]->flen;
-  uint8_t *buf = malloc(total);
-  int i = 0, ok = buf != NULL;
-  if (ok && *fd < 0) ok = (*fd = store_open(p)) >= 0;
-  for (int k = 0; ok && k < n; k++)
-    memcpy(buf + at, js[k]->frame, js[k]->flen), at += js[k]->flen;
-  if (ok && write_all(*fd, buf, total) != 0) ok = 0;
-  for (; ok && i < n; i++) {
-    size_t rl = 0;
-    uint8_t *rep = read_frame(*fd, &rl);
-    if (!rep) break;
-    answer(p, js[i]->c, rep, rl);
-    free(rep);
-  }
-  if (i < n && *fd >= 0) close(*fd), *fd = -1; /* out of step: a fresh one next */
-  for (int k = 0; k < n; k++) {
-    if (k >= i) answer(p, js[k]->c, NULL, 0);
-    free(js[k]->frame);
-    free(js[k]);
-  }
-  free(buf);
-}
-
-static void *worker_main(void *arg) {
-  trun_proxy_t *p = arg;
-  int fd = -1;
+/* (io) Send up to BATCH_MAX requests of the batch in one write on the io
+ * thread's store connection and answer them in order (the store runs a
+ * connection's requests in order): a burst of a host's ranks costs a few
+ * round trips, not one each. One that may wait goes with timeout 0; if its
+ * keys are missing a waiter thread takes it with its own timeout. The bound
+ * on bytes keeps a write from filling both ways' buffers while the store
+ * stops reading (its replies here are small). */
+static void run_batch(trun_proxy_t *p) {
   job_t *js[BATCH_MAX];
-  for (;;) {
-    pthread_mutex_lock(&p->mu);
-    while (!p->head && !p->stop)
-      pthread_cond_wait(&p->cv, &p->mu);
-    int n = 0;
-    size_t bytes = 0;
-    /* One that may wait alone, or a run of others up to the batch's bounds
-     * (their replies are small; the bound keeps a write from filling both
-     * ways' buffers while the store stops reading). */
-    while (p->head && n < BATCH_MAX &&
-           (n == 0 || (!may_wait(p->head) && bytes + p->head->flen <= BATCH_BYTES))) {
-      job_t *j = p->head;
-      if (!(p->head = j->next)) p->tail = NULL;
-      js[n++] = j;
-      bytes += j->flen;
-      if (may_wait(j)) break;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (n == 0) break; /* stopping */
-    if (n == 1 && may_wait(js[0]))
-      run_waiting(p, &fd, js[0]);
-    else
-      run_batch(p, &fd, js, n);
+  int n = 0, i = 0;
+  size_t total = 0, at = 0;
+  while (p->head && n < BATCH_MAX && (n == 0 || total + p->head->flen <= BATCH_BYTES)) {
+    job_t *j = p->head;
+    if (!(p->head = j->next)) p->tail = NULL;
+    js[n++] = j;
+    total += j->flen;
   }
-  if (fd >= 0) close(fd);
-  return NULL;
+  uint8_t *buf = malloc(total);
+  int ok = buf != NULL;
+  if (ok && p->upfd < 0 && (p->upfd = store_open(p)) >= 0) {
+    /* Nothing sent here waits: a store that does not answer for the
+     * store's own I/O timeout is gone (the ranks' calls fail, not hang). */
+    struct timeval tv = {30, 0};
+    setsockopt(p->upfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ok = ok && p->upfd >= 0;
+  for (int k = 0; ok && k < n; k++) {
+    memcpy(buf + at, js[k]->frame, js[k]->flen);
+    if (may_wait(js[k])) memset(buf + at + 5, 0, 8); /* first without waiting */
+    at += js[k]->flen;
+  }
+  if (ok && write_all(p->upfd, buf, total) != 0) ok = 0;
+  free(buf);
+  uint8_t *reps[BATCH_MAX];
+  size_t rls[BATCH_MAX];
+  for (; ok && i < n; i++) /* every reply first: answering may add to the queue */
+    if (!(reps[i] = read_frame(p->upfd, &rls[i]))) break;
+  if (i < n && p->upfd >= 0) close(p->upfd), p->upfd = -1; /* out of step */
+  for (int k = 0; k < n; k++) {
+    job_t *j = js[k];
+    uint8_t *rep = k < i ? reps[k] : NULL;
+    if (rep && rep[4] == ST_TIMEOUT && may_wait(j)) { /* its keys are missing */
+      free(rep);
+      rep = NULL;
+      if (start_waiter(p, j) == 0) continue; /* it answers and frees j */
+    }
+    answer_io(p, j->c, rep, rep ? rls[k] : 0); /* (no waiter thread: the call fails) */
+    free(rep);
+    free(j->frame);
+    free(j);
+  }
 }
 
 /* (io) The HELLO answered here: OK, or AUTH for a token other than ours. */
@@ -379,15 +367,12 @@ static int take_frame(trun_proxy_t *p, pclient_t *c, size_t flen) {
     memcpy(j->frame, c->in, flen);
     j->flen = flen;
     j->c = c;
-    atomic_store(&c->busy, 1);
-    pthread_mutex_lock(&p->mu);
+    c->busy = 1;
     if (p->tail)
       p->tail->next = j;
     else
       p->head = j;
     p->tail = j;
-    pthread_cond_signal(&p->cv);
-    pthread_mutex_unlock(&p->mu);
   }
   memmove(c->in, c->in + flen, c->len - flen);
   c->len -= flen;
@@ -438,7 +423,7 @@ static void serve(trun_proxy_t *p, pclient_t *c, int readable) {
     drop(p, c);
     return;
   }
-  if (atomic_load(&c->busy)) return;
+  if (c->busy) return;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
   epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev);
 }
@@ -447,6 +432,8 @@ static void *io_main(void *arg) {
   trun_proxy_t *p = arg;
   struct epoll_event evs[64];
   while (!p->stop) {
+    while (p->head) /* what the last round read, in batches */
+      run_batch(p);
     int n = epoll_wait(p->ep, evs, 64, 1000);
     for (int k = 0; k < n; k++) {
       if (evs[k].data.ptr) {
@@ -457,9 +444,15 @@ static void *io_main(void *arg) {
       while (read(p->wake[0], b, sizeof(b)) > 0) {
       }
       pthread_mutex_lock(&p->mu);
-      pclient_t *c = p->adopted;
-      p->adopted = NULL;
+      pclient_t *c = p->adopted, *done = p->done;
+      p->adopted = p->done = NULL;
       pthread_mutex_unlock(&p->mu);
+      while (done) { /* answered: its next request, or armed for it */
+        pclient_t *next = done->done_next;
+        done->busy = 0;
+        serve(p, done, 0);
+        done = next;
+      }
       while (c) {
         pclient_t *next = c->next;
         c->prev = NULL;
@@ -486,6 +479,7 @@ int trun_proxy_start(const char *host, int port, trun_proxy_t **out) {
   const char *tok = getenv("TDIST_STORE_TOKEN");
   snprintf(p->token, sizeof(p->token), "%.1024s", tok ? tok : "");
   p->port = port;
+  p->upfd = -1;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   if (pipe2(p->wake, O_CLOEXEC | O_NONBLOCK) != 0) goto fail;
@@ -493,8 +487,6 @@ int trun_proxy_start(const char *host, int port, trun_proxy_t **out) {
   if ((p->ep = epoll_create1(EPOLL_CLOEXEC)) < 0) goto fail_pipe;
   if (epoll_ctl(p->ep, EPOLL_CTL_ADD, p->wake[0], &ev) != 0) goto fail_ep;
   if (pthread_create(&p->io, NULL, io_main, p) != 0) goto fail_ep;
-  for (; p->nworkers < PROXY_WORKERS; p->nworkers++)
-    if (pthread_create(&p->workers[p->nworkers], NULL, worker_main, p) != 0) break;
   *out = p;
   return 0;
 fail_ep:
@@ -538,8 +530,7 @@ void trun_proxy_stop(trun_proxy_t *p) {
   pthread_mutex_unlock(&p->mu);
   wake_io(p);
   pthread_join(p->io, NULL);
-  for (int i = 0; i < p->nworkers; i++)
-    pthread_join(p->workers[i], NULL);
+  if (p->upfd >= 0) close(p->upfd);
   pthread_mutex_lock(&p->mu);
   while (p->nwaiters > 0) /* each ends within its exchange's failure */
     pthread_cond_wait(&p->cv, &p->mu);
