@@ -15,7 +15,7 @@
  * whose counters contend (etcd, tdist__store_count_prefix) each rank puts
  * "in/<round>/<rank>" instead and counts the round's keys; its round is
  * its own count "arrivals/<rank>" (rendezvous(), arrive_by_keys). "left"
- * counts ranks that ran tdist__rendezvous_cleanup.
+ * counts ranks that ran tdist__rendezvous_cleanup (not on etcd).
  *
  * The hosted server and the rendezvous store handle live in a process-global
  * record until tdist__rendezvous_cleanup() (called by the core's runtime
@@ -564,8 +564,11 @@ int tdist__rendezvous_cleanup(void) {
   pthread_mutex_unlock(&rdzv_mu);
   if (!v) return 0;
   int64_t left = 0;
-  int rc = tdist_store_add(v, "left", 1, &left);
-  if (rc == 0 && left % size == 0) {
+  /* The count is for a rank that hosts the store: none hosts etcd, where n
+   * adds to one key would cost O(n^2) txns (rendezvous()). */
+  int by_keys = tdist__store_counts_prefixes(v);
+  int rc = by_keys ? 0 : tdist_store_add(v, "left", 1, &left);
+  if (rc == 0 && !by_keys && left % size == 0) {
     rc = tdist_store_set(v, "all_left", "", 0);
     /* The host may have seen the count reach the size first and stopped
      * serving: every rank left, which is all this write says. */

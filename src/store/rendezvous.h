@@ -44,7 +44,8 @@ int tdist__rendezvous_round(tdist_store_t *view, int rank, int size, int64_t tim
 /*
  * tdist__rendezvous_cleanup - call once the world group made by
  * tdist_init_process_group is destroyed (caller thread, after the backend
- * released its store use). Every rank counts out on the store; the rank that
+ * released its store use). Every rank counts out on the store (not on
+ * etcd: no rank hosts it, and a shared counter contends); the rank that
  * hosts the server keeps it running until all ranks counted out (bounded by
  * the init timeout), then stops it. Idempotent; 0 or a store error (the
  * cleanup still completes).
