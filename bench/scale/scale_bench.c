@@ -467,8 +467,10 @@ fail:
   fflush(stdout);
   atomic_store(&g_shm->phase, PH_STOP);
   /* Ranks may be blocked in a long call (a phase that failed): after 10 s
-   * of waiting, the client processes are killed. */
-  double kill_at = now_s() + 10;
+   * of waiting, the client processes are killed. On etcd, 60 s: closing a
+   * handle is requests of its own (its op record deleted, its lease
+   * revoked), one handle after another in each process. */
+  double kill_at = now_s() + (g_cfg.etcd ? 60 : 10);
   for (int i = 0; clients && i < g_cfg.procs; i++) {
     int st = 0;
     while (clients[i] > 0) {
