@@ -16,9 +16,10 @@
  * and its heartbeat connection (core/group/monitor.c: both made with
  * tdist__store_reconnect); -c sets that count. The ranks then do, phase by
  * phase, what the real code does on the store, with the real keys:
- *   1. rendezvous (store/rendezvous.c under "tdist/rdzv/"): compare_set
- *      "rank/<r>", add "arrived", compare_set "job/0", the last one sets
- *      "go/0", all wait for "go/0";
+ *   1. rendezvous: store/rendezvous.c's own (tdist__rendezvous_round,
+ *      under "tdist/rdzv/"): compare_set "rank/<r>", add "arrived" (on
+ *      etcd: add "arrivals/<r>", set "in/0/<r>", count "in/0/"),
+ *      compare_set "job/0", the last one sets "go/0", all wait for "go/0";
  *   2. the store part of the world group's creation by the CPU backend
  *      (cpu/conn.c get_addrs, store/bootstrap.c): set "cpu/addr/<r>", then a
  *      multi_get of all n addresses (the TCP mesh itself is not opened here);
@@ -496,8 +497,10 @@ fail:
   fflush(stdout);
   set_phase(PH_STOP);
   /* Ranks may be blocked in a long call (a phase that failed): after 10 s
-   * of waiting, the client processes are killed. */
-  double kill_at = now_s() + 10;
+   * of waiting, the client processes are killed. On etcd, 60 s: closing a
+   * handle is requests of its own (its op record deleted, its lease
+   * revoked), one handle after another in each process. */
+  double kill_at = now_s() + (g_cfg.etcd ? 60 : 10);
   for (int i = 0; clients && i < g_cfg.procs; i++) {
     int st = 0;
     while (clients[i] > 0) {

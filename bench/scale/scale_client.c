@@ -23,6 +23,7 @@
 
 #include "agent_proxy.h"
 #include "scale_internal.h"
+#include "store/rendezvous.h"
 
 /* (any client thread) Record the first error and count the failure. */
 void fail_msg(int rank, const char *what) {
@@ -79,17 +80,25 @@ int phase_now(void) {
   return ph;
 }
 
-/* Open connection i of this process (rank lo + i / conns), as every one is
- * opened: its destination address spread over -a, the phase timeout as its
- * timeout (a connect retries until then); 0 or the store's error. */
-static int open_conn(int i, tdist_store_t **out) {
-  int r = g_p.lo + i / g_cfg.conns, port = atomic_load(&g_shm->port);
+/* A store connection to `host` (TCP) or to the etcd member (--etcd, where
+ * -a does not apply), with the phase timeout (a connect retries until
+ * then); 0 or the store's error. */
+static int open_store(const char *host, tdist_store_t **out) {
+  int port = atomic_load(&g_shm->port);
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT,
                           .timeout_ms = (int64_t)(g_cfg.phase_timeout_s * 1000)};
-  char host[32], url[64];
-  snprintf(host, sizeof(host), "127.0.0.%d", 1 + (r * g_cfg.conns + i % g_cfg.conns) % g_cfg.addrs);
+  char url[64];
   snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", port);
   return g_cfg.etcd ? tdist_store_open_url(url, &o, out) : tdist_store_connect(host, port, &o, out);
+}
+
+/* Open connection i of this process (rank lo + i / conns), as every one is
+ * opened: its destination address spread over -a. */
+static int open_conn(int i, tdist_store_t **out) {
+  int r = g_p.lo + i / g_cfg.conns;
+  char host[32];
+  snprintf(host, sizeof(host), "127.0.0.%d", 1 + (r * g_cfg.conns + i % g_cfg.conns) % g_cfg.addrs);
+  return open_store(host, out);
 }
 
 /* 1 when a store call's rc says its connection is gone (closed by the
@@ -118,24 +127,17 @@ static int reopen_conn(int r, int which, atomic_int *count) {
   return 0;
 }
 
-/* (rank thread) store/rendezvous.c's rendezvous(): claim, count in, agree on
- * the job id, wait for the round. */
+/* (rank thread) store/rendezvous.c's rendezvous() itself, on this rank's
+ * world connection: claim, count in (one add on the TCP store; one key per
+ * rank and a count on etcd), agree on the job id, wait for the round. */
 static int rank_rendezvous(int r) {
-  tdist_store_t *s = conn_of(r, 0);
-  char key[64], me[64];
-  void *cur = NULL;
-  size_t cl = 0;
-  int64_t arrived;
-  snprintf(me, sizeof(me), "sim:%d", r);
-  snprintf(key, sizeof(key), "tdist/rdzv/rank/%d", r);
-  if (tdist_store_compare_set(s, key, NULL, 0, me, strlen(me), &cur, &cl)) goto fail;
-  tdist_store_free(cur);
-  if (tdist_store_add(s, "tdist/rdzv/arrived", 1, &arrived)) goto fail;
-  if (tdist_store_compare_set(s, "tdist/rdzv/job/0", NULL, 0, me, strlen(me), &cur, &cl)) goto fail;
-  tdist_store_free(cur);
-  if (arrived == g_cfg.n && tdist_store_set(s, "tdist/rdzv/go/0", "", 0)) goto fail;
-  const char *k = "tdist/rdzv/go/0";
-  if (tdist_store_wait(s, &k, 1, (int64_t)(g_cfg.phase_timeout_s * 1000))) goto fail;
+  tdist_store_t *view = NULL;
+  char job[64];
+  if (tdist_store_prefix(conn_of(r, 0), "tdist/rdzv/", &view)) goto fail;
+  int rc = tdist__rendezvous_round(view, r, g_cfg.n, (int64_t)(g_cfg.phase_timeout_s * 1000), job,
+                                   sizeof(job));
+  tdist_store_release(view);
+  if (rc) goto fail;
   atomic_fetch_add(&g_shm->ops, 5);
   return 0;
 fail:
@@ -329,14 +331,10 @@ int client_proc(int idx) {
   g_p.s = calloc((size_t)nl * (size_t)g_cfg.conns, sizeof(*g_p.s));
   th = calloc((size_t)nl, sizeof(*th));
   if ((nl > 0 && g_cfg.conns > 0 && !g_p.s) || !th) goto fail;
-  int port = atomic_load(&g_shm->port);
-  tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT,
-                          .timeout_ms = (int64_t)(g_cfg.phase_timeout_s * 1000)};
-  if (g_cfg.agg) {
+  if (g_cfg.agg) { /* the agent's two connections (etcd: two handles) */
     char host[32];
     snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
-    if (tdist_store_connect(host, port, &o, &g_p.agent_beat) ||
-        tdist_store_connect(host, port, &o, &g_p.agent_watch)) {
+    if (open_store(host, &g_p.agent_beat) || open_store(host, &g_p.agent_watch)) {
       fail_msg(g_p.lo, "host agent connect");
       goto fail;
     }
@@ -347,9 +345,12 @@ int client_proc(int idx) {
     snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
     g_p.wroot = calloc((size_t)nl, sizeof(*g_p.wroot));
     g_p.wmon = calloc((size_t)nl, sizeof(*g_p.wmon));
-    if (!g_p.wroot || !g_p.wmon || hosts_rdzv_listen(idx) ||
-        tdist_store_connect(host, port, &o, &g_p.agent_rdzv) ||
-        trun_proxy_start("127.0.0.1", port, &g_p.proxy)) {
+    if (g_cfg.etcd) { /* the agent's rendezvous and proxy need the TCP store */
+      fail_msg(g_p.lo, "--hosts-rdzv with --etcd");
+      goto fail;
+    }
+    if (!g_p.wroot || !g_p.wmon || hosts_rdzv_listen(idx) || open_store(host, &g_p.agent_rdzv) ||
+        trun_proxy_start("127.0.0.1", atomic_load(&g_shm->port), &g_p.proxy)) {
       fail_msg(g_p.lo, "host agent (rendezvous) listen or connect");
       goto fail;
     }

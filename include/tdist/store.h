@@ -199,7 +199,8 @@ const char *tdist_store_address(const tdist_store_t *s);
  *                    on the store), NUL-terminated, cut to job_len - 1
  * @return 0 once every rank of the world arrived; TDIST_ERR_INVALID_ARGUMENT for
  *         bad arguments or a host claimed twice; TDIST_ERR_TIMEOUT naming how
- *         many ranks arrived; store errors.
+ *         many ranks arrived; TDIST_ERR_NOT_SUPPORTED on an etcd store (it
+ *         counts arrivals with a key per rank); store errors.
  * Thread: any (blocks up to timeout_ms on the store).
  */
 int tdist_store_rendezvous_host(tdist_store_t *store, int host, int nranks, int world_size,

@@ -81,6 +81,21 @@ int tdist__store_root_view(tdist_store_t *s, tdist_store_t **out) {
   return tdist_store_prefix(s->root, "", out);
 }
 
+int tdist__store_count_prefix(tdist_store_t *s, const char *prefix, int64_t *count) {
+  tdist_store_t *r = s->root;
+  size_t pl = strlen(prefix);
+  if (!r->vt->count_prefix) return TDIST_ERR_NOT_SUPPORTED;
+  if (s->plen + pl == 0)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "store count: empty prefix");
+  char *full = tdist__malloc(s->plen + pl + 1);
+  if (!full) return tdist__error(TDIST_ERR_NO_MEMORY, "store count: out of memory");
+  if (s->plen) memcpy(full, s->prefix, s->plen);
+  memcpy(full + s->plen, prefix, pl + 1);
+  int rc = r->vt->count_prefix(r, full, s->plen + pl, count);
+  tdist__free(full);
+  return rc;
+}
+
 int tdist__store_reconnect(tdist_store_t *s, int64_t timeout_ms, tdist_store_t **out) {
   const tdist_store_t *r = s->root;
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT | TDIST_STORE_FIELD_TOKEN,

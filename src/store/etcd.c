@@ -70,7 +70,50 @@ static void etcd_close(tdist_store_t *s) {
   tdist__free(e);
 }
 
-static const tdist__store_vt_t etcd_vt = {etcd_call, etcd_close};
+/* The vtable's count_prefix: one count-only range over [P/kv/<prefix>,
+ * P/kv/<prefix with its last byte + 1>). A range is linearizable in etcd
+ * (the gateway's default, not "serializable"): it sees every write that
+ * completed before it was sent, which store/rendezvous.c relies on. */
+static int etcd_count_prefix(tdist_store_t *s, const char *prefix, size_t plen, int64_t *count) {
+  tdist__etcd_t *e = (tdist__etcd_t *)s;
+  char why[320];
+  size_t el = 0;
+  if (atomic_load_explicit(&s->broken, memory_order_relaxed))
+    return tdist__error(TDIST_ERR_CLOSED,
+                        "store count '%s': connection to %s was closed by an earlier failure",
+                        prefix, s->address);
+  char *ek = tdist__etcd_key(e, prefix, plen, &el), *end = ek ? tdist__malloc(el) : NULL;
+  if (!end) {
+    tdist__free(ek);
+    return tdist__error(TDIST_ERR_NO_MEMORY, "store count: out of memory");
+  }
+  memcpy(end, ek, el);
+  size_t k = el;
+  while (k > 0 && (uint8_t)end[k - 1] == 0xff) /* "a\xff" -> "b": the first key past the prefix */
+    k--;
+  if (k) end[k - 1]++;
+  json_object *r = tdist__etcd_range_op(ek, el), *rep = NULL;
+  if (r) {
+    json_object_object_add(r, "range_end", tdist__etcd_b64(k ? end : "\0", k ? k : 1));
+    json_object_object_add(r, "count_only", json_object_new_boolean(1));
+  }
+  pthread_mutex_lock(&e->mu);
+  int rc =
+      tdist__etcd_post(e->http, "/v3/kv/range", r, tdist__now_ms() + s->timeout_ms, &rep, NULL);
+  snprintf(why, sizeof(why), "%s", tdist__etcd_http_why(e->http));
+  pthread_mutex_unlock(&e->mu);
+  tdist__free(ek);
+  tdist__free(end);
+  if (rc == 0) *count = tdist__etcd_i64(rep, "count", 0);
+  json_object_put(rep);
+  if (rc == TDIST_ERR_CLOSED) atomic_store_explicit(&s->broken, 1, memory_order_relaxed);
+  if (rc)
+    return tdist__error(rc, "store count '%s' on %s: %s (%s)", prefix, s->address,
+                        tdist_strerror(rc), why);
+  return 0;
+}
+
+static const tdist__store_vt_t etcd_vt = {etcd_call, etcd_close, etcd_count_prefix};
 
 /* "etcd://h:p,h:p/prefix" -> endpoints and "prefix/kv/", "prefix/op/<id>". */
 static int parse_url(tdist__etcd_t *e, const char *url) {

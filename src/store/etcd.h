@@ -2,7 +2,7 @@
  * etcd.h - the etcd v3 store (internal): "etcd://host:port[,host:port...]
  * [/prefix]" (docs/store-protocol.md, section "The etcd store").
  *
- * Four files:
+ * Five files:
  *   etcd_http.c  HTTP to etcd's JSON gateway (libcurl, json-c): one POST with
  *                failover over the endpoint list, base64, and a watch stream;
  *   etcd.c       the handle: URL, open, close, the vtable's call;
@@ -10,6 +10,8 @@
  *                encodes (store/proto.h) and runs each op as etcd requests,
  *                answering with the reply frames kv.c would write, so the
  *                etcd store has the TCP store's semantics and error codes;
+ *   etcd_read.c  of those, the reads (get, wait, multi_get, check): one
+ *                watch over the missing keys for a waiting one;
  *   etcd_live.c  lease liveness (store/liveness.h): heartbeats are lease
  *                keep-alives, an expired lease is a death every rank sees.
  *
@@ -107,6 +109,37 @@ typedef struct tdist__etcd {
  * with the cause in tdist__etcd_http_why(e->http). */
 int tdist__etcd_exec(tdist__etcd_t *e, const tdist__buf_t *req, tdist__buf_t *rep,
                      int64_t deadline_ms);
+
+/* ---- shared by etcd_ops.c and etcd_read.c (the caller holds e->mu) ---- */
+
+/* One key as read: absent, or its value (owned) and mod_revision. */
+typedef struct tdist__etcd_kstate {
+  int exists;
+  uint8_t *val;
+  size_t vlen;
+  int64_t mod;
+} tdist__etcd_kstate_t;
+
+/* Free the values of s[0..n) (the array is the caller's). */
+void tdist__etcd_kstates_free(tdist__etcd_kstate_t *s, size_t n);
+
+/* Read n etcd keys into st with txns of 128 ranges (one key: a range);
+ * revs[i / 128] the revision of the txn that read key i (a watch for a key
+ * missing in it starts at that + 1). 0, or an error code (the cause in
+ * tdist__etcd_http_why); *ambiguous as tdist__etcd_post. */
+int tdist__etcd_read_keys(tdist__etcd_t *e, char **ek, size_t *el, size_t n,
+                          tdist__etcd_kstate_t *st, int64_t *revs, int64_t deadline,
+                          int *ambiguous);
+
+/* Start the reply body in rep with a status byte, room for `extra` more
+ * bytes; or a whole TDIST__ST_INVALID reply carrying msg. 0 or
+ * TDIST_ERR_NO_MEMORY. */
+int tdist__etcd_rep_begin(tdist__buf_t *rep, uint8_t status, size_t extra);
+int tdist__etcd_rep_invalid(tdist__buf_t *rep, const char *msg);
+
+/* get, wait, multi_get, check (op): decode the rest of the request from rd
+ * and write the reply into rep (etcd_read.c). 0 or an error code. */
+int tdist__etcd_op_read(tdist__etcd_t *e, tdist__rd_t *rd, tdist__buf_t *rep, uint8_t op);
 
 /* Open a store on `url` (etcd://...). Caller thread. */
 int tdist__etcd_open(const char *url, const tdist_store_opts_t *opts, tdist_store_t **out);

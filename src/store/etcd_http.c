@@ -211,11 +211,19 @@ static json_object *parse(const uint8_t *p, size_t n) {
   return o;
 }
 
-enum { PO_OK = 0, PO_FINAL, PO_RETRY_UNSENT, PO_RETRY_SENT };
+/* A try's outcome: done; failed for good; to retry, not sent (no
+ * connection), refused unapplied by a member that answered (busy), or sent
+ * with its answer lost (it may have been applied). */
+enum { PO_OK = 0, PO_FINAL, PO_RETRY_UNSENT, PO_RETRY_BUSY, PO_RETRY_SENT };
 
 /* Map an etcd/gRPC error answer to a tdist code; *retry for an unavailable
- * cluster (a leader election under way, a member shutting down). */
-static int grpc_error(tdist__etcd_http_t *h, long http, json_object *o, int *retry) {
+ * cluster (a leader election under way, a member shutting down), *busy
+ * for etcd's back-pressure: "too many requests" (ResourceExhausted) when
+ * its applied index lags the committed one by more than 5000 entries, a
+ * request refused before it was proposed (so not applied: not ambiguous),
+ * retried after the backoff. Seen with 10k clients on one member
+ * (docs/scale.md). */
+static int grpc_error(tdist__etcd_http_t *h, long http, json_object *o, int *retry, int *busy) {
   json_object *m = NULL;
   const char *msg = "(no message)";
   if (o &&
@@ -224,7 +232,8 @@ static int grpc_error(tdist__etcd_http_t *h, long http, json_object *o, int *ret
                                                    : json_object_to_json_string(m);
   int64_t code = o ? tdist__etcd_i64(o, "code", -1) : -1;
   snprintf(h->why, sizeof(h->why), "%s answered HTTP %ld: %s", h->eps[h->cur], http, msg);
-  *retry = code == 14 || code == 4 || code == 10 || (code < 0 && http >= 500);
+  *busy = strstr(msg, "too many requests") != NULL;
+  *retry = code == 14 || code == 4 || code == 10 || (code < 0 && http >= 500) || *busy;
   if (strstr(msg, "too large")) return TDIST_ERR_TOO_LARGE;
   if (code == 3 || code == 5 || code == 9) return TDIST_ERR_INVALID_ARGUMENT;
   return TDIST_ERR_IO;
@@ -259,12 +268,12 @@ static int post_once(tdist__etcd_http_t *h, const char *path, const char *body, 
     *rc = 0;
     return PO_OK;
   }
-  int retry = 0;
-  *rc = http == 200 ? TDIST_ERR_PROTOCOL : grpc_error(h, http, o, &retry);
+  int retry = 0, busy = 0;
+  *rc = http == 200 ? TDIST_ERR_PROTOCOL : grpc_error(h, http, o, &retry, &busy);
   if (http == 200) snprintf(h->why, sizeof(h->why), "%s sent malformed JSON", h->eps[h->cur]);
   json_object_put(o);
   if (retry) *rc = TDIST_ERR_TIMEOUT;
-  return retry ? PO_RETRY_SENT : PO_FINAL;
+  return busy ? PO_RETRY_BUSY : retry ? PO_RETRY_SENT : PO_FINAL;
 }
 
 /* Next endpoint; after a whole round, sleep a jittered backoff. */

@@ -6,12 +6,12 @@
  *
  * Mapping (docs/store-protocol.md, "The etcd store"):
  *   set, multi_set      put; a txn of puts (atomic per MAX_TXN_OPS keys)
- *   get, wait, multi_get a txn of ranges (one revision); for the first
- *                       missing key a watch from the next revision until
- *                       it is put or the deadline passes; then read again
+ *   get, wait, multi_get etcd_read.c: a txn of ranges, then one watch over
+ *                       the missing keys from the read's revision
  *   add, append         read-modify-write: a txn that compares the key's
  *                       mod_revision (or its absence) and, on success, puts
- *                       the new value and this handle's op record
+ *                       the new value and this handle's op record; adding
+ *                       0 (or "") to a key that exists is the read alone
  *   compare_set         the same loop, comparing the value read
  *   check, delete       a txn of count-only ranges; deleterange
  *   num_keys            a count-only range over "P/kv/"
@@ -103,14 +103,9 @@ char *tdist__etcd_key(const tdist__etcd_t *e, const void *k, size_t kl, size_t *
 
 /* ---- reading keys ---------------------------------------------------------------------- */
 
-typedef struct kstate {
-  int exists;
-  uint8_t *val;
-  size_t vlen;
-  int64_t mod;
-} kstate_t;
+typedef tdist__etcd_kstate_t kstate_t;
 
-static void kstates_free(kstate_t *s, size_t n) {
+void tdist__etcd_kstates_free(kstate_t *s, size_t n) {
   for (size_t i = 0; s && i < n; i++)
     tdist__free(s[i].val);
 }
@@ -127,11 +122,8 @@ static int take_range(json_object *range, kstate_t *s) {
   return tdist__etcd_unb64(kv, "value", &s->val, &s->vlen) ? TDIST_ERR_NO_MEMORY : 0;
 }
 
-/* Read n etcd keys with txns of ranges (one key: a range, cheaper);
- * *rev[i/MAX_TXN_OPS] the revision of each read (a watch for a key missing
- * in it starts at rev + 1). */
-static int read_keys(tdist__etcd_t *e, char **ek, size_t *el, size_t n, kstate_t *st, int64_t *revs,
-                     int64_t deadline, int *ambiguous) {
+int tdist__etcd_read_keys(tdist__etcd_t *e, char **ek, size_t *el, size_t n, kstate_t *st,
+                          int64_t *revs, int64_t deadline, int *ambiguous) {
   memset(st, 0, sizeof(*st) * n);
   if (n == 1) {
     json_object *rep = NULL, *hdr = NULL;
@@ -200,15 +192,15 @@ static int rmw_txn(tdist__etcd_t *e, const char *ek, size_t el, int64_t mod, jso
 
 /* ---- replies (bodies, status byte first: what kv.c writes, less the length) ------ */
 
-static int rep_begin(tdist__buf_t *rep, uint8_t status, size_t extra) {
+int tdist__etcd_rep_begin(tdist__buf_t *rep, uint8_t status, size_t extra) {
   rep->len = 0;
   if (tdist__buf_reserve(rep, 16 + extra)) return TDIST_ERR_NO_MEMORY;
   tdist__put_u8(rep, status);
   return 0;
 }
 
-static int rep_invalid(tdist__buf_t *rep, const char *msg) {
-  TDIST_CHECK(rep_begin(rep, TDIST__ST_INVALID, strlen(msg)));
+int tdist__etcd_rep_invalid(tdist__buf_t *rep, const char *msg) {
+  TDIST_CHECK(tdist__etcd_rep_begin(rep, TDIST__ST_INVALID, strlen(msg)));
   tdist__put_bytes(rep, msg, (uint32_t)strlen(msg));
   return 0;
 }
@@ -243,7 +235,7 @@ static int op_set(call_t *c) {
     return TDIST_ERR_PROTOCOL;
   if (is_heartbeat(k, kl, &rank)) {
     TDIST_CHECK(tdist__live_etcd_beat(c->e, rank, v, vl, c->deadline));
-    return rep_begin(c->rep, TDIST__ST_OK, 0);
+    return tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 0);
   }
   size_t el;
   char *ek = tdist__etcd_key(c->e, k, kl, &el);
@@ -254,7 +246,7 @@ static int op_set(call_t *c) {
   tdist__free(ek);
   json_object_put(rep);
   TDIST_CHECK(rc);
-  return rep_begin(c->rep, TDIST__ST_OK, 0);
+  return tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 0);
 }
 
 static int op_multi_set(call_t *c) {
@@ -281,92 +273,7 @@ static int op_multi_set(call_t *c) {
     json_object_put(rep);
   }
   TDIST_CHECK(rc);
-  return rep_begin(c->rep, TDIST__ST_OK, 0);
-}
-
-/* Keys of a get/wait/multi_get/check request, as etcd keys. */
-static int take_keys(call_t *c, uint32_t n, char ***ek, size_t **el) {
-  *ek = tdist__calloc(n, sizeof(char *));
-  *el = tdist__calloc(n, sizeof(size_t));
-  if (!*ek || !*el) return TDIST_ERR_NO_MEMORY;
-  for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *k;
-    uint32_t kl;
-    if (tdist__get_key(&c->rd, &k, &kl)) return TDIST_ERR_PROTOCOL;
-    if (!((*ek)[i] = tdist__etcd_key(c->e, k, kl, &(*el)[i]))) return TDIST_ERR_NO_MEMORY;
-  }
-  return 0;
-}
-
-static void free_keys(char **ek, size_t *el, uint32_t n) {
-  for (uint32_t i = 0; ek && i < n; i++)
-    tdist__free(ek[i]);
-  tdist__free(ek);
-  tdist__free(el);
-}
-
-/* Watch callback: the awaited key was put. */
-static int on_put(void *arg, int del, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl,
-                  int64_t rev) {
-  return !del;
-}
-
-/* get / wait / multi_get / check: read every key; for a waiting op, watch
- * the first missing one from the next revision, then read again. */
-static int op_waiting(call_t *c, uint8_t op) {
-  uint64_t timeout = 0;
-  uint32_t n = 1;
-  if (op != TDIST__OP_CHECK && tdist__get_u64(&c->rd, &timeout)) return TDIST_ERR_PROTOCOL;
-  if (op != TDIST__OP_GET && tdist__get_u32(&c->rd, &n)) return TDIST_ERR_PROTOCOL;
-  if (n == 0 || n > TDIST__STORE_MAX_KEYS) return TDIST_ERR_PROTOCOL;
-  char **ek = NULL;
-  size_t *el = NULL;
-  kstate_t *st = tdist__calloc(n, sizeof(*st));
-  int64_t *revs = tdist__calloc(n / MAX_TXN_OPS + 1, sizeof(int64_t));
-  int64_t deadline = tdist__now_ms() + (int64_t)timeout;
-  int rc = st && revs ? take_keys(c, n, &ek, &el) : TDIST_ERR_NO_MEMORY;
-  for (;;) {
-    if (rc) break;
-    int64_t step = tdist__now_ms() + c->e->base.timeout_ms;
-    kstates_free(st, n);
-    if ((rc = read_keys(c->e, ek, el, n, st, revs, step, NULL))) break;
-    uint32_t miss = 0, all = 1;
-    size_t total = 0;
-    for (uint32_t i = 0; i < n; i++) {
-      total += st[i].vlen + 4;
-      if (!st[i].exists && all) {
-        all = 0;
-        miss = i;
-      }
-    }
-    if (op == TDIST__OP_CHECK) {
-      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 1))) tdist__put_u8(c->rep, (uint8_t)all);
-      break;
-    }
-    if (all) {
-      if (op == TDIST__OP_WAIT) {
-        rc = rep_begin(c->rep, TDIST__ST_OK, 0);
-      } else if (total > TDIST__STORE_MAX_FRAME) {
-        rc = rep_invalid(c->rep, "reply too large");
-      } else if (!(rc = rep_begin(c->rep, TDIST__ST_OK, total))) {
-        for (uint32_t i = 0; i < n; i++)
-          tdist__put_bytes(c->rep, st[i].val, (uint32_t)st[i].vlen);
-      }
-      break;
-    }
-    if (tdist__now_ms() >= deadline) {
-      if (!(rc = rep_begin(c->rep, TDIST__ST_TIMEOUT, 4))) tdist__put_u32(c->rep, miss);
-      break;
-    }
-    rc = tdist__etcd_watch(c->e->http, ek[miss], el[miss], NULL, 0, revs[miss / MAX_TXN_OPS] + 1,
-                           deadline, on_put, NULL);
-    if (rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_PROTOCOL) rc = 0; /* read once more */
-  }
-  kstates_free(st, n);
-  tdist__free(st);
-  tdist__free(revs);
-  free_keys(ek, el, n);
-  return rc;
+  return tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 0);
 }
 
 /* Parse a decimal int64 of exactly n bytes (kv.c's rule). */
@@ -422,7 +329,7 @@ static int rmw_value(call_t *c, rmw_t *m, uint8_t **nv, size_t *nl, int *rc) {
   const kstate_t *s = &m->st[0];
   if (m->op == TDIST__OP_ADD) {
     if (s->exists && parse_i64(s->val, s->vlen, &m->cur)) {
-      *rc = rep_invalid(c->rep, "the key holds a value that is not an int64 counter");
+      *rc = tdist__etcd_rep_invalid(c->rep, "the key holds a value that is not an int64 counter");
       return 1;
     }
     m->cur = (int64_t)((uint64_t)m->cur + m->delta); /* wraps like the TCP store */
@@ -431,7 +338,7 @@ static int rmw_value(call_t *c, rmw_t *m, uint8_t **nv, size_t *nl, int *rc) {
     return 0;
   }
   if ((uint64_t)s->vlen + m->vl > TDIST_STORE_MAX_VALUE) {
-    *rc = rep_invalid(c->rep, "appended value would exceed TDIST_STORE_MAX_VALUE");
+    *rc = tdist__etcd_rep_invalid(c->rep, "appended value would exceed TDIST_STORE_MAX_VALUE");
     return 1;
   }
   if (!(*nv = tdist__malloc(s->vlen + m->vl + 1))) {
@@ -470,10 +377,10 @@ static int rmw_loop(call_t *c, rmw_t *m, int *done) {
   for (int tries = 0; rc == 0; tries++) {
     int64_t revs[1];
     if (reread) { /* the op record too, only when it may tell */
-      kstates_free(m->st, 2);
+      tdist__etcd_kstates_free(m->st, 2);
       memset(m->st, 0, sizeof(m->st));
-      if ((rc = read_keys(c->e, m->keys, m->lens, c->ambiguous ? 2 : 1, m->st, revs, c->deadline,
-                          NULL)))
+      if ((rc = tdist__etcd_read_keys(c->e, m->keys, m->lens, c->ambiguous ? 2 : 1, m->st, revs,
+                                      c->deadline, NULL)))
         break;
     }
     if ((*done = rmw_applied(c, m))) return 0; /* applied by the attempt whose answer was lost */
@@ -482,11 +389,21 @@ static int rmw_loop(call_t *c, rmw_t *m, int *done) {
     uint8_t *nv = NULL;
     size_t nl = 0;
     if (rmw_value(c, m, &nv, &nl, &rc)) return rc;
+    if (m->st[0].exists && (m->op == TDIST__OP_ADD ? m->delta == 0 : m->vl == 0)) {
+      /* Adds nothing to a key that exists (the monitor's "add
+       * tdist/aborts/count 0" is a read of the counter): the answer is what
+       * was read, at one revision, with no write - a txn would contend with
+       * every other reader of the key (docs/scale.md). A missing key is
+       * written, as the TCP store creates it. */
+      if (m->op != TDIST__OP_ADD) tdist__free(nv);
+      *done = 1;
+      return 0;
+    }
     int won = 0;
     kstate_t now;
     rc = rmw_write(c, m, nv, nl, &won, &now);
     if ((*done = rc == 0 && won)) return 0;
-    kstates_free(m->st, 1);
+    tdist__etcd_kstates_free(m->st, 1);
     m->st[0] = now; /* another writer won: what it wrote (a lost answer: read again) */
     reread = rc == 0 && c->ambiguous;
   }
@@ -508,11 +425,12 @@ static int op_rmw(call_t *c, uint8_t op) {
   m.tl = snprintf(m.tag, sizeof(m.tag), "%" PRIu64 " ", ++e->op_seq);
   int done = 0, rc = m.keys[0] ? rmw_loop(c, &m, &done) : TDIST_ERR_NO_MEMORY;
   if (done && op == TDIST__OP_ADD) {
-    if (!(rc = rep_begin(c->rep, TDIST__ST_OK, 8))) tdist__put_u64(c->rep, (uint64_t)m.cur);
+    if (!(rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 8)))
+      tdist__put_u64(c->rep, (uint64_t)m.cur);
   } else if (done) {
-    rc = rep_begin(c->rep, TDIST__ST_OK, 0);
+    rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 0);
   }
-  kstates_free(m.st, 2);
+  tdist__etcd_kstates_free(m.st, 2);
   tdist__free(m.keys[0]);
   return rc;
 }
@@ -532,12 +450,12 @@ static int op_cas(call_t *c) {
   int rc = ek ? 0 : TDIST_ERR_NO_MEMORY;
   if (rc == 0) {
     int64_t revs[1];
-    rc = read_keys(c->e, &ek, &el, 1, &st, revs, c->deadline, NULL);
+    rc = tdist__etcd_read_keys(c->e, &ek, &el, 1, &st, revs, c->deadline, NULL);
   }
   for (int tries = 0; rc == 0; tries++) {
     int match = st.exists ? st.vlen == xl && (xl == 0 || memcmp(st.val, x, xl) == 0) : xl == 0;
     if (!match) {
-      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, st.vlen + 4)))
+      if (!(rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, st.vlen + 4)))
         tdist__put_bytes(c->rep, st.val, (uint32_t)st.vlen);
       break;
     }
@@ -551,13 +469,14 @@ static int op_cas(call_t *c) {
     kstate_t now;
     rc = rmw_txn(c->e, ek, el, st.exists ? st.mod : 0, t, c->deadline, &won, &now, NULL);
     if (rc == 0 && won) {
-      if (!(rc = rep_begin(c->rep, TDIST__ST_OK, dl + 4))) tdist__put_bytes(c->rep, d, dl);
+      if (!(rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, dl + 4)))
+        tdist__put_bytes(c->rep, d, dl);
       break;
     }
-    kstates_free(&st, 1);
+    tdist__etcd_kstates_free(&st, 1);
     st = now; /* lost to another writer: decide again on what it wrote */
   }
-  kstates_free(&st, 1);
+  tdist__etcd_kstates_free(&st, 1);
   tdist__free(ek);
   return rc;
 }
@@ -573,7 +492,7 @@ static int op_delete(call_t *c) {
                                  c->deadline, &rep, NULL)
               : TDIST_ERR_NO_MEMORY;
   tdist__free(ek);
-  if (rc == 0 && !(rc = rep_begin(c->rep, TDIST__ST_OK, 1)))
+  if (rc == 0 && !(rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 1)))
     tdist__put_u8(c->rep, tdist__etcd_i64(rep, "deleted", 0) > 0);
   json_object_put(rep);
   return rc;
@@ -589,7 +508,7 @@ static int op_num_keys(call_t *c) {
     json_object_object_add(r, "count_only", json_object_new_boolean(1));
   }
   int rc = tdist__etcd_post(c->e->http, "/v3/kv/range", r, c->deadline, &rep, NULL);
-  if (rc == 0 && !(rc = rep_begin(c->rep, TDIST__ST_OK, 8)))
+  if (rc == 0 && !(rc = tdist__etcd_rep_begin(c->rep, TDIST__ST_OK, 8)))
     tdist__put_u64(c->rep, (uint64_t)tdist__etcd_i64(rep, "count", 0));
   json_object_put(rep);
   return rc;
@@ -601,10 +520,10 @@ int tdist__etcd_exec(tdist__etcd_t *e, const tdist__buf_t *req, tdist__buf_t *re
   switch (req->len > 4 ? req->p[4] : 0) {
   case TDIST__OP_SET: return op_set(&c);
   case TDIST__OP_MULTI_SET: return op_multi_set(&c);
-  case TDIST__OP_GET: return op_waiting(&c, TDIST__OP_GET);
-  case TDIST__OP_WAIT: return op_waiting(&c, TDIST__OP_WAIT);
-  case TDIST__OP_MULTI_GET: return op_waiting(&c, TDIST__OP_MULTI_GET);
-  case TDIST__OP_CHECK: return op_waiting(&c, TDIST__OP_CHECK);
+  case TDIST__OP_GET:
+  case TDIST__OP_WAIT:
+  case TDIST__OP_MULTI_GET:
+  case TDIST__OP_CHECK: return tdist__etcd_op_read(e, &c.rd, rep, req->p[4]);
   case TDIST__OP_ADD: return op_rmw(&c, TDIST__OP_ADD);
   case TDIST__OP_APPEND: return op_rmw(&c, TDIST__OP_APPEND);
   case TDIST__OP_CAS: return op_cas(&c);

@@ -152,7 +152,7 @@ static void file_close(tdist_store_t *s) {
   tdist__free(f);
 }
 
-static const tdist__store_vt_t file_vt = {file_call, file_close};
+static const tdist__store_vt_t file_vt = {file_call, file_close, NULL}; /* add is one op */
 
 int tdist_store_open_file(const char *path, const tdist_store_opts_t *opts, tdist_store_t **store) {
   if (!path || !*path || !store)

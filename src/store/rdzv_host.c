@@ -56,6 +56,13 @@ int tdist_store_rendezvous_host(tdist_store_t *store, int host, int nranks, int 
                         "tdist_store_rendezvous_host: bad arguments (host %d, %d of %d ranks, "
                         "timeout %" PRId64 " ms)",
                         host, nranks, world_size, timeout_ms);
+  /* etcd counts arrivals with a key per rank (rendezvous.c arrive_by_keys),
+   * where an add per host would not meet them. */
+  if (tdist__store_counts_prefixes(store))
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "tdist_store_rendezvous_host: the store at %s counts arrivals per rank "
+                        "(etcd); the rendezvous per host needs a TCP or file store",
+                        tdist_store_address(store));
   TDIST_CHECK(tdist_store_prefix(store, "tdist/rdzv/", &v));
   gethostname(name, sizeof(name) - 1);
   snprintf(me, sizeof(me), "the agent %s:%d", name, (int)getpid());

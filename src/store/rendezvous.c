@@ -11,8 +11,11 @@
  * Keys (under "tdist/rdzv/"): "rank/<r>" holds the claiming process's id
  * (compare_set, so a second claimant sees someone else's id: duplicate RANK);
  * "arrived" counts arrivals, the one that completes a round of world_size sets
- * "go/<round>", which the others wait on (woken by that write). "left" counts
- * ranks that ran tdist__rendezvous_cleanup.
+ * "go/<round>", which the others wait on (woken by that write). On a store
+ * whose counters contend (etcd, tdist__store_count_prefix) each rank puts
+ * "in/<round>/<rank>" instead and counts the round's keys; its round is
+ * its own count "arrivals/<rank>" (rendezvous(), arrive_by_keys). "left"
+ * counts ranks that ran tdist__rendezvous_cleanup (not on etcd).
  *
  * The hosted server and the rendezvous store handle live in a process-global
  * record until tdist__rendezvous_cleanup() (called by the core's runtime
@@ -314,7 +317,48 @@ int tdist__rdzv_agree_job(tdist_store_t *v, int64_t round, char *job, size_t jl)
   return 0;
 }
 
-/* Claim our rank, count in, wait for the round to complete. */
+/* Count this rank in on a store that counts key prefixes (etcd, where
+ * all ranks adding to one counter cost O(n^2) compare-txns: each round of
+ * conflicts lets one writer through). The round is this rank's own count
+ * of arrivals ("arrivals/<rank>": one writer, so its add never conflicts;
+ * the k-th join of every rank is round k-1, as (arrived - 1) / size is on
+ * a counter). The rank puts "in/<round>/<rank>" and then counts the keys
+ * under "in/<round>/" in one read: *seen.
+ *
+ * Why the last arrival always sees all of them: every rank's put completes
+ * before its own count is sent, and etcd's reads are linearizable (a read
+ * sees every write that completed before it began). Take the put that
+ * completed last (the highest revision of the round's n puts): all n puts
+ * completed before its rank's count began, so that count is n, and that
+ * rank sets "go/<round>". Other ranks may see n too and set it again:
+ * harmless (the waiters wait for the key to exist). A rank that joins
+ * twice in one round is refused by the claim before, and its key would be
+ * the same key anyway. */
+static int arrive_by_keys(tdist_store_t *v, int rank, int64_t *round, int64_t *seen) {
+  char key[96];
+  int64_t joins = 0;
+  snprintf(key, sizeof(key), "arrivals/%d", rank);
+  TDIST_CHECK(tdist_store_add(v, key, 1, &joins));
+  *round = joins - 1;
+  snprintf(key, sizeof(key), "in/%" PRId64 "/%d", *round, rank);
+  TDIST_CHECK(tdist_store_set(v, key, "", 0));
+  snprintf(key, sizeof(key), "in/%" PRId64 "/", *round);
+  return tdist__store_count_prefix(v, key, seen);
+}
+
+/* How many ranks of `round` arrived, for a timeout's message; -1 unknown. */
+static int64_t arrived_in(tdist_store_t *v, int by_keys, int64_t round, int size) {
+  char key[64];
+  int64_t now = -1;
+  snprintf(key, sizeof(key), "in/%" PRId64 "/", round);
+  if (by_keys) return tdist__store_count_prefix(v, key, &now) ? -1 : now;
+  if (tdist_store_add(v, "arrived", 0, &now)) return -1;
+  return now - round * size;
+}
+
+/* Claim our rank, count in, wait for the round to complete. Counting in is
+ * one add to "arrived" (TCP, file: one op at the store), or one key per
+ * rank where the store counts prefixes (arrive_by_keys). */
 static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, char *job,
                       size_t jl) {
   char key[64], me[128], host[64] = "?";
@@ -334,23 +378,32 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, 
     return rc;
   }
   tdist_store_free(cur);
-  int64_t arrived;
-  TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
-  int64_t round = (arrived - 1) / size;
+  int64_t arrived = 0, round = 0;
+  int by_keys = tdist__store_counts_prefixes(v), rc;
+  if (by_keys) {
+    TDIST_CHECK(arrive_by_keys(v, rank, &round, &arrived));
+  } else { /* TCP, file: its add is one op at the store */
+    TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
+    round = (arrived - 1) / size;
+    arrived -= round * size;
+  }
   snprintf(key, sizeof(key), "go/%" PRId64, round);
   TDIST_CHECK(tdist__rdzv_agree_job(v, round, job, jl));
-  if (arrived == (round + 1) * size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
+  if (by_keys ? arrived >= size : arrived == size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
   const char *k = key;
-  int rc = tdist_store_wait(v, &k, 1, timeout_ms);
-  if (rc == TDIST_ERR_TIMEOUT) {
-    int64_t now = 0;
-    tdist_store_add(v, "arrived", 0, &now);
+  rc = tdist_store_wait(v, &k, 1, timeout_ms);
+  if (rc == TDIST_ERR_TIMEOUT)
     return tdist__error(rc,
                         "rendezvous on %s timed out after %" PRId64 " ms: %" PRId64 " of "
                         "WORLD_SIZE=%d ranks arrived",
-                        tdist_store_address(v), timeout_ms, now - round * size, size);
-  }
+                        tdist_store_address(v), timeout_ms, arrived_in(v, by_keys, round, size),
+                        size);
   return rc;
+}
+
+int tdist__rendezvous_round(tdist_store_t *view, int rank, int size, int64_t timeout_ms, char *job,
+                            size_t jl) {
+  return rendezvous(view, rank, size, timeout_ms, job, jl);
 }
 
 /* Rank 0 starts the store on `port` as `mode` (TDIST_HOST_STORE_*) asks:
@@ -546,8 +599,11 @@ int tdist__rendezvous_cleanup(void) {
   pthread_mutex_unlock(&rdzv_mu);
   if (!v) return 0;
   int64_t left = 0;
-  int rc = tdist_store_add(v, "left", 1, &left);
-  if (rc == 0 && left % size == 0) {
+  /* The count is for a rank that hosts the store: none hosts etcd, where n
+   * adds to one key would cost O(n^2) txns (rendezvous()). */
+  int by_keys = tdist__store_counts_prefixes(v);
+  int rc = by_keys ? 0 : tdist_store_add(v, "left", 1, &left);
+  if (rc == 0 && !by_keys && left % size == 0) {
     rc = tdist_store_set(v, "all_left", "", 0);
     /* The host may have seen the count reach the size first and stopped
      * serving: every rank left, which is all this write says. */

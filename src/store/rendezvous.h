@@ -29,9 +29,23 @@ typedef struct tdist__rdzv {
 int tdist__rendezvous_join(const tdist_init_opts_t *opts, tdist__rdzv_t *out);
 
 /*
+ * tdist__rendezvous_round - the waiting part of joining, alone (caller
+ * thread; bench/scale runs it for its simulated ranks): on `view` (the
+ * store under "tdist/rdzv/"), claim `rank` (a duplicate fails naming
+ * RANK), count in (one add; one key per rank where the store counts
+ * prefixes, store_impl.h), agree on the job id (written to job, jl bytes),
+ * wait up to timeout_ms for all `size` ranks of the round.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT (duplicate rank); TDIST_ERR_TIMEOUT
+ *         naming how many ranks arrived; a store error.
+ */
+int tdist__rendezvous_round(tdist_store_t *view, int rank, int size, int64_t timeout_ms, char *job,
+                            size_t jl);
+
+/*
  * tdist__rendezvous_cleanup - call once the world group made by
  * tdist_init_process_group is destroyed (caller thread, after the backend
- * released its store use). Every rank counts out on the store; the rank that
+ * released its store use). Every rank counts out on the store (not on
+ * etcd: no rank hosts it, and a shared counter contends); the rank that
  * hosts the server keeps it running until all ranks counted out (bounded by
  * the init timeout), then stops it. Idempotent; 0 or a store error (the
  * cleanup still completes).

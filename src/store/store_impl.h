@@ -30,6 +30,14 @@ typedef struct tdist__store_vt {
               const char *what, const char *key);
   /* Last reference gone: close and free. */
   void (*close)(tdist_store_t *s);
+  /* Optional (NULL: not offered). Any thread. *count = the number of keys
+   * that begin with `prefix` (a root key prefix, plen > 0 bytes), read in
+   * one linearizable step: every write completed before the call is
+   * counted. Offered where a counter that many clients add to is costly
+   * (etcd: an add is a compare-txn retried on conflict), so that callers
+   * can count arrivals as one key per client instead (store/rendezvous.c).
+   * 0, or an error code with the error recorded. */
+  int (*count_prefix)(tdist_store_t *s, const char *prefix, size_t plen, int64_t *count);
 } tdist__store_vt_t;
 
 struct tdist_store {
@@ -45,6 +53,18 @@ struct tdist_store {
                          socket's name (tdist__store_connect_agent), or NULL */
   _Atomic int broken; /* root: the connection was closed by a failed call */
 };
+
+/* (caller) *count = the keys of view `s` that begin with `prefix` (s's
+ * own prefix in front), through the root's count_prefix. 0;
+ * TDIST_ERR_NOT_SUPPORTED, nothing recorded, where the store does not
+ * offer it (TCP, file: their add is one op, use a counter); or the
+ * count's error. */
+int tdist__store_count_prefix(tdist_store_t *s, const char *prefix, int64_t *count);
+
+/* 1 where tdist__store_count_prefix is offered (etcd), else 0. Any thread. */
+static inline int tdist__store_counts_prefixes(const tdist_store_t *s) {
+  return s->root->vt->count_prefix != NULL;
+}
 
 /* A new reference to the root of `s` with no prefix (for the core's
  * store-wide keys: the dead set, heartbeats, abort records). */

@@ -167,7 +167,7 @@ static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep
   }
 }
 
-static const tdist__store_vt_t tcp_vt = {tcp_call, tcp_close};
+static const tdist__store_vt_t tcp_vt = {tcp_call, tcp_close, NULL}; /* add is one op */
 
 /* One attempt: a connected non-blocking socket, or -1 with errno-ish cause. */
 static int connect_once(const char *host, int port, int64_t deadline_ms) {
