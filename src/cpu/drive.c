@@ -215,9 +215,10 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
   return b->early; /* 1: started here (backend.h) */
 }
 
-/* The re-check of the doorbell protocol (shm.h): bytes written while the
- * waiter polled came without a bell, and its test is over. It reads them
- * itself when the engine lock is free (what the peers sent for the next op
+/* The re-check of the doorbell protocol (shm.h): bytes written, or room
+ * made in a peer's ring our writes wait for, while the waiter polled came
+ * without a bell, and its test is over. It reads them (and retries the
+ * writes) itself when the engine lock is free (what the peers sent for the next op
  * is matched at once, without waking the progress thread, which would take
  * a core beside the callers); else the lock's holder may be past its read,
  * so the progress thread is woken to read them (its poll drains). */

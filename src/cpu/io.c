@@ -359,6 +359,24 @@ static void eof_why(const cpu_conn_t *c, char *why, size_t wl) {
     snprintf(why, wl, "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
 }
 
+/* How many bytes the next read may stage. A socket: all that fits (one
+ * system call for many small messages). A ring: up to the end of the next
+ * header only, so a payload that has a destination is then read straight
+ * into it (the direct read above) instead of through the staging buffer:
+ * one copy out of the ring instead of two (64 KiB broadcast n=2: the
+ * receiver's ring-to-staging copy was most of its time; docs/cpu-backend.md).
+ * A ring read costs no system call, so reading per message costs little. */
+static size_t stage_len(const cpu_conn_t *c) {
+  const size_t hs = sizeof(cpu_hdr_t);
+  size_t room = RX_CAP - c->rx_hi, have = c->rx_hi - c->rx_lo, want;
+  if (!c->rx_ring) return room;
+  if (!c->rx_body)
+    want = have < hs ? hs - have : hs; /* parse left less than a header */
+  else
+    want = c->rh.len - c->rx_got > have ? c->rh.len - c->rx_got - have + hs : hs;
+  return want < room ? want : room;
+}
+
 /* Read what c's stream has (at most 64 reads). Between two reads no
  * transport call is on the stack, so the engine runs there: a round
  * completed by one read starts before the next, whose messages then find
@@ -387,7 +405,7 @@ int tdist__cpu_conn_read(cpu_conn_t *c) {
         c->rx_hi -= c->rx_lo;
         c->rx_lo = 0;
       }
-      n = conn_read(c, c->rx + c->rx_hi, RX_CAP - c->rx_hi);
+      n = conn_read(c, c->rx + c->rx_hi, stage_len(c));
       if (n > 0) {
         c->rx_hi += (size_t)n;
         if (parse(c) < 0) return -1;
