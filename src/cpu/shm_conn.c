@@ -18,9 +18,11 @@
  *   - doorbells: one byte that means "look at the rings". A writer rings
  *     when the reader is not polling (shm.h: the polling count, which a
  *     waiting caller raises while it drives, drive.c), and a reader rings
- *     when it made room for a writer that found the ring full (wwait);
- *     each side then reads its ring from the progress thread's poll
- *     callback, as it read the socket;
+ *     when it made room for a writer that found the ring full (wwait),
+ *     unless a writer thread polls for room itself (wpolling: a waiting
+ *     caller retries its writes on every pass); each side then reads its
+ *     ring, and retries its writes, from the progress thread's poll
+ *     callback, as it did with the socket;
  *   - the end: the peer's EOF or a socket error is how a dead or leaving
  *     peer is seen, as before. The ring is read to its end first, so what
  *     the peer wrote before it went (its ERR, its goodbye) is read before
