@@ -359,13 +359,10 @@ static void eof_why(const cpu_conn_t *c, char *why, size_t wl) {
     snprintf(why, wl, "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
 }
 
-/* How many bytes the next read may stage. A socket: all that fits (one
- * system call for many small messages). A ring: up to the end of the next
- * header only, so a payload that has a destination is then read straight
- * into it (the direct read above) instead of through the staging buffer:
- * one copy out of the ring instead of two (64 KiB broadcast n=2: the
- * receiver's ring-to-staging copy was most of its time; docs/cpu-backend.md).
- * A ring read costs no system call, so reading per message costs little. */
+/* Bytes the next read may stage: all that fits from a socket (one call,
+ * many messages); from a ring only up to the next header's end, so a
+ * payload with a destination is then read into it directly (one copy out
+ * of the ring, not two; docs/cpu-backend.md, Transports). */
 static size_t stage_len(const cpu_conn_t *c) {
   const size_t hs = sizeof(cpu_hdr_t);
   size_t room = RX_CAP - c->rx_hi, have = c->rx_hi - c->rx_lo, want;
