@@ -365,13 +365,10 @@ static void eof_why(const cpu_conn_t *c, char *why, size_t wl) {
  * of the ring, not two; docs/cpu-backend.md, Transports). */
 static size_t stage_len(const cpu_conn_t *c) {
   const size_t hs = sizeof(cpu_hdr_t);
-  size_t room = RX_CAP - c->rx_hi, have = c->rx_hi - c->rx_lo, want;
-  if (!c->rx_ring) return room;
-  if (!c->rx_body)
-    want = have < hs ? hs - have : hs; /* parse left less than a header */
-  else
-    want = c->rh.len - c->rx_got > have ? c->rh.len - c->rx_got - have + hs : hs;
-  return want < room ? want : room;
+  size_t room = RX_CAP - c->rx_hi, have = c->rx_hi - c->rx_lo;
+  size_t need = c->rx_body ? c->rh.len - c->rx_got + hs : hs; /* to the next header's end */
+  size_t want = need > have ? need - have : hs;               /* (parse took what was whole) */
+  return c->rx_ring && want < room ? want : room;
 }
 
 /* Read what c's stream has (at most 64 reads). Between two reads no
