@@ -694,11 +694,14 @@ void tdist__cpu_shm_sync(cpu_ctx_t *ctx); /* (progress) the idle handle as neede
  * that wait for room in a peer's ring (wwait). */
 void tdist__cpu_shm_drain(cpu_ctx_t *ctx);
 /* (any caller) A waiter starts (on = 1) or stops (0) polling our rings,
- * inbound (for bytes) and outbound (for room: it retries its writes on
- * every pass): while any does, peers need not ring our doorbells. On 0,
- * whether bytes came or room was made meanwhile (without a bell: someone
- * must read them, or retry the writes: tdist__cpu_shm_drain). */
+ * inbound (for bytes) and, with TDIST_CPU_DRIVE, outbound (for room: it
+ * retries its writes on every pass): while any does, peers need not ring
+ * our doorbells. On 0, what came meanwhile without a bell, which someone
+ * must handle (tdist__cpu_shm_drain): CPU_SHM_LEFT_BYTES (bytes to read),
+ * CPU_SHM_LEFT_ROOM (writes that wait for room to retry); else 0. */
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on);
+#define CPU_SHM_LEFT_BYTES 1
+#define CPU_SHM_LEFT_ROOM 2
 TDIST_PARAM(CpuShm, "TDIST_CPU_SHM", 1)
 TDIST_PARAM(CpuShmRingBytes, "TDIST_CPU_SHM_RING_BYTES", 512 << 10)
 

@@ -178,13 +178,23 @@ void tdist__cpu_shm_drain(cpu_ctx_t *ctx) {
         tdist__cpu_conn_read(c) == 1)
       tdist__cpu_shm_more(ctx);
     /* A write that waits for room no bell will announce (a waiter polled
-     * for it, then stopped): retried here. */
-    if (c && c->tx_ring && !c->dead && atomic_load(&c->tx_ring->wwait)) tdist__cpu_conn_drive(c);
+     * for it, then stopped): retried here; a wait with nothing left to
+     * write (its message dropped) is taken back. */
+    if (c && c->tx_ring && !c->dead && atomic_load(&c->tx_ring->wwait)) {
+      if (tdist__list_empty(&c->txq))
+        atomic_store(&c->tx_ring->wwait, 0);
+      else
+        tdist__cpu_conn_drive(c);
+    }
   }
 }
 
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
   int left = 0;
+  /* Only a caller that drives retries its writes on each pass: without
+   * TDIST_CPU_DRIVE the writer's side is not polled, and peers must ring.
+   * Read here alone, so on and off agree. */
+  int wpoll = tdist__param_CpuDrive() != 0;
   /* Under mark_mu, so a ring attached meanwhile (lazy.c) gets exactly the
    * marks that will be taken off it. */
   pthread_mutex_lock(&ctx->mark_mu);
@@ -194,11 +204,11 @@ int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
     if (!c || !c->rx_ring) continue;
     if (on) {
       tdist__cpu_ring_poll_begin(c->rx_ring);
-      if (c->tx_ring) tdist__cpu_ring_wpoll_begin(c->tx_ring);
+      if (c->tx_ring && wpoll) tdist__cpu_ring_wpoll_begin(c->tx_ring);
     } else {
       tdist__cpu_ring_poll_end(c->rx_ring);
-      left |= tdist__cpu_ring_avail(c->rx_ring) != 0;
-      if (c->tx_ring) left |= tdist__cpu_ring_wpoll_end(c->tx_ring);
+      if (tdist__cpu_ring_avail(c->rx_ring)) left |= CPU_SHM_LEFT_BYTES;
+      if (c->tx_ring && wpoll && tdist__cpu_ring_wpoll_end(c->tx_ring)) left |= CPU_SHM_LEFT_ROOM;
     }
   }
   pthread_mutex_unlock(&ctx->mark_mu);
@@ -211,7 +221,7 @@ void tdist__cpu_shm_attach(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring
   pthread_mutex_lock(&ctx->mark_mu);
   for (int k = 0; k < ctx->nmarks; k++) {
     tdist__cpu_ring_poll_begin(rx);
-    tdist__cpu_ring_wpoll_begin(tx);
+    if (tdist__param_CpuDrive()) tdist__cpu_ring_wpoll_begin(tx);
   }
   c->rx_ring = rx;
   c->tx_ring = tx;
