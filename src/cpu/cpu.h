@@ -667,9 +667,11 @@ int tdist__cpu_shm_setup(cpu_ctx_t *ctx, const int *local, int64_t deadline);
  * TDIST_ERR_TIMEOUT / TDIST_ERR_CLOSED / TDIST_ERR_IO (conn.c). */
 int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns);
 void tdist__cpu_shm_start(cpu_ctx_t *ctx); /* (progress) the idle handle */
-/* (engine lock) c's inbound ring (or NULL) becomes readable: it starts with
- * the marks of the waiters polling now (lazy.c, at connect). */
-void tdist__cpu_shm_attach_rx(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *ring);
+/* (engine lock) c's rings (both, or nothing when either is NULL) come into
+ * use: they start with the marks of the waiters polling now (lazy.c, at
+ * connect): the inbound ring's polling, the outbound's wpolling. */
+void tdist__cpu_shm_attach(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *rx,
+                           struct tdist__cpu_ring *tx);
 void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
 /* Write iov to c's ring: bytes written, or -1 with errno EAGAIN when full
  * (the peer's doorbell says when there is room). Rings the peer's doorbell
@@ -688,12 +690,18 @@ int tdist__cpu_shm_doorbells(cpu_conn_t *c);
 void tdist__cpu_shm_more(cpu_ctx_t *ctx);
 void tdist__cpu_shm_sync(cpu_ctx_t *ctx); /* (progress) the idle handle as needed */
 /* (engine lock, top level) Read every ring that has bytes: after an op is
- * posted, what arrived meanwhile is matched at once. */
+ * posted, what arrived meanwhile is matched at once; and retry the writes
+ * that wait for room in a peer's ring (wwait). */
 void tdist__cpu_shm_drain(cpu_ctx_t *ctx);
-/* (any caller) A waiter starts (on = 1) or stops (0) polling our rings:
- * while any does, writers need not ring our doorbells. On 0, whether bytes
- * came meanwhile (without a bell: someone must read them). */
+/* (any caller) A waiter starts (on = 1) or stops (0) polling our rings,
+ * inbound (for bytes) and, with TDIST_CPU_DRIVE, outbound (for room: it
+ * retries its writes on every pass): while any does, peers need not ring
+ * our doorbells. On 0, what came meanwhile without a bell, which someone
+ * must handle (tdist__cpu_shm_drain): CPU_SHM_LEFT_BYTES (bytes to read),
+ * CPU_SHM_LEFT_ROOM (writes that wait for room to retry); else 0. */
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on);
+#define CPU_SHM_LEFT_BYTES 1
+#define CPU_SHM_LEFT_ROOM 2
 TDIST_PARAM(CpuShm, "TDIST_CPU_SHM", 1)
 TDIST_PARAM(CpuShmRingBytes, "TDIST_CPU_SHM_RING_BYTES", 512 << 10)
 

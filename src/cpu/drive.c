@@ -215,16 +215,25 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
   return b->early; /* 1: started here (backend.h) */
 }
 
-/* The re-check of the doorbell protocol (shm.h): bytes written while the
- * waiter polled came without a bell, and its test is over. It reads them
- * itself when the engine lock is free (what the peers sent for the next op
- * is matched at once, without waking the progress thread, which would take
- * a core beside the callers); else the lock's holder may be past its read,
- * so the progress thread is woken to read them (its poll drains). */
+/* The re-check of the doorbell protocol (shm.h): bytes written, or room
+ * made in a peer's ring our writes wait for, while the waiter polled came
+ * without a bell, and its test is over. It reads them itself when the
+ * engine lock is free (what the peers sent for the next op is matched at
+ * once, without waking the progress thread, which would take a core beside
+ * the callers); else the lock's holder may be past its read, so the
+ * progress thread is woken to read them (its poll drains). Writes that
+ * wait for room it always retries itself (below). */
 void tdist__cpu_drive_mark(void *state, int on) {
   cpu_ctx_t *ctx = ((cpu_group_t *)state)->ctx;
-  if (!tdist__cpu_shm_mark(ctx, on)) return;
-  if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) {
+  int left = tdist__cpu_shm_mark(ctx, on);
+  if (!left) return;
+  if (left & CPU_SHM_LEFT_ROOM) {
+    /* Writes that wait for room no bell will announce: the progress thread
+     * polls a group only while it has ops in flight, and what waits may be
+     * a control message of a finished op (an ACK, a signature), so this
+     * caller retries them itself, waiting for the lock as submit does. */
+    pthread_mutex_lock(&ctx->mu);
+  } else if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) {
     tdist_backend_wake_any();
     return;
   }

@@ -359,6 +359,18 @@ static void eof_why(const cpu_conn_t *c, char *why, size_t wl) {
     snprintf(why, wl, "%s", c->bye ? "left (destroyed its group)" : "closed its connection");
 }
 
+/* Bytes the next read may stage: all that fits from a socket (one call,
+ * many messages); from a ring only up to the next header's end, so a
+ * payload with a destination is then read into it directly (one copy out
+ * of the ring, not two; docs/cpu-backend.md, Transports). */
+static size_t stage_len(const cpu_conn_t *c) {
+  const size_t hs = sizeof(cpu_hdr_t);
+  size_t room = RX_CAP - c->rx_hi, have = c->rx_hi - c->rx_lo;
+  size_t need = c->rx_body ? c->rh.len - c->rx_got + hs : hs; /* to the next header's end */
+  size_t want = need > have ? need - have : hs;               /* (parse took what was whole) */
+  return c->rx_ring && want < room ? want : room;
+}
+
 /* Read what c's stream has (at most 64 reads). Between two reads no
  * transport call is on the stack, so the engine runs there: a round
  * completed by one read starts before the next, whose messages then find
@@ -387,7 +399,7 @@ int tdist__cpu_conn_read(cpu_conn_t *c) {
         c->rx_hi -= c->rx_lo;
         c->rx_lo = 0;
       }
-      n = conn_read(c, c->rx + c->rx_hi, RX_CAP - c->rx_hi);
+      n = conn_read(c, c->rx + c->rx_hi, stage_len(c));
       if (n > 0) {
         c->rx_hi += (size_t)n;
         if (parse(c) < 0) return -1;

@@ -97,11 +97,10 @@ static void attach(cpu_ctx_t *ctx, lazy_done_t *d) {
   c->fd = d->fd;
   c->pid = d->pid;
   c->cma_tx = d->cma_tx;
-  c->tx_ring = d->tx_ring;
   c->tx_map = d->tx_map;
   c->tx_map_bytes = d->tx_map_bytes;
   c->rx_seg = d->rx_seg;
-  tdist__cpu_shm_attach_rx(ctx, c, d->rx_ring);
+  tdist__cpu_shm_attach(ctx, c, d->rx_ring, d->tx_ring);
   d->fd = -1;
   d->tx_map = NULL;
   d->rx_seg = (tdist__cpu_shm_seg_t){.fd = -1};

@@ -157,6 +157,8 @@ void tdist__cpu_ring_init(struct tdist__cpu_ring *r, size_t cap) {
   atomic_init(&r->tail, 0);
   atomic_init(&r->polling, 0);
   atomic_init(&r->closed, 0);
+  atomic_init(&r->wwait, 0);
+  atomic_init(&r->wpolling, 0);
   r->cap = cap;
 }
 
@@ -231,6 +233,15 @@ void tdist__cpu_ring_poll_end(struct tdist__cpu_ring *r) {
   atomic_fetch_sub_explicit(&r->polling, 1, memory_order_seq_cst);
   /* Orders the polling store before the caller's re-check of head. */
   atomic_thread_fence(memory_order_seq_cst);
+}
+
+int tdist__cpu_ring_wpoll_end(struct tdist__cpu_ring *r) {
+  atomic_fetch_sub_explicit(&r->wpolling, 1, memory_order_seq_cst);
+  /* Orders the wpolling store before the wwait load: the writer's half of
+   * the pair with the reader's tail store, fence, wpolling load
+   * (shm_conn.c, tdist__cpu_shm_read). */
+  atomic_thread_fence(memory_order_seq_cst);
+  return atomic_load_explicit(&r->wwait, memory_order_relaxed) != 0;
 }
 
 void tdist__cpu_ring_skip(struct tdist__cpu_ring *r, size_t len) {

@@ -32,7 +32,12 @@
  *   polling  written by the reader side only: > 0 while one of its threads
  *            spins on this ring, so the writer need not wake it.
  *   wwait    set by the writer when the ring was full, cleared by the
- *            reader, which then rings the writer's doorbell (shm_conn.c).
+ *            reader, which then rings the writer's doorbell (shm_conn.c),
+ *            unless wpolling says a writer thread polls for room itself.
+ *   wpolling written by the writer side only: > 0 while one of its threads
+ *            retries its writes on every pass (a waiting caller), so the
+ *            reader need not ring for room (the same Dekker pair as
+ *            polling, the other way: shm_conn.c).
  *   closed   written by the writer only: no more data will come.
  *   cap      written by the creator before publishing; read-only after.
  * head and tail sit on cache lines of their own so the two sides do not
@@ -86,13 +91,17 @@ struct tdist__cpu_ring {
   _Atomic uint64_t tail; /* bytes ever consumed; reader only (release) */
   char pad1_[TDIST_CPU_SHM_ALIGN - sizeof(uint64_t)];
   /* Line 2: rarely written. */
-  _Atomic uint32_t polling; /* > 0 while a reader thread polls; reader side only */
-  _Atomic uint32_t closed;  /* 1 once the writer left; writer only */
-  uint64_t cap;             /* data bytes, a power of two; creator, before publishing */
-  _Atomic uint32_t wwait;   /* 1: the writer found the ring full and waits for the
-                               reader's doorbell; set by the writer, cleared by the
-                               reader when it made room (shm_conn.c) */
-  char pad2_[TDIST_CPU_SHM_ALIGN - 3 * sizeof(uint32_t) - sizeof(uint64_t)];
+  _Atomic uint32_t polling;  /* > 0 while a reader thread polls; reader side only */
+  _Atomic uint32_t closed;   /* 1 once the writer left; writer only */
+  uint64_t cap;              /* data bytes, a power of two; creator, before publishing */
+  _Atomic uint32_t wwait;    /* 1: the writer found the ring full and waits for the
+                                reader's doorbell; set by the writer, cleared by the
+                                reader when it rings, or by the writer once a write
+                                went in (shm_conn.c) */
+  _Atomic uint32_t wpolling; /* > 0 while a writer thread polls (a waiting caller
+                                retries its writes on every pass): the reader need
+                                not ring for room; writer side only */
+  char pad2_[TDIST_CPU_SHM_ALIGN - 4 * sizeof(uint32_t) - sizeof(uint64_t)];
   /* Then cap bytes of data. */
   unsigned char data[];
 };
@@ -330,5 +339,26 @@ static inline void tdist__cpu_ring_poll_begin(struct tdist__cpu_ring *r) {
  * Thread: the reader side, after its poll_begin.
  */
 void tdist__cpu_ring_poll_end(struct tdist__cpu_ring *r);
+
+/*
+ * tdist__cpu_ring_wpoll_begin - announce that a writer thread polls for room
+ * (it retries its queued writes on every pass): the reader skips the
+ * doorbell for room (wwait) until the matching wpoll_end. seq_cst increment.
+ * @param r  the ring (the peer's, mapped here).
+ * Thread: the writer side; calls may nest, each paired with a wpoll_end.
+ */
+static inline void tdist__cpu_ring_wpoll_begin(struct tdist__cpu_ring *r) {
+  atomic_fetch_add_explicit(&r->wpolling, 1, memory_order_seq_cst);
+}
+
+/*
+ * tdist__cpu_ring_wpoll_end - stop polling for room (seq_cst decrement, then
+ * a seq_cst fence). The writer must then re-check wwait: a reader that made
+ * room while wpolling was still up rang no bell, and left wwait set.
+ * @param r  the ring.
+ * @return   1 when wwait is set (someone must retry the writes), else 0.
+ * Thread: the writer side, after its wpoll_begin.
+ */
+int tdist__cpu_ring_wpoll_end(struct tdist__cpu_ring *r);
 
 #endif

@@ -18,9 +18,11 @@
  *   - doorbells: one byte that means "look at the rings". A writer rings
  *     when the reader is not polling (shm.h: the polling count, which a
  *     waiting caller raises while it drives, drive.c), and a reader rings
- *     when it made room for a writer that found the ring full (wwait);
- *     each side then reads its ring from the progress thread's poll
- *     callback, as it read the socket;
+ *     when it made room for a writer that found the ring full (wwait),
+ *     unless a writer thread polls for room itself (wpolling: a waiting
+ *     caller retries its writes on every pass); each side then reads its
+ *     ring, and retries its writes, from the progress thread's poll
+ *     callback, as it did with the socket;
  *   - the end: the peer's EOF or a socket error is how a dead or leaving
  *     peer is seen, as before. The ring is read to its end first, so what
  *     the peer wrote before it went (its ERR, its goodbye) is read before
@@ -84,7 +86,15 @@ int tdist__cpu_shm_doorbells(cpu_conn_t *c) {
 __attribute__((noinline)) size_t tdist__cpu_shm_put(struct tdist__cpu_ring *r,
                                                     const struct iovec *iov, int cnt) {
   size_t w = tdist__cpu_ring_writev(r, iov, cnt);
-  if (w || !cnt) return w;
+  if (w) {
+    /* In: a wait left by a polling writer (the reader rang no bell for it)
+     * would make the reader ring for nothing later, waking our progress
+     * thread beside the callers. Set again below when full again. */
+    if (atomic_load_explicit(&r->wwait, memory_order_relaxed))
+      atomic_store_explicit(&r->wwait, 0, memory_order_relaxed);
+    return w;
+  }
+  if (!cnt) return 0;
   atomic_store(&r->wwait, 1);
   atomic_thread_fence(memory_order_seq_cst);
   return tdist__cpu_ring_writev(r, iov, cnt);
@@ -108,9 +118,15 @@ ssize_t tdist__cpu_shm_read(cpu_conn_t *c, void *buf, size_t len) {
     errno = EAGAIN;
     return -1;
   }
-  /* Room was made: a writer that found the ring full waits for our bell. */
+  /* Room was made: a writer that found the ring full waits for our bell,
+   * unless one of its threads polls for room (a waiting caller retries its
+   * writes on every pass): a bell would only wake its progress thread,
+   * which takes a core and the engine lock from the callers (64 KiB
+   * broadcast n=2: one op in eight waited tens of us on that wake). The
+   * writer re-checks wwait when it stops polling (wpoll_end): either it
+   * sees wwait still set, or we see wpolling at 0 and ring. */
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load(&r->wwait)) {
+  if (atomic_load(&r->wwait) && atomic_load(&r->wpolling) == 0) {
     atomic_store(&r->wwait, 0);
     ring_bell(c->fd);
   }
@@ -161,11 +177,24 @@ void tdist__cpu_shm_drain(cpu_ctx_t *ctx) {
     if (c && c->rx_ring && !c->dead && !c->parked && tdist__cpu_ring_avail(c->rx_ring) &&
         tdist__cpu_conn_read(c) == 1)
       tdist__cpu_shm_more(ctx);
+    /* A write that waits for room no bell will announce (a waiter polled
+     * for it, then stopped): retried here; a wait with nothing left to
+     * write (its message dropped) is taken back. */
+    if (c && c->tx_ring && !c->dead && atomic_load(&c->tx_ring->wwait)) {
+      if (tdist__list_empty(&c->txq))
+        atomic_store(&c->tx_ring->wwait, 0);
+      else
+        tdist__cpu_conn_drive(c);
+    }
   }
 }
 
 int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
   int left = 0;
+  /* Only a caller that drives retries its writes on each pass: without
+   * TDIST_CPU_DRIVE the writer's side is not polled, and peers must ring.
+   * Read here alone, so on and off agree. */
+  int wpoll = tdist__param_CpuDrive() != 0;
   /* Under mark_mu, so a ring attached meanwhile (lazy.c) gets exactly the
    * marks that will be taken off it. */
   pthread_mutex_lock(&ctx->mark_mu);
@@ -175,21 +204,27 @@ int tdist__cpu_shm_mark(cpu_ctx_t *ctx, int on) {
     if (!c || !c->rx_ring) continue;
     if (on) {
       tdist__cpu_ring_poll_begin(c->rx_ring);
+      if (c->tx_ring && wpoll) tdist__cpu_ring_wpoll_begin(c->tx_ring);
     } else {
       tdist__cpu_ring_poll_end(c->rx_ring);
-      left |= tdist__cpu_ring_avail(c->rx_ring) != 0;
+      if (tdist__cpu_ring_avail(c->rx_ring)) left |= CPU_SHM_LEFT_BYTES;
+      if (c->tx_ring && wpoll && tdist__cpu_ring_wpoll_end(c->tx_ring)) left |= CPU_SHM_LEFT_ROOM;
     }
   }
   pthread_mutex_unlock(&ctx->mark_mu);
   return left;
 }
 
-void tdist__cpu_shm_attach_rx(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *ring) {
-  if (!ring) return;
+void tdist__cpu_shm_attach(cpu_ctx_t *ctx, cpu_conn_t *c, struct tdist__cpu_ring *rx,
+                           struct tdist__cpu_ring *tx) {
+  if (!rx || !tx) return; /* a pair has both rings or none (setup) */
   pthread_mutex_lock(&ctx->mark_mu);
-  for (int k = 0; k < ctx->nmarks; k++)
-    tdist__cpu_ring_poll_begin(ring);
-  c->rx_ring = ring;
+  for (int k = 0; k < ctx->nmarks; k++) {
+    tdist__cpu_ring_poll_begin(rx);
+    if (tdist__param_CpuDrive()) tdist__cpu_ring_wpoll_begin(tx);
+  }
+  c->rx_ring = rx;
+  c->tx_ring = tx;
   pthread_mutex_unlock(&ctx->mark_mu);
 }
 

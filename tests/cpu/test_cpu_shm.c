@@ -9,6 +9,11 @@
  *                 written, in order.
  *   doorbell      needs_doorbell is 1 with nobody polling, 0 between
  *                 poll_begin and poll_end (nested too), 1 again after.
+ *   room_bell     the writer's side of the doorbell (shm_conn.c): a reader
+ *                 that makes room in a ring a writer found full (wwait)
+ *                 rings its bell only while no writer thread polls
+ *                 (wpolling); wpoll_end reports the wait left set; a write
+ *                 that goes in clears it.
  *   map_errors    seg_map of a bad pid, a bad fd, a file that is not a
  *                 segment, or a size beyond the segment fails with a code
  *                 (no crash); mapping our own segment aliases its pages.
@@ -41,10 +46,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cpu/cpu.h"
 #include "cpu/shm.h"
 #include "tdist/errors.h"
 
@@ -304,6 +311,54 @@ static void test_doorbell(void **state) {
   tdist__cpu_shm_seg_destroy(&s);
 }
 
+/* One byte on fd within a short wait: a bell (1), or none (0). */
+static int bell_rang(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  char b[16];
+  if (poll(&p, 1, 50) != 1) return 0;
+  return recv(fd, b, sizeof(b), MSG_DONTWAIT) > 0;
+}
+
+static void test_room_bell(void **state) {
+  tdist__cpu_shm_seg_t s;
+  assert_int_equal(tdist__cpu_shm_seg_create(1, 4096, &s), 0);
+  struct tdist__cpu_ring *r = tdist__cpu_shm_ring(s.base, s.ring_bytes, 0);
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  cpu_conn_t c = {.fd = sv[0], .rx_ring = r}; /* the reader's side of the pair */
+  static uint8_t buf[4096];
+  struct iovec iov = {buf, sizeof(buf)};
+  assert_int_equal(tdist__cpu_shm_put(r, &iov, 1), 4096);
+  assert_int_equal(tdist__cpu_shm_put(r, &iov, 1), 0); /* full: waits for room */
+  assert_int_equal(atomic_load(&r->wwait), 1);
+  /* A polling writer: room made without a bell, the wait left set. */
+  tdist__cpu_ring_wpoll_begin(r);
+  tdist__cpu_ring_wpoll_begin(r); /* nested */
+  assert_int_equal(tdist__cpu_shm_read(&c, buf, 100), 100);
+  assert_int_equal(bell_rang(sv[1]), 0);
+  assert_int_equal(tdist__cpu_ring_wpoll_end(r), 1); /* still one polling */
+  assert_int_equal(tdist__cpu_shm_read(&c, buf, 100), 100);
+  assert_int_equal(bell_rang(sv[1]), 0);
+  assert_int_equal(tdist__cpu_ring_wpoll_end(r), 1); /* the last: someone must retry */
+  /* Nobody polls: the next room made rings, and clears the wait. */
+  assert_int_equal(tdist__cpu_shm_read(&c, buf, 100), 100);
+  assert_int_equal(bell_rang(sv[1]), 1);
+  assert_int_equal(atomic_load(&r->wwait), 0);
+  /* A write that goes in clears a wait a polling writer left. */
+  assert_int_equal(tdist__cpu_shm_put(r, &iov, 1), 300);
+  assert_int_equal(tdist__cpu_shm_put(r, &iov, 1), 0);
+  tdist__cpu_ring_wpoll_begin(r);
+  assert_int_equal(tdist__cpu_shm_read(&c, buf, 64), 64);
+  assert_int_equal(tdist__cpu_shm_put(r, &iov, 1), 64);
+  assert_int_equal(atomic_load(&r->wwait), 0);
+  assert_int_equal(tdist__cpu_ring_wpoll_end(r), 0);
+  assert_int_equal(tdist__cpu_shm_read(&c, buf, 64), 64);
+  assert_int_equal(bell_rang(sv[1]), 0); /* no wait, no bell */
+  close(sv[0]);
+  close(sv[1]);
+  tdist__cpu_shm_seg_destroy(&s);
+}
+
 static void test_map_errors(void **state) {
   tdist__cpu_shm_seg_t s;
   assert_int_equal(tdist__cpu_shm_seg_create(2, 4096, &s), 0);
@@ -527,9 +582,10 @@ static void test_threads(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_layout),    cmocka_unit_test(test_full_wrap),
-      cmocka_unit_test(test_doorbell),  cmocka_unit_test(test_map_errors),
-      cmocka_unit_test(test_two_procs), cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_layout),     cmocka_unit_test(test_full_wrap),
+      cmocka_unit_test(test_doorbell),   cmocka_unit_test(test_room_bell),
+      cmocka_unit_test(test_map_errors), cmocka_unit_test(test_two_procs),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
