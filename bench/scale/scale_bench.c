@@ -392,7 +392,7 @@ int main(int argc, char **argv) {
         reads += lazy_peers(r, g_cfg.n, peers);
     }
     if (g_cfg.hrdzv)
-      printf("world_create %.3f s (through the agents' store proxies: 2 handles, 2 requests per "
+      printf("world_create %.3f s (through the agents' store proxies: 1 handle, 2 requests per "
              "rank)\n",
              max_t(offsetof(rank_slot_t, t_group)) - t);
     else

@@ -344,12 +344,11 @@ int client_proc(int idx) {
     char host[32];
     snprintf(host, sizeof(host), "127.0.0.%d", 1 + idx % g_cfg.addrs);
     g_p.wroot = calloc((size_t)nl, sizeof(*g_p.wroot));
-    g_p.wmon = calloc((size_t)nl, sizeof(*g_p.wmon));
     if (g_cfg.etcd) { /* the agent's rendezvous and proxy need the TCP store */
       fail_msg(g_p.lo, "--hosts-rdzv with --etcd");
       goto fail;
     }
-    if (!g_p.wroot || !g_p.wmon || hosts_rdzv_listen(idx) || open_store(host, &g_p.agent_rdzv) ||
+    if (!g_p.wroot || hosts_rdzv_listen(idx) || open_store(host, &g_p.agent_rdzv) ||
         trun_proxy_start("127.0.0.1", atomic_load(&g_shm->port), &g_p.proxy)) {
       fail_msg(g_p.lo, "host agent (rendezvous) listen or connect");
       goto fail;
@@ -412,13 +411,10 @@ fail:
   for (int i = 0; i < ndrivers; i++)
     pthread_join(drivers[i], NULL);
   if (g_p.agent_rdzv) tdist_store_release(g_p.agent_rdzv);
-  for (int i = 0; g_p.wroot && i < nl; i++) { /* the ranks' handles, then their proxy */
+  for (int i = 0; g_p.wroot && i < nl; i++) /* the ranks' handles, then their proxy */
     if (g_p.wroot[i]) tdist_store_release(g_p.wroot[i]);
-    if (g_p.wmon[i]) tdist_store_release(g_p.wmon[i]);
-  }
   trun_proxy_stop(g_p.proxy);
   free(g_p.wroot);
-  free(g_p.wmon);
   if (g_p.agent_lfd >= 0) close(g_p.agent_lfd);
   if (g_p.agent_beat) { /* its ranks leave, then the agent */
     size_t cap = (size_t)nl * 16 + 16, len = 0;

@@ -69,7 +69,7 @@ typedef struct {
   char agent_name[64];                     /* --hosts-rdzv: its abstract socket's name */
   int agent_lfd;                           /* --hosts-rdzv: its listening socket */
   struct trun_proxy *proxy;                /* --hosts-rdzv: its store proxy */
-  tdist_store_t **wroot, **wmon;           /* --hosts-rdzv: each rank's handles through the agent */
+  tdist_store_t **wroot;                   /* --hosts-rdzv: each rank's handle through the agent */
   tdist_store_t **s; /* conns per rank: [0] rendezvous/world, [1] monitor, [2] heartbeat */
   pthread_mutex_t mu;
   pthread_cond_t cv;

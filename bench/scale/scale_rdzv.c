@@ -52,25 +52,24 @@ int hosts_rdzv_listen(int idx) {
 }
 
 /* (driver thread) What the world group's creation does on the store for
- * rank r under tdistrun (store through the agent): its root store and the
- * monitor's second connection opened through the agent
- * (tdist__store_connect_agent, tdist__store_reconnect), the monitor's
- * first record (add "tdist/aborts/count" 0), the CPU backend's lazy address
- * (cpu/lazy.c: set "cpu/addr/<r>" under the group's prefix); the job id
- * came with the rendezvous (core/group/context.c asks the store only
- * without one). The monitor's hello to the agent is --hosts-agg's. The handles
- * stay open, as a rank keeps them. 0, or -1 (failure counted). */
+ * rank r under tdistrun (store through the agent): its root store opened
+ * through the agent (tdist__store_connect_agent), the monitor's first
+ * record read on it (add "tdist/aborts/count" 0: the monitor's own
+ * connection is opened only when it first publishes, monitor.c), the CPU
+ * backend's lazy address (cpu/lazy.c: set "cpu/addr/<r>" under the group's
+ * prefix); the job id came with the rendezvous (core/group/context.c asks
+ * the store only without one). The monitor's hello to the agent is
+ * --hosts-agg's. The handle stays open, as a rank keeps it. 0, or -1
+ * (failure counted). */
 static int world_create(int r) {
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT,
                           .timeout_ms = (int64_t)(g_cfg.phase_timeout_s * 1000)};
   char addr[64], key[64], val[64];
-  tdist_store_t **root = &g_p.wroot[r - g_p.lo], **mon = &g_p.wmon[r - g_p.lo];
+  tdist_store_t **root = &g_p.wroot[r - g_p.lo];
   int64_t count = 0;
   snprintf(addr, sizeof(addr), "127.0.0.1:%d", atomic_load(&g_shm->port));
-  if (tdist__store_connect_agent(g_p.agent_name, addr, &o, root) ||
-      tdist__store_reconnect(*root, o.timeout_ms, mon))
-    goto fail;
-  if (tdist_store_add(*mon, "tdist/aborts/count", 0, &count)) goto fail;
+  if (tdist__store_connect_agent(g_p.agent_name, addr, &o, root)) goto fail;
+  if (tdist_store_add(*root, "tdist/aborts/count", 0, &count)) goto fail;
   snprintf(key, sizeof(key), "tdist/g/0/cpu/addr/%d", r);
   int vl = snprintf(val, sizeof(val), "127.0.%d.%d:%d", (r >> 8) & 255, r & 255, 20000 + r % 30000);
   if (tdist_store_set(*root, key, val, (size_t)vl)) goto fail;

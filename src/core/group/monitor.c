@@ -1,6 +1,7 @@
 /*
  * monitor.c - see monitor.h. Two threads per runtime context, each with a
- * store connection of its own:
+ * store connection of its own (behind a host agent: the monitor thread's
+ * is opened on first use, the heartbeat thread talks to the agent):
  *   - the monitor thread (here) publishes abort records, waits for records
  *     (from the store, or relayed by the host agent), runs diagnoses and
  *     refreshes the heartbeat's value; its handlers go through the progress
@@ -73,8 +74,38 @@ void tdist__mon_apply_record(tdist__monitor_t *m, const char *rec, size_t len) {
   m->h.on_record(m->h.arg, &r);
 }
 
+/* The store's address for messages: the connection's, or the base's. */
+static const char *mon_address(const tdist__monitor_t *m) {
+  return tdist_store_address(m->conn ? m->conn : m->base);
+}
+
+/* (monitor) The monitor's own connection, opened on first use when its
+ * store is reached through a host agent: a rank that never publishes or
+ * diagnoses costs the agent nothing (100k ranks: 100k connections fewer
+ * at creation, docs/scale.md). 1 when it can be called. */
+static int conn_ready(tdist__monitor_t *m) {
+  if (m->conn) return 1;
+  tdist_store_t *fresh = NULL;
+  if (tdist__store_reconnect(m->base, STORE_CALL_MS, &fresh) != 0) {
+    TDIST_WARN(CORE, "monitor: no store connection through the host agent: %s", tdist_last_error());
+    return 0;
+  }
+  fresh->timeout_ms = STORE_CALL_MS;
+  m->conn = fresh;
+  return 1;
+}
+
+/* (monitor) Something waits for a store call (a record, a diagnosis). */
+static int pending(tdist__monitor_t *m) {
+  pthread_mutex_lock(&m->mu);
+  int n = m->nq + m->ndiag;
+  pthread_mutex_unlock(&m->mu);
+  return n > 0;
+}
+
 static void publish_queued(tdist__monitor_t *m) {
   char recs[QUEUE_MAX][320];
+  if (!m->conn && (!pending(m) || !conn_ready(m))) return; /* (kept for the next round) */
   pthread_mutex_lock(&m->mu);
   int n = m->nq;
   memcpy(recs, m->queue, sizeof(recs[0]) * (size_t)n);
@@ -226,6 +257,7 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
 
 static void run_diagnoses(tdist__monitor_t *m) {
   struct diag_req reqs[QUEUE_MAX];
+  if (!m->conn && (!pending(m) || !conn_ready(m))) return; /* (kept for the next round) */
   pthread_mutex_lock(&m->mu);
   int n = m->ndiag;
   memcpy(reqs, m->diag, sizeof(reqs[0]) * (size_t)n);
@@ -246,8 +278,10 @@ static int store_check(tdist__monitor_t *m) {
     TDIST_WARN(CORE,
                "monitor: the store (through the host agent '%s') has not answered for %lld ms",
                m->agent_name, (long long)silent);
-    m->h.on_store_lost(m->h.arg, silent, tdist_store_address(m->conn));
+    m->h.on_store_lost(m->h.arg, silent, mon_address(m));
   }
+  /* Not opened yet (behind an agent): opened when something needs it. */
+  if (!m->conn) return !pending(m) || conn_ready(m);
   if (tdist__store_alive(m->conn)) return 1;
   if (!m->store_lost && limit > 0 && silent > limit) {
     m->store_lost = 1;
@@ -339,13 +373,26 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
   m->world_rank = world_rank;
   m->h = *h;
   m->agent_fd = -1;
-  /* No lock is held here: connecting may take a while. */
-  TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
-  m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
   int64_t count = 0;
-  TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
+  if (store->root->agent) {
+    /* Through a host agent (tools/launcher/agent_proxy.c): the count on the
+     * caller's own connection (nothing else waits on it while its context
+     * is made), the monitor's connection on first use (conn_ready). */
+    TDIST_CHECKGOTO(tdist__store_root_view(store, &m->base), rc, fail);
+    TDIST_CHECKGOTO(tdist_store_add(m->base, COUNT_KEY, 0, &count), rc, fail);
+  } else {
+    /* No lock is held here: connecting may take a while. */
+    TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
+    m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
+    TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
+  }
   m->next = count + 1; /* records of earlier jobs on this store are history */
   tdist__mon_agent_open(m);
+  /* No agent to relay the records after all: the monitor waits for them. */
+  if (m->agent_fd < 0 && !m->conn) {
+    TDIST_CHECKGOTO(tdist__store_reconnect(m->base, STORE_CALL_MS * 10, &m->conn), rc, fail);
+    m->conn->timeout_ms = STORE_CALL_MS;
+  }
   if (m->agent_fd < 0)
     TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->hb_conn), rc, fail);
   /* A heartbeat may wait for a slow store up to the heartbeat timeout: one
@@ -386,6 +433,7 @@ fail:
   if (m->agent_fd >= 0) close(m->agent_fd);
   if (m->hb_conn) tdist_store_release(m->hb_conn);
   if (m->conn) tdist_store_release(m->conn);
+  if (m->base) tdist_store_release(m->base);
   pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   tdist__free(m);
@@ -407,7 +455,8 @@ void tdist__monitor_stop(tdist__monitor_t *m) {
   pthread_join(m->hb_thread, NULL);
   if (m->agent_fd >= 0) close(m->agent_fd); /* after its "bye" */
   if (m->hb_conn) tdist_store_release(m->hb_conn);
-  tdist_store_release(m->conn);
+  if (m->conn) tdist_store_release(m->conn);
+  if (m->base) tdist_store_release(m->base);
   pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   tdist__free(m);

@@ -47,7 +47,9 @@ struct tdist__monitor {
 
   /* monitor thread (and start/stop) */
   pthread_t thread;
-  tdist_store_t *conn;
+  tdist_store_t *conn; /* NULL until first use when base is set */
+  tdist_store_t *base; /* store through a host agent: conn is opened from it on
+                          first use (a publish, a diagnosis), or NULL */
   tdist__mon_handlers_t h;
   int world_rank;
   int64_t next; /* next record number to wait for */
