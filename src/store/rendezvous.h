@@ -52,6 +52,12 @@ int tdist__rendezvous_round(tdist_store_t *view, int rank, int size, int64_t tim
  */
 int tdist__rendezvous_cleanup(void);
 
+/* rdzv_env.c: this rank and the world's size from opts and the environment
+ * (a missing or contradictory variable is TDIST_ERR_INVALID_ARGUMENT naming
+ * it), and the store's host:port from a tcp:// method or the environment. */
+int tdist__rdzv_rank_size(const tdist_init_opts_t *opts, int *rank, int *size);
+int tdist__rdzv_store_addr(const char *method, char *host, size_t hl, int *port);
+
 /* The job's id for rendezvous round `round` on the view "tdist/rdzv/"
  * (rendezvous.c): TDIST_JOB_ID, else the first proposal stored. */
 int tdist__rdzv_agree_job(tdist_store_t *view, int64_t round, char *job, size_t jl);
