@@ -45,7 +45,7 @@
  * ranks no connection and no thread, skipping phases 1 and 2, so that the
  * liveness part alone runs at 100k ranks within the descriptor limit.
  * --hosts-rdzv (implies --hosts-agg) runs the rendezvous per host instead
- * of 1. (scale_rdzv.c): each rank thread says "rdzv" to its process's
+ * of 1. (scale_rdzv.c): every rank says "rdzv" (driver threads) to its process's
  * agent over a unix socket (the real rank side), the agent counts them all
  * in with one tdist_store_rendezvous_host call on a connection of its own;
  * with -c 0 the ranks have threads for this but no store connection.

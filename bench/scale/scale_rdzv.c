@@ -1,8 +1,9 @@
 /*
  * scale_rdzv.c - tdist_bench_scale --hosts-rdzv: the world rendezvous per
- * host (tools/launcher/agent_rdzv.c, store/rdzv_host.c; issue 30). Each
- * rank thread runs the rank's real side (tdist__rdzv_via_agent: one line
- * to its host agent's abstract unix socket, one line back); per client
+ * host (tools/launcher/agent_rdzv.c, store/rdzv_host.c; issue 30).
+ * RDZV_DRIVERS threads per client process run their ranks' real side
+ * (tdist__rdzv_agent_ask/_answer, the halves of tdist__rdzv_via_agent: one
+ * line to the host agent's abstract unix socket, one line back); per client
  * process one agent thread stands for tdistrun's agent: it accepts its
  * local ranks' connections, reads their "rdzv" lines and, once all are in,
  * counts them into the world with the real tdist_store_rendezvous_host on a
