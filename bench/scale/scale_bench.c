@@ -48,7 +48,7 @@
  * of 1. (scale_rdzv.c): every rank says "rdzv" (driver threads) to its process's
  * agent over a unix socket (the real rank side), the agent counts them all
  * in with one tdist_store_rendezvous_host call on a connection of its own;
- * with -c 0 the ranks have threads for this but no store connection.
+ * with -c 0 the ranks have no store connection of their own.
  * The server's dead-rank detector (store/liveness.c) is the real one, with
  * TDIST_HEARTBEAT_TIMEOUT_MS from the environment (default 5000).
  *
