@@ -248,7 +248,11 @@ typedef struct tdist_backend_ops {
    * stream). An error fails the call; the op is not submitted. A backend
    * with caps.drives returns 1 when it started the op here (its post then
    * only marks it posted): the core may then delay the progress thread's
-   * post until the caller's wait outlasts its spin. */
+   * post until the caller's wait outlasts its spin, and for a synchronous
+   * op (quiet) it never posts it at all when the caller's test claims its
+   * success within that spin: the core then finishes the op on the
+   * caller's thread. So once test returned 1 for an op the core has not
+   * posted, the backend must keep nothing that only a post would clear. */
   int (*submit)(void *state, tdist_backend_op_t *op);
 
   /* Progress thread. Start the op. A negative return fails the op with that

@@ -34,11 +34,13 @@
  * poll (needs_poll, caps.wakes) runs loop_sync.
  *
  * An op submit started is ahead of the core, which posts it later from its
- * queue; the engine may complete it before that (on either thread), so its
- * completion is held until the core's post (tdist__cpu_post_early). Submit
- * starts an op only when no earlier op of the group is still in the core's
- * queue (cg->queued), so the backend starts a group's ops in submission
- * order, as the core numbers them.
+ * queue, or never (a synchronous op its caller drives to the end is
+ * finished by the core on the caller's thread: ops.c); the engine may
+ * complete it before that (on either thread), and then only sets its ok
+ * flag: the core's post, if it comes, hands the completion over
+ * (tdist__cpu_post_early). Submit starts an op only when no earlier op of
+ * the group is still in the core's queue (cg->queued), so the backend
+ * starts a group's ops in submission order, as the core numbers them.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -62,7 +64,6 @@ static void deliver_held(cpu_ctx_t *ctx) {
   tdist__list_foreach_safe(n, next, &ctx->held) {
     tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
     cpu_bop_t *b = cpu_bop(bop);
-    if (b->early && !b->posted) continue; /* tdist__cpu_post_early hands it over */
     tdist__list_remove(n);
     b->held = 0;
     tdist_backend_complete(bop, 0, "ok");
@@ -131,20 +132,26 @@ void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, .
 
 void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop) {
   cpu_bop_t *b = cpu_bop(bop);
+  /* An op the core has not posted yet is handed over by that post
+   * (tdist__cpu_post_early), or never: a synchronous op its caller claims
+   * before handing it over is finished by the core on that thread
+   * (backend.h, submit). Either way ok is all it needs, and bop is not
+   * touched after the store: the caller may reuse it at once. */
+  if (b->early && !b->posted) {
+    atomic_store_explicit(&b->ok, 1, memory_order_release);
+    return;
+  }
   atomic_store_explicit(&b->ok, 1, memory_order_release);
-  if (!ctx->caller && (!b->early || b->posted)) {
+  if (!ctx->caller) {
     tdist_backend_complete(bop, 0, "ok");
     return;
   }
   b->held = 1;
   tdist__list_push_back(&ctx->held, &bop->link);
-  /* An op the core has not posted yet is handed over by that post (its
-   * submission wakes the loop anyway): no wake-up of our own for it. A
-   * quiet one (backend.h: a synchronous op its caller claims now) waits for
-   * the progress thread's next entry, up to QUIET_MAX of them: waking the
-   * loop for each would keep the progress thread busy beside the callers,
-   * taking their cores and the engine lock. */
-  if (!ctx->caller || (b->early && !b->posted)) return;
+  /* A quiet one (backend.h: a synchronous op its caller claims now) waits
+   * for the progress thread's next entry, up to QUIET_MAX of them: waking
+   * the loop for each would keep the progress thread busy beside the
+   * callers, taking their cores and the engine lock. */
   if (!bop->quiet || ++ctx->nquiet >= QUIET_MAX) ctx->loop_stale = 1;
 }
 
@@ -165,11 +172,8 @@ int tdist__cpu_post_early(cpu_group_t *cg, tdist_backend_op_t *bop) {
     return 0;
   }
   b->posted = 1;
-  if (b->held) {
-    tdist__list_remove(&bop->link);
-    b->held = 0;
-    tdist_backend_complete(bop, 0, "ok");
-  }
+  /* Completed before this post (engine lock: no race with op_done). */
+  if (atomic_load_explicit(&b->ok, memory_order_acquire)) tdist_backend_complete(bop, 0, "ok");
   return 1;
 }
 

@@ -106,19 +106,42 @@ const char *tdist__param_str(const char *name, const char *dflt) {
   return out;
 }
 
+/* LOCAL_WORLD_SIZE (0: unknown) and the CPUs this process may use, read once. */
+static void host_counts(long *local, long *cpus) {
+  static _Atomic long c_local = -1, c_cpus = -1;
+  long l = atomic_load_explicit(&c_local, memory_order_relaxed);
+  long c = atomic_load_explicit(&c_cpus, memory_order_relaxed);
+  if (l < 0 || c < 0) {
+    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    l = lws ? strtol(lws, NULL, 10) : 0;
+    if (l < 0) l = 0;
+    cpu_set_t set;
+    c = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (c <= 0) c = sysconf(_SC_NPROCESSORS_ONLN);
+    if (c < 0) c = 0;
+    atomic_store_explicit(&c_cpus, c, memory_order_relaxed);
+    atomic_store_explicit(&c_local, l, memory_order_relaxed);
+  }
+  *local = l;
+  *cpus = c;
+}
+
 int tdist__oversubscribed(void) {
   static _Atomic int cached = -1;
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v >= 0) return v;
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  long local = lws ? strtol(lws, NULL, 10) : 0;
-  cpu_set_t set;
-  long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  if (cpus <= 0) cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  long local, cpus;
+  host_counts(&local, &cpus);
   v = local > 0 && cpus > 0 && local * 2 > cpus;
   if (v) TDIST_INFO(CORE, "%ld local ranks on %ld CPUs: spin-waiting off by default", local, cpus);
   atomic_store_explicit(&cached, v, memory_order_relaxed);
   return v;
+}
+
+int tdist__ranks_exceed_cpus(void) {
+  long local, cpus;
+  host_counts(&local, &cpus);
+  return local > 0 && cpus > 0 && local > cpus;
 }
 
 const char *tdist__env_raw(const char *name) {

@@ -34,6 +34,16 @@ const char *tdist__env_raw(const char *name);
  */
 int tdist__oversubscribed(void);
 
+/*
+ * 1 when this host's ranks (LOCAL_WORLD_SIZE) outnumber the CPUs this
+ * process may use: a waiting caller that busy-polls would then hold the
+ * core a peer's caller needs, so it yields from its first test instead
+ * (core/work/work.c, TDIST_DRIVE_BUSY_US). Unlike tdist__oversubscribed it
+ * does not count progress threads: a caller that drives its own op leaves
+ * the progress thread asleep. 0 when LOCAL_WORLD_SIZE is unset.
+ */
+int tdist__ranks_exceed_cpus(void);
+
 /* Make s (NUL-terminated, in place) a job id that is safe in a file name
  * and a JSON string: printable ASCII without '"', '\\' or '/', at most 63
  * characters, "-" when nothing is left. */

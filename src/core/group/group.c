@@ -48,7 +48,7 @@ static int group_unwind(tdist_group_t *g) {
   pthread_cond_destroy(&g->cv);
   tdist__free(g->global_ranks);
   tdist__free(g->parent_ranks);
-  tdist__free(g->trace);
+  tdist__trace_free(g->trace);
   tdist__ctx_t *ctx = g->ctx;
   tdist__free(g);
   tdist__ctx_release(ctx); /* may end the rendezvous: after the backend is gone */

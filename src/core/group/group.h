@@ -155,6 +155,11 @@ uint64_t tdist__mix64(uint64_t h, uint64_t v);
 
 /* Queue node run for a submitted work: start it on its backend. */
 void tdist__group_start_work(tdist__qnode_t *node);
+/* Caller thread: finish a synchronous op its thread drove to success
+ * before handing it over (tdist__work_drive_inline): recorded in the
+ * flight recorder, the waiter's polling mark dropped, both references
+ * released. Never on the progress thread's lists. Returns 0. */
+int tdist__group_finish_inline(tdist_work_t *w);
 /* Abort g because of `status`: mark it, call the backend's abort, spread the
  * cause (`spread`: 1 the backend tells the members, 2 an abort record is
  * published, 3 both: a cause found on this rank), finish every work in

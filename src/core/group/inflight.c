@@ -6,7 +6,9 @@
  *
  * Threads: everything here runs on the progress thread, except the monitor
  * handlers (monitor thread, which reach the progress thread through
- * tdist__progress_call) and tdist_backend_aborted (any thread).
+ * tdist__progress_call), tdist_backend_aborted (any thread) and
+ * tdist__group_finish_inline (the caller thread of a synchronous op that
+ * never reached the progress thread).
  *
  * A backend's completion (tdist_backend_complete) writes the status and message
  * into the work and queues its dnode on the progress thread's deferred queue;
@@ -93,6 +95,16 @@ void tdist_backend_complete(tdist_backend_op_t *op, int status, const char *fmt,
   w->completing = 1;
   w->dnode.run = deliver_completion;
   tdist__progress_defer(w->group->ctx->progress, &w->dnode);
+}
+
+int tdist__group_finish_inline(tdist_work_t *w) {
+  w->t_end_ns = atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed);
+  tdist__trace_whole(w->group->trace, w);
+  if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0); /* ops.c marked it */
+  w->marked = 0;
+  tdist__work_unref(w); /* the runtime's */
+  tdist__work_unref(w); /* the caller's */
+  return 0;
 }
 
 /* ---- aborting ------------------------------------------------------------------ */

@@ -17,7 +17,10 @@
 #include "util/error.h"
 #include "util/param.h"
 
-TDIST_PARAM(LazyPost, "TDIST_LAZY_POST", 1)
+/* 1: a synchronous op that a driving backend started in submit is driven
+ * by its own thread before the progress thread hears of it, and is never
+ * handed over when it finishes within the spin (docs/architecture.md). */
+TDIST_PARAM(InlineSync, "TDIST_INLINE_SYNC", 1)
 
 /* Hand a validated op to the backend and the progress thread (ops_int.h). */
 int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
@@ -81,16 +84,19 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   w->test_state = g->bstate;
   w->drives = w->test && g->bk->caps.drives;
   w->drive_mark = w->drives ? g->bk->ops->drive_mark : NULL;
-  w->progress = g->ctx->progress;
   if (started) w->t_start_ns = tdist__now_ns(); /* the flight recorder's start (work.c) */
+  /* A synchronous op the backend started and this thread drives needs the
+   * progress thread for nothing if it finishes within the spin: it is
+   * recorded and released here. Each hand-off cost a wake-up of the
+   * progress thread, which on a host with a core per rank took a caller's
+   * core (the bookkeeping of 64 ops at a time: 50-150 us, every 64th op). */
+  if (!out && started && w->drives && tdist__param_InlineSync()) {
+    if (tdist__work_drive_inline(w, &g->aborted)) return tdist__group_finish_inline(w);
+    /* Still running after the spin (or its group aborted): the progress
+     * thread takes it over as any op, and the wait below sleeps. */
+  }
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
-  /* A synchronous op the backend started and this thread now drives needs
-   * the progress thread only for bookkeeping: it is not woken for it unless
-   * the wait outlasts its spin (work.c), which saves a wake-up per small op. */
-  if (!out && started && w->drives && tdist__param_LazyPost())
-    tdist__progress_push_lazy(g->ctx->progress, &w->qnode);
-  else
-    tdist__progress_push(g->ctx->progress, &w->qnode);
+  tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {
     *out = w;
     return 0;

@@ -9,10 +9,9 @@
  * prepare callback right before the loop polls with a timeout); while the
  * loop spins, submission is a CAS and nothing else. The flag and the queue
  * form a Dekker pair (both seq_cst): either the producer sees sleeping == 1
- * and wakes the loop, or the loop sees the new node before it blocks. A
- * lazy push (tdist__progress_push_lazy) skips the wake: the node waits for
- * the loop's next wake, a flush, or the 64th such node (ops.c uses it for
- * the bookkeeping of a synchronous op its caller drives to the end).
+ * and wakes the loop, or the loop sees the new node before it blocks. (A
+ * synchronous op its caller drives to the end is never pushed at all:
+ * ops.c.)
  *
  * Deferred nodes: a FIFO owned by the progress thread. Queuing one makes
  * sure the loop will not block in this iteration (the idle handle forces a
@@ -57,7 +56,6 @@ struct tdist_progress {
   _Atomic(tdist__qnode_t *) queue;
   atomic_int sleeping;
   atomic_int woken; /* tdist__progress_wake_any: poll now */
-  atomic_int lazy;  /* nodes pushed without a wake since the last drain */
   int refs;         /* guarded by global_mu */
 
   /* progress thread */
@@ -91,24 +89,8 @@ void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node) {
   if (atomic_load(&p->sleeping)) uv_async_send(&p->async);
 }
 
-/* At most this many nodes wait for a wake (their memory is bounded). */
-#define LAZY_MAX 64
-
-void tdist__progress_push_lazy(tdist_progress_t *p, tdist__qnode_t *node) {
-  tdist__qnode_t *head = atomic_load(&p->queue);
-  do {
-    node->next = head;
-  } while (!atomic_compare_exchange_weak(&p->queue, &head, node));
-  if (atomic_fetch_add(&p->lazy, 1) + 1 >= LAZY_MAX) tdist__progress_flush_lazy(p);
-}
-
-void tdist__progress_flush_lazy(tdist_progress_t *p) {
-  if (atomic_exchange(&p->lazy, 0) > 0 && atomic_load(&p->sleeping)) uv_async_send(&p->async);
-}
-
 /* Run everything submitted, oldest first. Returns the number of nodes run. */
 static int drain(tdist_progress_t *p) {
-  atomic_store(&p->lazy, 0); /* taken below, whether or not they woke us */
   tdist__qnode_t *list = atomic_exchange(&p->queue, NULL);
   if (!list) return 0;
   tdist__qnode_t *rev = NULL;
@@ -172,12 +154,6 @@ void tdist__progress_undefer(tdist_progress_t *p, tdist__qnode_t *node) {
 /* Run the deferred nodes, including those they queue. Returns how many. */
 static int run_deferred(tdist_progress_t *p) {
   int n = 0;
-  /* Ops queued without a wake (tdist__progress_push_lazy: their backend
-   * started them already) are started first, so a failure delivered here
-   * finds them running, as it would have without the laziness: they are
-   * failed with the group (or keep a success a caller claimed), and the
-   * flight recorder shows them started, not still queued. */
-  if (p->defer_head && !p->stopping && atomic_load(&p->lazy) > 0) n += drain(p);
   while (p->defer_head) {
     tdist__qnode_t *node = p->defer_head;
     p->defer_head = node->next;

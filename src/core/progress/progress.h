@@ -68,15 +68,6 @@ void tdist__progress_release(tdist_progress_t *p);
 
 /* Any thread: hand a node to the progress thread. */
 void tdist__progress_push(tdist_progress_t *p, tdist__qnode_t *node);
-/* Any thread: push without waking a sleeping loop; it runs at the loop's
- * next wake, at a tdist__progress_flush_lazy, or when LAZY_MAX (64) such
- * nodes wait. For the bookkeeping of an op a caller already started and is
- * about to wait on (ops.c): if it finishes within the caller's spin, the
- * progress thread need not wake for it at all (work.c flushes otherwise). */
-void tdist__progress_push_lazy(tdist_progress_t *p, tdist__qnode_t *node);
-/* Any thread: wake the loop if lazy nodes wait. */
-void tdist__progress_flush_lazy(tdist_progress_t *p);
-
 /* Any thread: run fn(arg) on the progress thread and wait for it to return.
  * On the progress thread itself, runs fn inline. */
 void tdist__progress_call(tdist_progress_t *p, void (*fn)(void *arg), void *arg);

@@ -1,5 +1,6 @@
 /*
- * trace.c - the flight recorder: recording (progress thread) and JSON dumps
+ * trace.c - the flight recorder: recording (progress thread, or the caller
+ * thread of a synchronous op it finished itself, under the ring's mutex) and JSON dumps
  * (written on the caller's thread or the worker thread, never the progress
  * thread).
  *
@@ -37,8 +38,17 @@ tdist__trace_t *tdist__trace_new(void) {
   if (cap <= 0) return NULL;
   if (cap > (1 << 20)) cap = 1 << 20;
   tdist__trace_t *t = tdist__calloc(1, sizeof(*t) + sizeof(tdist__trace_rec_t) * (size_t)cap);
-  if (t) t->cap = (uint32_t)cap;
+  if (t) {
+    t->cap = (uint32_t)cap;
+    pthread_mutex_init(&t->mu, NULL);
+  }
   return t;
+}
+
+void tdist__trace_free(tdist__trace_t *t) {
+  if (!t) return;
+  pthread_mutex_destroy(&t->mu);
+  tdist__free(t);
 }
 
 static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
@@ -60,15 +70,13 @@ static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
   r->status = state >= TDIST_WORK_COMPLETED ? w->status : 0;
 }
 
-void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w) {
-  if (!t) return;
+static void start_locked(tdist__trace_t *t, const tdist_work_t *w) {
   uint64_t seq = w->bop.seq;
   fill(&t->recs[seq % t->cap], w, TDIST_WORK_RUNNING);
   if (seq + 1 > t->recorded) t->recorded = seq + 1;
 }
 
-void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w) {
-  if (!t) return;
+static void end_locked(tdist__trace_t *t, const tdist_work_t *w) {
   uint64_t seq = w->bop.seq;
   tdist__trace_rec_t *r = &t->recs[seq % t->cap];
   if (r->seq != seq || r->t_enqueue_ns != w->t_enqueue_ns) {
@@ -76,6 +84,32 @@ void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w) {
     if (seq + 1 > t->recorded) t->recorded = seq + 1;
   }
   fill(r, w, tdist__work_state_for(w->status)); /* published after this */
+}
+
+void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w) {
+  if (!t) return;
+  pthread_mutex_lock(&t->mu);
+  start_locked(t, w);
+  pthread_mutex_unlock(&t->mu);
+}
+
+void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w) {
+  if (!t) return;
+  pthread_mutex_lock(&t->mu);
+  end_locked(t, w);
+  pthread_mutex_unlock(&t->mu);
+}
+
+void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w) {
+  if (!t) return;
+  pthread_mutex_lock(&t->mu);
+  /* Later ops may have started meanwhile (other threads'): this one only
+   * fills its own slot, and none at all once it is older than the ring. */
+  if (w->bop.seq + t->cap >= t->recorded) {
+    start_locked(t, w);
+    end_locked(t, w);
+  }
+  pthread_mutex_unlock(&t->mu);
 }
 
 static const char *state_name(int s) {
@@ -106,7 +140,9 @@ tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist_
     tdist__free(d);
     return NULL;
   }
-  memcpy(d->t, t, bytes);
+  pthread_mutex_lock((pthread_mutex_t *)&t->mu);
+  memcpy(d->t, t, bytes); /* the copy's mutex is never used */
+  pthread_mutex_unlock((pthread_mutex_t *)&t->mu);
   memcpy(d->ranks, m->ranks, sizeof(int) * (size_t)m->size);
   d->m = *m;
   d->m.ranks = d->ranks;

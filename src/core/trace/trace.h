@@ -2,8 +2,11 @@
  * trace.h - the flight recorder inside the runtime (internal; layer 4, above
  * work, progress and util).
  *
- * A passive ring of the last N ops of a group, written by the progress
- * thread only (when an op starts and when it finishes). A dump is a
+ * A passive ring of the last N ops of a group, written when an op starts
+ * and when it finishes: by the progress thread, or by the caller thread of
+ * a synchronous op that never reached the progress thread (ops.c: a caller
+ * that drives its op to the end within its spin records it itself). `mu`
+ * makes the two writers and a snapshot take turns. A dump is a
  * snapshot (the ring and a description of the group, taken on the progress
  * thread by whoever owns the group) written to a file by another thread: the
  * progress thread never writes files. Times are CLOCK_MONOTONIC ns,
@@ -13,6 +16,7 @@
 #ifndef TDIST_CORE_TRACE_H
 #define TDIST_CORE_TRACE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "core/work/work.h"
@@ -27,7 +31,8 @@ typedef struct tdist__trace_rec {
 } tdist__trace_rec_t;
 
 typedef struct tdist__trace {
-  uint64_t recorded; /* records ever written (dropped = recorded - cap) */
+  pthread_mutex_t mu; /* every access below (a record is tens of bytes) */
+  uint64_t recorded;  /* records ever written (dropped = recorded - cap) */
   uint32_t cap;
   tdist__trace_rec_t recs[];
 } tdist__trace_t;
@@ -49,11 +54,18 @@ typedef struct tdist__trace_dump tdist__trace_dump_t;
 
 /* Caller thread, at group creation: NULL when TDIST_TRACE_BUFFER_SIZE=0. */
 tdist__trace_t *tdist__trace_new(void);
-/* Progress thread. */
+/* Progress thread, or the caller thread of a synchronous op it finished
+ * itself (ops.c). */
 void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w);
 void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w);
+/* Caller thread: the start and the end of a synchronous op that never
+ * reached the progress thread, in one turn. */
+void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w);
+/* Caller thread, at group destroy. */
+void tdist__trace_free(tdist__trace_t *t);
 
-/* Progress thread: a copy of the ring and of m, or NULL (no memory). */
+/* Progress thread (the copy is taken under mu: a caller may be recording):
+ * a copy of the ring and of m, or NULL (no memory). */
 tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist__trace_meta_t *m);
 /* Any thread but the progress thread (it writes a file): write d to `path`
  * (NULL: the default path, TDIST_TRACE_PREFIX + name + rank) as JSON Lines

@@ -27,10 +27,14 @@
  * Caller-driven ops (caps.drives, the CPU backend): the backend's test does
  * more than look, it moves the op (reads and writes its transport, runs its
  * rounds) on the waiting thread, under the backend's own lock. Such a
- * waiter keeps testing (TDIST_DRIVE_SPIN_US, yielding between tests) before
- * it sleeps, and may test an op the backend started in submit while the
- * work is still QUEUED; a success claimed then stays (tdist__work_running
- * moves only QUEUED to RUNNING).
+ * waiter keeps testing (TDIST_DRIVE_SPIN_US: busy for TDIST_DRIVE_BUSY_US,
+ * then yielding between tests) before it sleeps, and may test an op the
+ * backend started in submit while the work is still QUEUED; a success
+ * claimed then stays (tdist__work_running moves only QUEUED to RUNNING).
+ * A synchronous op the backend started in submit is first driven by its
+ * thread before the progress thread hears of it at all
+ * (tdist__work_drive_inline): finished within the spin, it never reaches
+ * the progress thread.
  */
 #include "core/work/work.h"
 
@@ -68,6 +72,25 @@ TDIST_PARAM(WaitSpinNs, "TDIST_WAIT_SPIN_NS", TDIST_SPIN_DEFAULT(20000))
  * here the waiter does the op's work itself, it does not wait for another
  * thread to. */
 TDIST_PARAM(DriveSpinUs, "TDIST_DRIVE_SPIN_US", 1000)
+/* Of that spin, the first microseconds are busy polling (a pause between
+ * tests, no system call) before the waiter starts yielding between tests:
+ * on a host with a core per rank the peer answers within a microsecond or
+ * two, and a sched_yield is a system call that costs about as much on a
+ * virtual machine (1.2-1.4 us on the 2-core CI VM), so yielding from the
+ * first test doubled a small op's time. Where this host's ranks outnumber
+ * its CPUs (tdist__ranks_exceed_cpus) a busy waiter would hold the core a
+ * peer's caller needs: it yields at once. */
+TDIST_PARAM(DriveBusyUs, "TDIST_DRIVE_BUSY_US", tdist__ranks_exceed_cpus() ? 0 : 20)
+
+/* A pause between two busy tests: the sibling hyperthread gets the core's
+ * pipeline, and the loop does not flood the memory system. */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
 
 static int pool_grow(void) {
   struct slab *s = tdist__calloc(1, sizeof(*s));
@@ -121,7 +144,7 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   w->drives = 0;
   w->drive_mark = NULL;
   w->marked = 0;
-  w->progress = NULL;
+  w->spun = 0;
   atomic_store_explicit(&w->claim, TDIST__CLAIM_OPEN, memory_order_relaxed);
   w->group = g;
   w->bop.args = &w->args;
@@ -246,6 +269,35 @@ static int drive(tdist_work_t *w) {
   return tdist__work_done(w);
 }
 
+int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
+  int64_t start = tdist__now_ns(), now = start;
+  int64_t busy_ns = tdist__param_DriveBusyUs() * 1000;
+  int64_t end = start + tdist__param_DriveSpinUs() * 1000;
+  int done = 0;
+  for (;;) {
+    /* Counted as drive() counts (tdist__work_quiesce_tests). */
+    atomic_fetch_add(&testing, 1);
+    done = w->test(w->test_state, &w->bop);
+    atomic_fetch_sub(&testing, 1);
+    if (done || atomic_load_explicit(aborted, memory_order_acquire)) break;
+    now = tdist__now_ns();
+    if (now >= end) break;
+    if (now - start >= busy_ns)
+      sched_yield();
+    else
+      cpu_relax();
+  }
+  w->spun = 1; /* a wait that follows goes to sleep at once (wait_until) */
+  if (!done) return 0;
+  /* Nobody else holds the work (it was never pushed): the claim and the
+   * state need no CAS, no lock and no wake-up. */
+  atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
+  atomic_store_explicit(&w->claim, TDIST__CLAIM_CALLER, memory_order_relaxed);
+  w->status = 0;
+  atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
+  return 1;
+}
+
 /* ---- public API --------------------------------------------------------- */
 
 int tdist_work_is_completed(const tdist_work_t *w) { return w ? drive((tdist_work_t *)w) : 0; }
@@ -323,9 +375,12 @@ static int wait_driving(tdist_work_t *w, int64_t deadline_ns) {
  * (2-core VM, all_gather 1 KiB n=2, p50), and n=4 all_reduce 8 B p50
  * 11-20 us where yielding takes 5-6. */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
-  int64_t start = tdist__now_ns(), now = start, busy_ns = w->drives ? 0 : 2000;
+  int64_t start = tdist__now_ns(), now = start;
+  int64_t busy_ns = w->drives ? tdist__param_DriveBusyUs() * 1000 : 2000;
   int64_t spin_end =
       start + (w->drives ? tdist__param_DriveSpinUs() * 1000 : tdist__param_WaitSpinNs());
+  /* Its thread spun on it already (tdist__work_drive_inline): sleep now. */
+  if (w->spun) spin_end = start;
   if (deadline_ns && spin_end > deadline_ns) spin_end = deadline_ns;
   /* Written only when set: only the thread of a synchronous op sets it (ops.c),
    * and other threads may wait on a shared work at the same time. */
@@ -336,14 +391,14 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
       w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
       marked = 1;
     }
-    if (now - start >= busy_ns) sched_yield();
+    if (now - start >= busy_ns)
+      sched_yield();
+    else
+      cpu_relax();
     now = tdist__now_ns();
   }
   /* Unmarked before the tests below, which then see what arrived meanwhile. */
   if (marked) w->drive_mark(w->test_state, 0);
-  /* Not done within the spin: the progress thread takes over, so it must
-   * have the op's bookkeeping (ops.c may have queued it without a wake). */
-  if (w->drives && w->progress && !tdist__work_done(w)) tdist__progress_flush_lazy(w->progress);
   if (tdist__work_done(w)) return w->status;
   if (w->test) return wait_driving(w, deadline_ns);
   pthread_mutex_lock(&w->mu);

@@ -50,7 +50,7 @@ struct tdist_work {
   int drives; /* (caller) caps.drives: test moves the op itself (work.c) */
   void (*drive_mark)(void *state, int on); /* (caller) vtable->drive_mark, or NULL */
   int marked; /* (caller) drive_mark(1) was called for this wait already (ops.c) */
-  struct tdist_progress *progress; /* (caller) the group's, for tdist__progress_flush_lazy */
+  int spun;   /* (caller) its thread drove it for the whole spin already (ops.c) */
   _Atomic int claim;
   struct tdist_group *group;
   tdist_backend_args_t args; /* (caller) the validated op */
@@ -70,7 +70,7 @@ struct tdist_work {
   int cb_state; /* 0 none, 1 registered, 2 ran */
 
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
-  char msg[304];
+  char msg[312];
 };
 /* A work is a whole number of cache lines, so every work of a slab (work.c)
  * sits the same way across its lines and the hot words of neighbours (a
@@ -121,6 +121,17 @@ int tdist__work_claim(tdist_work_t *w);
 static inline int tdist__work_caller_claimed(const tdist_work_t *w) {
   return atomic_load(&((tdist_work_t *)w)->claim) == TDIST__CLAIM_CALLER;
 }
+
+/*
+ * Caller thread: drive a synchronous op that this thread submitted and the
+ * backend started in submit (caps.drives), before the work is pushed to the
+ * progress thread: test it (busy for TDIST_DRIVE_BUSY_US, then yielding)
+ * until it succeeds, the group aborts (*aborted) or TDIST_DRIVE_SPIN_US
+ * ends. 1: its success is claimed here (COMPLETED, status 0), and the
+ * progress thread need never hear of it; 0: not done, and the work is
+ * still only this thread's (push it; its wait then sleeps at once).
+ */
+int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted);
 
 /* Caller thread: return once no caller thread is inside a backend's test,
  * so a group whose works are all finished may free its backend state. */
