@@ -293,7 +293,11 @@ typedef struct tdist_backend_ops {
    * A backend whose completions come through tdist_backend_wake_any sets
    * this, so that the woken caller sees them; with caps.drives
    * it may also be called on an op submit started that the core has not
-   * posted yet (still QUEUED), and it may move the op forward itself. */
+   * posted yet (still QUEUED), and it may move the op forward itself; it
+   * then returns 2 when the op is not finished but moved in this call (a
+   * step of a large op): the waiter keeps driving while its op moves
+   * (TDIST_DRIVE_SPIN_US counts from the last move), where it would hand a
+   * long op to the progress thread after the spin. */
   int (*test)(void *state, tdist_backend_op_t *op);
   /* Any caller thread, optional, with caps.drives: a waiter starts (on = 1)
    * or stops (0) testing its op in a loop. While one does, the

@@ -23,6 +23,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 /* ---- groups -------------------------------------------------------------------- */
 
@@ -51,6 +52,7 @@ static void register_task(void *arg) {
 
 static void group_free(cpu_group_t *cg) {
   if (!cg) return;
+  tdist__cpu_sc_free(cg);
   tdist__free(cg->conns);
   tdist__free(cg->global_ranks);
   tdist__free(cg->grank);
@@ -95,6 +97,13 @@ static int attach(const tdist_backend_params_t *p, cpu_ctx_t *ctx, tdist_backend
   tdist__list_init(&cg->free_ops);
   tdist__list_init(&cg->ux);
   tdist__list_init(&cg->precv);
+  /* Collectives through one shared segment when every member is here
+   * (sc_chan.c): a store exchange every member makes alike. */
+  int rc = tdist__cpu_sc_setup(cg, p);
+  if (rc) {
+    group_free(cg);
+    return rc;
+  }
   tdist__cpu_cma_group_init(cg);
   tdist_backend_call(cg->progress, register_task, cg);
   out->state = cg;
@@ -140,6 +149,32 @@ static int cpu_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out)
 
 /* ---- post -------------------------------------------------------------------------- */
 
+/* A collective over the group's shared segment (sc_op.c): signed and
+ * queued; the channel moves it (tdist__cpu_sc_progress). Engine messages
+ * that came for its number already were sent by a member that ran it over
+ * messages: a disagreement. */
+static int post_sc(cpu_group_t *cg, cpu_op_t *op) {
+  tdist__cpu_sig_posted(op); /* engine fields a probe or a header is checked with */
+  op->need_sigs = 0;
+  op->posted_at = tdist__cpu_now_ms();
+  op->probe_at = UINT64_MAX; /* probes are the engine's: signatures do their job here */
+  int rc = tdist__cpu_sc_post(op);
+  if (rc < 0) {
+    tdist__cpu_fail(cg, 0, rc, "cpu: cannot start collective #%llu: %s",
+                    (unsigned long long)op->cseq, tdist_strerror(rc));
+    return 0;
+  }
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if ((u->hdr.kind == CPU_MSG_COLL || u->hdr.kind == CPU_MSG_SIG) && u->hdr.seq == op->cseq) {
+      tdist__cpu_sc_engine_msg(cg, op, &u->hdr, tdist__cpu_grank_of(cg, u->src));
+      break;
+    }
+  }
+  return 0;
+}
+
 /* Start bop in the engine (engine lock held: the progress thread's post, or
  * a caller's submit, drive.c). */
 int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop) {
@@ -167,6 +202,7 @@ int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop) {
     return 0;
   }
   op->cseq = cg->next_cseq++;
+  if (tdist__cpu_sc_takes(cg, op)) return post_sc(cg, op);
   tdist__cpu_probe_posted(op);
   int rc =
       tdist_backend_op_is_v(op->type) ? tdist__cpu_algo_setup_v(op) : tdist__cpu_algo_setup(op);
@@ -196,6 +232,8 @@ static int cpu_post(void *state, tdist_backend_op_t *bop) {
   tdist__cpu_enter(cg->ctx);
   if (tdist__cpu_post_early(cg, bop)) { /* submit started it (drive.c) */
     tdist__cpu_shm_drain(cg->ctx);      /* what a waiter that stopped left in the rings */
+    tdist__cpu_sc_progress(cg->ctx);
+    tdist__cpu_run_ready(cg->ctx);
     tdist__cpu_leave(cg->ctx);
     return 0;
   }
@@ -207,6 +245,7 @@ static int cpu_post(void *state, tdist_backend_op_t *bop) {
    * read in place), or for a later one, or behind something this op needs:
    * in every case reading goes on (cpu.h, deferred reads). */
   tdist__cpu_ctx_unpark(cg->ctx);
+  tdist__cpu_sc_progress(cg->ctx);
   tdist__cpu_run_ready(cg->ctx);
   tdist__cpu_leave(cg->ctx);
   return rc;
@@ -218,6 +257,7 @@ static int cpu_poll(void *state) {
   cpu_group_t *cg = state;
   tdist__cpu_enter(cg->ctx);
   tdist__cpu_shm_drain(cg->ctx); /* bytes a waiter that stopped polling left */
+  tdist__cpu_sc_progress(cg->ctx);
   tdist__cpu_run_ready(cg->ctx);
   tdist__cpu_leave(cg->ctx); /* delivers held completions and failures */
   return 0;
@@ -232,6 +272,7 @@ static void abort_group(cpu_group_t *cg) {
   tdist__list_t *n;
   cg->aborted = 1;
   cg->poisoned = 0;
+  tdist__cpu_sc_abort(cg); /* its ops go with the others below */
   cg->pf_set = 0;                 /* the core has its cause */
   tdist__cpu_drop_held(cg);       /* the core finishes those ops (a caller may have claimed them) */
   tdist__cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
@@ -280,6 +321,7 @@ static void cpu_abort(void *state, int status, const char *reason, int local) {
    * preempted, so the peer rang no doorbell (shm.h). */
   for (int i = 0; i < cg->size; i++)
     if (cg->conns[i]) tdist__cpu_conn_drive(cg->conns[i]);
+  tdist__cpu_sc_progress(cg->ctx);
   tdist__cpu_run_ready(cg->ctx);
   abort_group(cg);
   /* A cause of our own (a mismatch, a timeout, an abort on demand, a lost

@@ -124,8 +124,7 @@ int tdist__cpu_cma_probe(const cpu_cma_hello_t *peer) {
  * machines apart (every machine's initial netns has the same inode number);
  * the netns inode tells namespaces of one kernel apart. An unknown identity
  * (no /proc) on either side leaves the decision to the probe, as before. */
-#define HOST_ID_LEN 96
-static void host_identity(char *id) {
+void tdist__cpu_host_identity(char *id) {
   char boot[64] = "";
   struct stat st;
   memset(id, 0, HOST_ID_LEN);
@@ -151,7 +150,7 @@ int tdist__cpu_cma_exchange(int me, int n, const int *fds, const int *names, int
   cpu_cma_hello_t mine;
   char my_host[HOST_ID_LEN], peer_host[HOST_ID_LEN];
   tdist__cpu_cma_hello(&mine);
-  host_identity(my_host);
+  tdist__cpu_host_identity(my_host);
   for (int j = 0; j < n; j++)
     if (j != me && (tdist__cpu_io_full(fds[j], &mine, sizeof(mine), 1, deadline) != 0 ||
                     tdist__cpu_io_full(fds[j], my_host, sizeof(my_host), 1, deadline) != 0))

@@ -36,6 +36,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 void tdist__cpu_tune_socket(int fd) {
   int one = 1, buf = (int)tdist__param_CpuSockBuf();
@@ -224,6 +225,7 @@ static void start_all(void *arg) {
   tdist__cpu_probe_start_timer(ctx);
   tdist__cpu_copy_start(ctx);
   tdist__cpu_shm_start(ctx);
+  tdist__cpu_sc_bell_start(ctx);
   if (ctx->lazy) tdist__cpu_lazy_start(ctx);
   for (int i = 0; i < ctx->size; i++)
     if (ctx->conns[i] && ctx->conns[i]->link == CPU_LINK_UP) tdist__cpu_conn_start(ctx->conns[i]);
@@ -281,6 +283,7 @@ static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t
   }
   ctx->ev = ev;
   ctx->shm.fd = -1;
+  ctx->bell_fd = ctx->bell_tx = -1;
   ctx->rank = p->rank;
   ctx->size = p->size;
   ctx->lost_peer = -1;
@@ -313,6 +316,7 @@ static void ctx_free_unstarted(cpu_ctx_t *ctx) {
     conn_free(c);
   }
   tdist__cpu_shm_release(ctx);
+  tdist__cpu_sc_bell_close(ctx); /* never watched: closes its sockets */
   pthread_mutex_destroy(&ctx->mu);
   pthread_mutex_destroy(&ctx->mark_mu);
   tdist__free(ctx->conns);
@@ -455,6 +459,9 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");
     goto fail;
   }
+  /* The bell members of a shared-memory group ring (sc_chan.c); without
+   * one, collectives run over messages only. */
+  if (p->size > 1) (void)tdist__cpu_sc_bell_open(ctx);
   if (p->size > 1 && tdist__cpu_lazy_mode(p->size)) {
     TDIST_CHECKGOTO(listen_lazy(p, ctx, &s), rc, fail);
     tdist_backend_call(p->progress, start_all, ctx);
@@ -481,7 +488,7 @@ fail:
 
 /* ---- teardown (progress thread) -------------------------------------------- */
 
-static void ctx_maybe_free(cpu_ctx_t *ctx) {
+void tdist__cpu_ctx_maybe_free(cpu_ctx_t *ctx) {
   if (ctx->refs > 0 || ctx->open_handles > 0) return;
   tdist__list_t *n;
   while ((n = tdist__list_first(&ctx->orphans)))
@@ -500,13 +507,13 @@ static void on_closed(uv_handle_t *h) {
   c->fd = -1;   /* closed by detach or the linger */
   conn_free(c); /* the tx mapping unless lingering on it took it */
   ctx->open_handles--;
-  ctx_maybe_free(ctx);
+  tdist__cpu_ctx_maybe_free(ctx);
 }
 
 static void on_timer_closed(uv_handle_t *h) {
   cpu_ctx_t *ctx = h->data;
   ctx->open_handles--;
-  ctx_maybe_free(ctx);
+  tdist__cpu_ctx_maybe_free(ctx);
 }
 
 /* What the last release hands back to its caller: the live connections,
@@ -547,6 +554,7 @@ static void release_task(void *arg) {
     ctx->open_handles++;
     uv_close((uv_handle_t *)&ctx->ring_idle, on_timer_closed);
   }
+  tdist__cpu_sc_bell_close(ctx);
   if (ctx->copy_idle_on) { /* copy_steps.c; the groups are gone, so no copy is left */
     ctx->copy_idle_on = 0;
     ctx->open_handles++;
@@ -576,7 +584,7 @@ static void release_task(void *arg) {
     ctx->open_handles++;
     uv_close((uv_handle_t *)&c->poll, on_closed);
   }
-  ctx_maybe_free(ctx);
+  tdist__cpu_ctx_maybe_free(ctx);
 }
 
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx) {

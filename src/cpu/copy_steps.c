@@ -161,7 +161,9 @@ static void run_steps(cpu_ctx_t *ctx) {
 }
 
 void tdist__cpu_copy_drive(cpu_ctx_t *ctx) {
-  if (ctx->copy_idle_on && tdist__list_first(&ctx->copies)) run_steps(ctx);
+  if (!ctx->copy_idle_on || !tdist__list_first(&ctx->copies)) return;
+  run_steps(ctx);
+  ctx->moves++; /* a step of a long copy: its waiter drives on (drive.c) */
 }
 
 static void on_idle(uv_idle_t *h) {

@@ -244,6 +244,24 @@ struct cpu_op {
   int lagging;       /* completed for the core before every member was heard:
                         kept (bop NULL) until it is (cpu_group_t.lagging) */
   uint64_t probe_at; /* uv_now() when the next probe is due (probe.c) */
+  /* A collective over the group's shared segment (sc.h, sc_op.c): on is 1
+   * from tdist__cpu_sc_post until the op is put. */
+  struct cpu_sc_opst {
+    int on;
+    int role;            /* SC_ROLE_*: what this member checks and reads */
+    int checked;         /* the signatures its role needs were checked */
+    int started;         /* at the channel's head: s0 is set */
+    int prefixed;        /* v-ops: the members' count arrays were read */
+    int two;             /* a large all_reduce in two phases (sc_op.c) */
+    int phase;           /* two: this member reduced its part of step cstep */
+    uint64_t seen;       /* members whose signature was checked (bit m) */
+    tdist__list_t link;  /* the channel's ops, in post order */
+    uint64_t s0, nsteps; /* the op's steps (nsteps UINT64_MAX until known) */
+    uint64_t wstep;      /* steps of this member's stream written */
+    uint64_t cstep;      /* steps consumed */
+    uint64_t total;      /* bytes of this member's stream */
+    uint8_t *tmp;        /* a private copy of the input (overlapping buffers) */
+  } sc;
 };
 
 /* A group's backend state. The fields above `link` are set on the caller
@@ -303,6 +321,12 @@ struct cpu_group {
    * core by the progress thread (tdist_backend_fail is its alone). */
   int pf_set, pf_status, pf_remote;
   char pf_why[256];
+  /* sc.h: the group's shared-memory channel (set on the caller thread at
+   * creation, before registration), or NULL: the engine runs everything;
+   * sc_lag: it has ops completed before every member's signature was
+   * checked (a p2p op, or an engine op that receives, waits). */
+  struct cpu_sc *sc;
+  int sc_lag;
 };
 
 /* One connection (progress thread once started; conn.c builds it on the
@@ -427,6 +451,18 @@ struct cpu_ctx {
   pthread_mutex_t mark_mu;
   int nmarks;
   int nquiet; /* of them, quiet ones held without a wake (drive.c) */
+  /* sc_chan.c: this process's bell (an abstract unix datagram socket the
+   * progress thread watches: members of an sc group ring it), and the
+   * socket bells are sent from; -1 when none (sc is off here) */
+  int bell_fd, bell_tx;
+  char bell_name[108];
+  unsigned bell_len;
+  uv_poll_t bell_poll;
+  int bell_on; /* bell_poll initialised */
+  /* (engine lock) Steps of long work done (a shared-memory step, a long
+   * copy's step): a driving caller whose op is not done but moved keeps
+   * driving it (drive.c, test's 2). */
+  uint64_t moves;
 };
 
 /* The backend's words in the core's op (tdist_backend_op_t.scratch), set in
@@ -509,6 +545,8 @@ int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t
                           cpu_ctx_t **out);
 /* Caller thread: drop a group's reference; the last one closes everything. */
 void tdist__cpu_ctx_release(cpu_ctx_t *ctx);
+/* (progress) Free ctx once no group holds it and its last handle closed. */
+void tdist__cpu_ctx_maybe_free(cpu_ctx_t *ctx);
 /* (caller, setup) A connection object for world rank peer on fd (-1: a
  * placeholder); with_rx: its receive buffer now (else at connect). */
 cpu_conn_t *tdist__cpu_conn_new(cpu_ctx_t *ctx, int peer, int fd, const char *addr, int with_rx);
@@ -612,6 +650,11 @@ void tdist__cpu_conn_free_queues(cpu_conn_t *c);
 
 /* ---- cma.c: single copy between processes of one host ---------------------- */
 int tdist__cpu_cma_enabled(void);
+/* (any thread) This process's host identity, "<boot_id>/net:<dev>:<inode>"
+ * ("" when unknown): processes with equal identities share a kernel and a
+ * network namespace, i.e. a host as the job sees it (cma.c). */
+#define HOST_ID_LEN 96
+void tdist__cpu_host_identity(char *id);
 void tdist__cpu_cma_hello(cpu_cma_hello_t *me);        /* caller thread, setup */
 int tdist__cpu_cma_probe(const cpu_cma_hello_t *peer); /* 1: we can read the peer */
 void tdist__cpu_cma_group_init(cpu_group_t *cg);       /* caller thread */
@@ -678,6 +721,8 @@ void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
  * if nobody polls its ring. */
 ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt);
 extern _Atomic uint64_t tdist__cpu_shm_writes; /* ring writes (tests, docs) */
+/* Collectives completed over a group's shared segment (sc_op.c; tests). */
+extern _Atomic uint64_t tdist__cpu_sc_ops;
 /* Write to ring r what fits; when nothing does, set r->wwait (the reader
  * then rings our doorbell when it makes room) and try once more. Bytes
  * written. The writer's thread (engine lock, or a leaving caller). */
@@ -772,6 +817,9 @@ void tdist__cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
 void tdist__cpu_detach_rx(cpu_group_t *cg);   /* stop socket reads into cg's buffers */
 cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg); /* from the group's pool */
 void tdist__cpu_op_put(cpu_op_t *op);         /* off every list, back to the pool */
+/* The engine is done with op: recorded in the done ring, back to the pool
+ * (lag: kept for its signatures, sigcheck.c), and completed for the core. */
+void tdist__cpu_op_complete(cpu_op_t *op, int lag);
 /* A transfer of op is done: op->pending--, and at 0 the op goes on the ready
  * list (once). Records only: safe anywhere in the transport. */
 void tdist__cpu_xfer_done(cpu_op_t *op);
@@ -818,7 +866,9 @@ void tdist__cpu_on_sig(cpu_conn_t *c); /* a SIG header arrived (transport) */
  * must not complete yet (it is readied again when that one has them). */
 static inline int tdist__cpu_lag_blocks(const cpu_op_t *op) {
   const cpu_op_t *l = op->cg->lagging;
-  return l && l != op && op->cseq > l->cseq;
+  if (l && l != op && op->cseq > l->cseq) return 1;
+  /* Likewise behind a shared-memory op not checked yet (sc.h). */
+  return op->cg->sc_lag && (op->p2p || op->received);
 }
 /* Collectives lagging at most in one group (sigcheck.c): how far a rank
  * that only sends (a broadcast root in a loop) runs ahead of the

@@ -19,6 +19,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 /* ---- dispatch from io.c ----------------------------------------------------------- */
 
@@ -71,6 +72,10 @@ static int on_conn_header(cpu_conn_t *c, const cpu_hdr_t *h) {
  * in the unexpected list. */
 static int rx_coll(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h, int src) {
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+  if (op && op->sc.on) { /* over shared memory here: read and discarded */
+    tdist__cpu_sc_engine_msg(cg, op, h, src);
+    return 1;
+  }
   if (op && tdist__cpu_check_coll(cg, op, h, src)) return 1;
   /* completed here (lagging for signatures): as for any completed op */
   if (op && op->lagging && tdist__cpu_check_done(cg, h, src)) return 1;
@@ -211,6 +216,7 @@ void tdist__cpu_on_payload(cpu_conn_t *c) {
  * after an orderly goodbye: a peer that finished its part of an op may leave
  * before the others finish theirs. */
 static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
+  if (tdist__cpu_sc_needs(cg, r)) return 1; /* sc_op.c */
   tdist__list_t *n;
   tdist__list_foreach(n, &c->txq) {
     const cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);

@@ -48,6 +48,7 @@
 
 #include "util/error.h"
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 /* Quiet completions held at most (tdist__cpu_op_done): the loop is woken
  * for the last. */
@@ -103,6 +104,13 @@ void tdist__cpu_enter(cpu_ctx_t *ctx) {
 }
 
 void tdist__cpu_leave(cpu_ctx_t *ctx) {
+  /* Shared-memory collectives left to this thread: members must ring it
+   * (want_bell, sc_chan.c); a flag just set is followed by one more pass,
+   * the sleeping side of the Dekker pair. */
+  while (tdist__cpu_sc_sleep(ctx)) {
+    tdist__cpu_sc_progress(ctx);
+    tdist__cpu_run_ready(ctx);
+  }
   if (ctx->loop_stale) loop_sync(ctx);
   pthread_mutex_unlock(&ctx->mu);
 }
@@ -209,6 +217,7 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
         tdist__cpu_run_ready(ctx); /* as in backend.c's post */
         tdist__cpu_shm_drain(ctx);
         tdist__cpu_ctx_unpark(ctx);
+        tdist__cpu_sc_progress(ctx); /* its first steps leave now */
         tdist__cpu_run_ready(ctx);
       }
     }
@@ -244,6 +253,7 @@ void tdist__cpu_drive_mark(void *state, int on) {
   int had = ctx->loop_stale;
   ctx->caller = 1;
   tdist__cpu_shm_drain(ctx);
+  tdist__cpu_sc_progress(ctx);
   tdist__cpu_run_ready(ctx);
   caller_leave(ctx, had);
 }
@@ -256,12 +266,17 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop) {
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
   int had = ctx->loop_stale;
   ctx->caller = 1;
+  uint64_t moves = ctx->moves;
   if (!cg->aborted) {
     for (int i = 0; i < ctx->size; i++)
       if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_drive(ctx->conns[i]);
     tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
+    tdist__cpu_sc_progress(ctx);
     tdist__cpu_run_ready(ctx);
   }
+  moves = ctx->moves - moves;
   caller_leave(ctx, had);
-  return atomic_load_explicit(&b->ok, memory_order_acquire);
+  /* 2: not done but moved (a step of a long op): the waiter drives on
+   * (backend.h, test). */
+  return atomic_load_explicit(&b->ok, memory_order_acquire) ? 1 : moves ? 2 : 0;
 }

@@ -24,6 +24,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
   tdist__list_t *n;
@@ -106,6 +107,7 @@ cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg) {
   op->finish_fn = NULL;
   op->round_fn = NULL;
   op->need_sigs = op->rounds_done = op->lagging = op->nheard = op->received = 0; /* sigcheck.c */
+  op->sc.on = 0;
   return op;
 }
 
@@ -135,6 +137,7 @@ void tdist__cpu_op_put(cpu_op_t *op) {
     }
   }
   tdist__cpu_copy_cancel(op); /* before its buffers go back to the caller */
+  tdist__cpu_sc_forget(op);   /* off its channel (sc_op.c) */
   if (tdist__list_linked(&op->link)) tdist__list_remove(&op->link);
   if (tdist__list_linked(&op->rlink)) tdist__list_remove(&op->rlink);
   release_stages(op);
@@ -155,7 +158,7 @@ void tdist__cpu_op_put(cpu_op_t *op) {
  * lag: the op has not heard every member yet (sigcheck.c): the core's op
  * completes, but the engine's stays on the active list, without its core
  * op and buffers, until the last signature (tdist__cpu_lag_clear). */
-static void op_complete(cpu_op_t *op, int lag) {
+void tdist__cpu_op_complete(cpu_op_t *op, int lag) {
   tdist_backend_op_t *bop = op->bop;
   cpu_group_t *cg = op->cg;
   if (op->finish_fn) op->finish_fn(op);
@@ -196,7 +199,7 @@ static void op_complete(cpu_op_t *op, int lag) {
  * (sigcheck.c: tdist__cpu_sig_finish). */
 static void finish(cpu_op_t *op) {
   int how = tdist__cpu_sig_finish(op);
-  if (how) op_complete(op, how == 2);
+  if (how) tdist__cpu_op_complete(op, how == 2);
 }
 
 const struct cpu_done *tdist__cpu_done_of(const cpu_group_t *cg, uint64_t seq) {
@@ -357,7 +360,7 @@ static void advance(cpu_op_t *op) {
     return;
   }
   if (op->p2p) {
-    if (!tdist__cpu_lag_blocks(op)) op_complete(op, 0);
+    if (!tdist__cpu_lag_blocks(op)) tdist__cpu_op_complete(op, 0);
     return;
   }
   if (op->rounds_done) {

@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 static uint64_t period_ms(void) {
   int64_t v = tdist__param_CpuProbeMs();
@@ -114,6 +115,10 @@ void tdist__cpu_on_probe(cpu_conn_t *c) {
   int src = tdist__cpu_grank_of(cg, c->peer);
   if (src < 0) return;
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+  if (op && op->sc.on) { /* over shared memory here: the sender disagrees (sc_op.c) */
+    tdist__cpu_sc_engine_msg(cg, op, h, src);
+    return;
+  }
   if (op) {
     (void)tdist__cpu_check_coll(cg, op, h, src);
     return;

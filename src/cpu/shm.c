@@ -47,21 +47,11 @@ size_t tdist__cpu_shm_ring_bytes(size_t want) {
   return cap;
 }
 
-int tdist__cpu_shm_seg_create(size_t nrings, size_t ring_bytes, tdist__cpu_shm_seg_t *out) {
+int tdist__cpu_shm_mem_create(size_t bytes, tdist__cpu_shm_seg_t *out) {
   if (!out) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu shm: no segment to fill");
-  out->fd = -1;
-  out->base = NULL;
-  out->bytes = 0;
-  out->nrings = 0;
-  out->ring_bytes = 0;
-  if (nrings == 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu shm: segment of 0 rings");
-  size_t cap = tdist__cpu_shm_ring_bytes(ring_bytes);
-  size_t stride = sizeof(struct tdist__cpu_ring) + cap;
-  if (cap == 0 || stride < cap || nrings > SIZE_MAX / stride || nrings * stride > (size_t)INT64_MAX)
-    return tdist__error(TDIST_ERR_TOO_LARGE, "cpu shm: %zu rings of %zu bytes overflow", nrings,
-                        ring_bytes);
-  size_t bytes = nrings * stride;
-
+  *out = (tdist__cpu_shm_seg_t){.fd = -1};
+  if (bytes == 0 || bytes > (size_t)INT64_MAX)
+    return tdist__error(TDIST_ERR_TOO_LARGE, "cpu shm: a segment of %zu bytes", bytes);
   int fd = memfd_create("tdist-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     int err = errno;
@@ -74,14 +64,9 @@ int tdist__cpu_shm_seg_create(size_t nrings, size_t ring_bytes, tdist__cpu_shm_s
   what = "mmap";
   void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) goto fail;
-
-  for (size_t i = 0; i < nrings; i++)
-    tdist__cpu_ring_init(tdist__cpu_shm_ring(base, cap, i), cap);
   out->fd = fd;
   out->base = base;
   out->bytes = bytes;
-  out->nrings = nrings;
-  out->ring_bytes = cap;
   return 0;
 
 fail:;
@@ -89,6 +74,23 @@ fail:;
   close(fd);
   return tdist__error(errno_code(err), "cpu shm: %s of a %zu-byte segment: %s", what, bytes,
                       strerror(err));
+}
+
+int tdist__cpu_shm_seg_create(size_t nrings, size_t ring_bytes, tdist__cpu_shm_seg_t *out) {
+  if (!out) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu shm: no segment to fill");
+  *out = (tdist__cpu_shm_seg_t){.fd = -1};
+  if (nrings == 0) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "cpu shm: segment of 0 rings");
+  size_t cap = tdist__cpu_shm_ring_bytes(ring_bytes);
+  size_t stride = sizeof(struct tdist__cpu_ring) + cap;
+  if (cap == 0 || stride < cap || nrings > SIZE_MAX / stride || nrings * stride > (size_t)INT64_MAX)
+    return tdist__error(TDIST_ERR_TOO_LARGE, "cpu shm: %zu rings of %zu bytes overflow", nrings,
+                        ring_bytes);
+  TDIST_CHECK(tdist__cpu_shm_mem_create(nrings * stride, out));
+  for (size_t i = 0; i < nrings; i++)
+    tdist__cpu_ring_init(tdist__cpu_shm_ring(out->base, cap, i), cap);
+  out->nrings = nrings;
+  out->ring_bytes = cap;
+  return 0;
 }
 
 void tdist__cpu_shm_seg_close_fd(tdist__cpu_shm_seg_t *s) {

@@ -168,6 +168,18 @@ static inline struct tdist__cpu_ring *tdist__cpu_shm_ring(void *base, size_t rin
 int tdist__cpu_shm_seg_create(size_t nrings, size_t ring_bytes, tdist__cpu_shm_seg_t *out);
 
 /*
+ * tdist__cpu_shm_mem_create - create, size, seal and map a zeroed segment
+ * of `bytes` bytes with no rings in it (the shared-memory collectives' own
+ * layout: sc.h); nrings and ring_bytes are 0.
+ * @param bytes  size of the segment (> 0).
+ * @param out    filled on success; on failure fd = -1, base = NULL.
+ * @return 0, or TDIST_ERR_TOO_LARGE, TDIST_ERR_NO_MEMORY or TDIST_ERR_IO,
+ *         with a message recorded (tdist__error).
+ * Thread: any.
+ */
+int tdist__cpu_shm_mem_create(size_t bytes, tdist__cpu_shm_seg_t *out);
+
+/*
  * tdist__cpu_shm_seg_close_fd - close the segment's fd, keeping the mapping.
  * Call it once every peer has mapped the segment. Idempotent.
  * @param s  the segment.

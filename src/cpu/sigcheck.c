@@ -71,6 +71,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "cpu/sc.h"
 
 void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...) {
   char text[400];
@@ -189,6 +190,10 @@ void tdist__cpu_on_sig(cpu_conn_t *c) {
   int src = tdist__cpu_grank_of(cg, c->peer);
   if (cg->aborted || src < 0) return;
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
+  if (op && op->sc.on) {
+    tdist__cpu_sc_engine_msg(cg, op, h, src);
+    return;
+  }
   if (op) {
     (void)tdist__cpu_check_coll(cg, op, h, src); /* marks src heard when it agrees */
     return;

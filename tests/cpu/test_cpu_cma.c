@@ -274,6 +274,10 @@ int main(void) {
       mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return 1;
   int fails = 0;
+  /* These cases test the engine's transports (single copy, the rings):
+   * collectives over the group's shared segment (TDIST_CPU_SC, sc_*.c)
+   * would carry the all_reduce and all_gather instead (test_cpu_sc.c). */
+  setenv("TDIST_CPU_SC", "0", 1);
   fails += run("engaged", engaged, 3, sh);
   setenv("TDIST_CPU_CMA", "0", 1);
   fails += run("engaged (TDIST_CPU_CMA=0)", engaged, 3, sh);

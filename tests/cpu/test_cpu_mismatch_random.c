@@ -222,19 +222,30 @@ static void pick(struct shared *sh, char *what, size_t wl) {
            tdist_redop_name(b.redop), b.root, sh->alt);
 }
 
+/* 1: the ranks' collectives run over their group's shared segment (every
+ * rank is on this host; docs/cpu-backend.md "Collectives in shared
+ * memory"), 0: over messages (TDIST_CPU_SC=0, the engine's algorithms). */
+static int flat(void) {
+  const char *e = getenv("TDIST_CPU_SC");
+  return !e || strcmp(e, "0") != 0;
+}
+
 /* Does rank receive anything in op v (by its own view, n >= 2)? Such a
  * rank must fail op s itself: it completes only once it has heard every
  * member. Only a rank that just sends (a broadcast or scatter root, a
  * reduce leaf, a gather non-root) or a broadcast receiver (with the root's
- * data: main checks it) may complete op s and fail op s+1. */
+ * data: main checks it) may complete op s and fail op s+1. Which reduce
+ * ranks receive depends on the algorithm: the engine's binomial tree has
+ * inner ranks fold their children's data; in shared memory the root alone
+ * reads every member's. */
 static int receives(const view_t *v, int rank, int n) {
   int vr = ((rank - v->root) % n + n) % n;
   switch (v->op) {
   case TDIST_OP_BROADCAST:
   case TDIST_OP_SCATTER: return vr != 0;
   case TDIST_OP_GATHER: return vr == 0;
-  case TDIST_OP_REDUCE: return vr % 2 == 0 && vr + 1 < n; /* binomial tree */
-  default: return 1;                                      /* every rank hears someone */
+  case TDIST_OP_REDUCE: return flat() ? vr == 0 : vr % 2 == 0 && vr + 1 < n; /* binomial tree */
+  default: return 1; /* every rank hears someone */
   }
 }
 

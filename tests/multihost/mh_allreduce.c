@@ -14,11 +14,13 @@
  *
  * Check mode (default), three phases of N iterations each:
  *   A. cross-host groups {r : r % L == k}, one rank per host, large and small
- *      all_reduces: tdist__cpu_cma_reads must not move (TCP only between
- *      hosts);
+ *      all_reduces: neither tdist__cpu_cma_reads nor tdist__cpu_sc_ops may
+ *      move (TCP only between hosts);
  *   B. the world group, sizes from 8 B to 1.2 MiB;
  *   C. host-local groups {ranks of one host}: with MH_EXPECT_LOCAL_CMA=1 and
- *      two or more ranks per host, single copy must have been used here.
+ *      two or more ranks per host, a host-local path must have been used
+ *      here: single copy, or the group's shared segment (sc_*.c, which
+ *      carries a host-local group's collectives).
  * Loop mode (--loop S, for fault injection): world all_reduces until one
  * fails or S seconds pass. "MH READY" after K good iterations; on failure
  * "MH FAIL" with the code, the wall-clock time (CLOCK_REALTIME: one clock for
@@ -29,8 +31,8 @@
  *
  * Output lines (one write each, parsed by the drivers):
  *   MH START rank=R size=S local=L node=H env_rank=E
- *   MH PHASE name=... iters=N cma_reads=D
- *   MH OK rank=R checked=C cma_cross=X cma_local=Y
+ *   MH PHASE name=... iters=N cma_reads=D sc_ops=S
+ *   MH OK rank=R checked=C cma_cross=X cma_local=Y sc_cross=U sc_local=V
  *   MH READY rank=R
  *   MH FAIL rank=R iter=I code=NAME t_ns=T msg=...
  *   MH WRONG rank=R iter=I idx=J got=G want=W
@@ -49,6 +51,7 @@
 #include "tdist/tdist.h"
 
 extern _Atomic uint64_t tdist__cpu_cma_reads; /* src/cpu/cma.c: payloads read by single copy */
+extern _Atomic uint64_t tdist__cpu_sc_ops;    /* src/cpu/sc_op.c: collectives in shared memory */
 
 static int g_rank = -1;
 
@@ -208,17 +211,19 @@ int main(int argc, char **argv) {
   }
 
   int checks = 0;
-  uint64_t cma_cross = 0, cma_local = 0;
+  uint64_t cma_cross = 0, cma_local = 0, sc_cross = 0, sc_local = 0;
   if (nodes > 1) { /* A: one rank per host */
     tdist_group_t *g = NULL;
     int n = 0;
     if (my_subgroup(world, local_size, key_cross, local_size, &g, members, &n) != 0) return 2;
-    uint64_t before = atomic_load(&tdist__cpu_cma_reads);
+    uint64_t before = atomic_load(&tdist__cpu_cma_reads), sc0 = atomic_load(&tdist__cpu_sc_ops);
     for (int it = 0; it < iters && !rc; it++, checks++)
       rc = checked(g, members, n, it, buf, 0);
     cma_cross = atomic_load(&tdist__cpu_cma_reads) - before;
-    printf("MH PHASE name=cross iters=%d cma_reads=%llu\n", iters, (unsigned long long)cma_cross);
-    if (!rc && cma_cross) rc = 5;
+    sc_cross = atomic_load(&tdist__cpu_sc_ops) - sc0;
+    printf("MH PHASE name=cross iters=%d cma_reads=%llu sc_ops=%llu\n", iters,
+           (unsigned long long)cma_cross, (unsigned long long)sc_cross);
+    if (!rc && (cma_cross || sc_cross)) rc = 5;
     if (tdist_group_destroy(g) != 0 && !rc) rc = 3;
   }
   for (int it = 0; it < iters && !rc; it++, checks++) /* B: the world */
@@ -228,17 +233,20 @@ int main(int argc, char **argv) {
     tdist_group_t *g = NULL;
     int n = 0;
     if (my_subgroup(world, nodes, key_host, local_size, &g, members, &n) != 0) return 2;
-    uint64_t before = atomic_load(&tdist__cpu_cma_reads);
+    uint64_t before = atomic_load(&tdist__cpu_cma_reads), sc0 = atomic_load(&tdist__cpu_sc_ops);
     for (int it = 0; it < iters && !rc; it++, checks++)
       rc = checked(g, members, n, it, buf, 0);
     cma_local = atomic_load(&tdist__cpu_cma_reads) - before;
-    printf("MH PHASE name=local iters=%d cma_reads=%llu\n", iters, (unsigned long long)cma_local);
-    if (!rc && !cma_local && env_int("MH_EXPECT_LOCAL_CMA", 0)) rc = 6;
+    sc_local = atomic_load(&tdist__cpu_sc_ops) - sc0;
+    printf("MH PHASE name=local iters=%d cma_reads=%llu sc_ops=%llu\n", iters,
+           (unsigned long long)cma_local, (unsigned long long)sc_local);
+    if (!rc && !cma_local && !sc_local && env_int("MH_EXPECT_LOCAL_CMA", 0)) rc = 6;
     if (tdist_group_destroy(g) != 0 && !rc) rc = 3;
   }
   if (rc == 0)
-    printf("MH OK rank=%d checked=%d cma_cross=%llu cma_local=%llu\n", g_rank, checks,
-           (unsigned long long)cma_cross, (unsigned long long)cma_local);
+    printf("MH OK rank=%d checked=%d cma_cross=%llu cma_local=%llu sc_cross=%llu sc_local=%llu\n",
+           g_rank, checks, (unsigned long long)cma_cross, (unsigned long long)cma_local,
+           (unsigned long long)sc_cross, (unsigned long long)sc_local);
   else
     fprintf(stderr, "MH rank %d: exit %d\n", g_rank, rc);
   if (rc) tdist_group_abort(world, "mh_allreduce: check failed"); /* peers fail fast */

@@ -124,8 +124,11 @@ run_mode() {
   TDIST_DEBUG=INFO TDIST_DEBUG_SUBSYS=CPU MH_EXPECT_LOCAL_CMA=1 start mh "$MH_PROG" --iters 10
   finish mh || ok=1
   for ((r = 0; r < NH * NPER; r++)); do
-    if ! out mh | grep -qE "^\[rank $r\] MH OK rank=$r .* cma_cross=0 cma_local=[1-9]"; then
-      echo "  rank $r: no 'MH OK ... cma_cross=0 cma_local>0' line"
+    # Within a host: single copy or the group's shared segment; across
+    # hosts: neither.
+    if ! out mh | grep -qE "^\[rank $r\] MH OK rank=$r .* cma_cross=0 cma_local=[0-9]+ sc_cross=0 sc_local=[0-9]+" ||
+      out mh | grep -qE "^\[rank $r\] MH OK rank=$r .* cma_local=0 sc_cross=0 sc_local=0"; then
+      echo "  rank $r: no 'MH OK ... cma_cross=0 sc_cross=0, cma_local or sc_local > 0' line"
       ok=1
     fi
     # Lazy connections (TDIST_CPU_CONNECT=lazy) decide per pair when the pair is first
@@ -273,7 +276,7 @@ slow_link() {
   start "$tag" "$MH_PROG" --iters 5
   finish "$tag" || ok=1
   for ((r = 0; r < NH * NPER; r++)); do
-    out "$tag" | grep -qE "^\[rank $r\] MH OK rank=$r .* cma_cross=0" || ok=1
+    out "$tag" | grep -qE "^\[rank $r\] MH OK rank=$r .* cma_cross=0 .* sc_cross=0" || ok=1
   done
   if [ $ok = 0 ]; then
     mh_log "$tag: checked loop across the slow link: OK ($((SECONDS - t0)) s)"

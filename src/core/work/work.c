@@ -145,6 +145,7 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   w->drive_mark = NULL;
   w->marked = 0;
   w->spun = 0;
+  w->moved = 0;
   atomic_store_explicit(&w->claim, TDIST__CLAIM_OPEN, memory_order_relaxed);
   w->group = g;
   w->bop.args = &w->args;
@@ -256,8 +257,11 @@ static int drive(tdist_work_t *w) {
    * finished then waits for this test to return (tdist__work_quiesce_tests). */
   atomic_fetch_add(&testing, 1);
   int st = atomic_load(&w->state);
+  int r = 0;
   if ((st == TDIST_WORK_RUNNING || (st == TDIST_WORK_QUEUED && w->drives)) &&
-      atomic_load(&w->claim) == TDIST__CLAIM_OPEN && w->test(w->test_state, &w->bop)) {
+      atomic_load(&w->claim) == TDIST__CLAIM_OPEN && (r = w->test(w->test_state, &w->bop)) == 2)
+    w->moved = 1; /* not done, but it moved: the waiter drives on (wait_until) */
+  if (r == 1) {
     int open = TDIST__CLAIM_OPEN;
     atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
     if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_CALLER)) {
@@ -271,16 +275,18 @@ static int drive(tdist_work_t *w) {
 
 int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
   int64_t start = tdist__now_ns(), now = start;
-  int64_t busy_ns = tdist__param_DriveBusyUs() * 1000;
-  int64_t end = start + tdist__param_DriveSpinUs() * 1000;
+  int64_t busy_ns = tdist__param_DriveBusyUs() * 1000, spin_ns = tdist__param_DriveSpinUs() * 1000;
+  int64_t end = start + spin_ns;
   int done = 0;
   for (;;) {
     /* Counted as drive() counts (tdist__work_quiesce_tests). */
     atomic_fetch_add(&testing, 1);
-    done = w->test(w->test_state, &w->bop);
+    int r = w->test(w->test_state, &w->bop);
     atomic_fetch_sub(&testing, 1);
+    done = r == 1;
     if (done || atomic_load_explicit(aborted, memory_order_acquire)) break;
     now = tdist__now_ns();
+    if (r == 2) end = now + spin_ns; /* it moves: this thread keeps it */
     if (now >= end) break;
     if (now - start >= busy_ns)
       sched_yield();
@@ -386,10 +392,15 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
    * and other threads may wait on a shared work at the same time. */
   int marked = w->marked;
   if (marked) w->marked = 0;
+  int64_t spin_ns = spin_end - start;
   while (!drive(w) && now < spin_end) {
     if (!marked && w->drive_mark) {
       w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
       marked = 1;
+    }
+    if (w->moved) { /* a step of a long op: the spin counts from here */
+      w->moved = 0;
+      if (!w->spun) spin_end = now + spin_ns;
     }
     if (now - start >= busy_ns)
       sched_yield();

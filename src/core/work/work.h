@@ -51,6 +51,7 @@ struct tdist_work {
   void (*drive_mark)(void *state, int on); /* (caller) vtable->drive_mark, or NULL */
   int marked; /* (caller) drive_mark(1) was called for this wait already (ops.c) */
   int spun;   /* (caller) its thread drove it for the whole spin already (ops.c) */
+  int moved;  /* (caller) the backend's test said it moved (2): the spin goes on */
   _Atomic int claim;
   struct tdist_group *group;
   tdist_backend_args_t args; /* (caller) the validated op */

@@ -1,0 +1,260 @@
+/*
+ * sc.h - shared-memory collectives ("sc"): the collectives of a group whose
+ * members all share one host, run through one shared segment instead of
+ * messages (CPU backend, internal; docs/cpu-backend.md "Collectives in
+ * shared memory").
+ *
+ * Why: over the rings (shm_conn.c) a collective is still a series of
+ * messages, each with a 48-byte header, matching, a receive posted per
+ * peer and, for a reduction, log2(n) rounds that each wait for a peer; a
+ * small op crossed 6-8 cache-line transfers per rank and cost 1.9 us at
+ * n = 2 where the line latency is 0.35. Here every member writes its part
+ * of the op once, into its own region of a segment all members map, and
+ * reads what it needs from the others' regions directly: a reduction reads
+ * every member's data where it lies and computes the result itself (Open
+ * MPI's coll/sm and UCC's tl/shm work the same way).
+ *
+ * Segment (one memfd per group, made by member 0 at the group's creation,
+ * mapped by every member: sc_chan.c). Member r's region:
+ *   ctl        done: the steps r has consumed (below); red: the steps of a
+ *              large all_reduce whose part r has reduced (sc_op.c);
+ *              want_bell: r's progress thread sleeps with sc ops of this
+ *              group in flight, so a member that writes something r waits
+ *              for rings r's bell (a datagram to r's process);
+ *   sig[H]     one entry per collective (index cseq % H), written when r
+ *              posts it: the op's signature (op, dtype, count, root,
+ *              reduction), r's stream length and the op's first step;
+ *   step[D]    one line per step (index step % D): r's data of that step
+ *              is in the slot; its length, and the bytes themselves when
+ *              they fit in the line;
+ *   data[D][F] the slots.
+ * Streams and steps. In each op every member has a stream: the bytes it
+ * gives (an all_reduce's input, a broadcast root's buffer, an all_to_all's
+ * n blocks, an all_to_all_v's counts then blocks...); it may be empty. The
+ * group has one step clock: an op takes steps s0 .. s0 + nsteps - 1, where
+ * nsteps = ceil(longest stream / F), and in its step j every member whose
+ * stream is longer than j*F writes its bytes [jF, jF + F) into slot
+ * (s0 + j) % D. A member consumes step s (reads what it needs of the
+ * others' slots of s, in rank order for a reduction) and then publishes
+ * done = s + 1. A member writes step s only once every member's done is at
+ * least s - D + 1: the slot's previous contents were read by everyone.
+ * Steps and ops are taken in order on every member, so the clock agrees
+ * everywhere while the members agree on every op.
+ *
+ * Agreement (docs/cpu-backend.md "Mismatch", the same promise as the
+ * engine's): a member that receives anything in an op checks every
+ * member's signature of that op before it consumes anything, except a
+ * broadcast receiver, which checks the root's (its data is the root's);
+ * a member that only gives (a broadcast or scatter root, a reduce or
+ * gather non-root) completes as soon as its stream is written and checks
+ * the others' signatures later: before it completes an op in which it
+ * receives, before any of its point-to-point ops completes, and before it
+ * has more than CPU_LAG_MAX ops unchecked. A disagreement fails the group
+ * with MISMATCH naming both sides (tdist__cpu_mismatch).
+ *
+ * Which ops: every collective of an sc group but gather_v and scatter_v
+ * (their streams' lengths are known to the root alone), and a rooted op
+ * whose giver's stream does not fit the free slots (a broadcast of more
+ * than SC_EAGER_STEPS slots): a giver must be able to finish before its
+ * receivers post (test_cpu_deferred.c), which the engine's deferred reads
+ * allow and bounded slots do not. The choice depends only on the op's
+ * arguments, so every member that agrees on them chooses alike; one that
+ * does not is caught either way (an engine message or probe for an sc op
+ * is checked against it: dispatch.c, probe.c).
+ *
+ * Waking. A member whose caller waits drives its op itself (drive.c) and
+ * needs no bell. A member whose ops are left to its progress thread (an
+ * async op while the caller computes, a wait that outlasted its spin) has
+ * want_bell set while that thread sleeps (tdist__cpu_sc_sleep, a Dekker
+ * pair with the writers' check after every pass that wrote).
+ *
+ * Failures: a member that dies is named by the monitor or its connection's
+ * end (dispatch.c: an sc op needs every member that has not written all it
+ * owes); the core's abort drops the group's sc ops and the channel takes
+ * no more (tdist__cpu_sc_abort). A stopped member stops consuming: the
+ * others wait, and the op's timeout names it. Nothing of a user buffer is
+ * ever read by another process: a member copies its stream into its own
+ * slots, so an aborted op leaves nothing to read in the caller's memory.
+ *
+ * Threads: setup and teardown on the caller thread (group creation and
+ * destroy); everything else under the engine lock (drive.c), on the
+ * progress thread or a caller that drives.
+ */
+#ifndef TDIST_CPU_SC_H
+#define TDIST_CPU_SC_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "cpu/cpu.h"
+
+#define SC_H 64u           /* signature entries per member */
+#define SC_INLINE 40u      /* step data that fits in the step line */
+#define SC_EAGER_STEPS 1u  /* a giver-only op of at most this many slots runs over sc */
+#define SC_MAX_RANKS 64    /* larger groups keep the engine */
+/* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
+TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
+
+/* One op's signature in its member's sig ring (64 bytes). */
+typedef struct sc_sig {
+  _Atomic uint64_t seq; /* cseq + 1 once the rest is written (release) */
+  uint64_t count;       /* the op's count (v-ops: this member's own count) */
+  uint64_t total;       /* bytes of this member's stream */
+  uint64_t s0;          /* the op's first step */
+  int32_t root;
+  uint8_t optype, dtype, redop, pad0;
+  uint8_t pad[24];
+} sc_sig_t;
+
+/* One step's line in its writer's step ring (64 bytes). */
+typedef struct sc_step {
+  _Atomic uint64_t step; /* step + 1 once the data is in (release) */
+  uint32_t len;          /* bytes of this step in the slot (or inline) */
+  uint32_t pad0;
+  uint64_t cseq;
+  unsigned char inl[SC_INLINE];
+} sc_step_t;
+
+/* A member's control lines. */
+typedef struct sc_ctl {
+  _Atomic uint64_t done; /* steps consumed */
+  _Atomic uint64_t red;  /* steps whose part this member reduced (two-phase all_reduce) */
+  char pad0[48];
+  _Atomic uint32_t want_bell; /* its progress thread sleeps with ops in flight */
+  char pad1[60];
+} sc_ctl_t;
+
+_Static_assert(sizeof(sc_sig_t) == 64, "sc_sig_t is a line");
+_Static_assert(sizeof(sc_step_t) == 64, "sc_step_t is a line");
+_Static_assert(sizeof(sc_ctl_t) == 128, "sc_ctl_t is two lines");
+
+/* A member's region, as this process sees it. */
+typedef struct sc_region {
+  sc_ctl_t *ctl;
+  sc_sig_t *sig;     /* [SC_H] */
+  sc_step_t *step;   /* [D] */
+  unsigned char *data; /* [D][F] */
+} sc_region_t;
+
+/* A group's channel (cpu_group_t.sc). Built on the caller thread at the
+ * group's creation, then engine lock. */
+typedef struct cpu_sc {
+  void *base;
+  size_t bytes;        /* the mapping */
+  size_t region_bytes; /* per member */
+  unsigned D;          /* slots */
+  size_t F;            /* slot bytes */
+  int n, me;
+  sc_region_t *rg;          /* [n] */
+  struct sockaddr_un *bell; /* [n] members' bell addresses */
+  socklen_t *bell_len;      /* [n] */
+  uint64_t next_step;       /* the clock: the first step of the next op posted */
+  uint64_t done;            /* my done (mirrors rg[me].ctl->done) */
+  uint64_t room_min;        /* the lowest done seen among members, cached */
+  tdist__list_t ops;        /* cpu_op_t.sc.link: posted sc ops, in order */
+  /* Ops this member completed before every member's signature was
+   * checked (it only gave), oldest first, with what they must agree on. */
+  struct sc_unverified {
+    uint64_t cseq, count;
+    int32_t root;
+    uint8_t optype, dtype, redop;
+  } unverified[CPU_LAG_MAX];
+  int nunverified;
+  int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
+  int bell_wanted; /* the value of our want_bell */
+  int broken;      /* aborted: no more sc ops */
+  /* The head op's plan (sc_data.c), n entries each: member m's stream
+   * length, and the range [lo, hi) of it this member reads (lo == hi:
+   * nothing; v-ops read the counts at the stream's start first). */
+  uint64_t *totals, *lo, *hi;
+  uint64_t *scratch; /* n * n: the members' count arrays of a v-op */
+} cpu_sc_t;
+
+/* What a member checks and reads in an op (sc_data.c). */
+enum {
+  SC_ROLE_ALL = 0,  /* reads data: checks every member's signature first */
+  SC_ROLE_ROOT = 1, /* a broadcast receiver: checks the root's */
+  SC_ROLE_GIVE = 2  /* only gives: completes once written, checked later */
+};
+
+/* Steps of op's stream of `bytes` bytes. */
+static inline uint64_t sc_steps_of(const cpu_sc_t *ch, uint64_t bytes) {
+  return (bytes + ch->F - 1) / ch->F;
+}
+
+/* ---- sc_chan.c: the channel -------------------------------------------------- */
+/* (caller, group creation) Build cg's channel when every member shares this
+ * host and shared memory is on: a store exchange among the members (two
+ * rounds, over p->store), which every member does alike and which decides
+ * alike everywhere. 0 (cg->sc may stay NULL: the engine runs everything),
+ * or an error of the exchange (the group's creation fails). */
+int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p);
+/* (caller, destroy; the group is unregistered) Unmap and free. */
+void tdist__cpu_sc_free(cpu_group_t *cg);
+/* (caller, ctx creation) The process's bell: an abstract unix datagram
+ * socket the progress thread watches. 0 or -1 (no bell: sc is off). */
+int tdist__cpu_sc_bell_open(cpu_ctx_t *ctx);
+void tdist__cpu_sc_bell_start(cpu_ctx_t *ctx); /* (progress, start_all) watch it */
+void tdist__cpu_sc_bell_close(cpu_ctx_t *ctx); /* (progress, last release) */
+/* (engine lock) Ring member m's bell (best effort: a full queue means one
+ * is pending already). */
+void tdist__cpu_sc_ring(cpu_sc_t *ch, cpu_ctx_t *ctx, int m);
+/* (engine lock) Every member that sleeps waiting gets a bell, if a pass
+ * wrote anything (ch->wrote). */
+void tdist__cpu_sc_bells(cpu_sc_t *ch, cpu_ctx_t *ctx);
+/* (progress thread, leaving the engine) Set or clear want_bell for every
+ * channel, as its ops need; 1 when setting one showed that work is
+ * waiting (the caller passes again before it sleeps). */
+int tdist__cpu_sc_sleep(cpu_ctx_t *ctx);
+
+/* ---- sc_data.c: each op's streams ------------------------------------------- */
+/* (engine lock, post) The op's role, this member's stream length, and the
+ * local part of the result (a member's own block, copied now). */
+int tdist__cpu_sc_plan_post(cpu_op_t *op);
+/* (engine lock) Member m's stream length by the op's arguments (fixed-size
+ * ops; a v-op's come with the signatures). */
+uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m);
+/* (engine lock, the op at the head, totals known) Fill ch->lo/hi: what this
+ * member reads of each stream (v-ops: once the counts are in, below). */
+void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
+/* 1 when the op's streams start with each member's count array (v-ops). */
+int tdist__cpu_sc_has_prefix(const cpu_op_t *op);
+/* (engine lock) Bytes [off, off + len) of this member's stream into dst. */
+void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_t len);
+/* (engine lock) The members' count arrays are at the start of their step-0
+ * pieces (pcs[m], NULL for a member not read): check them against this
+ * member's arrays (MISMATCH reported: -1) and set the ranges. 0 on success. */
+int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs);
+/* (engine lock) out[0, len) = the members' pieces pcs[m] + at reduced in
+ * rank order (AVG divided), a few KiB at a time. */
+void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const *pcs, size_t at,
+                          size_t len);
+/* (engine lock) Consume step j: pcs[m] is member m's piece of the step
+ * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
+void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
+
+/* ---- sc_op.c: the ops -------------------------------------------------------- */
+/* This collective of cg runs over the channel (see "Which ops" above). */
+int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op);
+/* (engine lock) Post op (on cg->ops already, its cseq set): sign it and
+ * queue it. 0, or an error (reported as the group's failure by the caller). */
+int tdist__cpu_sc_post(cpu_op_t *op);
+/* (engine lock) Advance every sc op of the ctx's groups; ops that finish
+ * are completed (tdist__cpu_op_done). Returns 1 if anything moved. */
+int tdist__cpu_sc_progress(cpu_ctx_t *ctx);
+/* (engine lock) The group aborted: its sc ops are forgotten (the engine's
+ * abort puts them) and the channel takes no more. */
+void tdist__cpu_sc_abort(cpu_group_t *cg);
+/* (engine lock) op leaves its channel (op_put). */
+void tdist__cpu_sc_forget(cpu_op_t *op);
+/* (engine lock) An engine message (data, SIG) came for collective op, which
+ * runs over the shared segment here: its sender ran it over messages, so
+ * it disagrees (MISMATCH, naming both sides when the signatures differ). */
+void tdist__cpu_sc_engine_msg(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src);
+/* (engine lock) An sc op of cg still needs something from member r
+ * (dispatch.c: a lost connection fails the group then). */
+int tdist__cpu_sc_needs(const cpu_group_t *cg, int r);
+
+#endif

@@ -1,0 +1,347 @@
+/*
+ * sc_data.c - what each shared-memory collective moves (sc.h): every
+ * member's stream, the part of it each member reads, and how a step's
+ * pieces become the result.
+ *
+ * Streams (L = count * element size, n members):
+ *   all_reduce, reduce    each member's input, L bytes (a PREMUL_SUM input
+ *                         is scaled and a bool input made 0/1 as it is
+ *                         written, as algos.c does to its copy)
+ *   broadcast             the root's buffer; the others give nothing
+ *   all_gather, gather    each member's block (gather: the root gives
+ *                         nothing, it copies its own block locally)
+ *   scatter               the root's n blocks
+ *   reduce_scatter        each member's n blocks (n * L)
+ *   all_to_all            each member's n blocks
+ *   barrier               nothing
+ *   all_to_all_v          the member's send counts (n u64), then its
+ *                         blocks in destination order
+ *   all_gather_v          the member's block
+ *   reduce_scatter_v      the member's recv counts (n u64), then its input
+ * Reductions read every member's piece of a step, in rank order (lower
+ * ranks first, as the engine's trees combine them), into the output a few
+ * KiB at a time, so the partial result stays in the first-level cache:
+ * every member computes the same bits. A member's own block (all_gather,
+ * gather's root, scatter's root, all_to_all, the v-ops) is copied locally
+ * at post and never goes through the segment.
+ *
+ * Threads: engine lock (sc_op.c calls in).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "cpu/sc.h"
+
+/* base + el elements, without arithmetic on a NULL buffer (an empty one). */
+static uint8_t *elem(const void *base, size_t el, size_t es) {
+  return base && el ? (uint8_t *)base + el * es : (uint8_t *)base;
+}
+static size_t displ(const size_t *displs, int j, size_t packed) {
+  return displs ? displs[j] : packed;
+}
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* The input of a reducing op gets PREMUL_SUM's factor, or bool's 0/1. */
+static int scales(const cpu_op_t *op) {
+  return tdist_backend_op_is_reducing(op->type) &&
+         (op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL);
+}
+
+int tdist__cpu_sc_has_prefix(const cpu_op_t *op) {
+  return op->type == TDIST_OP_ALL_TO_ALL_V || op->type == TDIST_OP_REDUCE_SCATTER_V;
+}
+
+uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m) {
+  uint64_t L = (uint64_t)op->count * op->es, n = (uint64_t)op->size;
+  switch (op->type) {
+  case TDIST_OP_ALL_REDUCE:
+  case TDIST_OP_REDUCE:
+  case TDIST_OP_ALL_GATHER: return L;
+  case TDIST_OP_BROADCAST: return m == op->root ? L : 0;
+  case TDIST_OP_GATHER: return m == op->root ? 0 : L;
+  case TDIST_OP_SCATTER: return m == op->root ? n * L : 0;
+  case TDIST_OP_REDUCE_SCATTER:
+  case TDIST_OP_ALL_TO_ALL: return n * L;
+  default: return 0; /* barrier; v-ops: from the signatures */
+  }
+}
+
+/* This member's v-op stream length. */
+static uint64_t my_v_total(const cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
+  uint64_t n = (uint64_t)op->size, sum = 0;
+  switch (op->type) {
+  case TDIST_OP_ALL_TO_ALL_V:
+    for (int j = 0; j < op->size; j++)
+      sum += a->scounts[j];
+    return 8 * n + sum * op->es;
+  case TDIST_OP_REDUCE_SCATTER_V:
+    for (int j = 0; j < op->size; j++)
+      sum += a->rcounts[j];
+    return 8 * n + sum * op->es;
+  default: return (uint64_t)op->count * op->es; /* all_gather_v */
+  }
+}
+
+/* The local part, copied at post (what algos.c / algos_v.c copy at setup). */
+static void local_part(cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
+  size_t es = op->es, L = op->count * es, r = (size_t)op->rank, own = 0, so = 0;
+  uint8_t *rb = a->recvbuf;
+  const uint8_t *sb = a->sendbuf;
+  switch (op->type) {
+  case TDIST_OP_ALL_GATHER:
+  case TDIST_OP_GATHER:
+    if (L && (op->type == TDIST_OP_ALL_GATHER || op->rank == op->root) && rb + r * L != sb)
+      memmove(rb + r * L, sb, L);
+    break;
+  case TDIST_OP_SCATTER:
+    if (L && op->rank == op->root) memmove(rb, sb + r * L, L);
+    break;
+  case TDIST_OP_ALL_TO_ALL:
+    if (L) memmove(rb + r * L, sb + r * L, L);
+    break;
+  case TDIST_OP_ALL_TO_ALL_V:
+    for (size_t j = 0; j < r; j++) {
+      own += a->rcounts[j];
+      so += a->scounts[j];
+    }
+    if (a->rcounts[r])
+      memmove(elem(rb, displ(a->rdispls, (int)r, own), es),
+              elem(sb, displ(a->sdispls, (int)r, so), es), a->rcounts[r] * es);
+    break;
+  case TDIST_OP_ALL_GATHER_V:
+    for (size_t j = 0; j < r; j++)
+      own += a->rcounts[j];
+    if (op->count) memmove(elem(rb, displ(a->rdispls, (int)r, own), es), sb, op->count * es);
+    break;
+  default: break;
+  }
+}
+
+/* Input ranges that an output written step by step could overwrite before
+ * they are read: copied aside first (the engine copies every input at
+ * setup). In-place all_reduce, reduce and reduce_scatter (the output where
+ * the input's own part is) are safe: a step's input is written to the
+ * segment before that step's output is written. */
+static int overlaps(const void *a, size_t al, const void *b, size_t bl) {
+  return al && bl && (const uint8_t *)a < (const uint8_t *)b + bl &&
+         (const uint8_t *)b < (const uint8_t *)a + al;
+}
+
+int tdist__cpu_sc_plan_post(cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  const tdist_backend_args_t *a = op->args;
+  int root = op->rank == op->root;
+  switch (op->type) {
+  case TDIST_OP_BROADCAST: s->role = root ? SC_ROLE_GIVE : SC_ROLE_ROOT; break;
+  case TDIST_OP_REDUCE:
+  case TDIST_OP_GATHER: s->role = root ? SC_ROLE_ALL : SC_ROLE_GIVE; break;
+  case TDIST_OP_SCATTER: s->role = root ? SC_ROLE_GIVE : SC_ROLE_ALL; break;
+  default: s->role = SC_ROLE_ALL; break;
+  }
+  s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op)
+                                             : tdist__cpu_sc_total_of(op, op->rank);
+  /* The input an output written step by step could overwrite first. */
+  size_t L = op->count * op->es, in = 0;
+  const uint8_t *out = a->recvbuf, *sb = a->sendbuf;
+  int in_place = out == sb;
+  switch (op->type) {
+  case TDIST_OP_ALL_REDUCE: in = L; break;
+  case TDIST_OP_REDUCE: in = root ? L : 0; break;
+  case TDIST_OP_REDUCE_SCATTER:
+    in = (size_t)op->size * L;
+    in_place = sb && out == sb + (size_t)op->rank * L;
+    break;
+  default: break;
+  }
+  if (in && !in_place && overlaps(sb, in, out, L)) {
+    s->tmp = tdist__cpu_buf_get(op->cg->ctx, in);
+    if (!s->tmp) return TDIST_ERR_NO_MEMORY;
+    memcpy(s->tmp, sb, in);
+  }
+  local_part(op);
+  return 0;
+}
+
+void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
+  int n = op->size, me = op->rank;
+  uint64_t L = (uint64_t)op->count * op->es;
+  for (int m = 0; m < n; m++) {
+    uint64_t lo = 0, hi = 0;
+    switch (op->type) {
+    case TDIST_OP_ALL_REDUCE:
+    case TDIST_OP_REDUCE: hi = op->sc.role == SC_ROLE_ALL ? L : 0; break;
+    case TDIST_OP_BROADCAST: hi = m == op->root && me != op->root ? L : 0; break;
+    case TDIST_OP_ALL_GATHER:
+    case TDIST_OP_GATHER: hi = m != me && op->sc.role == SC_ROLE_ALL ? L : 0; break;
+    case TDIST_OP_SCATTER:
+      if (m == op->root && me != op->root) lo = (uint64_t)me * L, hi = lo + L;
+      break;
+    case TDIST_OP_REDUCE_SCATTER: lo = (uint64_t)me * L, hi = lo + L; break;
+    case TDIST_OP_ALL_TO_ALL:
+      if (m != me) lo = (uint64_t)me * L, hi = lo + L;
+      break;
+    case TDIST_OP_ALL_GATHER_V: hi = m != me ? ch->totals[m] : 0; break;
+    default: break; /* barrier; a2av and rsv: tdist__cpu_sc_prefixes */
+    }
+    ch->lo[m] = lo;
+    ch->hi[m] = hi;
+  }
+}
+
+void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_t len) {
+  const tdist_backend_args_t *a = op->args;
+  size_t es = op->es, n = (size_t)op->size;
+  const uint8_t *base = op->sc.tmp ? op->sc.tmp : a->sendbuf;
+  if (op->type == TDIST_OP_BROADCAST) base = a->recvbuf;
+  if (!tdist__cpu_sc_has_prefix(op)) {
+    if (len) memcpy(dst, base + off, len);
+    if (scales(op)) tdist__cpu_scale(dst, len / es, op->dtype, a->scalar);
+    return;
+  }
+  /* The count array first, then the data. */
+  const size_t *counts = op->type == TDIST_OP_ALL_TO_ALL_V ? a->scounts : a->rcounts;
+  size_t pre = 8 * n, done = 0;
+  while (done < len && off + done < pre) {
+    uint64_t v = counts[(off + done) / 8];
+    size_t at = (off + done) % 8, l = min64(8 - at, len - done);
+    memcpy(dst + done, (const uint8_t *)&v + at, l);
+    done += l;
+  }
+  if (done == len) return;
+  uint64_t d = off + done - pre; /* offset in the data part */
+  if (op->type == TDIST_OP_REDUCE_SCATTER_V) {
+    memcpy(dst + done, base + d, len - done);
+    if (scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
+    return;
+  }
+  /* all_to_all_v: the blocks in destination order, each from its displacement. */
+  size_t so = 0;
+  for (size_t j = 0; j < n && done < len; j++) {
+    uint64_t bl = a->scounts[j] * es;
+    size_t bo = displ(a->sdispls, (int)j, so) * es;
+    so += a->scounts[j];
+    if (d >= bl) {
+      d -= bl;
+      continue;
+    }
+    size_t l = min64(bl - d, len - done);
+    memcpy(dst + done, (const uint8_t *)a->sendbuf + bo + d, l);
+    done += l;
+    d = 0;
+  }
+}
+
+/* ---- v-op counts ---------------------------------------------------------------- */
+
+static int count_mismatch(cpu_group_t *cg, const cpu_op_t *op, int src, uint64_t sent,
+                          size_t want, const char *theirs, const char *mine) {
+  tdist__cpu_mismatch(cg, op->cseq,
+                      "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
+                      " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",
+                      op->cseq, src, sent, tdist_dtype_name(op->dtype), cg->rank,
+                      tdist_op_name(op->type), theirs, cg->rank, want, src, mine);
+  return -1;
+}
+
+int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs) {
+  const tdist_backend_args_t *a = op->args;
+  int n = op->size, me = op->rank;
+  size_t es = op->es;
+  char t[40], m_[40];
+  uint64_t pre = 8 * (uint64_t)n;
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) {
+    for (int m = 0; m < n; m++) {
+      ch->lo[m] = ch->hi[m] = 0;
+      if (m == me) continue;
+      uint64_t *c = ch->scratch + (size_t)m * (size_t)n, before = 0;
+      memcpy(c, pcs[m], pre);
+      for (int j = 0; j < me; j++)
+        before += c[j];
+      if (c[me] != a->rcounts[m]) {
+        snprintf(t, sizeof(t), "send_counts[%d]", me);
+        snprintf(m_, sizeof(m_), "recv_counts[%d]", m);
+        return count_mismatch(op->cg, op, m, c[me], a->rcounts[m], t, m_);
+      }
+      ch->lo[m] = pre + before * es;
+      ch->hi[m] = ch->lo[m] + c[me] * es;
+    }
+    return 0;
+  }
+  /* reduce_scatter_v: every member's recv counts must be this member's. */
+  uint64_t before = 0;
+  for (int j = 0; j < me; j++)
+    before += a->rcounts[j];
+  for (int m = 0; m < n; m++) {
+    uint64_t c[SC_MAX_RANKS];
+    memcpy(c, pcs[m], pre);
+    for (int j = 0; j < n; j++) {
+      if (c[j] == a->rcounts[j]) continue;
+      if (j == me) {
+        snprintf(t, sizeof(t), "recv_counts[%d]", me);
+        return count_mismatch(op->cg, op, m, c[j], a->rcounts[j], t, t);
+      }
+      tdist__cpu_mismatch(op->cg, op->cseq,
+                          "mismatch at collective #%" PRIu64 ": rank %d's recv_counts[%d] is %" PRIu64
+                          " but rank %d's is %zu in %s",
+                          op->cseq, m, j, c[j], me, a->rcounts[j], tdist_op_name(op->type));
+      return -1;
+    }
+    ch->lo[m] = pre + before * es;
+    ch->hi[m] = ch->lo[m] + (uint64_t)op->count * es;
+  }
+  return 0;
+}
+
+/* ---- consuming a step ------------------------------------------------------------ */
+
+/* out[0, len) = pcs[0] op pcs[1] op ... (every member's piece at offset
+ * `at`), a block at a time so the partial result stays in cache. */
+void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const *pcs, size_t at,
+                          size_t len) {
+  size_t es = op->es, blk = 4096;
+  for (size_t o = 0; o < len; o += blk) {
+    size_t l = min64(blk, len - o);
+    memcpy(out + o, pcs[0] + at + o, l);
+    for (int m = 1; m < op->size; m++)
+      tdist__cpu_reduce(out + o, pcs[m] + at + o, l / es, op->dtype, op->redop);
+  }
+  if (op->redop == TDIST_AVG) tdist__cpu_divide(out, len / es, op->dtype, op->size);
+}
+
+/* Where member m's bytes of this member's range land. */
+static uint8_t *dest_of(const cpu_op_t *op, int m) {
+  const tdist_backend_args_t *a = op->args;
+  size_t es = op->es, L = op->count * es, ro = 0;
+  switch (op->type) {
+  case TDIST_OP_ALL_GATHER:
+  case TDIST_OP_GATHER:
+  case TDIST_OP_ALL_TO_ALL: return elem(a->recvbuf, (size_t)m * L, 1);
+  case TDIST_OP_ALL_TO_ALL_V:
+  case TDIST_OP_ALL_GATHER_V:
+    for (int j = 0; j < m; j++)
+      ro += a->rcounts[j];
+    return elem(a->recvbuf, displ(a->rdispls, m, ro), es);
+  default: return a->recvbuf; /* broadcast, scatter, the reductions */
+  }
+}
+
+void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs) {
+  uint64_t F = ch->F, s_lo = j * F, s_hi = s_lo + F;
+  int reducing = tdist_backend_op_is_reducing(op->type);
+  for (int m = 0; m < op->size; m++) {
+    if (!pcs[m]) continue;
+    uint64_t lo = max64(ch->lo[m], s_lo), hi = min64(ch->hi[m], s_hi);
+    if (lo >= hi) continue;
+    if (reducing) {
+      /* Every member's piece covers the same range (equal layouts). */
+      tdist__cpu_sc_reduce(op, elem(op->args->recvbuf, lo - ch->lo[m], 1), pcs, lo - s_lo, hi - lo);
+      return;
+    }
+    memcpy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
+  }
+}

@@ -1,0 +1,480 @@
+/*
+ * sc_op.c - shared-memory collectives: posting an op, its steps, the
+ * signature checks and completion (sc.h has the protocol; sc_data.c what
+ * each op's streams are).
+ *
+ * An op is posted in order behind the others of its group (ch->ops) and
+ * signed at once (its sig entry). Only the head op moves: when it gets
+ * there it takes its first step from the group's clock, and then, in each
+ * pass, this member writes the steps of its stream that have room, checks
+ * the signatures its role needs, and consumes the steps whose pieces are
+ * all in. It completes when its stream is written and every step consumed
+ * (a giver: once written; its signatures are checked later, see sc.h). So
+ * per member and per step the order is always: write, then consume, then
+ * done = step + 1; and a step is written only once every member's done
+ * shows the slot free.
+ *
+ * A signature is read like a seqlock (seq, the fields, seq again): the
+ * drift between members is bounded far below the ring's SC_H entries (a
+ * giver runs at most CPU_LAG_MAX ops unchecked and a writer at most D
+ * steps ahead of the slowest reader), so an entry is never rewritten while
+ * it is read; the second read makes a violation of that a wait, not a
+ * wrong answer.
+ *
+ * Threads: engine lock (the progress thread or a driving caller: drive.c).
+ * Completion and failures go through the engine's deferred services
+ * (tdist__cpu_op_complete, tdist__cpu_mismatch).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "cpu/sc.h"
+
+_Atomic uint64_t tdist__cpu_sc_ops;
+
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
+  const cpu_sc_t *ch = cg->sc;
+  if (!ch || ch->broken) return 0;
+  switch (op->type) {
+  case TDIST_OP_GATHER_V:
+  case TDIST_OP_SCATTER_V: return 0; /* stream lengths known to the root alone */
+  case TDIST_OP_BROADCAST:
+  case TDIST_OP_REDUCE:
+  case TDIST_OP_GATHER:
+  case TDIST_OP_SCATTER: {
+    /* A giver must finish without its receivers: its stream must fit in
+     * slots that are free (the engine's deferred reads take larger ones). */
+    uint64_t giver = 0;
+    for (int m = 0; m < op->size; m++)
+      giver = max64(giver, tdist__cpu_sc_total_of(op, m));
+    return sc_steps_of(ch, giver) <= SC_EAGER_STEPS;
+  }
+  default: return 1;
+  }
+}
+
+/* ---- signatures ---------------------------------------------------------------- */
+
+static void sign(cpu_sc_t *ch, const cpu_op_t *op) {
+  sc_sig_t *g = &ch->rg[ch->me].sig[op->cseq % SC_H];
+  atomic_store_explicit(&g->seq, 0, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  g->count = op->count;
+  g->total = op->sc.total;
+  g->root = op->root;
+  g->optype = (uint8_t)op->type;
+  g->dtype = (uint8_t)op->dtype;
+  g->redop = (uint8_t)op->redop;
+  atomic_store_explicit(&g->seq, op->cseq + 1, memory_order_release);
+  ch->wrote = 1;
+}
+
+/* Member m's signature of collective cseq: 1 and *out, or 0 (not yet). */
+static int sig_read(const cpu_sc_t *ch, int m, uint64_t cseq, sc_sig_t *out) {
+  const sc_sig_t *g = &ch->rg[m].sig[cseq % SC_H];
+  if (atomic_load_explicit(&g->seq, memory_order_acquire) != cseq + 1) return 0;
+  out->count = g->count;
+  out->total = g->total;
+  out->root = g->root;
+  out->optype = g->optype;
+  out->dtype = g->dtype;
+  out->redop = g->redop;
+  atomic_thread_fence(memory_order_acquire);
+  return atomic_load_explicit(&g->seq, memory_order_relaxed) == cseq + 1;
+}
+
+/* Does member m's signature g agree with (type, dtype, count, root, redop)?
+ * 0, or -1 with the group's MISMATCH reported, naming both. v-ops compare
+ * no count here (their counts are checked where the data flows). */
+static int agree(cpu_group_t *cg, uint64_t cseq, int m, const sc_sig_t *g, tdist_optype_t type,
+                 tdist_dtype_t dtype, size_t count, int root, tdist_redop_t redop) {
+  int rooted = tdist_backend_op_is_rooted(type), reducing = tdist_backend_op_is_reducing(type);
+  int v = tdist_backend_op_is_v(type);
+  if (g->optype == type && g->dtype == dtype && (v || g->count == count) &&
+      (!rooted || g->root == root) && (!reducing || g->redop == redop))
+    return 0;
+  char ea[48] = "", eb[48] = "";
+  if (rooted || (tdist_backend_op_is_rooted((tdist_optype_t)g->optype))) {
+    snprintf(ea, sizeof(ea), " root %d", (int)g->root);
+    snprintf(eb, sizeof(eb), " root %d", root);
+  }
+  if (reducing) {
+    size_t la = strlen(ea), lb = strlen(eb);
+    snprintf(ea + la, sizeof(ea) - la, " %s", tdist_redop_name((tdist_redop_t)g->redop));
+    snprintf(eb + lb, sizeof(eb) - lb, " %s", tdist_redop_name(redop));
+  }
+  tdist__cpu_mismatch(cg, cseq,
+                      "mismatch at collective #%" PRIu64 ": rank %d posted %s count %" PRIu64
+                      " %s%s but rank %d posted %s count %zu %s%s",
+                      cseq, m, tdist_op_name((tdist_optype_t)g->optype), g->count,
+                      tdist_dtype_name((tdist_dtype_t)g->dtype), ea, cg->rank, tdist_op_name(type),
+                      count, tdist_dtype_name(dtype), eb);
+  return -1;
+}
+
+/* The signatures op's role needs (ALL: every member's; ROOT: the root's):
+ * 1 all in and agreeing, 0 not yet, -1 a mismatch (reported). v-ops take
+ * the members' stream lengths from them. */
+static int check_sigs(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  int missing = 0;
+  for (int m = 0; m < op->size; m++) {
+    if (m == op->rank || (s->seen >> m) & 1) continue;
+    if (s->role == SC_ROLE_ROOT && m != op->root) continue;
+    sc_sig_t g;
+    if (!sig_read(ch, m, op->cseq, &g)) {
+      missing = 1;
+      continue;
+    }
+    if (agree(cg, op->cseq, m, &g, op->type, op->dtype, op->count, op->root, op->redop)) return -1;
+    ch->totals[m] = g.total;
+    s->seen |= 1ull << m;
+  }
+  return !missing;
+}
+
+/* ---- the clock and the slots ------------------------------------------------------ */
+
+/* May this member write step st (slot st % D free: every member's done is
+ * at least st - D + 1)? The lowest done seen is cached. */
+static int room(cpu_sc_t *ch, uint64_t st) {
+  if (st < ch->D) return 1;
+  uint64_t need = st - ch->D + 1;
+  if (ch->room_min >= need) return 1;
+  uint64_t mn = ch->done;
+  for (int m = 0; m < ch->n; m++)
+    if (m != ch->me) mn = min64(mn, atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire));
+  ch->room_min = mn;
+  return mn >= need;
+}
+
+static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st) {
+  uint64_t off = j * ch->F;
+  size_t len = (size_t)min64(ch->F, op->sc.total - off);
+  unsigned slot = (unsigned)(st % ch->D);
+  sc_step_t *h = &ch->rg[ch->me].step[slot];
+  uint8_t *dst = len <= SC_INLINE ? h->inl : ch->rg[ch->me].data + (size_t)slot * ch->F;
+  tdist__cpu_sc_produce(op, off, dst, len);
+  h->len = (uint32_t)len;
+  h->cseq = op->cseq;
+  atomic_store_explicit(&h->step, st + 1, memory_order_release);
+  ch->wrote = 1;
+  op->cg->ctx->moves++;
+}
+
+/* ---- a large all_reduce in two phases ---------------------------------------------- */
+
+/* Bytes [*a, *b) of a step of len bytes that member m reduces: its share of
+ * the step's elements. */
+static void share(const cpu_op_t *op, size_t len, int m, size_t *a, size_t *b) {
+  size_t cnt = len / op->es;
+  *a = (size_t)((unsigned __int128)cnt * (unsigned)m / (unsigned)op->size) * op->es;
+  *b = (size_t)((unsigned __int128)cnt * (unsigned)(m + 1) / (unsigned)op->size) * op->es;
+}
+
+/* Step j of a two-phase all_reduce. Flat, every member would reduce the
+ * whole step from every member's piece (n times the work in all); here
+ * member m reduces its share of the step into its output and into its own
+ * slot (no one else reads that share of it), publishes red, and then
+ * copies the other shares from their owners' slots once their red says
+ * they are in. The shares' results are the same bits on every member: one
+ * member computes each. 1 consumed, 0 not yet (it may have reduced). */
+static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
+  struct cpu_sc_opst *s = &op->sc;
+  uint64_t st = s->s0 + j;
+  unsigned slot = (unsigned)(st % ch->D);
+  uint8_t *out = (uint8_t *)op->args->recvbuf + j * ch->F;
+  const uint8_t *pcs[SC_MAX_RANKS];
+  size_t len = 0, a, b;
+  for (int m = 0; m < op->size; m++) {
+    sc_step_t *h = &ch->rg[m].step[slot];
+    if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
+    len = h->len;
+    pcs[m] = len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
+  }
+  if (!s->phase) {
+    share(op, len, op->rank, &a, &b);
+    if (b > a) {
+      tdist__cpu_sc_reduce(op, out + a, pcs, a, b - a);
+      memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
+    }
+    atomic_store_explicit(&ch->rg[ch->me].ctl->red, st + 1, memory_order_release);
+    s->phase = 1;
+    ch->wrote = 1;
+    op->cg->ctx->moves++;
+  }
+  for (int m = 0; m < op->size; m++)
+    if (m != op->rank && atomic_load_explicit(&ch->rg[m].ctl->red, memory_order_acquire) < st + 1)
+      return 0;
+  for (int m = 0; m < op->size; m++) {
+    if (m == op->rank) continue;
+    share(op, len, m, &a, &b);
+    if (b > a) memcpy(out + a, pcs[m] + a, b - a);
+  }
+  s->phase = 0;
+  return 1;
+}
+
+/* Does this member read member m's stream at step j? */
+static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
+  if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed)
+    return op->type == TDIST_OP_REDUCE_SCATTER_V || m != op->rank;
+  uint64_t lo = max64(ch->lo[m], j * ch->F), hi = min64(ch->hi[m], (j + 1) * ch->F);
+  return lo < hi;
+}
+
+/* Consume step j if every piece it reads is in: 1, 0 (not yet), -1 (a
+ * mismatch in the v-op counts, reported). */
+static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
+  uint64_t st = op->sc.s0 + j;
+  unsigned slot = (unsigned)(st % ch->D);
+  const uint8_t *pcs[SC_MAX_RANKS];
+  if (op->sc.two) {
+    if (!consume_two(ch, op, j)) return 0;
+    goto consumed;
+  }
+  for (int m = 0; m < op->size; m++) {
+    pcs[m] = NULL;
+    if (!reads(ch, op, m, j)) continue;
+    sc_step_t *h = &ch->rg[m].step[slot];
+    if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
+    pcs[m] = h->len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
+  }
+  if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed) {
+    if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
+    op->sc.prefixed = 1;
+  }
+  tdist__cpu_sc_consume(ch, op, j, pcs);
+consumed:
+  ch->done = st + 1;
+  atomic_store_explicit(&ch->rg[ch->me].ctl->done, st + 1, memory_order_release);
+  ch->wrote = 1;
+  op->cg->ctx->moves++;
+  return 1;
+}
+
+/* The head op's first step and, for fixed-size ops, its length and plan. */
+static void start(cpu_sc_t *ch, cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  s->started = 1;
+  s->s0 = ch->next_step;
+  memset(ch->lo, 0, sizeof(uint64_t) * (size_t)ch->n);
+  memset(ch->hi, 0, sizeof(uint64_t) * (size_t)ch->n);
+  ch->totals[ch->me] = s->total;
+  if (tdist_backend_op_is_v(op->type)) return; /* with the signatures */
+  uint64_t mx = 0;
+  for (int m = 0; m < op->size; m++)
+    mx = max64(mx, ch->totals[m] = tdist__cpu_sc_total_of(op, m));
+  s->nsteps = sc_steps_of(ch, mx);
+  ch->next_step = s->s0 + s->nsteps;
+  tdist__cpu_sc_ranges(ch, op);
+  /* Large all_reduce: two phases (consume_two). The size decides, so every
+   * member that agrees on the op decides alike. */
+  s->two = op->type == TDIST_OP_ALL_REDUCE && op->count >= (size_t)op->size &&
+           (uint64_t)op->count * op->es >= (uint64_t)tdist__param_CpuScTwoBytes();
+}
+
+/* Move the head op as far as it goes: 1 moved, 0 not, -1 a failure was
+ * reported (it waits for the abort). */
+static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  int moved = 0;
+  if (!s->started) start(ch, op);
+  uint64_t mine = sc_steps_of(ch, s->total);
+  while (s->wstep < mine && room(ch, s->s0 + s->wstep)) {
+    write_step(ch, op, s->wstep, s->s0 + s->wstep);
+    s->wstep++;
+    moved = 1;
+  }
+  if (!s->checked && s->role != SC_ROLE_GIVE) {
+    int r = check_sigs(cg, ch, op);
+    if (r <= 0) return r < 0 ? -1 : moved;
+    s->checked = 1;
+    if (tdist_backend_op_is_v(op->type)) {
+      uint64_t mx = 0;
+      for (int m = 0; m < op->size; m++)
+        mx = max64(mx, ch->totals[m]);
+      s->nsteps = sc_steps_of(ch, mx);
+      ch->next_step = s->s0 + s->nsteps;
+      tdist__cpu_sc_ranges(ch, op);
+    }
+  }
+  if (s->nsteps == UINT64_MAX) return moved; /* a v-op's length: with every signature */
+  while (s->cstep < s->nsteps) {
+    /* This member's own piece of a step is written before the step is
+     * consumed: an in-place output never overwrites input not yet given. */
+    if (s->cstep >= s->wstep && s->cstep < mine) break;
+    int r = consume_step(ch, op, s->cstep);
+    if (r < 0) return -1;
+    if (r == 0) break;
+    s->cstep++;
+    moved = 1;
+  }
+  return moved;
+}
+
+/* ---- checking later, completing ---------------------------------------------------- */
+
+/* Ops that completed unchecked: check the oldest ones whose signatures are
+ * all in. 0, or -1 on a mismatch (reported). Engine ops that waited on
+ * them (sigcheck.c, tdist__cpu_lag_blocks) are readied when none is left. */
+static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
+  while (ch->nunverified) {
+    const struct sc_unverified *u = &ch->unverified[0];
+    for (int m = 0; m < ch->n; m++) {
+      sc_sig_t g;
+      if (m == ch->me) continue;
+      if (!sig_read(ch, m, u->cseq, &g)) return 0;
+      if (agree(cg, u->cseq, m, &g, (tdist_optype_t)u->optype, (tdist_dtype_t)u->dtype, u->count,
+                u->root, (tdist_redop_t)u->redop))
+        return -1;
+    }
+    memmove(&ch->unverified[0], &ch->unverified[1],
+            sizeof(ch->unverified[0]) * (size_t)(--ch->nunverified));
+  }
+  if (cg->sc_lag) {
+    cg->sc_lag = 0;
+    tdist__list_t *n;
+    tdist__list_foreach(n, &cg->ops) {
+      cpu_op_t *o = tdist__list_entry(n, cpu_op_t, link);
+      if (!o->sc.on && (o->p2p ? o->pending == 0 : o->rounds_done)) tdist__cpu_ready(o);
+    }
+  }
+  return 0;
+}
+
+/* Complete the head op if what it must know is known: 1 done, 0 not yet. */
+static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
+    return 0;
+  if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
+  /* An op in which this member receives completes only once every op it
+   * completed unchecked is checked (sc.h, Agreement): its own, and the
+   * engine's lagging ones (sigcheck.c) of a group that runs both. */
+  if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging))
+    return 0;
+  if (s->role != SC_ROLE_ALL) {
+    /* A giver, or a broadcast receiver (it checked the root only): checked
+     * against everyone now if every signature is in, else later. */
+    int role = s->role;
+    s->role = SC_ROLE_ALL;
+    int r = check_sigs(cg, ch, op);
+    s->role = role;
+    if (r < 0) return 0;
+    if (r == 0) {
+      if (ch->nunverified >= CPU_LAG_MAX && (verify(cg, ch) != 0 || ch->nunverified >= CPU_LAG_MAX))
+        return 0;
+      ch->unverified[ch->nunverified++] = (struct sc_unverified){.cseq = op->cseq,
+                                                                 .count = op->count,
+                                                                 .root = op->root,
+                                                                 .optype = (uint8_t)op->type,
+                                                                 .dtype = (uint8_t)op->dtype,
+                                                                 .redop = (uint8_t)op->redop};
+      cg->sc_lag = 1;
+    }
+  }
+  tdist__list_remove(&s->link);
+  atomic_fetch_add_explicit(&tdist__cpu_sc_ops, 1, memory_order_relaxed);
+  tdist__cpu_op_complete(op, 0);
+  return 1;
+}
+
+static int chan_pass(cpu_group_t *cg, cpu_sc_t *ch) {
+  int moved = 0;
+  if (ch->nunverified && verify(cg, ch) == 0 && !ch->nunverified) moved = 1;
+  tdist__list_t *n;
+  while (!ch->broken && (n = tdist__list_first(&ch->ops))) {
+    cpu_op_t *op = tdist__list_entry(n, cpu_op_t, sc.link);
+    if (tdist__cpu_blocked(op)) break; /* a mismatch: it waits for the abort */
+    int r = advance(cg, ch, op);
+    if (r < 0) break;
+    moved |= r;
+    if (!finish(cg, ch, op)) break;
+    moved = 1;
+  }
+  return moved;
+}
+
+/* ---- entries ----------------------------------------------------------------------- */
+
+int tdist__cpu_sc_post(cpu_op_t *op) {
+  cpu_sc_t *ch = op->cg->sc;
+  struct cpu_sc_opst *s = &op->sc;
+  memset(s, 0, sizeof(*s));
+  tdist__list_init(&s->link);
+  s->nsteps = UINT64_MAX;
+  s->on = 1;
+  TDIST_CHECK(tdist__cpu_sc_plan_post(op));
+  sign(ch, op);
+  tdist__list_push_back(&ch->ops, &s->link);
+  return 0;
+}
+
+int tdist__cpu_sc_progress(cpu_ctx_t *ctx) {
+  int moved = 0;
+  tdist__list_t *n;
+  tdist__list_foreach(n, &ctx->groups) {
+    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
+    cpu_sc_t *ch = cg->sc;
+    if (!ch || ch->broken || cg->aborted) continue;
+    if (!tdist__list_empty(&ch->ops) || ch->nunverified) moved |= chan_pass(cg, ch);
+    tdist__cpu_sc_bells(ch, ctx);
+  }
+  return moved;
+}
+
+void tdist__cpu_sc_abort(cpu_group_t *cg) {
+  cpu_sc_t *ch = cg->sc;
+  if (!ch) return;
+  ch->broken = 1;
+  ch->nunverified = 0;
+  cg->sc_lag = 0;
+}
+
+void tdist__cpu_sc_forget(cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  if (!s->on) return;
+  if (tdist__list_linked(&s->link)) tdist__list_remove(&s->link);
+  if (s->tmp) tdist__cpu_buf_put(op->cg->ctx, s->tmp);
+  s->tmp = NULL;
+  s->on = 0;
+}
+
+void tdist__cpu_sc_engine_msg(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
+  if (tdist__cpu_check_coll(cg, op, h, src)) return; /* reported, naming both */
+  tdist__cpu_mismatch(cg, op->cseq,
+                      "mismatch at collective #%" PRIu64 ": rank %d ran %s over messages where "
+                      "rank %d runs it over shared memory",
+                      op->cseq, src, tdist_op_name(op->type), cg->rank);
+}
+
+int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {
+  const cpu_sc_t *ch = cg->sc;
+  if (!ch || ch->broken || r == ch->me) return 0;
+  sc_sig_t g;
+  for (int i = 0; i < ch->nunverified; i++)
+    if (!sig_read(ch, r, ch->unverified[i].cseq, &g)) return 1;
+  const tdist__list_t *n;
+  tdist__list_foreach(n, &ch->ops) {
+    const cpu_op_t *op = tdist__list_entry(n, cpu_op_t, sc.link);
+    if (!sig_read(ch, r, op->cseq, &g)) return 1;
+    /* Not started here yet: r posted it; what it gives is checked when
+     * it starts (a member that left in order finished its part of it). */
+    if (!op->sc.started || op->sc.nsteps == UINT64_MAX) continue;
+    /* Its stream written to the end, and past every step this member
+     * still has to write (its done frees our slots). */
+    uint64_t last = op->sc.s0 + sc_steps_of(ch, g.total);
+    const sc_step_t *h = &ch->rg[r].step[(last + ch->D - 1) % ch->D];
+    if (last > op->sc.s0 && atomic_load_explicit(&h->step, memory_order_acquire) < last) return 1;
+    if (atomic_load_explicit(&ch->rg[r].ctl->done, memory_order_acquire) <
+        op->sc.s0 + op->sc.nsteps)
+      return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,471 @@
+/*
+ * test_cpu_sc.c - collectives over a group's shared segment (src/cpu/sc_*.c,
+ * docs/cpu-backend.md "Collectives in shared memory"), between forked ranks
+ * of one host, at one world size (argv[1], default 2; ctest runs 2..4).
+ * Every result is checked against a reference computed locally.
+ *
+ *   sweep     every collective sc runs, at sizes around its thresholds: data
+ *             inline in the step line (<= 40 bytes), one slot, a slot and a
+ *             byte, and more steps than slots (slots reused), in place and
+ *             out of place, rotating roots; none of it may go through the
+ *             rings or single copy, and sc must have run them;
+ *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
+ *             (zeros included, skewed to hundreds of KB);
+ *   ahead     a broadcast root completes 16 ops before any receiver posts
+ *             (the receivers wait for a flag the root sets afterwards);
+ *   async     ops left to the progress threads (the callers sleep): they
+ *             complete, big ones too, so the bells work; 8 in flight at once;
+ *   mixed     sc ops, a broadcast too big for sc (the engine), p2p, in one
+ *             group, in order;
+ *   threads   two groups of the same ranks used by two threads at once;
+ *   lazy      with connections made on first use, collectives need none.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+
+#include "util/clock.h"
+#include "cpu_test_util.h"
+
+struct shared {
+  int port;
+  _Atomic int flag;
+};
+
+static void msleep(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+#define CHECKV(buf, i, want)                                                            \
+  do {                                                                                  \
+    double g_ = get_el(buf, TDIST_INT32, i), w_ = (want);                               \
+    if (g_ != w_) {                                                                     \
+      fprintf(stderr, "[rank %d] %s count %zu: element %zu is %g, want %g\n", rank, op, \
+              cnt, (size_t)(i), g_, w_);                                                \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+/* Element i of rank r's input, op case k: a small integer (sums exact). */
+static int32_t in(int r, size_t i, int k) { return (int32_t)((r * 31 + (int)(i % 997) * 7 + k) % 23) - 11; }
+
+/* One size: every fixed-size collective on g, checked. */
+static int sweep_one(tdist_group_t *g, int rank, int n, size_t cnt, int k) {
+  const char *op = "";
+  size_t big = cnt * (size_t)n + 16;
+  int32_t *a = calloc(big, 4), *b = calloc(big, 4);
+  MP_CHECK(a && b);
+  int root = (int)(k % (size_t)n);
+  /* all_reduce in place, SUM */
+  op = "all_reduce";
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = in(rank, i, k);
+  MP_CHECK_RC(tdist_all_reduce(g, a, a, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++) {
+    int32_t w = 0;
+    for (int r = 0; r < n; r++)
+      w += in(r, i, k);
+    CHECKV(a, i, w);
+  }
+  /* all_reduce out of place, MAX */
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = in(rank, i, k + 1);
+  MP_CHECK_RC(tdist_all_reduce(g, a, b, cnt, TDIST_INT32, TDIST_MAX, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++) {
+    int32_t w = in(0, i, k + 1);
+    for (int r = 1; r < n; r++)
+      w = in(r, i, k + 1) > w ? in(r, i, k + 1) : w;
+    CHECKV(b, i, w);
+  }
+  /* broadcast from a rotating root */
+  op = "broadcast";
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = rank == root ? in(root, i, k + 2) : -99;
+  MP_CHECK_RC(tdist_broadcast(g, a, cnt, TDIST_INT32, root, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++)
+    CHECKV(a, i, in(root, i, k + 2));
+  /* reduce to a rotating root, SUM; a non-root's recvbuf is untouched */
+  op = "reduce";
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = in(rank, i, k + 3), b[i] = -77;
+  MP_CHECK_RC(tdist_reduce(g, a, b, cnt, TDIST_INT32, TDIST_SUM, root, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++) {
+    int32_t w = 0;
+    for (int r = 0; r < n; r++)
+      w += in(r, i, k + 3);
+    CHECKV(b, i, rank == root ? w : -77);
+  }
+  /* all_gather out of place, then in place (own block already in recvbuf) */
+  op = "all_gather";
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = in(rank, i, k + 4);
+  MP_CHECK_RC(tdist_all_gather(g, a, b, cnt, TDIST_INT32, NULL, NULL));
+  for (int r = 0; r < n; r++)
+    for (size_t i = 0; i < cnt; i++)
+      CHECKV(b, (size_t)r * cnt + i, in(r, i, k + 4));
+  for (size_t i = 0; i < cnt * (size_t)n; i++)
+    b[i] = -5;
+  for (size_t i = 0; i < cnt; i++)
+    b[(size_t)rank * cnt + i] = in(rank, i, k + 5);
+  MP_CHECK_RC(tdist_all_gather(g, b + (size_t)rank * cnt, b, cnt, TDIST_INT32, NULL, NULL));
+  for (int r = 0; r < n; r++)
+    for (size_t i = 0; i < cnt; i++)
+      CHECKV(b, (size_t)r * cnt + i, in(r, i, k + 5));
+  /* gather, scatter */
+  op = "gather";
+  for (size_t i = 0; i < cnt; i++)
+    a[i] = in(rank, i, k + 6);
+  MP_CHECK_RC(tdist_gather(g, a, b, cnt, TDIST_INT32, root, NULL, NULL));
+  if (rank == root)
+    for (int r = 0; r < n; r++)
+      for (size_t i = 0; i < cnt; i++)
+        CHECKV(b, (size_t)r * cnt + i, in(r, i, k + 6));
+  op = "scatter";
+  for (size_t i = 0; i < cnt * (size_t)n; i++)
+    b[i] = rank == root ? in((int)(i / (cnt ? cnt : 1)), i % (cnt ? cnt : 1), k + 7) : 0;
+  MP_CHECK_RC(tdist_scatter(g, b, a, cnt, TDIST_INT32, root, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++)
+    CHECKV(a, i, in(rank, i, k + 7));
+  /* reduce_scatter out of place, then in place (output over its own block) */
+  op = "reduce_scatter";
+  for (size_t i = 0; i < cnt * (size_t)n; i++)
+    b[i] = in(rank, i, k + 8);
+  MP_CHECK_RC(tdist_reduce_scatter(g, b, a, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  for (size_t i = 0; i < cnt; i++) {
+    int32_t w = 0;
+    for (int r = 0; r < n; r++)
+      w += in(r, (size_t)rank * cnt + i, k + 8);
+    CHECKV(a, i, w);
+  }
+  MP_CHECK_RC(tdist_reduce_scatter(g, b, b + (size_t)rank * cnt, cnt, TDIST_INT32, TDIST_SUM,
+                                   NULL, NULL));
+  for (size_t i = 0; i < cnt; i++) {
+    int32_t w = 0;
+    for (int r = 0; r < n; r++)
+      w += in(r, (size_t)rank * cnt + i, k + 8);
+    CHECKV(b, (size_t)rank * cnt + i, w);
+  }
+  /* all_to_all */
+  op = "all_to_all";
+  for (size_t i = 0; i < cnt * (size_t)n; i++)
+    b[i] = in(rank, i, k + 9);
+  MP_CHECK_RC(tdist_all_to_all(g, b, a, cnt, TDIST_INT32, NULL, NULL));
+  for (int r = 0; r < n; r++)
+    for (size_t i = 0; i < cnt; i++)
+      CHECKV(a, (size_t)r * cnt + i, in(r, (size_t)rank * cnt + i, k + 9));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  free(a);
+  free(b);
+  return 0;
+}
+
+static int sweep(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  /* 128 KiB slots by default: 32768 int32; 10 fit in the step line. */
+  static const size_t counts[] = {0, 1, 10, 11, 1000, 32767, 32768, 32769, 300001};
+  int many = TEST_TSAN ? 8 : 9;
+  uint64_t rings0 = atomic_load(&tdist__cpu_shm_writes), cma0 = atomic_load(&tdist__cpu_cma_reads);
+  uint64_t ops0 = atomic_load(&tdist__cpu_sc_ops);
+  for (int c = 0; c < many; c++)
+    if (sweep_one(g, rank, n, counts[c], c)) return 1;
+  /* Twelve ops a size; those whose giver's stream is over one slot went to
+   * the engine: scatter from 32767 elements on, the other rooted ops from
+   * 32769 (at most ten in all). */
+  uint64_t ops = atomic_load(&tdist__cpu_sc_ops) - ops0;
+  fprintf(stderr, "[rank %d] sc ops %llu, ring writes %llu, single-copy reads %llu\n", rank,
+          (unsigned long long)ops, (unsigned long long)(atomic_load(&tdist__cpu_shm_writes) - rings0),
+          (unsigned long long)(atomic_load(&tdist__cpu_cma_reads) - cma0));
+  MP_CHECK(ops >= (uint64_t)(12 * many - 10));
+  /* Many small ops in a row: the slots and the signature ring wrap. */
+  for (int it = 0; it < 300; it++) {
+    int32_t v = rank + it, w = 0;
+    MP_CHECK_RC(tdist_all_reduce(g, &v, &v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
+    for (int r = 0; r < n; r++)
+      w += r + it;
+    MP_CHECK(v == w);
+    int32_t x = rank == it % n ? it : -1;
+    MP_CHECK_RC(tdist_broadcast(g, &x, 1, TDIST_INT32, it % n, NULL, NULL));
+    MP_CHECK(x == it);
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- v-ops ------------------------------------------------------------------------ */
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Elements rank i sends rank j in trial t: zeros, small, a few large. */
+static size_t vcount(int i, int j, int t) {
+  uint64_t h = mix(((uint64_t)t << 16) ^ ((uint64_t)i << 8) ^ (uint64_t)j) % 10;
+  return h < 2 ? 0 : h < 8 ? (size_t)(h * 37 + (size_t)i) : (size_t)(h * 20000 + (size_t)j);
+}
+
+static int32_t vval(int src, int dst, size_t i, int t) { return (int32_t)(src * 1000003 + dst * 101 + (int)i + t); }
+
+static int vops(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  size_t sc[8], sd[8], rc[8], rd[8];
+  for (int t = 0; t < (TEST_TSAN ? 3 : 8); t++) {
+    size_t st = 0, rt = 0;
+    for (int j = 0; j < n; j++) {
+      sc[j] = vcount(rank, j, t);
+      rc[j] = vcount(j, rank, t);
+      sd[j] = st + (size_t)j; /* gaps between the blocks */
+      rd[j] = rt + 2 * (size_t)j;
+      st = sd[j] + sc[j];
+      rt = rd[j] + rc[j];
+    }
+    int32_t *s = calloc(st + 1, 4), *r = calloc(rt + 1, 4);
+    MP_CHECK(s && r);
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < sc[j]; i++)
+        s[sd[j] + i] = vval(rank, j, i, t);
+    MP_CHECK_RC(tdist_all_to_all_v(g, s, sc, sd, r, rc, rd, TDIST_INT32, NULL, NULL));
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < rc[j]; i++)
+        MP_CHECK(r[rd[j] + i] == vval(j, rank, i, t));
+    /* all_gather_v: rank j gives vcount(j, j, t) elements */
+    size_t mine = vcount(rank, rank, t), tot = 0, ag[8];
+    for (int j = 0; j < n; j++)
+      ag[j] = vcount(j, j, t), tot += ag[j];
+    int32_t *x = calloc(mine + 1, 4), *y = calloc(tot + 1, 4);
+    MP_CHECK(x && y);
+    for (size_t i = 0; i < mine; i++)
+      x[i] = vval(rank, rank, i, t);
+    MP_CHECK_RC(tdist_all_gather_v(g, x, mine, y, ag, NULL, TDIST_INT32, NULL, NULL));
+    for (int j = 0, o = 0; j < n; o += (int)ag[j], j++)
+      for (size_t i = 0; i < ag[j]; i++)
+        MP_CHECK(y[(size_t)o + i] == vval(j, j, i, t));
+    /* reduce_scatter_v: everyone's input has the same counts ag[] */
+    int32_t *in2 = calloc(tot + 1, 4), *out = calloc(mine + 1, 4);
+    MP_CHECK(in2 && out);
+    for (size_t i = 0; i < tot; i++)
+      in2[i] = (int32_t)(rank + 1) * (int32_t)(i % 13);
+    MP_CHECK_RC(tdist_reduce_scatter_v(g, in2, out, ag, TDIST_INT32, TDIST_SUM, NULL, NULL));
+    size_t before = 0;
+    for (int j = 0; j < rank; j++)
+      before += ag[j];
+    for (size_t i = 0; i < mine; i++)
+      MP_CHECK(out[i] == (int32_t)(n * (n + 1) / 2) * (int32_t)((before + i) % 13));
+    free(s), free(r), free(x), free(y), free(in2), free(out);
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- a giver runs ahead ------------------------------------------------------------ */
+
+static int ahead(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  int32_t v[64];
+  enum { K = 16 };
+  if (rank == 0) {
+    for (int it = 0; it < K; it++) {
+      for (int i = 0; i < 64; i++)
+        v[i] = it * 100 + i;
+      MP_CHECK_RC(tdist_broadcast(g, v, 64, TDIST_INT32, 0, NULL, NULL));
+    }
+    atomic_store(&sh->flag, 1); /* only now may the receivers post */
+  } else {
+    for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->flag) && tdist__now_ms() - t0 < 30000;)
+      msleep(1);
+    MP_CHECK(atomic_load(&sh->flag) == 1);
+    for (int it = 0; it < K; it++) {
+      MP_CHECK_RC(tdist_broadcast(g, v, 64, TDIST_INT32, 0, NULL, NULL));
+      for (int i = 0; i < 64; i++)
+        MP_CHECK(v[i] == it * 100 + i);
+    }
+  }
+  /* A receiving op after them: the root checks the receivers' signatures. */
+  int32_t s = rank;
+  MP_CHECK_RC(tdist_all_reduce(g, &s, &s, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(s == n * (n - 1) / 2);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- ops left to the progress threads --------------------------------------------- */
+
+static int async_ops(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  enum { W = 8 };
+  size_t cnt[W];
+  int32_t *buf[W];
+  tdist_work_t *w[W];
+  for (int round = 0; round < 3; round++) {
+    for (int k = 0; k < W; k++) {
+      cnt[k] = k == W - 1 ? (size_t)(1u << 20) + 3 : (size_t)(k * 1000 + 1); /* 4 MiB: 32 steps */
+      buf[k] = malloc(cnt[k] * 4);
+      MP_CHECK(buf[k]);
+      for (size_t i = 0; i < cnt[k]; i++)
+        buf[k][i] = in(rank, i, k + round);
+      MP_CHECK_RC(
+          tdist_all_reduce(g, buf[k], buf[k], cnt[k], TDIST_INT32, TDIST_SUM, NULL, &w[k]));
+    }
+    /* The callers do not touch the works: only the progress threads, woken
+     * by the bells, can finish them. */
+    int done = 0;
+    for (int64_t t0 = tdist__now_ms(); done < W && tdist__now_ms() - t0 < 20000;) {
+      msleep(5);
+      done = 0;
+      for (int k = 0; k < W; k++)
+        done += tdist_work_state(w[k]) == TDIST_WORK_COMPLETED;
+    }
+    MP_CHECK(done == W);
+    for (int k = 0; k < W; k++) {
+      MP_CHECK_RC(tdist_work_wait(w[k], -1));
+      tdist_work_release(w[k]);
+      for (size_t i = 0; i < cnt[k]; i++) {
+        int32_t want = 0;
+        for (int r = 0; r < n; r++)
+          want += in(r, i, k + round);
+        MP_CHECK(buf[k][i] == want);
+      }
+      free(buf[k]);
+    }
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- sc, the engine and p2p in one group -------------------------------------------- */
+
+static int mixed(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  size_t big = 300001; /* a broadcast over one slot: the engine */
+  int32_t *a = malloc(big * 4);
+  MP_CHECK(a);
+  for (int it = 0; it < 6; it++) {
+    int32_t x = rank + it;
+    MP_CHECK_RC(tdist_all_reduce(g, &x, &x, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
+    MP_CHECK(x == n * (n - 1) / 2 + n * it);
+    for (size_t i = 0; i < big; i++)
+      a[i] = rank == it % n ? (int32_t)(i + (size_t)it) : 0;
+    MP_CHECK_RC(tdist_broadcast(g, a, big, TDIST_INT32, it % n, NULL, NULL));
+    for (size_t i = 0; i < big; i++)
+      MP_CHECK(a[i] == (int32_t)(i + (size_t)it));
+    /* a small broadcast (given unchecked by its root), then p2p around a ring */
+    int32_t y = rank == 0 ? 1000 + it : 0;
+    MP_CHECK_RC(tdist_broadcast(g, &y, 1, TDIST_INT32, 0, NULL, NULL));
+    MP_CHECK(y == 1000 + it);
+    int32_t s = rank * 10 + it, r = -1;
+    tdist_p2p_op_t ops[2] = {
+        {.kind = TDIST_P2P_SEND, .buf = &s, .count = 1, .dtype = TDIST_INT32, .peer = (rank + 1) % n},
+        {.kind = TDIST_P2P_RECV, .buf = &r, .count = 1, .dtype = TDIST_INT32, .peer = (rank + n - 1) % n}};
+    MP_CHECK_RC(tdist_batch_isend_irecv(g, ops, 2, NULL, NULL));
+    MP_CHECK(r == ((rank + n - 1) % n) * 10 + it);
+  }
+  free(a);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- two groups, two threads ------------------------------------------------------------ */
+
+struct thr {
+  tdist_group_t *g;
+  int rank, n, salt, rc;
+};
+
+static void *thr_main(void *p) {
+  struct thr *t = p;
+  t->rc = 0;
+  for (int it = 0; it < (TEST_TSAN ? 50 : 300) && !t->rc; it++) {
+    int32_t v[3] = {t->rank + it, t->salt, 1};
+    if (tdist_all_reduce(t->g, v, v, 3, TDIST_INT32, TDIST_SUM, NULL, NULL) != 0 ||
+        v[0] != t->n * (t->n - 1) / 2 + t->n * it || v[1] != t->n * t->salt || v[2] != t->n)
+      t->rc = 1;
+  }
+  return NULL;
+}
+
+static int threads(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *world = NULL, *g1 = NULL, *g2 = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &world));
+  int all[8];
+  for (int i = 0; i < n; i++)
+    all[i] = i;
+  MP_CHECK_RC(tdist_new_group(world, all, n, NULL, &g1));
+  MP_CHECK_RC(tdist_new_group(world, all, n, NULL, &g2));
+  struct thr t1 = {g1, rank, n, 3, 0}, t2 = {g2, rank, n, 5, 0};
+  pthread_t a, b;
+  MP_CHECK(pthread_create(&a, NULL, thr_main, &t1) == 0);
+  MP_CHECK(pthread_create(&b, NULL, thr_main, &t2) == 0);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  MP_CHECK(t1.rc == 0 && t2.rc == 0);
+  MP_CHECK_RC(tdist_group_destroy(g1));
+  MP_CHECK_RC(tdist_group_destroy(g2));
+  MP_CHECK_RC(tdist_group_destroy(world));
+  return 0;
+}
+
+/* ---- lazy connections ------------------------------------------------------------------ */
+
+static int lazy(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  uint64_t c0 = atomic_load(&tdist__cpu_connects);
+  int32_t v[1000];
+  for (int i = 0; i < 1000; i++)
+    v[i] = rank + i;
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, 1000, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  for (int i = 0; i < 1000; i++)
+    MP_CHECK(v[i] == n * (n - 1) / 2 + n * i);
+  int32_t s = rank, r[8];
+  MP_CHECK_RC(tdist_all_gather(g, &s, r, 1, TDIST_INT32, NULL, NULL));
+  for (int i = 0; i < n; i++)
+    MP_CHECK(r[i] == i);
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  /* Over the group's segment: no pair of ranks had to connect. */
+  MP_CHECK(atomic_load(&tdist__cpu_connects) == c0);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+static int run(const char *name, tdist_mp_fn fn, int n, struct shared *sh) {
+  sh->port = tdist_mp_free_port();
+  atomic_store(&sh->flag, 0);
+  int bad = tdist_mp_run(n, fn, sh, 240);
+  printf("cpu_sc %s (n=%d): %s\n", name, n, bad ? "FAILED" : "ok");
+  fflush(stdout);
+  return bad != 0;
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 2;
+  struct shared *sh =
+      mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) return 1;
+  int fails = 0;
+  fails += run("sweep", sweep, n, sh);
+  fails += run("vops", vops, n, sh);
+  fails += run("ahead", ahead, n, sh);
+  fails += run("async", async_ops, n, sh);
+  fails += run("mixed", mixed, n, sh);
+  fails += run("threads", threads, n, sh);
+  setenv("TDIST_CPU_CONNECT", "lazy", 1);
+  fails += run("lazy", lazy, n, sh);
+  unsetenv("TDIST_CPU_CONNECT");
+  return fails != 0;
+}
