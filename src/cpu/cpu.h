@@ -253,6 +253,8 @@ struct cpu_op {
     int started;         /* at the channel's head: s0 is set */
     int prefixed;        /* v-ops: the members' count arrays were read */
     int two;             /* a large all_reduce in two phases (sc_op.c) */
+    int direct;          /* two: this member's share is read from its input */
+    uint64_t blocked_at; /* a giver found no room since (ms; sc_ovf.c), 0: it did */
     int phase;           /* two: this member reduced its part of step cstep */
     uint64_t seen;       /* members whose signature was checked (bit m) */
     tdist__list_t link;  /* the channel's ops, in post order */
@@ -459,6 +461,7 @@ struct cpu_ctx {
   unsigned bell_len;
   uv_poll_t bell_poll;
   int bell_on; /* bell_poll initialised */
+  tdist__list_t ovfs; /* sc_ovf.c: overflow memfds received, not taken yet */
   /* (engine lock) Steps of long work done (a shared-memory step, a long
    * copy's step): a driving caller whose op is not done but moved keeps
    * driving it (drive.c, test's 2). */

@@ -53,14 +53,17 @@
  * with MISMATCH naming both sides (tdist__cpu_mismatch).
  *
  * Which ops: every collective of an sc group but gather_v and scatter_v
- * (their streams' lengths are known to the root alone), and a rooted op
- * whose giver's stream does not fit the free slots (a broadcast of more
- * than SC_EAGER_STEPS slots): a giver must be able to finish before its
- * receivers post (test_cpu_deferred.c), which the engine's deferred reads
- * allow and bounded slots do not. The choice depends only on the op's
- * arguments, so every member that agrees on them chooses alike; one that
- * does not is caught either way (an engine message or probe for an sc op
- * is checked against it: dispatch.c, probe.c).
+ * (their streams' lengths are known to the root alone). The choice depends
+ * only on the op, so every member that agrees on it chooses alike; one
+ * that does not is caught either way (an engine message or probe for an sc
+ * op is checked against it: dispatch.c, probe.c).
+ *
+ * A giver never waits for its receivers for long (the engine's deferred
+ * reads promise the same: test_cpu_deferred.c): a giver whose stream does
+ * not fit the free slots and that found no room for TDIST_CPU_DEFER_US
+ * puts the rest of its stream in a sealed memfd, sends it to the members
+ * that read it over their bells (SCM_RIGHTS: it outlives the giver), marks
+ * its signature, and completes (sc_ovf.c).
  *
  * Waking. A member whose caller waits drives its op itself (drive.c) and
  * needs no bell. A member whose ops are left to its progress thread (an
@@ -92,8 +95,9 @@
 
 #define SC_H 64u           /* signature entries per member */
 #define SC_INLINE 40u      /* step data that fits in the step line */
-#define SC_EAGER_STEPS 1u  /* a giver-only op of at most this many slots runs over sc */
 #define SC_MAX_RANKS 64    /* larger groups keep the engine */
+/* How many steps a member that reads writes ahead of what it consumed. */
+TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
 /* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
 TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
 
@@ -105,7 +109,11 @@ typedef struct sc_sig {
   uint64_t s0;          /* the op's first step */
   int32_t root;
   uint8_t optype, dtype, redop, pad0;
-  uint8_t pad[24];
+  /* A giver's stream from relative step ovf - 1 on is not in its slots but
+   * in a memfd it sent the op's readers (sc_ovf.c); 0: none. Written after
+   * the rest (release), read on its own (acquire). */
+  _Atomic uint64_t ovf;
+  uint8_t pad[16];
 } sc_sig_t;
 
 /* One step's line in its writer's step ring (64 bytes). */
@@ -170,6 +178,14 @@ typedef struct cpu_sc {
    * nothing; v-ops read the counts at the stream's start first). */
   uint64_t *totals, *lo, *hi;
   uint64_t *scratch; /* n * n: the members' count arrays of a v-op */
+  /* sc_ovf.c: the head op's overflows being read, per member (base NULL:
+   * none) */
+  struct sc_ovf_map {
+    uint8_t *base;
+    size_t bytes;
+    uint64_t from; /* the relative step its first byte belongs to */
+  } *ovf;
+  uint64_t uid; /* the group's (overflow messages name it) */
 } cpu_sc_t;
 
 /* What a member checks and reads in an op (sc_data.c). */
@@ -231,9 +247,35 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
  * rank order (AVG divided), a few KiB at a time. */
 void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const *pcs, size_t at,
                           size_t len);
+/* (engine lock) out[0, len) = this member's own input `mine` (which may be
+ * out itself) combined with every other member's piece at offset `at`:
+ * one member's share of a two-phase all_reduce, which no other member
+ * computes, so the order of the operands need not be the ranks'. */
+void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t *mine,
+                                const uint8_t *const *pcs, size_t at, size_t len);
+/* The op's input is scaled as it is given (PREMUL_SUM, bool). */
+int tdist__cpu_sc_scales(const cpu_op_t *op);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
  * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
 void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
+
+/* ---- sc_ovf.c: a giver's overflow ------------------------------------------------ */
+/* (engine lock) The giver op is blocked on room: after TDIST_CPU_DEFER_US
+ * of it, the rest of its stream goes to its readers in a memfd. 1 when it
+ * did (the op's stream is all given), 0 not (yet). */
+int tdist__cpu_sc_overflow(cpu_sc_t *ch, cpu_op_t *op);
+/* (engine lock) Member m's piece of step j of op when m overflowed there:
+ * a pointer into the mapping of its memfd (mapped on first use), or NULL
+ * (not here yet: its message has not arrived). */
+const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64_t j);
+/* (engine lock) The op's overflow mappings are no longer read. */
+void tdist__cpu_sc_ovf_done(cpu_sc_t *ch);
+/* (engine lock) Take the datagrams waiting on this process's bell: bells,
+ * and overflow memfds (kept for their op). */
+void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx);
+/* (engine lock) Forget what came for group uid (abort, destroy), or for
+ * every group (uid 0: the ctx ends): close the fds. */
+void tdist__cpu_sc_ovf_forget(cpu_ctx_t *ctx, uint64_t uid);
 
 /* ---- sc_op.c: the ops -------------------------------------------------------- */
 /* This collective of cg runs over the channel (see "Which ops" above). */

@@ -77,10 +77,8 @@ static void on_bell(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
   cpu_ctx_t *ctx = h->data;
-  char sink[64];
-  while (recv(ctx->bell_fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-  }
   tdist__cpu_enter(ctx);
+  tdist__cpu_sc_bell_drain(ctx); /* bells, and overflow memfds (sc_ovf.c) */
   tdist__cpu_sc_progress(ctx);
   tdist__cpu_run_ready(ctx);
   tdist__cpu_leave(ctx);
@@ -192,6 +190,8 @@ static void carve(cpu_sc_t *ch) {
 
 static void chan_free(cpu_sc_t *ch) {
   if (!ch) return;
+  if (ch->ovf) tdist__cpu_sc_ovf_done(ch);
+  tdist__free(ch->ovf);
   if (ch->base) tdist__cpu_shm_seg_unmap(ch->base, ch->bytes);
   tdist__free(ch->rg);
   tdist__free(ch->bell);
@@ -294,7 +294,10 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->totals = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->lo = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
-  if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi)
+  ch->ovf = tdist__calloc((size_t)n, sizeof(*ch->ovf));
+  ch->uid = cg->uid;
+  if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
+      !ch->ovf)
     ok = 0;
   for (int r = 0; ok && r < n; r++) {
     const sc_hello_t *o = vals[r];

@@ -45,7 +45,7 @@ static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 /* The input of a reducing op gets PREMUL_SUM's factor, or bool's 0/1. */
-static int scales(const cpu_op_t *op) {
+int tdist__cpu_sc_scales(const cpu_op_t *op) {
   return tdist_backend_op_is_reducing(op->type) &&
          (op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL);
 }
@@ -200,7 +200,7 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   if (op->type == TDIST_OP_BROADCAST) base = a->recvbuf;
   if (!tdist__cpu_sc_has_prefix(op)) {
     if (len) memcpy(dst, base + off, len);
-    if (scales(op)) tdist__cpu_scale(dst, len / es, op->dtype, a->scalar);
+    if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst, len / es, op->dtype, a->scalar);
     return;
   }
   /* The count array first, then the data. */
@@ -216,7 +216,7 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   uint64_t d = off + done - pre; /* offset in the data part */
   if (op->type == TDIST_OP_REDUCE_SCATTER_V) {
     memcpy(dst + done, base + d, len - done);
-    if (scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
+    if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
     return;
   }
   /* all_to_all_v: the blocks in destination order, each from its displacement. */
@@ -309,6 +309,18 @@ void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const
     memcpy(out + o, pcs[0] + at + o, l);
     for (int m = 1; m < op->size; m++)
       tdist__cpu_reduce(out + o, pcs[m] + at + o, l / es, op->dtype, op->redop);
+  }
+  if (op->redop == TDIST_AVG) tdist__cpu_divide(out, len / es, op->dtype, op->size);
+}
+
+void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t *mine,
+                                const uint8_t *const *pcs, size_t at, size_t len) {
+  size_t es = op->es, blk = 4096;
+  for (size_t o = 0; o < len; o += blk) {
+    size_t l = min64(blk, len - o);
+    if (out != mine) memcpy(out + o, mine + o, l);
+    for (int m = 0; m < op->size; m++)
+      if (m != op->rank) tdist__cpu_reduce(out + o, pcs[m] + at + o, l / es, op->dtype, op->redop);
   }
   if (op->redop == TDIST_AVG) tdist__cpu_divide(out, len / es, op->dtype, op->size);
 }

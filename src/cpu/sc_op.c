@@ -43,17 +43,6 @@ int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
   switch (op->type) {
   case TDIST_OP_GATHER_V:
   case TDIST_OP_SCATTER_V: return 0; /* stream lengths known to the root alone */
-  case TDIST_OP_BROADCAST:
-  case TDIST_OP_REDUCE:
-  case TDIST_OP_GATHER:
-  case TDIST_OP_SCATTER: {
-    /* A giver must finish without its receivers: its stream must fit in
-     * slots that are free (the engine's deferred reads take larger ones). */
-    uint64_t giver = 0;
-    for (int m = 0; m < op->size; m++)
-      giver = max64(giver, tdist__cpu_sc_total_of(op, m));
-    return sc_steps_of(ch, giver) <= SC_EAGER_STEPS;
-  }
   default: return 1;
   }
 }
@@ -64,6 +53,7 @@ static void sign(cpu_sc_t *ch, const cpu_op_t *op) {
   sc_sig_t *g = &ch->rg[ch->me].sig[op->cseq % SC_H];
   atomic_store_explicit(&g->seq, 0, memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&g->ovf, 0, memory_order_relaxed);
   g->count = op->count;
   g->total = op->sc.total;
   g->root = op->root;
@@ -153,13 +143,30 @@ static int room(cpu_sc_t *ch, uint64_t st) {
   return mn >= need;
 }
 
+/* Bytes [*a, *b) of a step of len bytes that member m reduces: its share of
+ * the step's elements. */
+static void share(const cpu_op_t *op, size_t len, int m, size_t *a, size_t *b) {
+  size_t cnt = len / op->es;
+  *a = (size_t)((unsigned __int128)cnt * (unsigned)m / (unsigned)op->size) * op->es;
+  *b = (size_t)((unsigned __int128)cnt * (unsigned)(m + 1) / (unsigned)op->size) * op->es;
+}
+
 static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st) {
   uint64_t off = j * ch->F;
   size_t len = (size_t)min64(ch->F, op->sc.total - off);
   unsigned slot = (unsigned)(st % ch->D);
   sc_step_t *h = &ch->rg[ch->me].step[slot];
   uint8_t *dst = len <= SC_INLINE ? h->inl : ch->rg[ch->me].data + (size_t)slot * ch->F;
-  tdist__cpu_sc_produce(op, off, dst, len);
+  if (op->sc.direct) {
+    /* A two-phase all_reduce: this member's share of the step stays where
+     * it is (consume_two reads it there): only the others' shares go in. */
+    size_t a, b;
+    share(op, len, ch->me, &a, &b);
+    tdist__cpu_sc_produce(op, off, dst, a);
+    tdist__cpu_sc_produce(op, off + b, dst + b, len - b);
+  } else {
+    tdist__cpu_sc_produce(op, off, dst, len);
+  }
   h->len = (uint32_t)len;
   h->cseq = op->cseq;
   atomic_store_explicit(&h->step, st + 1, memory_order_release);
@@ -168,14 +175,6 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
 }
 
 /* ---- a large all_reduce in two phases ---------------------------------------------- */
-
-/* Bytes [*a, *b) of a step of len bytes that member m reduces: its share of
- * the step's elements. */
-static void share(const cpu_op_t *op, size_t len, int m, size_t *a, size_t *b) {
-  size_t cnt = len / op->es;
-  *a = (size_t)((unsigned __int128)cnt * (unsigned)m / (unsigned)op->size) * op->es;
-  *b = (size_t)((unsigned __int128)cnt * (unsigned)(m + 1) / (unsigned)op->size) * op->es;
-}
 
 /* Step j of a two-phase all_reduce. Flat, every member would reduce the
  * whole step from every member's piece (n times the work in all); here
@@ -199,7 +198,13 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   }
   if (!s->phase) {
     share(op, len, op->rank, &a, &b);
-    if (b > a) {
+    if (b > a && s->direct) {
+      /* This member's share of its own input is read where it is (the
+       * slot holds only the others' shares: write_step). */
+      const uint8_t *in = (s->tmp ? s->tmp : (const uint8_t *)op->args->sendbuf) + j * ch->F;
+      tdist__cpu_sc_reduce_share(op, out + a, in + a, pcs, a, b - a);
+      memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
+    } else if (b > a) {
       tdist__cpu_sc_reduce(op, out + a, pcs, a, b - a);
       memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
     }
@@ -242,7 +247,11 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     pcs[m] = NULL;
     if (!reads(ch, op, m, j)) continue;
     sc_step_t *h = &ch->rg[m].step[slot];
-    if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
+    if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) {
+      /* Not in its slot: a giver that overflowed has it in a memfd. */
+      if (!(pcs[m] = tdist__cpu_sc_ovf_piece(ch, op, m, j))) return 0;
+      continue;
+    }
     pcs[m] = h->len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
   }
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed) {
@@ -277,44 +286,62 @@ static void start(cpu_sc_t *ch, cpu_op_t *op) {
    * member that agrees on the op decides alike. */
   s->two = op->type == TDIST_OP_ALL_REDUCE && op->count >= (size_t)op->size &&
            (uint64_t)op->count * op->es >= (uint64_t)tdist__param_CpuScTwoBytes();
+  s->direct = s->two && !tdist__cpu_sc_scales(op);
 }
 
 /* Move the head op as far as it goes: 1 moved, 0 not, -1 a failure was
  * reported (it waits for the abort). */
 static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
-  int moved = 0;
+  int moved = 0, pass;
   if (!s->started) start(ch, op);
   uint64_t mine = sc_steps_of(ch, s->total);
-  while (s->wstep < mine && room(ch, s->s0 + s->wstep)) {
-    write_step(ch, op, s->wstep, s->s0 + s->wstep);
-    s->wstep++;
-    moved = 1;
-  }
-  if (!s->checked && s->role != SC_ROLE_GIVE) {
-    int r = check_sigs(cg, ch, op);
-    if (r <= 0) return r < 0 ? -1 : moved;
-    s->checked = 1;
-    if (tdist_backend_op_is_v(op->type)) {
-      uint64_t mx = 0;
-      for (int m = 0; m < op->size; m++)
-        mx = max64(mx, ch->totals[m]);
-      s->nsteps = sc_steps_of(ch, mx);
-      ch->next_step = s->s0 + s->nsteps;
-      tdist__cpu_sc_ranges(ch, op);
+  /* A member that reads writes at most `lead` steps ahead of what it has
+   * consumed: its copy of step j + 1 then overlaps the wait for the
+   * others' step j, and the pieces it reads are still in cache (1 MiB
+   * all_reduce at n = 2: writing all 8 steps first, then reducing, cost a
+   * third more). A giver reads nothing: it writes as far as the slots go. */
+  uint64_t lead = s->role == SC_ROLE_GIVE ? UINT64_MAX : (uint64_t)tdist__param_CpuScLead();
+  do {
+    pass = 0;
+    while (s->wstep < mine && (s->wstep < s->cstep || s->wstep - s->cstep < lead)) {
+      if (!room(ch, s->s0 + s->wstep)) {
+        /* A giver does not wait for its readers for long (sc_ovf.c). */
+        if (s->role == SC_ROLE_GIVE && tdist__cpu_sc_overflow(ch, op)) pass = 1;
+        break;
+      }
+      s->blocked_at = 0;
+      write_step(ch, op, s->wstep, s->s0 + s->wstep);
+      s->wstep++;
+      pass = 1;
     }
-  }
-  if (s->nsteps == UINT64_MAX) return moved; /* a v-op's length: with every signature */
-  while (s->cstep < s->nsteps) {
-    /* This member's own piece of a step is written before the step is
-     * consumed: an in-place output never overwrites input not yet given. */
-    if (s->cstep >= s->wstep && s->cstep < mine) break;
-    int r = consume_step(ch, op, s->cstep);
-    if (r < 0) return -1;
-    if (r == 0) break;
-    s->cstep++;
-    moved = 1;
-  }
+    if (!s->checked && s->role != SC_ROLE_GIVE) {
+      int r = check_sigs(cg, ch, op);
+      if (r <= 0) return r < 0 ? -1 : moved | pass;
+      s->checked = 1;
+      if (tdist_backend_op_is_v(op->type)) {
+        uint64_t mx = 0;
+        for (int m = 0; m < op->size; m++)
+          mx = max64(mx, ch->totals[m]);
+        s->nsteps = sc_steps_of(ch, mx);
+        ch->next_step = s->s0 + s->nsteps;
+        tdist__cpu_sc_ranges(ch, op);
+      }
+    }
+    if (s->nsteps == UINT64_MAX) return moved | pass; /* a v-op's length: with every signature */
+    while (s->cstep < s->nsteps) {
+      /* This member's own piece of a step is written before the step is
+       * consumed: an in-place output never overwrites input not yet given. */
+      if (s->cstep >= s->wstep && s->cstep < mine) break;
+      int r = consume_step(ch, op, s->cstep);
+      if (r < 0) return -1;
+      if (r == 0) break;
+      s->cstep++;
+      pass = 1;
+      if (s->wstep < mine && s->wstep - s->cstep < lead) break; /* write the next one first */
+    }
+    moved |= pass;
+  } while (pass);
   return moved;
 }
 
@@ -380,6 +407,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
     }
   }
   tdist__list_remove(&s->link);
+  tdist__cpu_sc_ovf_done(ch); /* what givers overflowed in it is read */
   atomic_fetch_add_explicit(&tdist__cpu_sc_ops, 1, memory_order_relaxed);
   tdist__cpu_op_complete(op, 0);
   return 1;
@@ -432,6 +460,8 @@ int tdist__cpu_sc_progress(cpu_ctx_t *ctx) {
 void tdist__cpu_sc_abort(cpu_group_t *cg) {
   cpu_sc_t *ch = cg->sc;
   if (!ch) return;
+  tdist__cpu_sc_ovf_done(ch);
+  tdist__cpu_sc_ovf_forget(cg->ctx, ch->uid);
   ch->broken = 1;
   ch->nunverified = 0;
   cg->sc_lag = 0;
@@ -467,11 +497,14 @@ int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {
     /* Not started here yet: r posted it; what it gives is checked when
      * it starts (a member that left in order finished its part of it). */
     if (!op->sc.started || op->sc.nsteps == UINT64_MAX) continue;
-    /* Its stream written to the end, and past every step this member
-     * still has to write (its done frees our slots). */
+    /* Its stream written to the end (in its slots, or in an overflow
+     * memfd: sc_ovf.c), and past every step this member still has to
+     * write (its done frees our slots). */
     uint64_t last = op->sc.s0 + sc_steps_of(ch, g.total);
     const sc_step_t *h = &ch->rg[r].step[(last + ch->D - 1) % ch->D];
-    if (last > op->sc.s0 && atomic_load_explicit(&h->step, memory_order_acquire) < last) return 1;
+    int ovf = atomic_load_explicit(&ch->rg[r].sig[op->cseq % SC_H].ovf, memory_order_acquire) != 0;
+    if (last > op->sc.s0 && !ovf && atomic_load_explicit(&h->step, memory_order_acquire) < last)
+      return 1;
     if (atomic_load_explicit(&ch->rg[r].ctl->done, memory_order_acquire) <
         op->sc.s0 + op->sc.nsteps)
       return 1;

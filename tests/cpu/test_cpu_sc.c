@@ -11,12 +11,14 @@
  *             rings or single copy, and sc must have run them;
  *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
  *             (zeros included, skewed to hundreds of KB);
- *   ahead     a broadcast root completes 16 ops before any receiver posts
- *             (the receivers wait for a flag the root sets afterwards);
+ *   ahead     a broadcast root completes 15 ops, then one of 24 MiB, before
+ *             any receiver posts (the receivers wait for a flag the root
+ *             sets afterwards): the last overflows (sc_ovf.c); 16 ops
+ *             ahead unchecked is the bound (CPU_LAG_MAX);
  *   async     ops left to the progress threads (the callers sleep): they
  *             complete, big ones too, so the bells work; 8 in flight at once;
- *   mixed     sc ops, a broadcast too big for sc (the engine), p2p, in one
- *             group, in order;
+ *   mixed     sc ops, a gather_v (the engine's: sc does not run it), a
+ *             large broadcast, p2p, in one group, in order;
  *   threads   two groups of the same ranks used by two threads at once;
  *   lazy      with connections made on first use, collectives need none.
  */
@@ -171,14 +173,12 @@ static int sweep(int rank, int n, void *arg) {
   uint64_t ops0 = atomic_load(&tdist__cpu_sc_ops);
   for (int c = 0; c < many; c++)
     if (sweep_one(g, rank, n, counts[c], c)) return 1;
-  /* Twelve ops a size; those whose giver's stream is over one slot went to
-   * the engine: scatter from 32767 elements on, the other rooted ops from
-   * 32769 (at most ten in all). */
+  /* Twelve ops a size, all over the segment. */
   uint64_t ops = atomic_load(&tdist__cpu_sc_ops) - ops0;
   fprintf(stderr, "[rank %d] sc ops %llu, ring writes %llu, single-copy reads %llu\n", rank,
           (unsigned long long)ops, (unsigned long long)(atomic_load(&tdist__cpu_shm_writes) - rings0),
           (unsigned long long)(atomic_load(&tdist__cpu_cma_reads) - cma0));
-  MP_CHECK(ops >= (uint64_t)(12 * many - 10));
+  MP_CHECK(ops >= (uint64_t)(12 * many));
   /* Many small ops in a row: the slots and the signature ring wrap. */
   for (int it = 0; it < 300; it++) {
     int32_t v = rank + it, w = 0;
@@ -272,13 +272,20 @@ static int ahead(int rank, int n, void *arg) {
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
   int32_t v[64];
-  enum { K = 16 };
+  enum { K = CPU_LAG_MAX - 1 };
+  size_t big = 6u << 20; /* 24 MiB, far over the slots */
+  int32_t *w = malloc(big * 4);
+  MP_CHECK(w);
   if (rank == 0) {
     for (int it = 0; it < K; it++) {
       for (int i = 0; i < 64; i++)
         v[i] = it * 100 + i;
       MP_CHECK_RC(tdist_broadcast(g, v, 64, TDIST_INT32, 0, NULL, NULL));
     }
+    for (size_t i = 0; i < big; i++)
+      w[i] = (int32_t)(i * 7);
+    MP_CHECK_RC(tdist_broadcast(g, w, big, TDIST_INT32, 0, NULL, NULL));
+    memset(w, 0, big * 4); /* complete: the buffer is the caller's again */
     atomic_store(&sh->flag, 1); /* only now may the receivers post */
   } else {
     for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->flag) && tdist__now_ms() - t0 < 30000;)
@@ -289,7 +296,11 @@ static int ahead(int rank, int n, void *arg) {
       for (int i = 0; i < 64; i++)
         MP_CHECK(v[i] == it * 100 + i);
     }
+    MP_CHECK_RC(tdist_broadcast(g, w, big, TDIST_INT32, 0, NULL, NULL));
+    for (size_t i = 0; i < big; i++)
+      MP_CHECK(w[i] == (int32_t)(i * 7));
   }
+  free(w);
   /* A receiving op after them: the root checks the receivers' signatures. */
   int32_t s = rank;
   MP_CHECK_RC(tdist_all_reduce(g, &s, &s, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
@@ -350,13 +361,23 @@ static int mixed(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
-  size_t big = 300001; /* a broadcast over one slot: the engine */
+  size_t big = 300001; /* over several slots */
   int32_t *a = malloc(big * 4);
   MP_CHECK(a);
   for (int it = 0; it < 6; it++) {
     int32_t x = rank + it;
     MP_CHECK_RC(tdist_all_reduce(g, &x, &x, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
     MP_CHECK(x == n * (n - 1) / 2 + n * it);
+    /* gather_v: the engine's, between two ops over the segment */
+    int32_t gv[3] = {rank, it, rank * it}, got[3 * 8];
+    size_t rc3[8];
+    for (int r = 0; r < n; r++)
+      rc3[r] = 3;
+    MP_CHECK_RC(tdist_gather_v(g, gv, 3, got, rank == it % n ? rc3 : NULL, NULL, TDIST_INT32,
+                               it % n, NULL, NULL));
+    if (rank == it % n)
+      for (int r = 0; r < n; r++)
+        MP_CHECK(got[3 * r] == r && got[3 * r + 1] == it && got[3 * r + 2] == r * it);
     for (size_t i = 0; i < big; i++)
       a[i] = rank == it % n ? (int32_t)(i + (size_t)it) : 0;
     MP_CHECK_RC(tdist_broadcast(g, a, big, TDIST_INT32, it % n, NULL, NULL));

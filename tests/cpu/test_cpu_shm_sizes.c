@@ -14,6 +14,11 @@
  * ahead until the ring is full, so its waiting caller polls for room
  * (wpolling, shm.h) while the receivers make it. Each rank checks at the end
  * that its messages went through rings at all.
+ *
+ * The same sizes run a second time over the group's shared segment (the
+ * collectives' own path between ranks of one host, sc_*.c: TDIST_CPU_SC),
+ * whose slot, inline and overflow thresholds differ; the first pass turns
+ * it off, so that the rings carry the collectives.
  */
 #include "cpu_test_util.h"
 
@@ -101,16 +106,26 @@ static int body(int rank, int n, void *arg) {
     if (sum(g, rank, n, len, s)) return 1;
   }
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
-  /* The rings carried the traffic (all ranks are on this host). */
-  MP_CHECK(n == 1 || atomic_load(&tdist__cpu_shm_writes) > 0);
+  /* The rings carried the traffic (all ranks are on this host), or the
+   * group's segment did. */
+  const char *sc = getenv("TDIST_CPU_SC");
+  if (sc && strcmp(sc, "0") == 0)
+    MP_CHECK(n == 1 || atomic_load(&tdist__cpu_shm_writes) > 0);
+  else
+    MP_CHECK(n == 1 || atomic_load(&tdist__cpu_sc_ops) > 0);
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
+  setenv("TDIST_CPU_SC", "0", 1);
   g_port = tdist_mp_free_port();
   int bad = tdist_mp_run(n, body, NULL, 150);
-  printf("cpu_shm_sizes n=%d: %s\n", n, bad ? "FAILED" : "ok");
-  return bad != 0;
+  printf("cpu_shm_sizes n=%d (rings): %s\n", n, bad ? "FAILED" : "ok");
+  unsetenv("TDIST_CPU_SC");
+  g_port = tdist_mp_free_port();
+  int bad2 = tdist_mp_run(n, body, NULL, 150);
+  printf("cpu_shm_sizes n=%d (shared segment): %s\n", n, bad2 ? "FAILED" : "ok");
+  return bad || bad2;
 }

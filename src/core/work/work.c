@@ -286,7 +286,10 @@ int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
     done = r == 1;
     if (done || atomic_load_explicit(aborted, memory_order_acquire)) break;
     now = tdist__now_ns();
-    if (r == 2) end = now + spin_ns; /* it moves: this thread keeps it */
+    if (r == 2) { /* it moves: this thread keeps it, busy again */
+      end = now + spin_ns;
+      start = now;
+    }
     if (now >= end) break;
     if (now - start >= busy_ns)
       sched_yield();
@@ -398,9 +401,12 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
       w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
       marked = 1;
     }
-    if (w->moved) { /* a step of a long op: the spin counts from here */
+    if (w->moved) { /* a step of a long op: the spin (busy first) counts from here */
       w->moved = 0;
-      if (!w->spun) spin_end = now + spin_ns;
+      if (!w->spun) {
+        spin_end = now + spin_ns;
+        start = now;
+      }
     }
     if (now - start >= busy_ns)
       sched_yield();
