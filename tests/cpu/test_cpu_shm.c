@@ -203,7 +203,7 @@ static void test_layout(void **state) {
   assert_true(s.fd >= 0);
   assert_int_equal(s.nrings, 3);
   assert_int_equal(s.ring_bytes, 8192);
-  assert_int_equal(s.bytes, 3 * (192 + 8192));
+  assert_int_equal(s.bytes, 3 * (256 + 8192)); /* four header lines, then the data */
   for (size_t i = 0; i < 3; i++) {
     struct tdist__cpu_ring *r = tdist__cpu_shm_ring(s.base, s.ring_bytes, i);
     assert_int_equal(tdist__cpu_shm_ring_offset(s.ring_bytes, i) % 64, 0);

@@ -82,6 +82,46 @@ TDIST_PARAM(DriveSpinUs, "TDIST_DRIVE_SPIN_US", 1000)
  * peer's caller needs: it yields at once. */
 TDIST_PARAM(DriveBusyUs, "TDIST_DRIVE_BUSY_US", tdist__ranks_exceed_cpus() ? 0 : 20)
 
+/* The busy part of this thread's spin, adapted to whether a peer's caller
+ * shares its CPU (yield_timed): up to TDIST_DRIVE_BUSY_US. A yield that
+ * returns at once (its system call alone) found nothing else to run on
+ * this CPU: busy polling costs nobody, and the window grows back. One that
+ * took longer ran another thread first: most often the peer's caller,
+ * which the scheduler put on this CPU (a waiter woken from a sleep lands
+ * beside its waker), and which busy polling would keep from its op for a
+ * whole window (20 us per op, where yielding at once takes 3): the window
+ * closes until the threads are apart again. */
+static _Thread_local int64_t tl_busy_ns = -1;
+static _Thread_local int tl_slow; /* yields in a row that ran another thread */
+
+static int64_t busy_window(void) {
+  if (tl_busy_ns < 0) tl_busy_ns = tdist__param_DriveBusyUs() * 1000;
+  return tl_busy_ns;
+}
+
+static void yield_timed(void) {
+  int64_t t0 = tdist__now_ns();
+  sched_yield();
+  int64_t dt = tdist__now_ns() - t0, max = tdist__param_DriveBusyUs() * 1000;
+  if (dt <= 5000) {
+    tl_slow = 0;
+    if (tl_busy_ns < max) tl_busy_ns = tl_busy_ns * 2 + 2000 < max ? tl_busy_ns * 2 + 2000 : max;
+    return;
+  }
+  tl_busy_ns = 0;
+  /* Two threads that only yield to each other stay on one CPU: a yielding
+   * thread stays runnable, and the balancer moves it late or never (whole
+   * 2000-op runs took turns on one CPU of two, 11 us an op). A short sleep
+   * takes it off the run queue: it wakes where a CPU is idle. Only where
+   * busy polling is on at all (a core per rank): on a host whose ranks
+   * outnumber its cores, taking turns is all there is. */
+  if (max > 0 && ++tl_slow >= 16) {
+    tl_slow = 0;
+    struct timespec ts = {0, 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* A pause between two busy tests: the sibling hyperthread gets the core's
  * pipeline, and the loop does not flood the memory system. */
 static inline void cpu_relax(void) {
@@ -275,7 +315,7 @@ static int drive(tdist_work_t *w) {
 
 int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
   int64_t start = tdist__now_ns(), now = start;
-  int64_t busy_ns = tdist__param_DriveBusyUs() * 1000, spin_ns = tdist__param_DriveSpinUs() * 1000;
+  int64_t busy_ns = busy_window(), spin_ns = tdist__param_DriveSpinUs() * 1000;
   int64_t end = start + spin_ns;
   int done = 0;
   for (;;) {
@@ -291,10 +331,12 @@ int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
       start = now;
     }
     if (now >= end) break;
-    if (now - start >= busy_ns)
-      sched_yield();
-    else
+    if (now - start >= busy_ns) {
+      yield_timed();
+      busy_ns = tl_busy_ns;
+    } else {
       cpu_relax();
+    }
   }
   w->spun = 1; /* a wait that follows goes to sleep at once (wait_until) */
   if (!done) return 0;
@@ -385,7 +427,7 @@ static int wait_driving(tdist_work_t *w, int64_t deadline_ns) {
  * 11-20 us where yielding takes 5-6. */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
   int64_t start = tdist__now_ns(), now = start;
-  int64_t busy_ns = w->drives ? tdist__param_DriveBusyUs() * 1000 : 2000;
+  int64_t busy_ns = w->drives ? busy_window() : 2000;
   int64_t spin_end =
       start + (w->drives ? tdist__param_DriveSpinUs() * 1000 : tdist__param_WaitSpinNs());
   /* Its thread spun on it already (tdist__work_drive_inline): sleep now. */
@@ -408,10 +450,14 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
         start = now;
       }
     }
-    if (now - start >= busy_ns)
+    if (now - start >= busy_ns && w->drives) {
+      yield_timed();
+      busy_ns = tl_busy_ns;
+    } else if (now - start >= busy_ns) {
       sched_yield();
-    else
+    } else {
       cpu_relax();
+    }
     now = tdist__now_ns();
   }
   /* Unmarked before the tests below, which then see what arrived meanwhile. */
