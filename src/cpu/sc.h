@@ -158,6 +158,8 @@ typedef struct cpu_sc {
   sc_region_t *rg;          /* [n] */
   struct sockaddr_un *bell; /* [n] members' bell addresses */
   socklen_t *bell_len;      /* [n] */
+  int32_t *pid;             /* [n] members' process ids: an overflow memfd is taken only
+                               from its giver's process (sc_ovf.c, SCM_CREDENTIALS) */
   uint64_t next_step;       /* the clock: the first step of the next op posted */
   uint64_t done;            /* my done (mirrors rg[me].ctl->done) */
   uint64_t room_min;        /* the lowest done seen among members, cached */
@@ -235,6 +237,8 @@ uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m);
 /* (engine lock, the op at the head, totals known) Fill ch->lo/hi: what this
  * member reads of each stream (v-ops: once the counts are in, below). */
 void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
+/* all_to_all_v: the bytes of each destination's chunk in a slot. */
+size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op);
 /* 1 when the op's streams start with each member's count array (v-ops). */
 int tdist__cpu_sc_has_prefix(const cpu_op_t *op);
 /* (engine lock) Bytes [off, off + len) of this member's stream into dst. */
@@ -255,6 +259,11 @@ void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t 
                                 const uint8_t *const *pcs, size_t at, size_t len);
 /* The op's input is scaled as it is given (PREMUL_SUM, bool). */
 int tdist__cpu_sc_scales(const cpu_op_t *op);
+/* (engine lock) Step j's share of the local part of an all_gather larger
+ * than a slot (its own block, copied a slot at a time as it is given);
+ * before the step's other pieces are consumed, which may overwrite the
+ * input (an input over another member's block). */
+void tdist__cpu_sc_own_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
  * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
 void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);

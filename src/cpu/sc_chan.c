@@ -59,7 +59,12 @@ int tdist__cpu_sc_bell_open(cpu_ctx_t *ctx) {
   socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)nl);
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int tx = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0 || tx < 0 || bind(fd, (struct sockaddr *)&a, len) != 0) {
+  /* An abstract name has no permissions: anyone in this network namespace
+   * may send to it. A bell costs at most a pass; an overflow memfd is taken
+   * only from its giver's pid, which the kernel vouches for (sc_ovf.c). */
+  int one = 1;
+  if (fd < 0 || tx < 0 || bind(fd, (struct sockaddr *)&a, len) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0) {
     TDIST_INFO(CPU, "sc: no bell (%s): collectives over messages only", strerror(errno));
     if (fd >= 0) close(fd);
     if (tx >= 0) close(tx);
@@ -196,6 +201,7 @@ static void chan_free(cpu_sc_t *ch) {
   tdist__free(ch->rg);
   tdist__free(ch->bell);
   tdist__free(ch->bell_len);
+  tdist__free(ch->pid);
   tdist__free(ch->scratch);
   tdist__free(ch->totals);
   tdist__free(ch->lo);
@@ -295,15 +301,17 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->lo = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->ovf = tdist__calloc((size_t)n, sizeof(*ch->ovf));
+  ch->pid = tdist__calloc((size_t)n, sizeof(*ch->pid));
   ch->uid = cg->uid;
   if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
-      !ch->ovf)
+      !ch->ovf || !ch->pid)
     ok = 0;
   for (int r = 0; ok && r < n; r++) {
     const sc_hello_t *o = vals[r];
     ch->bell[r].sun_family = AF_UNIX;
     memcpy(ch->bell[r].sun_path, o->bell, sizeof(ch->bell[r].sun_path));
     ch->bell_len[r] = o->bell_len;
+    ch->pid[r] = o->pid;
   }
   vals_free(vals, n);
   memset(vals, 0, sizeof(void *) * (size_t)n);

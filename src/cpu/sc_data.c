@@ -14,8 +14,13 @@
  *   reduce_scatter        each member's n blocks (n * L)
  *   all_to_all            each member's n blocks
  *   barrier               nothing
- *   all_to_all_v          the member's send counts (n u64), then its
- *                         blocks in destination order
+ *   all_to_all_v          the member's send counts (n u64) at the start of
+ *                         its first slot, and in every slot one chunk per
+ *                         other member (a2av_chunk): every reader reads its
+ *                         part of every step, none waits through the
+ *                         others' blocks, and the block to itself never
+ *                         enters the segment (its stream's length is its
+ *                         steps times the slot size)
  *   all_gather_v          the member's block
  *   reduce_scatter_v      the member's recv counts (n u64), then its input
  * Reductions read every member's piece of a step, in rank order (lower
@@ -69,15 +74,30 @@ uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m) {
   }
 }
 
+size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
+  size_t F = op->cg->sc->F, n = (size_t)op->size;
+  return (F - 8 * n) / (n - 1) / op->es * op->es; /* F >= 4096, n <= 64: at least 56 */
+}
+
+/* Where writer m's chunk for destination q sits in its slot: after the
+ * count array's room, one chunk per other member, in rank order. */
+static size_t a2av_at(const cpu_op_t *op, int m, int q) {
+  return 8 * (size_t)op->size + (size_t)(q < m ? q : q - 1) * tdist__cpu_sc_a2av_chunk(op);
+}
+
 /* This member's v-op stream length. */
 static uint64_t my_v_total(const cpu_op_t *op) {
   const tdist_backend_args_t *a = op->args;
   uint64_t n = (uint64_t)op->size, sum = 0;
   switch (op->type) {
-  case TDIST_OP_ALL_TO_ALL_V:
-    for (int j = 0; j < op->size; j++)
-      sum += a->scounts[j];
-    return 8 * n + sum * op->es;
+  case TDIST_OP_ALL_TO_ALL_V: {
+    uint64_t c = tdist__cpu_sc_a2av_chunk(op), steps = 1;
+    for (int q = 0; q < op->size; q++) {
+      uint64_t st = (a->scounts[q] * op->es + c - 1) / c;
+      if (q != op->rank && st > steps) steps = st;
+    }
+    return steps * op->cg->sc->F;
+  }
   case TDIST_OP_REDUCE_SCATTER_V:
     for (int j = 0; j < op->size; j++)
       sum += a->rcounts[j];
@@ -94,9 +114,12 @@ static void local_part(cpu_op_t *op) {
   const uint8_t *sb = a->sendbuf;
   switch (op->type) {
   case TDIST_OP_ALL_GATHER:
+    /* Out of place: a slot at a time as it is given (tdist__cpu_sc_consume),
+     * while that part of the input is still in cache. */
+    if (L && rb + r * L != sb && (!op->cg->sc || L <= op->cg->sc->F)) memmove(rb + r * L, sb, L);
+    break;
   case TDIST_OP_GATHER:
-    if (L && (op->type == TDIST_OP_ALL_GATHER || op->rank == op->root) && rb + r * L != sb)
-      memmove(rb + r * L, sb, L);
+    if (L && op->rank == op->root && rb + r * L != sb) memmove(rb + r * L, sb, L);
     break;
   case TDIST_OP_SCATTER:
     if (L && op->rank == op->root) memmove(rb, sb + r * L, L);
@@ -193,18 +216,41 @@ void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
   }
 }
 
+/* all_to_all_v's step j: the count array (step 0), then the chunk of each
+ * destination's block, each at its place in the slot. */
+static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
+  const tdist_backend_args_t *a = op->args;
+  size_t es = op->es, n = (size_t)op->size, c = tdist__cpu_sc_a2av_chunk(op), so = 0;
+  for (size_t q = 0; j == 0 && q < n; q++) {
+    uint64_t v = a->scounts[q];
+    memcpy(dst + 8 * q, &v, 8);
+  }
+  for (size_t q = 0; q < n; q++) {
+    uint64_t bl = a->scounts[q] * es, lo = j * c;
+    size_t bo = displ(a->sdispls, (int)q, so) * es;
+    so += a->scounts[q];
+    if (q == (size_t)op->rank || lo >= bl) continue;
+    memcpy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
+           min64(c, bl - lo));
+  }
+}
+
 void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_t len) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, n = (size_t)op->size;
   const uint8_t *base = op->sc.tmp ? op->sc.tmp : a->sendbuf;
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) {
+    a2av_produce(op, off / op->cg->sc->F, dst);
+    return;
+  }
   if (op->type == TDIST_OP_BROADCAST) base = a->recvbuf;
   if (!tdist__cpu_sc_has_prefix(op)) {
     if (len) memcpy(dst, base + off, len);
     if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst, len / es, op->dtype, a->scalar);
     return;
   }
-  /* The count array first, then the data. */
-  const size_t *counts = op->type == TDIST_OP_ALL_TO_ALL_V ? a->scounts : a->rcounts;
+  /* reduce_scatter_v: the count array first, then the data. */
+  const size_t *counts = a->rcounts;
   size_t pre = 8 * n, done = 0;
   while (done < len && off + done < pre) {
     uint64_t v = counts[(off + done) / 8];
@@ -214,26 +260,8 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   }
   if (done == len) return;
   uint64_t d = off + done - pre; /* offset in the data part */
-  if (op->type == TDIST_OP_REDUCE_SCATTER_V) {
-    memcpy(dst + done, base + d, len - done);
-    if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
-    return;
-  }
-  /* all_to_all_v: the blocks in destination order, each from its displacement. */
-  size_t so = 0;
-  for (size_t j = 0; j < n && done < len; j++) {
-    uint64_t bl = a->scounts[j] * es;
-    size_t bo = displ(a->sdispls, (int)j, so) * es;
-    so += a->scounts[j];
-    if (d >= bl) {
-      d -= bl;
-      continue;
-    }
-    size_t l = min64(bl - d, len - done);
-    memcpy(dst + done, (const uint8_t *)a->sendbuf + bo + d, l);
-    done += l;
-    d = 0;
-  }
+  memcpy(dst + done, base + d, len - done);
+  if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
 }
 
 /* ---- v-op counts ---------------------------------------------------------------- */
@@ -255,20 +283,18 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
   char t[40], m_[40];
   uint64_t pre = 8 * (uint64_t)n;
   if (op->type == TDIST_OP_ALL_TO_ALL_V) {
+    /* [lo, hi) is then the part of member m's block for this member. */
     for (int m = 0; m < n; m++) {
       ch->lo[m] = ch->hi[m] = 0;
       if (m == me) continue;
-      uint64_t *c = ch->scratch + (size_t)m * (size_t)n, before = 0;
+      uint64_t *c = ch->scratch + (size_t)m * (size_t)n;
       memcpy(c, pcs[m], pre);
-      for (int j = 0; j < me; j++)
-        before += c[j];
       if (c[me] != a->rcounts[m]) {
         snprintf(t, sizeof(t), "send_counts[%d]", me);
         snprintf(m_, sizeof(m_), "recv_counts[%d]", m);
         return count_mismatch(op->cg, op, m, c[me], a->rcounts[m], t, m_);
       }
-      ch->lo[m] = pre + before * es;
-      ch->hi[m] = ch->lo[m] + c[me] * es;
+      ch->hi[m] = c[me] * es;
     }
     return 0;
   }
@@ -345,6 +371,14 @@ static uint8_t *dest_of(const cpu_op_t *op, int m) {
 void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs) {
   uint64_t F = ch->F, s_lo = j * F, s_hi = s_lo + F;
   int reducing = tdist_backend_op_is_reducing(op->type);
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) { /* this member's chunk of each block */
+    size_t c = tdist__cpu_sc_a2av_chunk(op);
+    for (int m = 0; m < op->size; m++)
+      if (pcs[m] && j * c < ch->hi[m])
+        memcpy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank),
+               min64(c, ch->hi[m] - j * c));
+    return;
+  }
   for (int m = 0; m < op->size; m++) {
     if (!pcs[m]) continue;
     uint64_t lo = max64(ch->lo[m], s_lo), hi = min64(ch->hi[m], s_hi);
@@ -356,4 +390,12 @@ void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t
     }
     memcpy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
   }
+}
+
+void tdist__cpu_sc_own_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
+  const tdist_backend_args_t *a = op->args;
+  uint64_t L = (uint64_t)op->count * op->es, lo = j * ch->F;
+  uint8_t *own = (uint8_t *)a->recvbuf + (size_t)op->rank * L;
+  if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || own == a->sendbuf || lo >= L) return;
+  memmove(own + lo, (const uint8_t *)a->sendbuf + lo, min64(ch->F, L - lo));
 }

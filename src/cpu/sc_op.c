@@ -229,6 +229,8 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
 static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed)
     return op->type == TDIST_OP_REDUCE_SCATTER_V || m != op->rank;
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) /* a chunk of m's block in every slot */
+    return m != op->rank && j * tdist__cpu_sc_a2av_chunk(op) < ch->hi[m];
   uint64_t lo = max64(ch->lo[m], j * ch->F), hi = min64(ch->hi[m], (j + 1) * ch->F);
   return lo < hi;
 }
@@ -258,6 +260,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
     op->sc.prefixed = 1;
   }
+  tdist__cpu_sc_own_step(ch, op, j);
   tdist__cpu_sc_consume(ch, op, j, pcs);
 consumed:
   ch->done = st + 1;

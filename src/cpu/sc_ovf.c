@@ -52,6 +52,7 @@ typedef struct ovf_rec {
   tdist__list_t link; /* ctx->ovfs */
   ovf_msg_t m;
   int fd;
+  pid_t pid; /* the sender's, as the kernel says (SCM_CREDENTIALS) */
 } ovf_rec_t;
 
 /* Does member r read the giver's stream in op (the giver's readers)? */
@@ -134,7 +135,7 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx) {
     ovf_msg_t msg;
     struct iovec iov = {&msg, sizeof(msg)};
     union {
-      char buf[CMSG_SPACE(4 * sizeof(int))];
+      char buf[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
       struct cmsghdr align;
     } u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
@@ -143,7 +144,15 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx) {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return;
     int fd = -1;
+    pid_t pid = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+          c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+        struct ucred cr;
+        memcpy(&cr, CMSG_DATA(c), sizeof(cr));
+        pid = cr.pid;
+        continue;
+      }
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (size_t i = 0; i < nfd; i++) {
@@ -165,23 +174,31 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx) {
     }
     rec->m = msg;
     rec->fd = fd;
+    rec->pid = pid;
     tdist__list_push_back(&ctx->ovfs, &rec->link);
   }
-}
-
-static ovf_rec_t *find(cpu_ctx_t *ctx, uint64_t uid, uint64_t cseq, int giver) {
-  tdist__list_t *n;
-  tdist__list_foreach(n, &ctx->ovfs) {
-    ovf_rec_t *r = tdist__list_entry(n, ovf_rec_t, link);
-    if (r->m.uid == uid && r->m.cseq == cseq && r->m.giver == giver) return r;
-  }
-  return NULL;
 }
 
 static void rec_free(ovf_rec_t *r) {
   tdist__list_remove(&r->link);
   if (r->fd >= 0) close(r->fd);
   tdist__free(r);
+}
+
+/* The message from member `giver` (its process, pid) about op cseq of
+ * group uid; one that names the giver but came from another process is
+ * dropped. */
+static ovf_rec_t *find(cpu_ctx_t *ctx, uint64_t uid, uint64_t cseq, int giver, pid_t pid) {
+  tdist__list_t *n, *next;
+  tdist__list_foreach_safe(n, next, &ctx->ovfs) {
+    ovf_rec_t *r = tdist__list_entry(n, ovf_rec_t, link);
+    if (r->m.uid != uid || r->m.cseq != cseq || r->m.giver != giver) continue;
+    if (r->pid == pid) return r;
+    TDIST_WARN(CPU, "sc: dropped an overflow message for rank %d from pid %d (rank %d is pid %d)",
+               giver, (int)r->pid, giver, (int)pid);
+    rec_free(r);
+  }
+  return NULL;
 }
 
 /* Map what rec carries: a sealed memfd of at least its bytes, else NULL. */
@@ -204,10 +221,10 @@ const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64
     uint64_t ovf = atomic_load_explicit(&g->ovf, memory_order_acquire);
     if (atomic_load_explicit(&g->seq, memory_order_acquire) != op->cseq + 1 || !ovf || j + 1 < ovf)
       return NULL;
-    ovf_rec_t *r = find(ctx, ch->uid, op->cseq, m);
+    ovf_rec_t *r = find(ctx, ch->uid, op->cseq, m, ch->pid[m]);
     if (!r) {
       tdist__cpu_sc_bell_drain(ctx);
-      if (!(r = find(ctx, ch->uid, op->cseq, m))) return NULL;
+      if (!(r = find(ctx, ch->uid, op->cseq, m, ch->pid[m]))) return NULL;
     }
     uint8_t *p = map_rec(r);
     if (!p) {
@@ -223,7 +240,7 @@ const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64
     o->from = r->m.from;
     rec_free(r); /* the mapping keeps the memory */
     ovf_rec_t *dup; /* a send tried twice */
-    while ((dup = find(ctx, ch->uid, op->cseq, m)))
+    while ((dup = find(ctx, ch->uid, op->cseq, m, ch->pid[m])))
       rec_free(dup);
   }
   if (j < o->from || (j - o->from) * ch->F >= o->bytes) return NULL;
