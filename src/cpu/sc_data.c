@@ -395,7 +395,7 @@ void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   const tdist_backend_args_t *a = op->args;
   uint64_t L = (uint64_t)op->count * op->es, lo = j * ch->F;
+  if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || lo >= L) return;
   uint8_t *own = (uint8_t *)a->recvbuf + (size_t)op->rank * L;
-  if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || own == a->sendbuf || lo >= L) return;
-  memmove(own + lo, (const uint8_t *)a->sendbuf + lo, min64(ch->F, L - lo));
+  if (own != a->sendbuf) memmove(own + lo, (const uint8_t *)a->sendbuf + lo, min64(ch->F, L - lo));
 }
