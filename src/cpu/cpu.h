@@ -263,6 +263,11 @@ struct cpu_op {
     uint64_t cstep;      /* steps consumed */
     uint64_t total;      /* bytes of this member's stream */
     uint8_t *tmp;        /* a private copy of the input (overlapping buffers) */
+    /* The local part still to copy (sc_data.c: a large own block of an
+     * all_to_all or all_to_all_v, copied while the op waits for others) */
+    uint8_t *lc_dst;
+    const uint8_t *lc_src;
+    size_t lc_left;
   } sc;
 };
 

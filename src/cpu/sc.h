@@ -259,11 +259,15 @@ void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t 
                                 const uint8_t *const *pcs, size_t at, size_t len);
 /* The op's input is scaled as it is given (PREMUL_SUM, bool). */
 int tdist__cpu_sc_scales(const cpu_op_t *op);
+/* (engine lock) Copy a slot's worth of the op's deferred local part (all:
+ * the rest); 1 if anything was copied. */
+int tdist__cpu_sc_local_step(cpu_op_t *op, int all);
 /* (engine lock) Step j's share of the local part of an all_gather larger
- * than a slot (its own block, copied a slot at a time as it is given);
- * before the step's other pieces are consumed, which may overwrite the
- * input (an input over another member's block). */
-void tdist__cpu_sc_own_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j);
+ * than a slot (its own block), copied from `given`, the step's piece this
+ * member just wrote to its slot (in cache): before any piece of the step
+ * is consumed, which may overwrite the input (an input over another
+ * member's block). */
+void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
  * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
 void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);

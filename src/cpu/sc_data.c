@@ -106,7 +106,34 @@ static uint64_t my_v_total(const cpu_op_t *op) {
   }
 }
 
-/* The local part, copied at post (what algos.c / algos_v.c copy at setup). */
+/* The local part: copied at post (what algos.c / algos_v.c copy at setup),
+ * or, for the own block of an all_to_all or all_to_all_v larger than a
+ * slot (disjoint buffers: the core refuses others), a slot's worth at a
+ * time while the op waits for the others (tdist__cpu_sc_local_step): the
+ * op's first pieces are then consumed as soon as they are in (1 MiB
+ * all_to_all_v, Zipf split, n = 2: rank 0's own block is 70 % of it). */
+static void local_later(cpu_op_t *op, uint8_t *dst, const uint8_t *src, size_t len) {
+  const cpu_sc_t *ch = op->cg->sc;
+  if (ch && len > ch->F) {
+    op->sc.lc_dst = dst;
+    op->sc.lc_src = src;
+    op->sc.lc_left = len;
+  } else if (len) {
+    memmove(dst, src, len);
+  }
+}
+
+int tdist__cpu_sc_local_step(cpu_op_t *op, int all) {
+  struct cpu_sc_opst *s = &op->sc;
+  if (!s->lc_left) return 0;
+  size_t l = all ? s->lc_left : min64(op->cg->sc->F, s->lc_left);
+  memcpy(s->lc_dst, s->lc_src, l);
+  s->lc_dst += l;
+  s->lc_src += l;
+  s->lc_left -= l;
+  return 1;
+}
+
 static void local_part(cpu_op_t *op) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, L = op->count * es, r = (size_t)op->rank, own = 0, so = 0;
@@ -125,7 +152,7 @@ static void local_part(cpu_op_t *op) {
     if (L && op->rank == op->root) memmove(rb, sb + r * L, L);
     break;
   case TDIST_OP_ALL_TO_ALL:
-    if (L) memmove(rb + r * L, sb + r * L, L);
+    if (L) local_later(op, rb + r * L, sb + r * L, L);
     break;
   case TDIST_OP_ALL_TO_ALL_V:
     for (size_t j = 0; j < r; j++) {
@@ -133,8 +160,8 @@ static void local_part(cpu_op_t *op) {
       so += a->scounts[j];
     }
     if (a->rcounts[r])
-      memmove(elem(rb, displ(a->rdispls, (int)r, own), es),
-              elem(sb, displ(a->sdispls, (int)r, so), es), a->rcounts[r] * es);
+      local_later(op, elem(rb, displ(a->rdispls, (int)r, own), es),
+                  elem(sb, displ(a->sdispls, (int)r, so), es), a->rcounts[r] * es);
     break;
   case TDIST_OP_ALL_GATHER_V:
     for (size_t j = 0; j < r; j++)
@@ -392,10 +419,10 @@ void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t
   }
 }
 
-void tdist__cpu_sc_own_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
+void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given) {
   const tdist_backend_args_t *a = op->args;
   uint64_t L = (uint64_t)op->count * op->es, lo = j * ch->F;
   if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || lo >= L) return;
   uint8_t *own = (uint8_t *)a->recvbuf + (size_t)op->rank * L;
-  if (own != a->sendbuf) memmove(own + lo, (const uint8_t *)a->sendbuf + lo, min64(ch->F, L - lo));
+  if (own != a->sendbuf) memcpy(own + lo, given, min64(ch->F, L - lo));
 }

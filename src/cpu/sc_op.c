@@ -166,6 +166,7 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
     tdist__cpu_sc_produce(op, off + b, dst + b, len - b);
   } else {
     tdist__cpu_sc_produce(op, off, dst, len);
+    tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block, from the hot copy */
   }
   h->len = (uint32_t)len;
   h->cseq = op->cseq;
@@ -260,7 +261,6 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
     op->sc.prefixed = 1;
   }
-  tdist__cpu_sc_own_step(ch, op, j);
   tdist__cpu_sc_consume(ch, op, j, pcs);
 consumed:
   ch->done = st + 1;
@@ -338,7 +338,11 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
       if (s->cstep >= s->wstep && s->cstep < mine) break;
       int r = consume_step(ch, op, s->cstep);
       if (r < 0) return -1;
-      if (r == 0) break;
+      if (r == 0) {
+        /* Waiting for the others: the local part meanwhile. */
+        if (tdist__cpu_sc_local_step(op, 0)) pass = 1;
+        break;
+      }
       s->cstep++;
       pass = 1;
       if (s->wstep < mine && s->wstep - s->cstep < lead) break; /* write the next one first */
@@ -384,6 +388,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
     return 0;
   if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
+  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
