@@ -273,16 +273,17 @@ void tdist__group_start_work(tdist__qnode_t *node) {
    * caller drove until the group aborted is posted all the same: the
    * backend's abort took in what had already arrived (backend.h, abort),
    * which may have finished it, and that success stands (post hands it
-   * over). Only one that did not finish fails, as having run. */
-  int started = w->t_start_ns != 0;
-  if (atomic_load(&g->aborted) && !started) {
+   * over). Only one that did not finish fails, as having run. Only this
+   * thread aborts: `aborted` cannot change below. */
+  int aborted = atomic_load(&g->aborted);
+  if (aborted && !w->t_start_ns) {
     finish_fmt(w, g->abort_status, "group was aborted before the op started: %s", g->abort_reason);
     return;
   }
   tdist__work_running(w);
   tdist__list_push_back(&g->inflight, &w->inflight);
   tdist__trace_start(g->trace, w);
-  if (atomic_load(&g->aborted)) {
+  if (aborted) {
     g->bk->ops->post(g->bstate, &w->bop);
     if (!w->completing && tdist__list_linked(&w->inflight))
       finish_fmt(w, g->abort_status, "group was aborted while the op ran: %s", g->abort_reason);

@@ -324,14 +324,7 @@ int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
     int r = w->test(w->test_state, &w->bop);
     atomic_fetch_sub(&testing, 1);
     done = r == 1;
-    if (done) break;
-    if (atomic_load_explicit(aborted, memory_order_acquire)) {
-      /* Once more: the abort took in what had arrived (backend.h, abort),
-       * which may have finished the op; if it still holds the engine, the
-       * progress thread's post of it decides (inflight.c). */
-      done = w->test(w->test_state, &w->bop) == 1;
-      break;
-    }
+    if (done || atomic_load_explicit(aborted, memory_order_acquire)) break;
     now = tdist__now_ns();
     if (r == 2) { /* it moves: this thread keeps it, busy again */
       end = now + spin_ns;
