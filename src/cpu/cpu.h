@@ -465,7 +465,7 @@ struct cpu_ctx {
   char bell_name[108];
   unsigned bell_len;
   uv_poll_t bell_poll;
-  int bell_on; /* bell_poll initialised */
+  int bell_on;        /* bell_poll initialised */
   tdist__list_t ovfs; /* sc_ovf.c: overflow memfds received, not taken yet */
   /* (engine lock) Steps of long work done (a shared-memory step, a long
    * copy's step): a driving caller whose op is not done but moved keeps

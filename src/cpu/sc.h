@@ -93,9 +93,9 @@
 
 #include "cpu/cpu.h"
 
-#define SC_H 64u           /* signature entries per member */
-#define SC_INLINE 40u      /* step data that fits in the step line */
-#define SC_MAX_RANKS 64    /* larger groups keep the engine */
+#define SC_H 64u        /* signature entries per member */
+#define SC_INLINE 40u   /* step data that fits in the step line */
+#define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
 /* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
@@ -141,8 +141,8 @@ _Static_assert(sizeof(sc_ctl_t) == 128, "sc_ctl_t is two lines");
 /* A member's region, as this process sees it. */
 typedef struct sc_region {
   sc_ctl_t *ctl;
-  sc_sig_t *sig;     /* [SC_H] */
-  sc_step_t *step;   /* [D] */
+  sc_sig_t *sig;       /* [SC_H] */
+  sc_step_t *step;     /* [D] */
   unsigned char *data; /* [D][F] */
 } sc_region_t;
 
@@ -186,7 +186,7 @@ typedef struct cpu_sc {
     uint8_t *base;
     size_t bytes;
     uint64_t from; /* the relative step its first byte belongs to */
-  } *ovf;
+  } * ovf;
   uint64_t uid; /* the group's (overflow messages name it) */
 } cpu_sc_t;
 

@@ -188,8 +188,8 @@ static void carve(cpu_sc_t *ch) {
     g->ctl = (sc_ctl_t *)b;
     g->sig = (sc_sig_t *)(b + sizeof(sc_ctl_t));
     g->step = (sc_step_t *)(b + sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t));
-    g->data = b + round_up(sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + ch->D * sizeof(sc_step_t),
-                           4096);
+    g->data =
+        b + round_up(sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + ch->D * sizeof(sc_step_t), 4096);
   }
 }
 
@@ -217,8 +217,8 @@ static void chan_free(cpu_sc_t *ch) {
  * mismatch (sc_op.c). 0, or an error (a timeout names who is missing). */
 static int exchange(const tdist_backend_params_t *p, const char *tag, const void *mine, size_t len,
                     void **vals, size_t *lens) {
-  int rc = tdist_backend_allgather(p->store, tag, p->rank, p->size, mine, len, NULL, 0, vals,
-                                   lens, p->timeout_ms > 0 ? p->timeout_ms : 1);
+  int rc = tdist_backend_allgather(p->store, tag, p->rank, p->size, mine, len, NULL, 0, vals, lens,
+                                   p->timeout_ms > 0 ? p->timeout_ms : 1);
   if (rc != TDIST_ERR_CLOSED && rc != TDIST_ERR_IO) return rc;
   TDIST_WARN(CPU, "sc: %s: the store is gone (%s): collectives over messages", tag,
              tdist_last_error());
@@ -326,8 +326,10 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   tdist__list_init(&ch->ops);
   cg->sc = ch;
   ch = NULL;
-  TDIST_INFO(CPU, "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
-             "bytes per member)", cg->name, me, n, cg->sc->D, cg->sc->F);
+  TDIST_INFO(CPU,
+             "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
+             "bytes per member)",
+             cg->name, me, n, cg->sc->D, cg->sc->F);
 done:
   vals_free(vals, n);
   tdist__free(vals);

@@ -193,8 +193,8 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   case TDIST_OP_SCATTER: s->role = root ? SC_ROLE_GIVE : SC_ROLE_ALL; break;
   default: s->role = SC_ROLE_ALL; break;
   }
-  s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op)
-                                             : tdist__cpu_sc_total_of(op, op->rank);
+  s->total =
+      tdist_backend_op_is_v(op->type) ? my_v_total(op) : tdist__cpu_sc_total_of(op, op->rank);
   /* The input an output written step by step could overwrite first. */
   size_t L = op->count * op->es, in = 0;
   const uint8_t *out = a->recvbuf, *sb = a->sendbuf;
@@ -288,13 +288,14 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   if (done == len) return;
   uint64_t d = off + done - pre; /* offset in the data part */
   memcpy(dst + done, base + d, len - done);
-  if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
+  if (tdist__cpu_sc_scales(op))
+    tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
 }
 
 /* ---- v-op counts ---------------------------------------------------------------- */
 
-static int count_mismatch(cpu_group_t *cg, const cpu_op_t *op, int src, uint64_t sent,
-                          size_t want, const char *theirs, const char *mine) {
+static int count_mismatch(cpu_group_t *cg, const cpu_op_t *op, int src, uint64_t sent, size_t want,
+                          const char *theirs, const char *mine) {
   tdist__cpu_mismatch(cg, op->cseq,
                       "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
                       " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",
@@ -339,8 +340,8 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
         return count_mismatch(op->cg, op, m, c[j], a->rcounts[j], t, t);
       }
       tdist__cpu_mismatch(op->cg, op->cseq,
-                          "mismatch at collective #%" PRIu64 ": rank %d's recv_counts[%d] is %" PRIu64
-                          " but rank %d's is %zu in %s",
+                          "mismatch at collective #%" PRIu64
+                          ": rank %d's recv_counts[%d] is %" PRIu64 " but rank %d's is %zu in %s",
                           op->cseq, m, j, c[j], me, a->rcounts[j], tdist_op_name(op->type));
       return -1;
     }

@@ -138,7 +138,8 @@ static int room(cpu_sc_t *ch, uint64_t st) {
   if (ch->room_min >= need) return 1;
   uint64_t mn = ch->done;
   for (int m = 0; m < ch->n; m++)
-    if (m != ch->me) mn = min64(mn, atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire));
+    if (m != ch->me)
+      mn = min64(mn, atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire));
   ch->room_min = mn;
   return mn >= need;
 }
@@ -388,12 +389,11 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
     return 0;
   if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
-  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
+  tdist__cpu_sc_local_step(op, 1);                      /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
-  if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging))
-    return 0;
+  if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging)) return 0;
   if (s->role != SC_ROLE_ALL) {
     /* A giver, or a broadcast receiver (it checked the root only): checked
      * against everyone now if every signature is in, else later. */

@@ -122,9 +122,10 @@ int tdist__cpu_sc_overflow(cpu_sc_t *ch, cpu_op_t *op) {
   atomic_store_explicit(&ch->rg[ch->me].sig[op->cseq % SC_H].ovf, s->wstep + 1,
                         memory_order_release);
   ch->wrote = 1;
-  TDIST_INFO(CPU, "sc: group rank %d: collective #%llu: %llu bytes its readers did not take in "
-             "%lld us go to them in a memfd", ch->me, (unsigned long long)op->cseq,
-             (unsigned long long)rest, (long long)defer_us);
+  TDIST_INFO(CPU,
+             "sc: group rank %d: collective #%llu: %llu bytes its readers did not take in "
+             "%lld us go to them in a memfd",
+             ch->me, (unsigned long long)op->cseq, (unsigned long long)rest, (long long)defer_us);
   s->wstep = sc_steps_of(ch, s->total);
   return 1;
 }
@@ -138,8 +139,8 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx) {
       char buf[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
       struct cmsghdr align;
     } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                        .msg_controllen = sizeof(u.buf)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
     ssize_t r = recvmsg(ctx->bell_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return;
@@ -165,9 +166,10 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx) {
       }
     }
     if (fd < 0) continue; /* a bell */
-    ovf_rec_t *rec = r == (ssize_t)sizeof(msg) && msg.magic == OVF_MAGIC && !(mh.msg_flags & MSG_TRUNC)
-                         ? tdist__calloc(1, sizeof(*rec))
-                         : NULL;
+    ovf_rec_t *rec =
+        r == (ssize_t)sizeof(msg) && msg.magic == OVF_MAGIC && !(mh.msg_flags & MSG_TRUNC)
+            ? tdist__calloc(1, sizeof(*rec))
+            : NULL;
     if (!rec) {
       close(fd);
       continue;
@@ -238,7 +240,7 @@ const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64
     o->base = p;
     o->bytes = r->m.bytes;
     o->from = r->m.from;
-    rec_free(r); /* the mapping keeps the memory */
+    rec_free(r);    /* the mapping keeps the memory */
     ovf_rec_t *dup; /* a send tried twice */
     while ((dup = find(ctx, ch->uid, op->cseq, m, ch->pid[m])))
       rec_free(dup);
