@@ -11,31 +11,47 @@
  *   caller threads   init, split, shrink (nccl_comm.c), destroy (nccl_state.c), submit
  *                    (nccl_ops.c), wait_stream (nccl_progress.c). They may
  *                    block, within the group's timeout.
- *   progress thread  post, poll, abort (nccl_progress.c). Never blocks: poll
- *                    only trylocks mu; abort locks it, which waits at most one
- *                    turn of a caller's polling loop (those loops check
- *                    tdist_backend_aborted on every turn) and makes no blocking
- *                    NCCL call: ncclCommAbort and ncclCommRevoke (which may
- *                    join an NCCL job thread) go to an abort thread.
- *   abort threads    one per abort (nccl_progress.c abort_main):
- *                    ncclCommRevoke or ncclCommAbort, which block (an
- *                    abort waits for kernels that may sit behind a user's
- *                    spinning kernel), so neither the progress thread nor
- *                    other groups' aborts ever wait for them.
+ *   progress thread  post, poll, abort (nccl_progress.c). Never blocks and
+ *                    never waits on NCCL: poll only trylocks `call`; abort
+ *                    takes only `mu`, which nobody holds across an NCCL or
+ *                    CUDA call that can wait, and hands ncclCommAbort (which
+ *                    waits for the communicator's kernels) to an abort thread.
+ *   abort threads    one per abort (nccl_progress.c abort_main): waits until
+ *                    no caller is inside an NCCL call on the communicator
+ *                    (lock and unlock `call`: later callers see `dead` and
+ *                    make none), then ncclCommAbort, holding no lock, so a
+ *                    kernel stuck behind a user's spinning kernel delays
+ *                    nothing but this thread.
  *
- * Who owns what:
- *   - mu serialises every NCCL call on `comm` (NCCL is not thread-safe per
- *     communicator), every change to the event pool and to `inflight`, and
- *     the fields marked (mu) below.
- *   - `dead` is set (under mu) by abort: no new op may be enqueued, and the
- *     in-flight ops are forgotten (unlinked from `inflight`). After a peer
- *     failure (TDIST_ERR_REMOTE_FAILED) the communicator is revoked
- *     (ncclCommRevoke, on an abort thread) rather than aborted and kept in
- *     `comm` (`revoked`): tdist_group_shrink needs it for ncclCommShrink;
- *     destroy aborts it. After any other failure abort sets `comm` to NULL
- *     and hands the communicator to an abort thread (ncclCommAbort there);
- *     `jobs` counts such threads not yet done, and shrink and destroy wait
- *     on `idle` until it is 0.
+ * Two locks, taken in this order: call, then mu.
+ *   - `call` serialises the NCCL calls on `comm` (NCCL is not thread-safe per
+ *     communicator) and the CUDA calls that go with an enqueue. A caller may
+ *     hold it across a wait (an enqueue NCCL has not finished, finalize, a
+ *     split); the progress thread only trylocks it.
+ *   - `mu` guards the fields marked (mu): short sections only, never across
+ *     a call that can wait. The progress thread takes it.
+ *   - `dead` is set (under mu) by abort: no new NCCL call, and the launched
+ *     ops are forgotten (unlinked; the core fails them). The communicator
+ *     stays in `comm` until the abort thread has aborted it (then NULL);
+ *     `comm` is written with both locks held, so either one reads it.
+ *     `jobs` counts abort threads not yet done; destroy waits on `idle`
+ *     until it is 0.
+ *   - After a peer failure the communicator is aborted like after any other
+ *     failure, never revoked for ncclCommShrink: once NCCL's proxy has seen
+ *     a peer die the communicator's error is permanent and every shrink of
+ *     it fails (NCCL 2.28.9 on an H200), and whether a rank's proxy saw it
+ *     differs from rank to rank, so the survivors could not agree on a
+ *     path. tdist_group_shrink then makes a fresh communicator through the
+ *     new group's store (nccl_comm.c).
+ *   - An enqueue that NCCL answers with ncclInProgress (a non-blocking
+ *     communicator launches from its own job thread) is not waited for in
+ *     submit: the op is `launching` until the communicator is ready again;
+ *     whoever holds `call` next (poll, a test, the next submit,
+ *     wait_stream) records its end event then (launch_done). So submit
+ *     never sleeps, the op is numbered and watched by the core like any
+ *     other, and an enqueue stuck waiting for a peer (NCCL connects an
+ *     algorithm at its first use, waiting for every rank) times out through
+ *     the watchdog, whose diagnosis names the rank that never came.
  *
  * Per-op state lives in op->scratch (tdist__nccl_op_t): the end event that
  * poll queries and that wait_stream makes a stream wait on. An op is on
@@ -63,12 +79,18 @@
 #include "util/log.h"
 
 typedef struct tdist__nccl {
+  pthread_mutex_t call; /* NCCL calls on comm (see above) */
   pthread_mutex_t mu;
   pthread_cond_t idle; /* signalled (under mu) when `jobs` drops to 0 */
-  ncclComm_t comm;     /* (mu) NULL once destroyed or aborted */
-  int dead;            /* (mu) aborted: no new ops */
-  int revoked;         /* (mu) dead, but comm kept for shrink (peer failure) */
-  int jobs;            /* (mu) worker jobs not yet finished on this state */
+  ncclComm_t comm;     /* (call and mu to write) NULL once destroyed or aborted */
+  int dead;            /* (mu) aborted: no new NCCL call */
+  int jobs;            /* (mu) abort threads not yet finished on this state */
+  /* (mu) The op whose enqueue NCCL has not finished (ncclInProgress): on
+   * `inflight`, its end event not yet recorded. At most one: the next NCCL
+   * call waits until the communicator is ready, which finishes it. */
+  tdist_backend_op_t *launching;
+  ncclRedOp_t premul; /* (call) PreMulSum of `launching`, destroyed once launched */
+  int has_premul;     /* (call) */
 
   /* Set at creation (caller thread), then read-only. */
   tdist_backend_group_t *group; /* the core's handle: tdist_backend_fail, tdist_backend_aborted */
@@ -78,7 +100,7 @@ typedef struct tdist__nccl {
   int rank, size;                     /* in the group (v-ops: nccl_ops_v.c) */
   int device;
   int min_cc;           /* smallest compute capability of the group's devices (90 = 9.0) */
-  int64_t remote_ns;    /* (progress, mu) when poll first saw ncclRemoteError, else 0 */
+  int64_t remote_ns;    /* (call) when poll first saw ncclRemoteError, else 0 */
   cudaStream_t stream;  /* internal, non-blocking; every NCCL call goes here */
   cudaStream_t notify;  /* waits for each end event, then wakes the progress thread and waiters */
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
@@ -99,6 +121,7 @@ typedef struct tdist__nccl_op {
   cudaEvent_t end; /* (mu) this op's end event, from the pool */
   int posted;      /* (progress) post ran: poll may complete the op */
   int completed;   /* (mu) poll completed it (unlinked, not forgotten by abort) */
+  int recorded;    /* (mu) its end event is recorded (the enqueue finished) */
 } tdist__nccl_op_t;
 
 _Static_assert(sizeof(tdist__nccl_op_t) <= TDIST_BACKEND_SCRATCH, "op scratch too small");
@@ -138,7 +161,6 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
  * call that needs it. X(name, major, minor): the release that added it. */
 #define TDIST__NCCL_OPTIONAL(X) \
   X(ncclCommShrink, 2, 27)      \
-  X(ncclCommRevoke, 2, 28)      \
   X(ncclAlltoAll, 2, 28)        \
   X(ncclGather, 2, 28)          \
   X(ncclScatter, 2, 28)
@@ -173,7 +195,7 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
  * communicators with ncclCommGetAsyncError/ncclCommFinalize (2.14),
  * ncclGetLastError (2.13), ncclCommSplit (2.18) and PreMulSum/ncclAvg/bf16
  * (2.10/2.11); 2.18 is the first release with all of them. Newer calls are
- * optional (TDIST__NCCL_OPTIONAL): shrink needs 2.27, revoke, gather,
+ * optional (TDIST__NCCL_OPTIONAL): shrink needs 2.27, gather,
  * scatter and all_to_all need 2.28.
  */
 #define TDIST__NCCL_MIN_VERSION TDIST__NCCL_VERSION(2, 18, 0)
@@ -218,7 +240,6 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define ncclSend(...) tdist__nccl_fn.ncclSend(__VA_ARGS__)
 #define ncclRecv(...) tdist__nccl_fn.ncclRecv(__VA_ARGS__)
 #define ncclCommShrink(...) tdist__nccl_fn.ncclCommShrink(__VA_ARGS__)
-#define ncclCommRevoke(...) tdist__nccl_fn.ncclCommRevoke(__VA_ARGS__)
 #define ncclAlltoAll(...) tdist__nccl_fn.ncclAlltoAll(__VA_ARGS__)
 #define ncclGather(...) tdist__nccl_fn.ncclGather(__VA_ARGS__)
 #define ncclScatter(...) tdist__nccl_fn.ncclScatter(__VA_ARGS__)
@@ -284,7 +305,7 @@ int tdist__cuda_err(cudaError_t e, const char *what);
   } while (0)
 
 /*
- * Caller thread, mu held (or comm private to the caller): poll
+ * Caller thread, `call` held (or comm private to the caller): poll
  * ncclCommGetAsyncError(comm) until it leaves ncclInProgress, for at most
  * timeout_ms. Gives up early when group `g` (may be NULL) gets aborted.
  * Returns 0, TDIST_ERR_NCCL_ERROR (the async error), TDIST_ERR_TIMEOUT or
@@ -335,6 +356,25 @@ void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
  * (unlinked; the core fails them). nccl_progress.c. */
 void tdist__nccl_forget_locked(tdist__nccl_t *nc);
 
+/* Caller thread: take `call` for NCCL calls on nc->comm. Contention (another
+ * caller's call, an abort thread's barrier) is waited out, but never past
+ * the state's death: 0 with `call` held and nc alive, else TDIST_ERR_ABORTED
+ * (not held). nccl_progress.c. */
+int tdist__nccl_call_enter(tdist__nccl_t *nc, const char *what);
+
+/* `call` held, nc's device current, the communicator ready (its last
+ * ncclCommGetAsyncError said ncclSuccess): record the end event of the
+ * `launching` op, if any, and destroy its PreMulSum. 0 or the CUDA error.
+ * Any thread that holds `call` (poll's trylock included). nccl_progress.c. */
+int tdist__nccl_launch_done(tdist__nccl_t *nc);
+
+/* Caller thread, `call` held, nc's device current: if an op is
+ * `launching`, wait until NCCL finished its enqueue (launch_done), giving
+ * up when the group aborts or after timeout_ms. 0; TDIST_ERR_ABORTED; or
+ * the failure (timeout, NCCL error, a peer gone) with its message, which
+ * the caller must fail the group with once `call` is released. */
+int tdist__nccl_settle_launch(tdist__nccl_t *nc, int64_t timeout_ms);
+
 /* ---- a group's state (nccl_state.c), caller thread --------------------------------- */
 /* A non-blocking config named `name` (copied by NCCL during init). */
 void tdist__nccl_config(ncclConfig_t *cfg, const char *name);
@@ -352,7 +392,7 @@ void tdist__nccl_state_free(tdist__nccl_t *nc);
 /* mu held: wait (within nc->timeout_ms) for the worker's abort jobs to end. */
 int tdist__nccl_wait_jobs(tdist__nccl_t *nc);
 
-/* Event pool, mu held. get may create an event (caller thread only). */
+/* Event pool, mu held. get may create an event (caller thread, `call` held). */
 int tdist__nccl_event_get(tdist__nccl_t *nc, cudaEvent_t *ev);
 void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 
@@ -374,7 +414,7 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
 int tdist__nccl_test(void *state, tdist_backend_op_t *op);
 
-/* ---- variable-size collectives (nccl_ops_v.c), caller thread, mu held ---------- */
+/* ---- variable-size collectives (nccl_ops_v.c), caller thread, `call` held ---------- */
 /* The NCCL calls of a v-op (tdist_backend_op_is_v) on nc->stream, in one NCCL group. */
 ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
                                   ncclDataType_t dt, ncclRedOp_t op);

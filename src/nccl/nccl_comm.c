@@ -246,16 +246,17 @@ static int drain_parent(tdist__nccl_t *pn, const char *what, int64_t timeout_ms)
 }
 
 /*
- * mu held, the parent's device current. A split or shrink was started with
- * `r` (NCCL writes the child into *slot, heap memory, when its job ends --
- * on a non-blocking parent after the call returned ncclInProgress, from
+ * `call` held, the parent's device current. A split or shrink was started
+ * with `r` (NCCL writes the child into *slot, heap memory, when its job ends
+ * -- on a non-blocking parent after the call returned ncclInProgress, from
  * NCCL's job thread: init.cc ncclCommInitChildComm). Wait until the parent
  * is ready, then the child is in *slot. On failure the parent is aborted
  * here -- ncclCommAbort joins NCCL's job, so *slot is final afterwards --
  * then the child, as NCCL's user guide says of a failed non-blocking split,
- * and *failed is set: the caller fails the parent group after releasing mu
- * (the progress thread's abort takes it). `gate`: give up when this group
- * is aborted (NULL: never; a shrink's parent is aborted already).
+ * and *failed is set: the caller fails the parent group after releasing
+ * `call`. The progress thread never waits for this: its abort takes only
+ * mu, and poll only trylocks `call`. `gate`: give up when this group is
+ * aborted (NULL: never).
  */
 static int finish_child(tdist__nccl_t *pn, const tdist_backend_group_t *gate, ncclResult_t r,
                         ncclComm_t *slot, const char *what, int64_t timeout_ms, ncclComm_t *child,
@@ -271,18 +272,20 @@ static int finish_child(tdist__nccl_t *pn, const tdist_backend_group_t *gate, nc
   }
   char msg[256];
   snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+  pthread_mutex_lock(&pn->mu);
   ncclComm_t parent = pn->comm;
   tdist__nccl_forget_locked(pn);
-  pn->comm = NULL;
+  pn->comm = NULL; /* both locks held: the abort thread finds nothing to do */
+  pthread_mutex_unlock(&pn->mu);
   TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator, then its child", pn->name, msg);
-  ncclCommAbort(parent);
+  if (parent) ncclCommAbort(parent);
   if (*slot) ncclCommAbort(*slot);
   *slot = NULL;
-  *failed = 1; /* the caller fails the parent group once mu is released */
+  *failed = 1; /* the caller fails the parent group once `call` is released */
   return tdist__error(rc, "%s", msg);
 }
 
-/* mu not held: the parent's communicator was aborted by finish_child; its
+/* No lock held: the parent's communicator was aborted by finish_child; its
  * group fails with the reason (kept for the caller's tdist_last_error). */
 static void parent_failed(tdist__nccl_t *pn, int rc) {
   char msg[300];
@@ -322,16 +325,16 @@ int tdist__nccl_split(const tdist_backend_params_t *p, tdist_backend_out_t *out)
     goto fail;
   }
   TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
-  pthread_mutex_lock(&pn->mu);
-  if (pn->dead || !pn->comm) {
+  if (tdist__nccl_call_enter(pn, "split") != 0) {
     rc = tdist__error(TDIST_ERR_ABORTED, "split of group '%s': its communicator was aborted",
                       pn->name);
   } else {
+    /* drain_parent saw no op in flight, so none is launching. */
     ncclResult_t r =
         ncclCommSplit(pn->comm, member ? p->color : NCCL_SPLIT_NOCOLOR, key, slot, &cfg);
     rc = finish_child(pn, pn->group, r, slot, "ncclCommSplit", p->timeout_ms, &comm, &failed);
+    pthread_mutex_unlock(&pn->call);
   }
-  pthread_mutex_unlock(&pn->mu);
   tdist__nccl_dev_leave(&dev);
   if (failed) parent_failed(pn, rc);
   if (rc != 0) goto fail;
@@ -346,7 +349,10 @@ int tdist__nccl_split(const tdist_backend_params_t *p, tdist_backend_out_t *out)
     goto fail;
   }
   tdist__free(slot);
-  nc->min_cc = pn->min_cc; /* a subset: at least as new */
+  /* The child's own members' devices decide float8 reductions, not the
+   * parent's oldest (a subset may be all sm_90 where the parent is not). */
+  rc = exchange_cc(p, nc->device, &nc->min_cc);
+  if (rc != 0) goto fail;
   return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);
@@ -355,11 +361,8 @@ fail:
   return rc;
 }
 
-/* mu held: wait until the abort threads of nc finished (a revoke issued),
- * up to nc->timeout_ms (<= 0: no bound). */
-
-/* Survivors only, after a peer failure (a revoked parent), or a live group
- * cut down by the caller. */
+/* Survivors only (tdist_group_shrink): after a failure, or a live group cut
+ * down by the caller. */
 int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   int rc = 0;
   tdist__nccl_t *pn = p->parent, *nc = NULL;
@@ -367,12 +370,18 @@ int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out
   ncclConfig_t cfg;
   tdist__nccl_dev_t dev = {0, 0};
   int failed = 0, stopped = 0;
-  /* No communicator left to shrink (the parent was aborted: a timeout, a
-   * failed enqueue) or nobody to leave out (every rank survived, e.g. a
-   * rank that skipped an op): the survivors make a communicator of their
-   * own over the new group's store, as init does. */
+  /* The parent failed (any cause: its communicator is aborted or being
+   * aborted), or nobody is left out (every rank survived, e.g. a rank that
+   * skipped an op): the survivors make a communicator of their own over the
+   * new group's store, as init does. ncclCommShrink of a communicator whose
+   * proxy saw a peer die fails on every variant (NCCL 2.28.9: the remote
+   * error is permanent, ncclCommEnsureReady), and whether a survivor's
+   * proxy saw it differs per rank, so every survivor takes this path after
+   * any failure: they all agree without a word. The old communicator's
+   * abort (its own thread) is not waited for. */
   pthread_mutex_lock(&pn->mu);
-  int own = tdist__nccl_wait_jobs(pn) == 0 && (!pn->comm || p->nexclude == 0 || !NC.ncclCommShrink);
+  int own = pn->dead || !pn->comm || p->nexclude == 0 || !NC.ncclCommShrink ||
+            tdist_backend_aborted(pn->group);
   pthread_mutex_unlock(&pn->mu);
   if (own) return init_on(p, child_device(p, pn), out);
   TDIST_CHECKGOTO(tdist__nccl_state_new(child_device(p, pn), p, &nc), rc, fail);
@@ -383,32 +392,31 @@ int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out
     goto fail;
   }
   TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
+  if (tdist__nccl_call_enter(pn, "shrink") != 0) {
+    /* aborted since the check above: the same path as then */
+    tdist__nccl_dev_leave(&dev);
+    tdist__free(slot);
+    tdist__nccl_state_free(nc);
+    return init_on(p, child_device(p, pn), out);
+  }
+  /* A live parent: NCCL_SHRINK_ABORT terminates its ongoing work (its
+   * kernels exit early and their end events complete over data never
+   * reduced), so those ops are forgotten here and fail rather than complete
+   * as if done. NCCL syncs the stream on this thread meanwhile: `call` is
+   * held, mu is not, so the progress thread goes on. */
   pthread_mutex_lock(&pn->mu);
-  rc = tdist__nccl_wait_jobs(pn); /* the revoke was issued */
-  if (rc == 0 && !pn->comm)       /* aborted since the check above */
-    rc = tdist__error(TDIST_ERR_ABORTED, "shrink of group '%s': its communicator was aborted",
-                      pn->name);
-  /* A revoked communicator must be quiescent first (the parent is aborted,
-   * so no abort check). A live one has its ongoing work terminated by NCCL
-   * (NCCL_SHRINK_ABORT): its kernels exit early and their end events
-   * complete over data never reduced, so those ops fail here rather than
-   * complete as if done. */
-  if (rc == 0 && pn->revoked)
-    rc = tdist__nccl_wait_ready(pn->comm, NULL, pn->name, "ncclCommRevoke", p->timeout_ms);
-  if (rc == 0 && !pn->revoked && !pn->dead && tdist__list_first(&pn->inflight)) {
+  if (tdist__list_first(&pn->inflight)) {
     tdist__nccl_forget_locked(pn);
     stopped = 1;
   }
-  if (rc == 0) {
-    ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, slot, &cfg,
-                                    pn->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
-    /* The parent group is aborted by now (a peer failed): no abort check. */
-    rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm, &failed);
-    if (rc == 0 && !comm)
-      rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
-    if (rc == 0) rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
-  }
   pthread_mutex_unlock(&pn->mu);
+  ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, slot, &cfg,
+                                  stopped ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm, &failed);
+  if (rc == 0 && !comm)
+    rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
+  if (rc == 0) rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
+  pthread_mutex_unlock(&pn->call);
   tdist__nccl_dev_leave(&dev);
   if (stopped)
     tdist__nccl_fail_group(pn, TDIST_ERR_ABORTED,
@@ -418,7 +426,8 @@ int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out
   if (failed) parent_failed(pn, rc);
   if (rc != 0) goto fail;
   tdist__free(slot);
-  nc->min_cc = pn->min_cc;
+  rc = exchange_cc(p, nc->device, &nc->min_cc);
+  if (rc != 0) goto fail;
   return adopt(nc, comm, out);
 fail:
   if (comm) ncclCommAbort(comm);

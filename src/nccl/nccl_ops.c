@@ -2,8 +2,8 @@
  * nccl_ops.c - launching ops on the NCCL backend (caller thread).
  *
  * submit (core/backend.h) runs on the thread that called the op, after the
- * core validated it against the capabilities, with the group's mutex held
- * for every CUDA/NCCL call:
+ * core validated it against the capabilities, holding the group's `call`
+ * lock for every CUDA/NCCL call (nccl_backend.h):
  *
  *   caller stream:   ... user work ... [start_ev]
  *   internal stream:  wait(start_ev) -> NCCL kernel(s) -> [end event]
@@ -20,8 +20,12 @@
  * new peer, also connects and waits for the peers -- and no other NCCL call
  * may be made on the communicator until ncclCommGetAsyncError says
  * ncclSuccess. The end event is recorded only after that, so it follows the
- * kernels. An enqueue that does not finish in time aborts the communicator
- * before submit returns (doom_after_enqueue).
+ * kernels. submit does not wait for it: the op is `launching` and whoever
+ * holds `call` next records its end event (nccl_progress.c launch_done:
+ * poll, a waiter's test, the next submit, wait_stream). So no submit sleeps,
+ * and an enqueue that waits for a peer that never comes is an op in flight
+ * like any other: its timeout's diagnosis names the rank, and the abort
+ * (ncclCommAbort joins NCCL's job) stops it.
  *
  * The caller's current device is the group's only within submit
  * (tdist__nccl_dev_enter/leave), and every buffer must be memory of that
@@ -157,7 +161,7 @@ static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
   }
 }
 
-/* The NCCL call(s) of one op on nc->stream; mu held. */
+/* The NCCL call(s) of one op on nc->stream; `call` held. */
 static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t dt,
                            ncclRedOp_t op) {
   ncclComm_t c = nc->comm;
@@ -331,58 +335,9 @@ static int check_capture(const tdist__nccl_t *nc, const tdist_backend_args_t *a)
                       tdist_op_name(a->type), nc->name);
 }
 
-/* mu held: an enqueue that did not finish (timeout, abort, NCCL error) may
- * still launch later on the caller's buffers, from NCCL's job thread. Take
- * the communicator out and abort it here -- ncclCommAbort returns only once
- * NCCL's threads and kernels stopped -- and fail the group, so no call
- * returns while NCCL can still touch the buffers. */
-static void doom_after_enqueue(tdist__nccl_t *nc, int rc, const char *what, char *msg, size_t n) {
-  ncclComm_t comm = nc->comm;
-  snprintf(msg, n, "%s on group '%s' could not be enqueued: %s", what, nc->name,
-           tdist_last_error());
-  tdist__nccl_forget_locked(nc);
-  nc->comm = NULL;
-  TDIST_WARN(NCCL, "group '%s': %s did not finish enqueueing (%s); aborting the communicator",
-             nc->name, what, tdist_err_name(rc));
-  if (comm) ncclCommAbort(comm);
-}
-
-/* mu not held: a submit whose enqueue the group's abort interrupted returns
- * only once NCCL can no longer launch it on the caller's buffers -- the
- * abort thread has run, and a revoked communicator is quiescent (its revoke
- * job ended, which NCCL ends only after its other jobs). Past the op's
- * timeout, the communicator is aborted here instead. */
-static void settle_after_abort(tdist__nccl_t *nc, int64_t timeout_ms) {
-  int64_t deadline = tdist__now_ns() + (timeout_ms > 0 ? timeout_ms : 600000) * 1000000;
-  for (;;) {
-    pthread_mutex_lock(&nc->mu);
-    int idle = nc->dead && nc->jobs == 0;
-    ncclComm_t c = nc->comm;
-    if (idle && c) {
-      ncclResult_t st = ncclInProgress;
-      if (ncclCommGetAsyncError(c, &st) != ncclSuccess || st != ncclInProgress) c = NULL;
-    }
-    if (!idle || c) {
-      if (tdist__now_ns() < deadline) {
-        pthread_mutex_unlock(&nc->mu);
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-        continue;
-      }
-      if (idle && nc->comm) { /* revoked, yet never quiescent: abort it */
-        ncclCommAbort(nc->comm);
-        nc->comm = NULL;
-        nc->revoked = 0;
-      }
-    }
-    pthread_mutex_unlock(&nc->mu);
-    return;
-  }
-}
-
-/* mu not held (the progress thread's abort takes it): fail the group for a
- * doomed enqueue, and return once the group reads as aborted, so the caller
- * never sees its failed submit on a live group. */
+/* No lock held (the progress thread's abort and the abort thread take them):
+ * fail the group for a doomed enqueue, and return once the group reads as
+ * aborted, so the caller never sees its failed submit on a live group. */
 static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
   if (rc == TDIST_ERR_REMOTE_FAILED) {
     /* A peer gone, as NCCL saw it: the monitor usually names it within
@@ -401,20 +356,6 @@ static void fail_and_await(tdist__nccl_t *nc, int rc, const char *msg) {
   }
 }
 
-/* A CUDA host function (CUDA's callback thread): no CUDA call in it. */
-static void wake_progress(void *arg) {
-  (void)arg;
-  tdist_backend_wake_any();
-}
-
-/* What submit learns at the enqueue that the caller must act on once mu and
- * the device are released. */
-typedef struct enqueue_out {
-  int doomed; /* the enqueue failed after it began: fail the group, then return */
-  int settle; /* the group aborted during the enqueue: wait for its abort */
-  char doom_msg[300];
-} enqueue_out_t;
-
 /* Map the op's dtype and reduction (the core checked the capabilities;
  * these guard the mapping itself) and check what this NCCL can run. */
 static int map_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t *dt,
@@ -430,24 +371,27 @@ static int map_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDa
   return check_available(a->type);
 }
 
-/* mu held, the device current: order the op after the caller's stream,
- * enqueue it on nc->stream, record its end event and put it on the FIFO. */
+/* `call` held, the device current, no enqueue in progress: order the op
+ * after the caller's stream, enqueue it on nc->stream and put it on the
+ * FIFO; record its end event now if NCCL launched it inside the call, else
+ * leave it `launching`. *doomed: the enqueue failed after it began (the
+ * communicator may hold the error): the caller fails the group. */
 static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataType_t dt,
-                          ncclRedOp_t rop, enqueue_out_t *eo) {
+                          ncclRedOp_t rop, int *doomed) {
   int rc = 0, premul = 0;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   const tdist_backend_args_t *a = op->args;
   cudaEvent_t end = NULL;
-  if (nc->dead || !nc->comm)
-    return tdist__error(TDIST_ERR_ABORTED, "nccl: the communicator of group '%s' was aborted",
-                        nc->name);
-  TDIST_CHECK(tdist__nccl_event_get(nc, &end));
+  pthread_mutex_lock(&nc->mu);
+  rc = tdist__nccl_event_get(nc, &end);
+  pthread_mutex_unlock(&nc->mu);
+  if (rc != 0) return rc;
   CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
   CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
   if (tdist_backend_op_is_reducing(a->type) && a->redop == TDIST_PREMUL_SUM) {
     /* Host-immediate scalar: read before the call returns. The handle may be
-     * destroyed once the last call using it has returned (and, for a
-     * non-blocking comm, once the enqueue finished). */
+     * destroyed once the last call using it has returned and, on a
+     * non-blocking communicator, its enqueue finished (launch_done). */
     _Alignas(8) unsigned char scalar[8] = {0};
     premul_scalar(a->dtype, a->scalar, scalar);
     NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, nc->comm),
@@ -457,61 +401,53 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
   ncclResult_t r = launch(nc, a, dt, rop);
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = tdist__nccl_err(nc->comm, r, tdist_op_name(a->type));
+    *doomed = 1; /* a non-blocking communicator keeps the error */
+    premul = 0;  /* the communicator goes with it */
     goto fail;
   }
-  if (r == ncclInProgress) {
-    rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, tdist_op_name(a->type),
-                                op->timeout_ms);
-    if (rc == TDIST_ERR_ABORTED && tdist_backend_aborted(nc->group)) {
-      /* The group failed meanwhile (a peer died, another op timed out): its
-       * abort stops NCCL (a revoke, kept for shrink); submit returns once
-       * it has (settle). The op's PreMulSum handle stays: the communicator
-       * is in progress and takes no calls now. */
-      eo->settle = 1;
-      premul = 0;
-      goto fail;
-    }
-    if (rc != 0) {
-      doom_after_enqueue(nc, rc, tdist_op_name(a->type), eo->doom_msg, sizeof(eo->doom_msg));
-      eo->doomed = 1;
-      premul = 0; /* the communicator is gone with its ops */
-      goto fail;
-    }
-  }
-  CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, fail);
-  /* Wake the progress thread when the end event completes: it may sleep on
-   * a back-off timer of up to TDIST_POLL_MAX_MS, and a completion must not
-   * wait for it. On a side stream, so the NCCL stream never waits for a host
-   * function; the function touches nothing of nc (freed by then, maybe). */
-  CUDACHECKGOTO(cudaStreamWaitEvent(nc->notify, end, 0), rc, fail);
-  CUDACHECKGOTO(cudaLaunchHostFunc(nc->notify, wake_progress, NULL), rc, fail);
-  /* Launched: on the FIFO in launch order, which is stream order. */
+  /* Launched or launching: on the FIFO in launch order, which is stream
+   * order. */
+  pthread_mutex_lock(&nc->mu);
   no->end = end;
-  end = NULL;
+  no->recorded = 0;
   tdist__list_push_back(&nc->inflight, &op->link);
-fail:
-  if (premul) {
-    ncclResult_t d = ncclRedOpDestroy(rop, nc->comm);
-    if (d != ncclSuccess && rc == 0) {
-      rc = tdist__nccl_err(nc->comm, d, "ncclRedOpDestroy");
-      /* Not submitted after all: take it back off the FIFO. */
+  nc->launching = op;
+  pthread_mutex_unlock(&nc->mu);
+  end = NULL;
+  nc->premul = rop;
+  nc->has_premul = premul;
+  premul = 0;
+  if (r == ncclSuccess) {
+    /* Launched inside the call (a blocking communicator, or an NCCL that
+     * launches inline): record the end event now. */
+    rc = tdist__nccl_launch_done(nc);
+    if (rc != 0) {
+      pthread_mutex_lock(&nc->mu);
       tdist__list_remove(&op->link);
       end = no->end;
       no->end = NULL;
+      pthread_mutex_unlock(&nc->mu);
+      *doomed = 1; /* the kernels are queued: only an abort stops them */
     }
   }
-  if (end) tdist__nccl_event_put(nc, end);
+fail:
+  if (premul) ncclRedOpDestroy(rop, nc->comm);
+  if (end) {
+    pthread_mutex_lock(&nc->mu);
+    tdist__nccl_event_put(nc, end);
+    pthread_mutex_unlock(&nc->mu);
+  }
   return rc;
 }
 
 int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
-  int rc = 0;
+  int rc = 0, doomed = 0;
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   const tdist_backend_args_t *a = op->args;
   ncclDataType_t dt = ncclFloat32;
   ncclRedOp_t rop = ncclSum;
-  enqueue_out_t eo = {0, 0, ""};
+  char msg[300];
   TDIST_CHECK(map_op(nc, a, &dt, &rop));
 
   tdist__nccl_dev_t dev;
@@ -522,21 +458,31 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
     tdist__nccl_dev_leave(&dev);
     return rc;
   }
-
-  pthread_mutex_lock(&nc->mu);
   /* Ours from here (backend.h: left as the handle's previous use had them). */
   tdist__list_init(&op->link);
   op->priv = NULL;
   no->end = NULL;
   no->posted = 0;
   no->completed = 0;
-  rc = enqueue_locked(nc, op, dt, rop, &eo);
-  pthread_mutex_unlock(&nc->mu);
-  tdist__nccl_dev_leave(&dev);
-  if (eo.doomed) {
-    fail_and_await(nc, rc, eo.doom_msg);
-    tdist__error(rc, "%s", eo.doom_msg); /* the message the caller reads */
+  no->recorded = 0;
+  rc = tdist__nccl_call_enter(nc, tdist_op_name(a->type));
+  if (rc != 0) {
+    tdist__nccl_dev_leave(&dev);
+    return rc;
   }
-  if (eo.settle) settle_after_abort(nc, op->timeout_ms);
+  /* The previous op's enqueue first: NCCL takes no call on a communicator
+   * in progress. */
+  rc = tdist__nccl_settle_launch(nc, op->timeout_ms);
+  if (rc != 0 && rc != TDIST_ERR_ABORTED) doomed = 1;
+  if (rc == 0) rc = enqueue_locked(nc, op, dt, rop, &doomed);
+  pthread_mutex_unlock(&nc->call);
+  tdist__nccl_dev_leave(&dev);
+  if (doomed) {
+    snprintf(msg, sizeof(msg), "%s on group '%s' could not be enqueued: %s", tdist_op_name(a->type),
+             nc->name, tdist_last_error());
+    TDIST_WARN(NCCL, "%s; aborting the communicator", msg);
+    fail_and_await(nc, rc, msg);
+    tdist__error(rc, "%s", msg); /* the message the caller reads */
+  }
   return rc;
 }

@@ -1,43 +1,48 @@
 /*
  * nccl_progress.c - completion, errors and abort of the NCCL backend
- * (progress thread), the worker job that aborts a communicator (worker
- * thread), and the stream-ordered wait (caller thread).
+ * (progress thread), the abort threads, the end of an enqueue NCCL answered
+ * with ncclInProgress (whoever holds `call`), and the stream-ordered wait
+ * (caller thread).
  *
  * post (progress thread): the op was launched by submit on the caller's
  * thread; post only marks it posted, so poll never completes an op before
  * the core has posted it.
  *
  * poll (progress thread), while the group has ops in flight, with the
- * group's device current and the capture mode relaxed (nccl_device.c):
- *   1. ncclCommGetAsyncError once for the communicator. ncclRemoteError (a
- *      peer gone) is a peer failure: TDIST_ERR_REMOTE_FAILED, reported only
- *      if the monitor has not named the dead rank within the grace period.
- *      Any other error fails the group (tdist_backend_fail with
- *      TDIST_ERR_NCCL_ERROR and NCCL's own text); the core then calls
- *      abort, which forgets every launched op, and fails them itself.
+ * group's device current and the capture mode relaxed (nccl_device.c),
+ * holding `call` by trylock (a caller inside an NCCL call makes this tick
+ * skip the group rather than stall the thread):
+ *   1. ncclCommGetAsyncError once. ncclRemoteError (a peer gone) is a peer
+ *      failure: TDIST_ERR_REMOTE_FAILED, reported only if the monitor has
+ *      not named the dead rank within the grace period. Any other error
+ *      fails the group (tdist_backend_fail with TDIST_ERR_NCCL_ERROR and
+ *      NCCL's own text); the core then calls abort, which forgets every
+ *      launched op, and fails them itself. ncclSuccess with an op
+ *      `launching`: its enqueue ended, its end event is recorded now.
  *   2. cudaEventQuery on the end event of the op at the head of our FIFO
  *      (`inflight`, launch order); while it is done (and posted), unlink it,
  *      return its event to the pool and complete it. The first one not
- *      ready stops the scan: all ops of a group share one stream, so later
- *      events cannot be done before it in stream order.
- *   Completions and failures are reported with mu released (the core's
- *   services only queue, but keep no lock order with them).
- *   poll only trylocks mu: a caller thread that holds it (a long enqueue, a
- *   split) makes this tick skip the group rather than stall the thread.
+ *      ready (or not yet recorded) stops the scan: all ops of a group share
+ *      one stream, so later events cannot be done before it in stream order.
+ *   Completions and failures are reported with the locks released (the
+ *   core's services only queue, but keep no lock order with them).
  *
  * test (any caller thread): poll's verdict on one op, success only, for a
  * caller that waits on it (backend.h, vtable->test).
  *
  * abort (progress thread): marks the state dead and forgets the launched
- * ops under mu; after a peer failure the communicator is revoked and kept
- * (quiescence is polled later by shrink), otherwise it is taken out of the
- * state and aborted. Both calls may block -- ncclCommAbort until NCCL's
- * threads and kernels stop, ncclCommRevoke may join an NCCL job thread --
- * so each runs on an abort thread of its own (abort_main): one stuck abort
- * delays no other group. destroy waits for the thread.
+ * ops under mu, then hands the communicator to an abort thread
+ * (abort_main): it waits until no caller is inside an NCCL call (callers
+ * give up within one turn of their loops once the group reads as aborted,
+ * and later ones see `dead`), then calls ncclCommAbort, which returns only
+ * once NCCL's threads and kernels stopped. One stuck abort delays no other
+ * group, and the progress thread never waits for it. destroy waits for the
+ * thread (bounded by the group's timeout).
  */
 #include <stdarg.h>
+#include <sched.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "nccl/nccl_backend.h"
 #include "util/alloc.h"
@@ -54,60 +59,146 @@ int tdist__nccl_post(void *state, tdist_backend_op_t *op) {
   return 0;
 }
 
+/* A CUDA host function (CUDA's callback thread): no CUDA call in it. */
+static void wake_progress(void *arg) {
+  (void)arg;
+  tdist_backend_wake_any();
+}
+
+int tdist__nccl_launch_done(tdist__nccl_t *nc) {
+  int rc = 0;
+  pthread_mutex_lock(&nc->mu);
+  tdist_backend_op_t *op = nc->dead ? NULL : nc->launching;
+  cudaEvent_t end = op ? tdist__nccl_op(op)->end : NULL;
+  pthread_mutex_unlock(&nc->mu);
+  if (!op) return 0;
+  /* The event is the pool's (nc's): recording it is safe even if an abort
+   * forgets the op meanwhile; the op itself is touched only under mu while
+   * the state is alive (the core fails a forgotten op after abort). */
+  CUDACHECKGOTO(cudaEventRecord(end, nc->stream), rc, out);
+  /* Wake the progress thread and the waiters when the end event completes:
+   * the thread may sleep on a back-off timer, and a completion must not
+   * wait for it. On a side stream, so the NCCL stream never waits for a
+   * host function; the function touches nothing of nc. */
+  CUDACHECKGOTO(cudaStreamWaitEvent(nc->notify, end, 0), rc, out);
+  CUDACHECKGOTO(cudaLaunchHostFunc(nc->notify, wake_progress, NULL), rc, out);
+out:
+  if (nc->has_premul) {
+    /* The enqueue that used it finished: NCCL no longer reads it. */
+    ncclRedOpDestroy(nc->premul, nc->comm);
+    nc->has_premul = 0;
+  }
+  pthread_mutex_lock(&nc->mu);
+  if (rc == 0 && nc->launching == op && !nc->dead) tdist__nccl_op(op)->recorded = 1;
+  if (nc->launching == op) nc->launching = NULL;
+  pthread_mutex_unlock(&nc->mu);
+  return rc;
+}
+
+int tdist__nccl_settle_launch(tdist__nccl_t *nc, int64_t timeout_ms) {
+  pthread_mutex_lock(&nc->mu);
+  int busy = nc->launching != NULL && !nc->dead;
+  pthread_mutex_unlock(&nc->mu);
+  if (!busy) return 0;
+  /* The previous op's enqueue still runs (NCCL's job thread: usually
+   * microseconds; until every peer arrives at an algorithm's first use).
+   * That op is numbered and watched: past its deadline the watchdog names
+   * who never came and aborts the group, which ends this wait. */
+  int rc = tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, "the previous op's enqueue",
+                                  timeout_ms);
+  if (rc == 0) rc = tdist__nccl_launch_done(nc);
+  return rc;
+}
+
+int tdist__nccl_call_enter(tdist__nccl_t *nc, const char *what) {
+  for (int turn = 0;; turn++) {
+    if (pthread_mutex_trylock(&nc->call) == 0) {
+      pthread_mutex_lock(&nc->mu);
+      int dead = nc->dead;
+      pthread_mutex_unlock(&nc->mu);
+      if (!dead) return 0;
+      pthread_mutex_unlock(&nc->call);
+      break;
+    }
+    /* Held by another caller's NCCL call or an abort thread's barrier; an
+     * abort stuck in ncclCommAbort (behind a kernel that never ends) holds
+     * it no longer than the barrier, so this never waits on NCCL. */
+    pthread_mutex_lock(&nc->mu);
+    int dead = nc->dead;
+    pthread_mutex_unlock(&nc->mu);
+    if (dead || tdist_backend_aborted(nc->group)) break;
+    if (turn < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return tdist__error(TDIST_ERR_ABORTED, "nccl: %s: the communicator of group '%s' was aborted",
+                      what, nc->name);
+}
+
 int tdist__nccl_poll(void *state) {
   tdist__nccl_t *nc = state;
   tdist_backend_op_t *done[BATCH];
   int n = 0;
   ncclResult_t st = ncclSuccess;
   cudaError_t qerr = cudaSuccess;
+  int lerr = 0;
   char msg[200];
 
-  if (pthread_mutex_trylock(&nc->mu) != 0) return 0;
-  if (nc->dead || !nc->comm) {
-    pthread_mutex_unlock(&nc->mu);
+  if (pthread_mutex_trylock(&nc->call) != 0) return 0;
+  pthread_mutex_lock(&nc->mu);
+  int dead = nc->dead || !nc->comm;
+  pthread_mutex_unlock(&nc->mu);
+  if (dead) {
+    pthread_mutex_unlock(&nc->call);
     return 0;
   }
   /* The group's device, never device 0 by default (nccl_device.c). */
   int drc = tdist__nccl_dev_own(nc->device);
   if (drc != 0) {
-    pthread_mutex_unlock(&nc->mu);
+    pthread_mutex_unlock(&nc->call);
     tdist_backend_fail(nc->group, drc, "%s", tdist_last_error());
     return 0;
   }
   ncclResult_t r = ncclCommGetAsyncError(nc->comm, &st);
   if (r != ncclSuccess) st = r;
   if (st == ncclRemoteError) {
-    /* A peer is gone, as NCCL's proxy saw it: a peer failure (revoke, then
-     * shrink), not an NCCL fault. NCCL cannot say which rank; the monitor
-     * usually names it within milliseconds (the dead rank's store
-     * connection closes) and its death record aborts the group with the
-     * name. Only if it stays silent for the grace period is the failure
-     * reported from here, unnamed. Meanwhile the ops keep waiting. */
+    /* A peer is gone, as NCCL's proxy saw it: a peer failure, not an NCCL
+     * fault. NCCL cannot say which rank; the monitor usually names it
+     * within milliseconds (the dead rank's store connection closes) and its
+     * death record aborts the group with the name. Only if it stays silent
+     * for the grace period is the failure reported from here, unnamed.
+     * Meanwhile the ops keep waiting. */
     int64_t now = tdist__now_ns();
     if (!nc->remote_ns) nc->remote_ns = now;
     int64_t waited = (now - nc->remote_ns) / 1000000;
-    pthread_mutex_unlock(&nc->mu);
+    snprintf(msg, sizeof(msg), "%s: %s", ncclGetErrorString(st), ncclGetLastError(nc->comm));
+    pthread_mutex_unlock(&nc->call);
     if (waited >= tdist__param_NcclRemoteGraceMs())
       tdist_backend_fail(nc->group, TDIST_ERR_REMOTE_FAILED,
-                         "NCCL reports a failed peer in group '%s' (%s: %s), and no rank of it was "
+                         "NCCL reports a failed peer in group '%s' (%s), and no rank of it was "
                          "declared dead within %lld ms",
-                         nc->name, ncclGetErrorString(st), ncclGetLastError(nc->comm),
-                         (long long)waited);
+                         nc->name, msg, (long long)waited);
     return 0;
   }
   if (st != ncclSuccess && st != ncclInProgress) {
     const char *last = ncclGetLastError(nc->comm);
     snprintf(msg, sizeof(msg), "%s%s%s", ncclGetErrorString(st), last && *last ? ": " : "",
              last ? last : "");
-    pthread_mutex_unlock(&nc->mu);
+    pthread_mutex_unlock(&nc->call);
     tdist_backend_fail(nc->group, TDIST_ERR_NCCL_ERROR, "NCCL asynchronous error: %s", msg);
     return 0;
   }
+  /* Ready again: an enqueue that was in progress has launched. */
+  if (st == ncclSuccess) lerr = tdist__nccl_launch_done(nc);
+  pthread_mutex_lock(&nc->mu);
   tdist__list_t *l;
-  while (n < BATCH && (l = tdist__list_first(&nc->inflight)) != NULL) {
+  while (lerr == 0 && n < BATCH && (l = tdist__list_first(&nc->inflight)) != NULL) {
     tdist_backend_op_t *op = tdist__list_entry(l, tdist_backend_op_t, link);
     tdist__nccl_op_t *no = tdist__nccl_op(op);
-    if (!no->posted) break; /* launched before an op the core posted first */
+    if (!no->posted || !no->recorded) break; /* not posted, or still launching */
     cudaError_t q = cudaEventQuery(no->end);
     if (q == cudaErrorNotReady) break;
     if (q != cudaSuccess) {
@@ -123,9 +214,12 @@ int tdist__nccl_poll(void *state) {
     done[n++] = op;
   }
   pthread_mutex_unlock(&nc->mu);
+  pthread_mutex_unlock(&nc->call);
 
   for (int i = 0; i < n; i++)
     tdist_backend_complete(done[i], 0, "completed");
+  if (lerr != 0)
+    tdist_backend_fail(nc->group, lerr, "recording an end event: %s", tdist_last_error());
   if (qerr != cudaSuccess)
     tdist_backend_fail(nc->group, TDIST_ERR_CUDA_ERROR, "CUDA error on the group's stream: %s (%s)",
                        cudaGetErrorString(qerr), cudaGetErrorName(qerr));
@@ -154,132 +248,102 @@ void tdist__nccl_fail_group(tdist__nccl_t *nc, int status, const char *fmt, ...)
 
 void tdist__nccl_forget_locked(tdist__nccl_t *nc) {
   nc->dead = 1;
+  nc->launching = NULL; /* the core fails it with the others */
   tdist__list_t *l;
   while ((l = tdist__list_first(&nc->inflight)) != NULL)
     tdist__list_remove(l);
 }
 
-/* What an abort thread does with the communicator abort took. */
-typedef struct abort_job {
-  tdist__nccl_t *nc;
-  ncclComm_t comm;
-  int revoke; /* ncclCommRevoke and keep it for shrink; else ncclCommAbort */
-} abort_job_t;
-
-/* Abort thread (one per abort, detached): the blocking NCCL call, then the
- * job count down. nc stays allocated until `jobs` is 0 (destroy waits). */
+/* Abort thread (one per abort, detached). nc stays allocated until `jobs`
+ * is 0 (destroy waits). */
 static void *abort_main(void *arg) {
-  abort_job_t j = *(abort_job_t *)arg;
-  tdist__free(arg);
-  tdist__nccl_t *nc = j.nc;
+  tdist__nccl_t *nc = arg;
   tdist__nccl_dev_own(nc->device);
-  if (j.revoke) {
-    /* Stops the in-flight kernels and keeps the communicator, so that the
-     * survivors can ncclCommShrink it (tdist_group_shrink); on a
-     * non-blocking communicator it returns ncclInProgress, and shrink polls
-     * it to quiescence. */
-    ncclResult_t r = ncclCommRevoke(j.comm, NCCL_REVOKE_DEFAULT);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      TDIST_WARN(NCCL, "group '%s': ncclCommRevoke: %s; aborting", nc->name, ncclGetErrorString(r));
-      pthread_mutex_lock(&nc->mu);
-      if (nc->comm == j.comm) nc->comm = NULL;
-      nc->revoked = 0;
-      pthread_mutex_unlock(&nc->mu);
-      j.revoke = 0;
-    }
-  }
-  if (!j.revoke) {
+  /* A barrier, not a hold: once a caller inside an NCCL call on the
+   * communicator has left (its loops give up within one turn of the abort),
+   * nobody makes another (every path checks `dead` under `call`). */
+  pthread_mutex_lock(&nc->call);
+  pthread_mutex_lock(&nc->mu);
+  ncclComm_t comm = nc->comm;
+  pthread_mutex_unlock(&nc->mu);
+  pthread_mutex_unlock(&nc->call);
+  if (comm) {
     /* Frees the communicator and stops its kernels; returns once they
-     * stopped, which a kernel stuck behind a user's kernel delays: on this
-     * thread, that delays nothing else. */
-    ncclResult_t r = ncclCommAbort(j.comm);
+     * stopped (NCCL joins its job thread, so a launch in progress is over),
+     * which a kernel stuck behind a user's kernel delays: on this thread,
+     * holding no lock, that delays nothing else. */
+    ncclResult_t r = ncclCommAbort(comm);
     if (r != ncclSuccess && r != ncclInProgress)
       TDIST_WARN(NCCL, "group '%s': ncclCommAbort: %s", nc->name, ncclGetErrorString(r));
   }
+  pthread_mutex_lock(&nc->call);
   pthread_mutex_lock(&nc->mu);
+  if (nc->comm == comm) nc->comm = NULL;
+  nc->has_premul = 0; /* freed with the communicator */
   if (--nc->jobs == 0) pthread_cond_broadcast(&nc->idle);
   pthread_mutex_unlock(&nc->mu);
+  pthread_mutex_unlock(&nc->call);
   return NULL;
 }
 
-/* Start an abort thread; without one (out of memory or threads), run the
- * job here, as a last resort. mu not held. */
-static void start_abort(tdist__nccl_t *nc, ncclComm_t comm, int revoke) {
-  abort_job_t *j = tdist__malloc(sizeof(*j));
+/* Start an abort thread; without one (out of threads), run the job here,
+ * as a last resort. No lock held. */
+static void start_abort(tdist__nccl_t *nc) {
   pthread_t t;
   pthread_attr_t at;
-  if (j) {
-    j->nc = nc;
-    j->comm = comm;
-    j->revoke = revoke;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &at, abort_main, j);
-    pthread_attr_destroy(&at);
-    if (rc == 0) return;
-  }
-  abort_job_t local = {nc, comm, revoke};
-  abort_job_t *copy = tdist__malloc(sizeof(*copy));
-  tdist__free(j);
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &at, abort_main, nc);
+  pthread_attr_destroy(&at);
+  if (rc == 0) return;
   TDIST_WARN(NCCL, "group '%s': no thread for the abort; running it on this thread", nc->name);
-  if (copy) {
-    *copy = local;
-    abort_main(copy);
-  }
+  abort_main(nc);
 }
 
 void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
   tdist__nccl_t *nc = state;
-  ncclComm_t comm = NULL;
-  int revoke = 0;
+  int start = 0;
+  (void)local;
   if (!nc) return;
-  /* Caller-side holders of mu give up within one poll turn: the group reads
-   * as aborted (tdist_backend_aborted) before the core calls us. */
+  /* mu is held by nobody across a call that can wait: this never stalls. */
   pthread_mutex_lock(&nc->mu);
   if (!nc->dead) {
     /* Forget every launched op: the core finishes them after we return. */
     tdist__nccl_forget_locked(nc);
-    if (nc->comm && status == TDIST_ERR_REMOTE_FAILED && !NC.ncclCommRevoke) {
-      /* NCCL before 2.28: no revoke, so nothing left to shrink. */
-      TDIST_WARN(NCCL, "group '%s': NCCL %s has no ncclCommRevoke (2.28); aborting", nc->name,
-                 NC.version_str);
-    } else if (nc->comm && status == TDIST_ERR_REMOTE_FAILED) {
-      /* A peer is gone: stop the in-flight ops but keep the communicator. */
-      revoke = 1;
-      nc->revoked = 1;
-    }
-    comm = nc->comm;
-    if (comm) {
-      if (!revoke) nc->comm = NULL;
+    if (nc->comm) {
       nc->jobs++;
+      start = 1;
     }
-    TDIST_INFO(NCCL, "group '%s': communicator %s (%s: %s)", nc->name,
-               revoke ? "revoked" : "aborted", tdist_err_name(status), reason);
+    TDIST_INFO(NCCL, "group '%s': communicator aborted (%s: %s)", nc->name, tdist_err_name(status),
+               reason);
   }
   pthread_mutex_unlock(&nc->mu);
-  if (comm) start_abort(nc, comm, revoke);
+  if (start) start_abort(nc);
 }
 
 /* Any caller thread (backend.h, vtable->test): what poll would decide for
- * this one op, read-only. A caller blocked in tdist_work_wait, or spinning
- * on tdist_work_is_completed, sees its op's end event complete without
- * waiting for the progress thread (torch's isCompleted queries the event
- * the same way). Success only: the communicator alive, not revoked, no
- * asynchronous error (a remote error within its grace counts as one), and
- * the end event complete. An op a shrink abort cut short reads as not done
- * here: the shrink forgets the ops (dead) before NCCL stops them. The
- * caller's device and capture mode come back as they were; a busy mu (poll,
- * a submit, an abort) answers "not yet" rather than wait. */
+ * this one op. A caller blocked in tdist_work_wait, or spinning on
+ * tdist_work_is_completed, sees its op's end event complete without waiting
+ * for the progress thread (torch's isCompleted queries the event the same
+ * way); if the group's last enqueue has just finished, the test records its
+ * end event as poll would (launch_done). Success only: the communicator
+ * alive, no asynchronous error (a remote error within its grace counts as
+ * one), and the end event complete. An op a shrink abort cut short reads as
+ * not done: the shrink forgets the ops (dead) before NCCL stops them. The
+ * caller's device and capture mode come back as they were; a busy `call`
+ * (poll, a submit, an abort's barrier) answers "not yet" rather than wait. */
 int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   int done = 0;
-  if (pthread_mutex_trylock(&nc->mu) != 0) return 0;
+  if (pthread_mutex_trylock(&nc->call) != 0) return 0;
+  pthread_mutex_lock(&nc->mu);
   /* Linked with its event: launched and not yet unlinked by poll or
    * forgotten by abort (both under mu), so the event is not recycled. */
-  if (nc->dead || !nc->comm || nc->revoked || nc->remote_ns || !no->end ||
-      !tdist__list_linked(&op->link))
-    goto out;
+  int live = !nc->dead && nc->comm && !nc->remote_ns && no->end && tdist__list_linked(&op->link);
+  cudaEvent_t end = no->end;
+  pthread_mutex_unlock(&nc->mu);
+  if (!live) goto out;
   tdist__nccl_dev_t dev;
   if (tdist__nccl_dev_enter(nc->device, &dev) != 0) goto out;
   /* Relaxed for this thread meanwhile: a query during another thread's
@@ -287,38 +351,73 @@ int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   int relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
   ncclResult_t st = ncclSuccess;
-  if (ncclCommGetAsyncError(nc->comm, &st) == ncclSuccess &&
-      (st == ncclSuccess || st == ncclInProgress))
-    done = cudaEventQuery(no->end) == cudaSuccess;
+  if (ncclCommGetAsyncError(nc->comm, &st) == ncclSuccess && st == ncclSuccess &&
+      tdist__nccl_launch_done(nc) == 0) {
+    pthread_mutex_lock(&nc->mu);
+    int recorded = no->recorded && tdist__list_linked(&op->link);
+    pthread_mutex_unlock(&nc->mu);
+    done = recorded && cudaEventQuery(end) == cudaSuccess;
+  } else if (st == ncclInProgress) {
+    /* Another op's enqueue is in progress: ours is recorded if it was
+     * launched before it (stream order), and its event may have completed. */
+    pthread_mutex_lock(&nc->mu);
+    int recorded = no->recorded && tdist__list_linked(&op->link);
+    pthread_mutex_unlock(&nc->mu);
+    done = recorded && cudaEventQuery(end) == cudaSuccess;
+  }
   if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
   tdist__nccl_dev_leave(&dev);
 out:
-  pthread_mutex_unlock(&nc->mu);
+  pthread_mutex_unlock(&nc->call);
   return done;
 }
 
 int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream) {
-  int rc = 0;
+  int rc = 0, failed = 0;
   tdist__nccl_t *nc = state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   pthread_mutex_lock(&nc->mu);
-  /* Under mu the end event of a linked op cannot be recycled: it returns to
-   * the pool only when poll unlinks the op. An op off the FIFO is complete
-   * (poll) or was forgotten by abort (the core reports its status). */
-  if (no->completed) {
-    rc = 0;
-  } else if (!tdist__list_linked(&op->link)) {
+  int completed = no->completed;
+  pthread_mutex_unlock(&nc->mu);
+  if (completed) return 0;
+  tdist__nccl_dev_t dev;
+  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
+  /* The op's end event must be recorded before a stream can wait on it: if
+   * its enqueue is still in progress, wait for it (as the next submit
+   * would). */
+  rc = tdist__nccl_call_enter(nc, "tdist_work_wait_stream");
+  if (rc != 0) {
     rc =
         tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted", nc->name);
-  } else {
-    /* On the group's device (it has a context); the caller's comes back. */
-    tdist__nccl_dev_t dev;
-    TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, out);
-    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, no->end, 0);
-    tdist__nccl_dev_leave(&dev);
-    if (e != cudaSuccess) rc = tdist__cuda_err(e, "cudaStreamWaitEvent");
+    goto out;
+  }
+  rc = tdist__nccl_settle_launch(nc, op->timeout_ms);
+  if (rc != 0 && rc != TDIST_ERR_ABORTED) failed = 1;
+  if (rc == 0) {
+    /* Under mu the end event of a linked op cannot be recycled: it returns
+     * to the pool only when poll unlinks the op. An op off the FIFO is
+     * complete (poll) or was forgotten by abort (the core reports its
+     * status). */
+    pthread_mutex_lock(&nc->mu);
+    if (no->completed) {
+      rc = 0;
+    } else if (!tdist__list_linked(&op->link) || !no->recorded) {
+      rc = tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted",
+                        nc->name);
+    } else {
+      cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, no->end, 0);
+      if (e != cudaSuccess) rc = tdist__cuda_err(e, "cudaStreamWaitEvent");
+    }
+    pthread_mutex_unlock(&nc->mu);
+  }
+  pthread_mutex_unlock(&nc->call);
+  if (failed) {
+    char msg[300];
+    snprintf(msg, sizeof(msg), "%s", tdist_last_error());
+    tdist__nccl_fail_group(nc, rc, "%s", msg);
+    tdist__error(rc, "%s", msg);
   }
 out:
-  pthread_mutex_unlock(&nc->mu);
+  tdist__nccl_dev_leave(&dev);
   return rc;
 }

@@ -12,6 +12,7 @@
  * job of a progress-thread abort (nccl_progress.c) before it frees.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,7 @@ int tdist__nccl_wait_ready(ncclComm_t comm, const tdist_backend_group_t *g, cons
                            const char *what, int64_t timeout_ms) {
   int64_t deadline = tdist__now_ns() + timeout_ms * 1000000;
   int64_t sleep_ns = tdist__param_NcclPollSleepUs() * 1000;
-  for (;;) {
+  for (int turn = 0;; turn++) {
     ncclResult_t st = ncclInProgress;
     ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return tdist__nccl_err(comm, r, "ncclCommGetAsyncError");
@@ -53,14 +54,18 @@ int tdist__nccl_wait_ready(ncclComm_t comm, const tdist_backend_group_t *g, cons
       return tdist__error(st == ncclRemoteError ? TDIST_ERR_REMOTE_FAILED : TDIST_ERR_NCCL_ERROR,
                           "%s for group '%s': %s: %s", what, gname, ncclGetErrorString(st),
                           ncclGetLastError(comm));
-    /* The progress thread's abort waits for mu, which our caller holds:
-     * give up at once so it waits at most one turn. */
+    /* The abort thread waits until our caller leaves `call`: give up at
+     * once so it waits at most one turn. */
     if (g && tdist_backend_aborted(g))
       return tdist__error(TDIST_ERR_ABORTED, "%s for group '%s': group aborted", what, gname);
     if (tdist__now_ns() >= deadline)
       return tdist__error(TDIST_ERR_TIMEOUT, "%s for group '%s' timed out after %lld ms", what,
                           gname, (long long)timeout_ms);
-    if (sleep_ns > 0) {
+    /* NCCL's job thread usually ends within microseconds: yield a few
+     * turns before sleeping. */
+    if (turn < 32) {
+      sched_yield();
+    } else if (sleep_ns > 0) {
       struct timespec ts = {0, (long)sleep_ns};
       nanosleep(&ts, NULL);
     }
@@ -129,6 +134,7 @@ void tdist__nccl_state_free(tdist__nccl_t *nc) {
   tdist__free(nc->free);
   pthread_cond_destroy(&nc->idle);
   pthread_mutex_destroy(&nc->mu);
+  pthread_mutex_destroy(&nc->call);
   tdist__free(nc);
 }
 
@@ -141,6 +147,7 @@ int tdist__nccl_state_new(int device, const tdist_backend_params_t *p, tdist__nc
   pthread_cond_init(&nc->idle, &ca);
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&nc->mu, NULL);
+  pthread_mutex_init(&nc->call, NULL);
   tdist__list_init(&nc->inflight);
   nc->device = device;
   nc->group = p->group;
@@ -215,37 +222,47 @@ int tdist__nccl_destroy(void *state) {
   if (!nc) return 0;
   pthread_mutex_lock(&nc->mu);
   rc = tdist__nccl_wait_jobs(nc);
+  pthread_mutex_unlock(&nc->mu);
   if (rc != 0) {
-    /* The job still uses nc: leak it rather than free it under the job. */
-    pthread_mutex_unlock(&nc->mu);
+    /* The abort thread still uses nc: leak it rather than free it under
+     * the thread. */
     TDIST_WARN(NCCL, "%s", tdist_last_error());
     return rc;
   }
+  /* No abort thread any more and no op in flight: `call` is free but for a
+   * caller's test, which holds it for a moment. */
+  pthread_mutex_lock(&nc->call);
+  pthread_mutex_lock(&nc->mu);
+  ncclComm_t comm = nc->comm;
+  int dead = nc->dead;
+  nc->dead = 1; /* a late abort finds nothing to do */
+  pthread_mutex_unlock(&nc->mu);
   tdist__nccl_dev_t dev = {0, 0};
-  if (nc->comm) tdist__nccl_dev_enter(nc->device, &dev);
-  if (nc->comm && !nc->dead) {
-    ncclResult_t r = ncclCommFinalize(nc->comm);
+  if (comm) tdist__nccl_dev_enter(nc->device, &dev);
+  if (comm && !dead) {
+    ncclResult_t r = ncclCommFinalize(comm);
     if (r != ncclSuccess && r != ncclInProgress)
-      rc = tdist__nccl_err(nc->comm, r, "ncclCommFinalize");
+      rc = tdist__nccl_err(comm, r, "ncclCommFinalize");
     else
-      rc = tdist__nccl_wait_ready(nc->comm, NULL, nc->name, "ncclCommFinalize", nc->timeout_ms);
+      rc = tdist__nccl_wait_ready(comm, NULL, nc->name, "ncclCommFinalize", nc->timeout_ms);
     if (rc == 0) {
-      r = ncclCommDestroy(nc->comm);
+      r = ncclCommDestroy(comm);
       if (r != ncclSuccess && r != ncclInProgress) {
         rc = tdist__nccl_err(NULL, r, "ncclCommDestroy");
         TDIST_WARN(NCCL, "group '%s': %s", nc->name, tdist_last_error());
       }
     } else {
       TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator", nc->name, tdist_last_error());
-      ncclCommAbort(nc->comm);
+      ncclCommAbort(comm);
     }
-  } else if (nc->comm) { /* revoked: finalize is not allowed, abort frees it */
-    ncclCommAbort(nc->comm);
+  } else if (comm) { /* stopped by a shrink (NCCL_SHRINK_ABORT): abort frees it */
+    ncclCommAbort(comm);
   }
   tdist__nccl_dev_leave(&dev);
+  pthread_mutex_lock(&nc->mu);
   nc->comm = NULL;
-  nc->dead = 1; /* a late abort finds nothing to do */
   pthread_mutex_unlock(&nc->mu);
+  pthread_mutex_unlock(&nc->call);
   tdist__nccl_state_free(nc);
   return rc;
 }
