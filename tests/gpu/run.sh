@@ -199,6 +199,7 @@ plan (budget ${budget} s, build $build, logs -> $out):
               ranks > GPUs: each rank its own NCCL_HOSTID (socket transport)
   soak        soak --backend nccl --seconds $soak_s [--nccl-hostid-per-rank]  (${soak_s} s + the last trial)
   bench       tdist_bench_nccl PORT 256 20000 (tdist beside raw NCCL)   (~20 s, at most 90)
+  bench_submit tdist_bench_submit_gpu -T 3 (beside the same work by hand) (~10 s, at most 60)
   bench_torch bench/nccl/torch_allreduce.py PORT 256 20000 if torch     (~20 s, at most 90)
   python      tdistrun -n 2 python3 tests/gpu/py_dtypes.py (torch, CuPy) (~30 s, at most 120)
 EOF
@@ -212,7 +213,8 @@ if [ $dry -eq 1 ]; then
       if [ -x "$build/$p" ]; then echo "found:        $build/$p"
       else echo "run.sh --dry: $build/$p missing"; dry_fail=1; fi
     done
-    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank bench/nccl/tdist_bench_nccl; do
+    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank bench/nccl/tdist_bench_nccl \
+      bench/nccl/tdist_bench_submit_gpu; do
       [ -x "$build/$p" ] && echo "found:        $build/$p" ||
         echo "not built:    $build/$p (needs -DTDIST_BUILD_GPU_TESTS=ON and nvcc)"
     done
@@ -228,7 +230,7 @@ if [ $dry -eq 1 ]; then
   fi
   [ -n "$missing" ] && echo "missing for a GPU run:$missing"
   bash -n "$0" || dry_fail=1
-  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 soak bench bench_torch python; do
+  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 soak bench bench_submit bench_torch python; do
     record "$s" SKIP 0 "dry run"
   done
   if [ $dry_fail -ne 0 ]; then
@@ -249,6 +251,7 @@ export TDIST_TIMEOUT_MS=${TDIST_TIMEOUT_MS:-60000}
 
 # ---- build --------------------------------------------------------------------------------
 targets="tdist tdistrun tdist-store tdist_gpu_nccl tdist_gpu_rank soak_short soak_rank"
+targets="$targets tdist_bench_submit_gpu"
 # A given build that has the programs is taken as it is (a bundle from another machine has
 # no CMake cache); the default build-gpu is always brought up to date (incremental).
 if [ -z "$given_build" ] || [ ! -x "$build/tests/gpu/tdist_gpu_nccl" ]; then
@@ -315,6 +318,14 @@ if [ -x "$bench" ]; then
 else
   record bench SKIP 0 "tdist_bench_nccl not built (no nccl.h)"
 fi
+# tdist beside the same work done by hand on a non-blocking communicator (submit_bench.c)
+bsub=$build/bench/nccl/tdist_bench_submit_gpu
+if [ -x "$bsub" ]; then
+  # shellcheck disable=SC2046
+  step bench_submit 60 bench-submit.log env $(with_libs "$bsub") "$bsub" -T 3
+else
+  record bench_submit SKIP 0 "tdist_bench_submit_gpu not built"
+fi
 if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
   step bench_torch 90 bench-torch.log python3 "$root/bench/nccl/torch_allreduce.py" "$(port)" 256 20000
 else
@@ -322,7 +333,8 @@ else
 fi
 # the numbers, under the table: per-call means (raw NCCL, tdist, torch) and what tdist adds
 for f in "$logs"/bench-*.log; do
-  [ -e "$f" ] && grep -h -E ' mean |^added|^idle' "$f" | sed "s/^/$(basename "$f" .log): /"
+  [ -e "$f" ] && grep -h -E ' mean |^added|^idle|^(submit|complete)_(raw|tdist|added|poll|wait) ' "$f" |
+    sed "s/^/$(basename "$f" .log): /"
 done > "$logs/bench-numbers.txt"
 
 # ---- Python over torch and CuPy -----------------------------------------------------------
