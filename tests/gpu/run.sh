@@ -6,8 +6,10 @@
 #   tests/gpu/run.sh [--dry] [--build-dir DIR] [--out DIR] [--soak-seconds S] [--budget S]
 #
 #   --build-dir DIR  take the programs from this build (made with -DTDIST_BUILD_GPU_TESTS=ON,
-#                    here or on another machine); default: configure and build build-gpu
-#                    in the checkout (needs nvcc, the CUDA toolkit's runtime, CMake)
+#                    here or on another machine, e.g. bundled); a DIR without them is
+#                    configured with -DTDIST_BUILD_GPU_TESTS=ON and built. Default: configure
+#                    and build build-gpu in the checkout (needs nvcc, the CUDA toolkit's
+#                    runtime, CMake and the packages of scripts/deps.sh)
 #   --out DIR        where the summary and the tarball go (default $OUT, else ./gpu-logs)
 #   --dry            check this script's logic only: find the libraries (or say which are
 #                    missing), show the plan, build nothing for the GPU, say
@@ -111,11 +113,13 @@ step() {
 
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
-# wheel_lib GLOB: the first file matching nvidia/GLOB in a site-packages folder, else empty
+# wheel_lib GLOB: the first file matching nvidia/GLOB in a site-packages folder (or a folder
+# of python3's sys.path), else empty
 wheel_lib() {
   python3 - "$1" 2> /dev/null << 'PY'
 import glob, site, sys, sysconfig
 dirs = list(site.getsitepackages()) + [site.getusersitepackages(), sysconfig.get_paths()["purelib"]]
+dirs += [d for d in sys.path if d and d not in dirs]  # PYTHONPATH, a venv's
 for d in dirs:
     hits = sorted(glob.glob(f"{d}/nvidia/{sys.argv[1]}"))
     if hits:
