@@ -18,7 +18,8 @@
 #
 # NCCL and the CUDA runtime come from TDIST_NCCL_LIBRARY / TDIST_CUDART_LIBRARY when set,
 # else from pip wheels (nvidia-nccl-cu13: nvidia/nccl/lib/libnccl.so.2; nvidia-cuda-runtime:
-# nvidia/cuda_runtime/lib/libcudart.so.1x), else the CUDA toolkit, else the loader's cache.
+# nvidia/cuda_runtime/lib or nvidia/cu13/lib, libcudart.so.1x), else the CUDA toolkit, else
+# the loader's cache.
 # libtdist dlopens them, so the run needs no nccl.h and no unversioned libnccl.so; only the
 # raw-NCCL side of the benchmark is built against nccl.h (skipped when there is none).
 #
@@ -113,15 +114,18 @@ step() {
 
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
-# wheel_lib GLOB: the first file matching nvidia/GLOB in a site-packages folder (or a folder
-# of python3's sys.path), else empty
+# wheel_lib NAME: a file NAME (a glob) anywhere under nvidia/ in a site-packages folder (or a
+# folder of python3's sys.path), else empty; the highest version when several match. The
+# CUDA 12 wheels put the runtime in nvidia/cuda_runtime/lib, the CUDA 13 ones in
+# nvidia/cu13/lib; NCCL is in nvidia/nccl/lib.
 wheel_lib() {
   python3 - "$1" 2> /dev/null << 'PY'
 import glob, site, sys, sysconfig
 dirs = list(site.getsitepackages()) + [site.getusersitepackages(), sysconfig.get_paths()["purelib"]]
 dirs += [d for d in sys.path if d and d not in dirs]  # PYTHONPATH, a venv's
 for d in dirs:
-    hits = sorted(glob.glob(f"{d}/nvidia/{sys.argv[1]}"))
+    hits = sorted(glob.glob(f"{d}/nvidia/**/{sys.argv[1]}", recursive=True),
+                  key=lambda p: p.rsplit(".so.", 1)[-1])
     if hits:
         print(hits[-1])
         break
@@ -156,7 +160,7 @@ nccl=${TDIST_NCCL_LIBRARY:-}
 nccl_from="TDIST_NCCL_LIBRARY"
 if [ -z "$nccl" ]; then
   nccl_from="pip wheel nvidia-nccl"
-  nccl=$(wheel_lib 'nccl/lib/libnccl.so.2')
+  nccl=$(wheel_lib 'libnccl.so.2')
 fi
 if [ -z "$nccl" ] && [ -e "$cuda_home/lib64/libnccl.so.2" ]; then
   nccl_from="CUDA toolkit"; nccl=$cuda_home/lib64/libnccl.so.2
@@ -166,7 +170,7 @@ cudart=${TDIST_CUDART_LIBRARY:-}
 cudart_from="TDIST_CUDART_LIBRARY"
 if [ -z "$cudart" ]; then
   cudart_from="pip wheel nvidia-cuda-runtime"
-  cudart=$(wheel_lib 'cuda_runtime/lib/libcudart.so.1[0-9]')
+  cudart=$(wheel_lib 'libcudart.so.1[0-9]')
 fi
 if [ -z "$cudart" ]; then
   cudart_from="CUDA toolkit"
