@@ -66,7 +66,32 @@ def cupy_cases():
         yield name, (make, as_bytes), None
 
 
+def _loaded_cudart():
+    """The CUDA runtime file this process has loaded (torch loads its wheel's at import)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libcudart.so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def main():
+    # torch first, so that the backend opens the runtime torch loaded rather than a second
+    # copy of it (two runtimes in one process share no streams or events)
+    for mod in ("torch", "cupy"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+    rt = _loaded_cudart()
+    if rt and os.path.realpath(rt) != os.path.realpath(os.environ.get("TDIST_CUDART_LIBRARY", "")):
+        print(f"PYDTYPE - - NOTE TDIST_CUDART_LIBRARY={rt} (the runtime already loaded)",
+              flush=True)
+        os.environ["TDIST_CUDART_LIBRARY"] = rt
     tdist.init_process_group("nccl")
     rank, size = tdist.get_rank(), tdist.get_world_size()
     total = size * (size + 1) // 2
