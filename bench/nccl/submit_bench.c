@@ -132,9 +132,9 @@ static stats_t stats(samples_t *s) {
 /* ---- the raw side ------------------------------------------------------------------------ */
 typedef struct {
   ncclComm_t comm;
-  cudaStream_t ns;                /* the NCCL stream (the backend's nc->stream) */
-  cudaEvent_t start;              /* one, reused (the backend's nc->start_ev) */
-  cudaEvent_t end[MAXBATCH];      /* one per op in flight (the backend's pool) */
+  cudaStream_t ns;           /* the NCCL stream (the backend's nc->stream) */
+  cudaEvent_t start;         /* one, reused (the backend's nc->start_ev) */
+  cudaEvent_t end[MAXBATCH]; /* one per op in flight (the backend's pool) */
 } raw_t;
 
 /* The backend's sleep between two ncclInProgress polls (TDIST_NCCL_POLL_SLEEP_US, 20 us
@@ -165,7 +165,8 @@ static void raw_init(raw_t *rw, int batch) {
   cfg.commName = "raw";
   rw->comm = NULL;
   ncclResult_t r = ncclCommInitRankConfig(&rw->comm, 1, id, 0, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) DIE("ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+  if (r != ncclSuccess && r != ncclInProgress)
+    DIE("ncclCommInitRankConfig: %s", ncclGetErrorString(r));
   nccl_ready(rw->comm, r, "ncclCommInitRankConfig");
   CU(cudaStreamCreateWithFlags(&rw->ns, cudaStreamNonBlocking));
   CU(cudaEventCreateWithFlags(&rw->start, cudaEventDisableTiming));
@@ -209,16 +210,17 @@ static void row(const char *op, const char *what, stats_t s) {
 /* tdist minus raw: the means and the medians (no percentiles of a difference). */
 static void added(const char *op, stats_t td, stats_t raw) {
   if (g_peers)
-    printf("peer=%s op=%s n=1 bytes=%zu us=%.3f algbw=0 busbw=0 p50_us=%.3f iters=%zu\n", g_tag,
-           op, g_bytes, td.mean - raw.mean, td.p50 - raw.p50, td.n < raw.n ? td.n : raw.n);
+    printf("peer=%s op=%s n=1 bytes=%zu us=%.3f algbw=0 busbw=0 p50_us=%.3f iters=%zu\n", g_tag, op,
+           g_bytes, td.mean - raw.mean, td.p50 - raw.p50, td.n < raw.n ? td.n : raw.n);
   else
-    printf("%-15s %-46s %8s %9.2f %9s %9s %9.2f\n", op, "tdist - raw", "", td.p50 - raw.p50, "",
-           "", td.mean - raw.mean);
+    printf("%-15s %-46s %8s %9.2f %9s %9s %9.2f\n", op, "tdist - raw", "", td.p50 - raw.p50, "", "",
+           td.mean - raw.mean);
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: tdist_bench_submit_{sim,gpu} [-c COUNT] [-b BATCH (1..%d)] "
-                  "[-T SECONDS] [-P] [-t TAG]\n",
+  fprintf(stderr,
+          "usage: tdist_bench_submit_{sim,gpu} [-c COUNT] [-b BATCH (1..%d)] "
+          "[-T SECONDS] [-P] [-t TAG]\n",
           MAXBATCH);
   exit(2);
 }
@@ -333,8 +335,8 @@ int main(int argc, char **argv) {
     tdist_work_release(w);
   }
 
-  stats_t sr = stats(&sub_raw), st = stats(&sub_td), cr = stats(&cmp_raw),
-          cp = stats(&cmp_poll), cw = stats(&cmp_wait);
+  stats_t sr = stats(&sub_raw), st = stats(&sub_td), cr = stats(&cmp_raw), cp = stats(&cmp_poll),
+          cw = stats(&cmp_wait);
   if (!g_peers) {
     int rtv = 0, dv = 0;
     cudaRuntimeGetVersion(&rtv);

@@ -10,8 +10,8 @@
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, or with --backend nccl the NCCL backend on the simulated GPU, each
  * rank on its own device, or on the real NCCL and CUDA runtime that
- * TDIST_NCCL_LIBRARY / TDIST_CUDART_LIBRARY name; 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash,
- * abort_exit),
+ * TDIST_NCCL_LIBRARY / TDIST_CUDART_LIBRARY name; 127.0.0.1), one fault
+ * kind (kill9, stop, exit, skip, callback_crash, abort_exit),
  * a victim (rank 0 one time in three), the iteration and the delay of the
  * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
  * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
@@ -855,7 +855,9 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     printf("soak: replay with: soak --trials 1 --seed 0x%016" PRIx64 "%s%s%s%s\n", p->seed,
            p->mode == M_TDISTRUN ? " --launcher-only" : " --no-launcher",
            opt.load ? "" : " --no-load",
-           !opt.nccl ? "" : opt.hostid ? " --backend nccl --nccl-hostid-per-rank" : " --backend nccl",
+           !opt.nccl    ? ""
+           : opt.hostid ? " --backend nccl --nccl-hostid-per-rank"
+                        : " --backend nccl",
            opt.store_in_process ? " --store-in-process" : "");
   fflush(stdout);
   for (int i = 0; i < nprocs; i++)
@@ -1006,17 +1008,18 @@ static unsigned parse_kinds(const char *list) {
 }
 
 static void usage_to(FILE *f) {
-  fprintf(f, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
-             "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
-             "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...] "
-             "[--backend cpu|nccl] [--nccl-hostid-per-rank] [--help]\n"
-             "  --backend nccl          the NCCL backend: on the real NCCL and CUDA runtime when "
-             "TDIST_NCCL_LIBRARY\n"
-             "                          and TDIST_CUDART_LIBRARY are both set, else on the "
-             "simulated GPU (%s)\n"
-             "  --nccl-hostid-per-rank  a NCCL_HOSTID per rank process: several ranks on one "
-             "GPU (a test mode\n"
-             "                          NCCL does not support)\n",
+  fprintf(f,
+          "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
+          "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
+          "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...] "
+          "[--backend cpu|nccl] [--nccl-hostid-per-rank] [--help]\n"
+          "  --backend nccl          the NCCL backend: on the real NCCL and CUDA runtime when "
+          "TDIST_NCCL_LIBRARY\n"
+          "                          and TDIST_CUDART_LIBRARY are both set, else on the "
+          "simulated GPU (%s)\n"
+          "  --nccl-hostid-per-rank  a NCCL_HOSTID per rank process: several ranks on one "
+          "GPU (a test mode\n"
+          "                          NCCL does not support)\n",
 #ifdef GPUSIM_LIB
           GPUSIM_LIB
 #else
@@ -1041,9 +1044,11 @@ static void select_nccl_libs(void) {
     return;
   }
   if (have_nccl || have_cudart) {
-    fprintf(stderr, "soak: --backend nccl: TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY must be "
-                    "set together (the real libraries) or both unset (the simulated GPU); "
-                    "only %s is set\n", have_nccl ? "TDIST_NCCL_LIBRARY" : "TDIST_CUDART_LIBRARY");
+    fprintf(stderr,
+            "soak: --backend nccl: TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY must be "
+            "set together (the real libraries) or both unset (the simulated GPU); "
+            "only %s is set\n",
+            have_nccl ? "TDIST_NCCL_LIBRARY" : "TDIST_CUDART_LIBRARY");
     exit(2);
   }
 #ifndef GPUSIM_LIB
@@ -1118,10 +1123,11 @@ int main(int argc, char **argv) {
   printf("soak: seed 0x%016" PRIx64 ", backend %s, %s %g, load %s, launcher %s, scale %d (guard "
          "%d s), heartbeat %d/%d ms, timeout %d ms, skip op timeout %d ms\n",
          opt.seed,
-         !opt.nccl        ? "cpu"
+         !opt.nccl       ? "cpu"
          : real_nccl_lib ? "nccl (TDIST_NCCL_LIBRARY, TDIST_CUDART_LIBRARY)"
-                         : "nccl (simulated GPU)", opt.trials > 0 ? "trials" : "seconds",
-         opt.trials > 0 ? (double)opt.trials : opt.seconds, opt.load ? "on" : "off",
+                         : "nccl (simulated GPU)",
+         opt.trials > 0 ? "trials" : "seconds", opt.trials > 0 ? (double)opt.trials : opt.seconds,
+         opt.load ? "on" : "off",
          opt.launcher > 0   ? "only"
          : opt.launcher < 0 ? "never"
                             : "random",
