@@ -182,10 +182,18 @@ if [ -z "$cudart" ]; then
   [ -n "$cudart" ] || cudart=$(ldconfig_lib libcudart.so.12)
 fi
 missing=""
-if [ -n "$nccl" ] && [ -e "$nccl" ]; then echo "NCCL:         $nccl ($nccl_from)"
-else echo "NCCL:         missing (pip install nvidia-nccl-cu13, or set TDIST_NCCL_LIBRARY)"; missing="$missing NCCL"; fi
-if [ -n "$cudart" ] && [ -e "$cudart" ]; then echo "CUDA runtime: $cudart ($cudart_from)"
-else echo "CUDA runtime: missing (pip install nvidia-cuda-runtime, or set TDIST_CUDART_LIBRARY)"; missing="$missing CUDA-runtime"; fi
+if [ -n "$nccl" ] && [ -e "$nccl" ]; then
+  echo "NCCL:         $nccl ($nccl_from)"
+else
+  echo "NCCL:         missing (pip install nvidia-nccl-cu13, or set TDIST_NCCL_LIBRARY)"
+  missing="$missing NCCL"
+fi
+if [ -n "$cudart" ] && [ -e "$cudart" ]; then
+  echo "CUDA runtime: $cudart ($cudart_from)"
+else
+  echo "CUDA runtime: missing (pip install nvidia-cuda-runtime, or set TDIST_CUDART_LIBRARY)"
+  missing="$missing CUDA-runtime"
+fi
 nvcc=$(command -v nvcc 2> /dev/null || { [ -x "$cuda_home/bin/nvcc" ] && echo "$cuda_home/bin/nvcc"; })
 nccl_inc=""
 for d in "$(dirname "${nccl:-/nonexistent}")/../include" "$cuda_home/include"; do
@@ -351,8 +359,10 @@ if [ -z "$libtdist" ]; then
 elif python3 -c 'import torch' 2> /dev/null || python3 -c 'import cupy' 2> /dev/null; then
   pyn=2
   pyprog=(python3 "$root/tests/gpu/py_dtypes.py")
-  # shellcheck disable=SC2016
-  [ "$pyn" -gt "$ngpu" ] && pyprog=(/bin/sh -c 'NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; exec "$0" "$@"' "${pyprog[@]}")
+  # shellcheck disable=SC2016 # $RANK is the rank's, set by tdistrun
+  [ "$pyn" -gt "$ngpu" ] &&
+    pyprog=(/bin/sh -c 'NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; exec "$0" "$@"'
+      "${pyprog[@]}")
   step python 120 python.log env TDIST_LIBRARY="$libtdist" PYTHONPATH="$root/python" \
     TDIST_NCCL_LIBRARY="$nccl" TDIST_CUDART_LIBRARY="$cudart" \
     "$tdistrun" -n "$pyn" --backend nccl "${pyprog[@]}"
