@@ -11,6 +11,10 @@ Accepted, in this order of preference:
 
 Refused with ValueError before anything is sent: a non-contiguous array, a
 read-only array where the op writes, an unknown element type.
+
+An array interface whose typestr is only a size ("<V2", "|V1": what torch gives for
+bfloat16 and float8, ml_dtypes for its types) gets its element type from the object's
+``dtype`` attribute, else from its ``__dlpack__`` DLDataType.
 """
 import ctypes
 
@@ -45,7 +49,7 @@ _np_dtypes = {}  # numpy dtype -> tdist dtype (cache)
 def _np_dtype(dt, what):
     v = _np_dtypes.get(dt)
     if v is None:
-        v = _types.BY_NAME.get(dt.name)
+        v = _types.FOREIGN_NAME.get(dt.name)
         if v is None and dt.kind in "iufb" and dt.isnative and not dt.fields:
             v = _types.BY_KIND.get((dt.kind, dt.itemsize))
         if v is None:
@@ -55,15 +59,71 @@ def _np_dtype(dt, what):
     return v
 
 
-def _typestr_dtype(typestr, what):
+def _typestr_dtype(obj, typestr, what):
     # "<f4", "|u1", "<i8"...; only native byte order
     order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    if kind == "V" and order != ">":
+        return _void_dtype(obj, typestr, size, what)
     if order == ">" or (kind not in "iufb"):
         raise ValueError(f"{what}: element type {typestr!r} has no tdist dtype")
     v = _types.BY_KIND.get((kind, size))
     if v is None:
         raise ValueError(f"{what}: element type {typestr!r} has no tdist dtype")
     return v
+
+
+def _dtype_name(dt):
+    # NumPy, ml_dtypes, CuPy and JAX dtypes have .name ("bfloat16"); torch's say
+    # "torch.bfloat16"; a scalar type (ml_dtypes.bfloat16) has __name__; a string is as is.
+    if isinstance(dt, str):
+        name = dt
+    else:
+        name = getattr(dt, "name", None)
+        if not isinstance(name, str):
+            name = getattr(dt, "__name__", None)
+        if not isinstance(name, str):
+            name = str(dt)
+    return name.rpartition(".")[2]
+
+
+def _dlpack_code(obj):
+    # (code, bits, lanes) of the object's DLPack capsule, None if it has none or cannot
+    # export (an older torch refuses float8). The capsule is dropped unconsumed at once:
+    # its destructor frees the export, and the memory is the array interface's anyway.
+    if not hasattr(obj, "__dlpack__"):
+        return None
+    try:
+        cap = obj.__dlpack__()
+        t = _DLTensor.from_address(_capsule_ptr(cap, b"dltensor"))
+        return t.dtype.code, t.dtype.bits, t.dtype.lanes
+    except (BufferError, TypeError, ValueError, RuntimeError, NotImplementedError):
+        return None
+
+
+def _void_dtype(obj, typestr, size, what):
+    """The tdist dtype of an array whose interface gives only the element size ("<V2"):
+    the object's ``dtype`` (by name), else its DLPack DLDataType; ValueError naming what
+    the object says otherwise."""
+    dt = getattr(obj, "dtype", None)
+    name = None
+    if dt is not None:
+        name = _dtype_name(dt)
+        v = _types.FOREIGN_NAME.get(name)
+        if v is not None and _types.SIZE_OF[v] == size:
+            return v
+    dl = _dlpack_code(obj)
+    if dl is not None:
+        v = _types.dlpack_dtype(*dl)
+        if v is not None and _types.SIZE_OF[v] == size:
+            return v
+    said = []
+    if dt is not None:
+        said.append(f"dtype {name}")
+    if dl is not None:
+        said.append("DLPack type code %d, %d bits x%d" % dl)
+    raise ValueError(f"{what}: element type {typestr!r} "
+                     f"({', '.join(said) or 'no dtype attribute and no __dlpack__'}) has no "
+                     f"tdist dtype (supported: {', '.join(sorted(set(_types.NAME_OF.values())))})")
 
 
 def _c_contiguous(shape, strides, itemsize):
@@ -107,7 +167,7 @@ def _array_interface(obj, ai, device, writable, what):
         return None  # the data is behind the buffer protocol
     ptr, readonly = data
     shape = tuple(ai["shape"])
-    dtype = _typestr_dtype(ai["typestr"], what)
+    dtype = _typestr_dtype(obj, ai["typestr"], what)
     if not _c_contiguous(shape, ai.get("strides"), _types.SIZE_OF[dtype]):
         raise ValueError(f"{what}: the array is not contiguous")
     if writable and readonly:
@@ -205,13 +265,10 @@ def _dlpack(obj, writable, what):
     cap = obj.__dlpack__()
     p = _capsule_ptr(cap, b"dltensor")  # DLManagedTensor* starts with its DLTensor
     t = _DLTensor.from_address(p)
-    if t.dtype.lanes != 1 or t.dtype.code not in _types.DLPACK_KIND:
-        raise ValueError(f"{what}: DLPack type code {t.dtype.code} x{t.dtype.lanes} "
-                         "has no tdist dtype")
-    dtype = _types.BY_KIND.get((_types.DLPACK_KIND[t.dtype.code], t.dtype.bits // 8))
+    dtype = _types.dlpack_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     if dtype is None:
-        raise ValueError(f"{what}: DLPack type ({t.dtype.code}, {t.dtype.bits} bits) "
-                         "has no tdist dtype")
+        raise ValueError(f"{what}: DLPack type code {t.dtype.code}, {t.dtype.bits} bits "
+                         f"x{t.dtype.lanes} has no tdist dtype")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None
     if t.strides:
@@ -226,7 +283,10 @@ def buf(obj, writable, what):
     """The Buf of `obj`; `writable`: the op writes into it."""
     if type(obj) is _ndarray:
         return _numpy(obj, writable, what)
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        cai = None  # a torch without a typestr for the dtype raises: DLPack says it below
     if cai is not None:
         b = _array_interface(obj, cai, True, writable, what)
         if b is not None:

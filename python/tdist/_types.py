@@ -44,8 +44,15 @@ REDOPS = [
     ("BXOR", "bxor"),
 ]
 
-# DLPack type codes -> kind (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool).
-DLPACK_KIND = {0: "i", 1: "u", 2: "f", 4: "bf", 6: "b"}
+# DLPack type codes (dlpack.h DLDataTypeCode) -> kind: kDLInt 0, kDLUInt 1, kDLFloat 2,
+# kDLBfloat 4, kDLBool 6, kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12. NCCL's e4m3 is the "fn"
+# one (no infinities, max 448); kDLFloat8_e4m3 (8) and the fnuz codes are other formats.
+DLPACK_KIND = {0: "i", 1: "u", 2: "f", 4: "bf", 6: "b", 10: "f8e4m3", 12: "f8e5m2"}
+
+# Names array libraries give an element type that are not its tdist type: ml_dtypes (JAX,
+# NumPy) calls the IEEE-like e4m3 with infinities "float8_e4m3", tdist's float8_e4m3 is
+# its "float8_e4m3fn". Never matched as a library's dtype name.
+_NOT_FOREIGN = {"float8_e4m3"}
 
 
 def _enumerate(fn):
@@ -75,6 +82,19 @@ for _name, _kind, _size, _aliases in DTYPES:
     SIZE_OF[_v] = _size
     for _n in (_name,) + tuple(_aliases):
         BY_NAME[_n] = _v
+
+# An array library's dtype name (NumPy / ml_dtypes / CuPy / JAX ``dtype.name``, torch's
+# ``str(dtype)`` without "torch.") -> tdist dtype value.
+FOREIGN_NAME = {_n: _v for _n, _v in BY_NAME.items() if _n not in _NOT_FOREIGN}
+
+
+def dlpack_dtype(code, bits, lanes):
+    """The tdist dtype value of a DLPack DLDataType, or None if tdist has none."""
+    kind = DLPACK_KIND.get(code)
+    if kind is None or lanes != 1 or bits % 8:
+        return None
+    v = BY_KIND.get((kind, bits // 8))
+    return v if v is not None and SIZE_OF[v] * 8 == bits else None
 
 ReduceOp = enum.IntEnum("ReduceOp", [(t, _lib_redops[c]) for t, c in REDOPS if c in _lib_redops],
                         module="tdist")

@@ -5,12 +5,13 @@
  *   soak [--trials N | --seconds S] [--seed X] [--no-load]
  *        [--launcher-only | --no-launcher] [--verbose] [--keep]
  *        [--strict-latency] [--strict-store-host] [--store-in-process]
- *        [--kinds K,...] [--backend cpu|nccl]
+ *        [--kinds K,...] [--backend cpu|nccl] [--nccl-hostid-per-rank] [--help]
  *
  * A trial is a function of its seed: n = 3..5 ranks of soak_rank (backend
  * cpu, or with --backend nccl the NCCL backend on the simulated GPU, each
- * rank on its own device; 127.0.0.1), one fault kind (kill9, stop, exit, skip, callback_crash,
- * abort_exit),
+ * rank on its own device, or on the real NCCL and CUDA runtime that
+ * TDIST_NCCL_LIBRARY / TDIST_CUDART_LIBRARY name; 127.0.0.1), one fault
+ * kind (kill9, stop, exit, skip, callback_crash, abort_exit),
  * a victim (rank 0 one time in three), the iteration and the delay of the
  * fault (0..1 ms or 0..20 ms after the victim submitted its op), the sizes
  * of the all_reduces (8 B .. 8 MiB) and how the ranks are started:
@@ -65,11 +66,18 @@
 #ifndef TDIST_STORE_BIN
 #error "TDIST_STORE_BIN (path of tdist-store) must be defined"
 #endif
-/* GPUSIM_LIB: path of libtdist_gpusim.so (undefined when it is not built:
- * --backend nccl is then refused). With --backend nccl every process of a
- * trial gets TDIST_BACKEND=nccl and TDIST_NCCL_LIBRARY and
- * TDIST_CUDART_LIBRARY naming it; each rank takes device LOCAL_RANK of the
- * simulation's 8 (TDIST_GPUSIM_DEVICES), one per rank. Every fault kind
+/* GPUSIM_LIB: path of libtdist_gpusim.so (undefined when it is not built).
+ * With --backend nccl every process of a trial gets TDIST_BACKEND=nccl, and
+ * the libraries are chosen once, in main (select_nccl_libs):
+ *   - TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY both set in the driver's
+ *     environment: the real NCCL and CUDA runtime (tests/gpu/run.sh on a GPU
+ *     machine); the ranks inherit them as they are. Each rank takes device
+ *     LOCAL_RANK modulo the devices it sees; on one GPU the 3..5 ranks of a
+ *     trial need --nccl-hostid-per-rank (below);
+ *   - neither set: TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY naming
+ *     GPUSIM_LIB (the default: soak_nccl_short); each rank takes device
+ *     LOCAL_RANK of the simulation's 8 (TDIST_GPUSIM_DEVICES), one per rank;
+ *   - one set without the other, or neither and no GPUSIM_LIB: refused. Every fault kind
  * applies on NCCL as on cpu: a dead or stopped rank is named by the store's
  * death record (the monitor) or the NCCL backend's peer-failure path
  * (ncclRemoteError: the communicator revoked, the grace lets the monitor
@@ -122,7 +130,20 @@ static struct {
   int verbose, keep, strict_latency, strict_store_host, store_in_process;
   unsigned kinds; /* --kinds: a mask of the fault kinds drawn; 0 = all */
   int nccl;       /* --backend nccl */
+  int hostid;     /* --nccl-hostid-per-rank */
 } opt = {.load = 1};
+
+/* The libraries of --backend nccl (select_nccl_libs): real (from the
+ * environment) or NULL for the simulated GPU. Set once in main. */
+static const char *real_nccl_lib;
+
+/* --nccl-hostid-per-rank: every rank process gets its own NCCL_HOSTID, so
+ * NCCL takes the ranks sharing one GPU for separate hosts (its socket
+ * transport) instead of refusing them as "Duplicate GPU detected". A test
+ * mode NCCL does not support (docs/nccl-backend.md); the ranks of a
+ * tdistrun trial get it through a /bin/sh that sets it from RANK and execs
+ * soak_rank (same pid: the fault paths see the rank process itself). */
+#define HOSTID_SH "NCCL_HOSTID=soak-h$RANK; export NCCL_HOSTID; exec \"$0\" \"$@\""
 
 /* 30 s, times the sanitizer scale; $SOAK_GUARD_S overrides (to test the
  * hang path). */
@@ -626,20 +647,22 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     perror("soak: mkdtemp");
     exit(2);
   }
-  char env[8][640], rank_env[MAX_N][7][64], *envp[MAX_N + 1][24];
+  char env[8][640], rank_env[MAX_N][8][64], *envp[MAX_N + 1][24];
   int k = 0;
   snprintf(env[k++], 640, "TDIST_HEARTBEAT_INTERVAL_MS=%d", HB_INTERVAL_MS);
   snprintf(env[k++], 640, "TDIST_HEARTBEAT_TIMEOUT_MS=%d", HB_TIMEOUT_MS);
   snprintf(env[k++], 640, "TDIST_TIMEOUT_MS=%d", TIMEOUT_MS);
   snprintf(env[k++], 640, "SOAK_SKIP_TIMEOUT_MS=%d", SKIP_TIMEOUT_MS);
   snprintf(env[k++], 640, "SOAK_SCALE=%d", SOAK_SCALE);
-#ifdef GPUSIM_LIB
   if (opt.nccl) {
     snprintf(env[k++], 640, "TDIST_BACKEND=nccl");
-    snprintf(env[k++], 640, "TDIST_NCCL_LIBRARY=%s", GPUSIM_LIB);
-    snprintf(env[k++], 640, "TDIST_CUDART_LIBRARY=%s", GPUSIM_LIB);
-  }
+#ifdef GPUSIM_LIB
+    if (!real_nccl_lib) { /* else the ranks inherit the real ones */
+      snprintf(env[k++], 640, "TDIST_NCCL_LIBRARY=%s", GPUSIM_LIB);
+      snprintf(env[k++], 640, "TDIST_CUDART_LIBRARY=%s", GPUSIM_LIB);
+    }
 #endif
+  }
 #ifdef SOAK_TSAN
   /* TSan's _exit sleeps atexit_sleep_ms (1 s) before exiting: the `exit`
    * victim would seem to die 1 s after its fault time. */
@@ -676,10 +699,11 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     port = tdist_mp_free_port();
   }
   if (p->mode == M_TDISTRUN) {
-    char *argv[16];
+    char *argv[20];
     int a = 0;
     argv[a++] = TDISTRUN, argv[a++] = "-n", argv[a++] = n_s, argv[a++] = "--no-fail-fast";
     if (opt.nccl) argv[a++] = "--backend", argv[a++] = "nccl";
+    if (opt.hostid) argv[a++] = "/bin/sh", argv[a++] = "-c", argv[a++] = HOSTID_SH;
     argv[a++] = SOAK_RANK, argv[a++] = kind_s, argv[a++] = victim_s, argv[a++] = it_s;
     argv[a++] = delay_s, argv[a++] = size_s, argv[a++] = dir, argv[a] = NULL;
     if (ru_start(&procs[0], argv, envp[MAX_N]) == 0) nprocs = 1;
@@ -693,7 +717,9 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
       snprintf(rank_env[r][4], 64, "LOCAL_RANK=%d", r);
       snprintf(rank_env[r][5], 64, "MASTER_ADDR=127.0.0.1");
       snprintf(rank_env[r][6], 64, "TDIST_STORE_IN_PROCESS=%d", opt.store_in_process);
-      for (int i = 0; i < 7; i++)
+      int nre = 7;
+      if (opt.hostid) snprintf(rank_env[r][nre++], 64, "NCCL_HOSTID=soak-h%d", r);
+      for (int i = 0; i < nre; i++)
         envp[r][j++] = rank_env[r][i];
       envp[r][j] = NULL;
       char *argv[] = {SOAK_RANK, kind_s, victim_s, it_s, delay_s, size_s, dir, NULL};
@@ -828,7 +854,10 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
   if (!res->ok)
     printf("soak: replay with: soak --trials 1 --seed 0x%016" PRIx64 "%s%s%s%s\n", p->seed,
            p->mode == M_TDISTRUN ? " --launcher-only" : " --no-launcher",
-           opt.load ? "" : " --no-load", opt.nccl ? " --backend nccl" : "",
+           opt.load ? "" : " --no-load",
+           !opt.nccl    ? ""
+           : opt.hostid ? " --backend nccl --nccl-hostid-per-rank"
+                        : " --backend nccl",
            opt.store_in_process ? " --store-in-process" : "");
   fflush(stdout);
   for (int i = 0; i < nprocs; i++)
@@ -978,12 +1007,56 @@ static unsigned parse_kinds(const char *list) {
   return mask;
 }
 
+static void usage_to(FILE *f) {
+  fprintf(f,
+          "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
+          "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
+          "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...] "
+          "[--backend cpu|nccl] [--nccl-hostid-per-rank] [--help]\n"
+          "  --backend nccl          the NCCL backend: on the real NCCL and CUDA runtime when "
+          "TDIST_NCCL_LIBRARY\n"
+          "                          and TDIST_CUDART_LIBRARY are both set, else on the "
+          "simulated GPU (%s)\n"
+          "  --nccl-hostid-per-rank  a NCCL_HOSTID per rank process: several ranks on one "
+          "GPU (a test mode\n"
+          "                          NCCL does not support)\n",
+#ifdef GPUSIM_LIB
+          GPUSIM_LIB
+#else
+          "not in this build"
+#endif
+  );
+}
+
 static void usage(void) {
-  fprintf(stderr, "usage: soak [--trials N | --seconds S] [--seed X] [--no-load] "
-                  "[--launcher-only | --no-launcher] [--verbose] [--keep] [--strict-latency] "
-                  "[--strict-store-host] [--store-in-process] [--kinds kill9,stop,...] "
-                  "[--backend cpu|nccl]\n");
+  usage_to(stderr);
   exit(2);
+}
+
+/* --backend nccl: the real libraries when the environment names both, else
+ * the simulated GPU (see GPUSIM_LIB above). Exits 2 with a message when
+ * neither can be used. */
+static void select_nccl_libs(void) {
+  const char *nccl = getenv("TDIST_NCCL_LIBRARY"), *cudart = getenv("TDIST_CUDART_LIBRARY");
+  int have_nccl = nccl && *nccl, have_cudart = cudart && *cudart;
+  if (have_nccl && have_cudart) {
+    real_nccl_lib = nccl;
+    return;
+  }
+  if (have_nccl || have_cudart) {
+    fprintf(stderr,
+            "soak: --backend nccl: TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY must be "
+            "set together (the real libraries) or both unset (the simulated GPU); "
+            "only %s is set\n",
+            have_nccl ? "TDIST_NCCL_LIBRARY" : "TDIST_CUDART_LIBRARY");
+    exit(2);
+  }
+#ifndef GPUSIM_LIB
+  fprintf(stderr, "soak: --backend nccl needs libtdist_gpusim.so, which this build lacks "
+                  "(-DTDIST_BUILD_GPUSIM=ON), or TDIST_NCCL_LIBRARY and TDIST_CUDART_LIBRARY "
+                  "naming NCCL and the CUDA runtime\n");
+  exit(2);
+#endif
 }
 
 int main(int argc, char **argv) {
@@ -1018,19 +1091,20 @@ int main(int argc, char **argv) {
       opt.kinds = parse_kinds(argv[++i]);
     else if (!strcmp(a, "--backend") && i + 1 < argc) {
       const char *b = argv[++i];
-      if (!strcmp(b, "nccl")) {
-#ifdef GPUSIM_LIB
+      if (!strcmp(b, "nccl"))
         opt.nccl = 1;
-#else
-        fprintf(stderr, "soak: --backend nccl needs libtdist_gpusim.so, which this build lacks "
-                        "(-DTDIST_BUILD_GPUSIM=ON)\n");
-        exit(2);
-#endif
-      } else if (strcmp(b, "cpu") != 0)
+      else if (strcmp(b, "cpu") != 0)
         usage();
+    } else if (!strcmp(a, "--nccl-hostid-per-rank"))
+      opt.hostid = 1;
+    else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage_to(stdout);
+      return 0;
     } else
       usage();
   }
+  if (opt.hostid && !opt.nccl) usage();
+  if (opt.nccl) select_nccl_libs();
   if (opt.trials > 0 && opt.seconds > 0) usage();
   /* Orphans of a trial (a store whose rank 0 died first) become ours, not
    * PID 1's, and are reaped after each trial (run_trial). */
@@ -1048,8 +1122,12 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   printf("soak: seed 0x%016" PRIx64 ", backend %s, %s %g, load %s, launcher %s, scale %d (guard "
          "%d s), heartbeat %d/%d ms, timeout %d ms, skip op timeout %d ms\n",
-         opt.seed, opt.nccl ? "nccl (simulated GPU)" : "cpu", opt.trials > 0 ? "trials" : "seconds",
-         opt.trials > 0 ? (double)opt.trials : opt.seconds, opt.load ? "on" : "off",
+         opt.seed,
+         !opt.nccl       ? "cpu"
+         : real_nccl_lib ? "nccl (TDIST_NCCL_LIBRARY, TDIST_CUDART_LIBRARY)"
+                         : "nccl (simulated GPU)",
+         opt.trials > 0 ? "trials" : "seconds", opt.trials > 0 ? (double)opt.trials : opt.seconds,
+         opt.load ? "on" : "off",
          opt.launcher > 0   ? "only"
          : opt.launcher < 0 ? "never"
                             : "random",
