@@ -371,6 +371,23 @@ void tdist_backend_fail(tdist_backend_group_t *g, int status, const char *fmt, .
 void tdist_backend_fail_remote(tdist_backend_group_t *g, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/*
+ * tdist_backend_hold_failures - called from vtable->abort when the device
+ * may still use the aborted ops' buffers after abort returns (an NCCL
+ * kernel that the communicator's abort, finishing on a thread of its own,
+ * has not stopped yet). The core then gives those ops their failure at once
+ * but publishes it (waiters woken, callbacks run, buffers the caller's
+ * again) only when the backend calls tdist_backend_released, or after
+ * TDIST_ABORT_RELEASE_MS (default: the group's timeout), with a message
+ * saying the device had not let go. Thread: progress, inside abort.
+ */
+void tdist_backend_hold_failures(tdist_backend_group_t *g);
+
+/* The device no longer uses any buffer of g's aborted ops: publish the
+ * failures held since tdist_backend_hold_failures. Before the backend's
+ * destroy returns. Any thread (waits for the progress thread). */
+void tdist_backend_released(tdist_backend_group_t *g);
+
 /* 1 once the group is aborted (caller-side wait loops give up). Any thread. */
 int tdist_backend_aborted(const tdist_backend_group_t *g);
 

@@ -162,8 +162,8 @@ static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
 }
 
 /* The NCCL call(s) of one op on nc->stream; `call` held. */
-static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t dt,
-                           ncclRedOp_t op) {
+static ncclResult_t launch_calls(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                 ncclDataType_t dt, ncclRedOp_t op) {
   ncclComm_t c = nc->comm;
   cudaStream_t s = nc->stream;
   switch (a->type) {
@@ -201,6 +201,22 @@ static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncc
     if (tdist_backend_op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op);
     return ncclInvalidArgument;
   }
+}
+
+/* launch_calls inside an NCCL group of our own, even for a single call: the
+ * group end then says what happened (in_callers_group below). A single
+ * call's own answer cannot: on a non-blocking communicator NCCL replaces it
+ * with ncclCommGetAsyncError's (enqueue.cc ncclEnqueueCheck), which is
+ * ncclSuccess whenever the launch job already ended. */
+static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t dt,
+                           ncclRedOp_t op) {
+  if (a->type == TDIST_OP_BATCH_P2P || tdist_backend_op_is_v(a->type))
+    return launch_calls(nc, a, dt, op); /* grouped already */
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  r = launch_calls(nc, a, dt, op);
+  ncclResult_t e = ncclGroupEnd(); /* always closes the group, even after an error */
+  return r != ncclSuccess ? r : e;
 }
 
 /* The newer NCCL calls an op needs: 0, or the error naming the versions. */
@@ -371,6 +387,36 @@ static int map_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDa
   return check_available(a->type);
 }
 
+/* Does the op hand NCCL any work? (Empty collectives and blocks are
+ * discarded by NCCL's taskAppend, so their enqueue launches nothing.) */
+static int moves_data(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
+  if (a->type == TDIST_OP_BARRIER || a->count > 0) return 1;
+  if (a->type == TDIST_OP_BATCH_P2P) {
+    for (int i = 0; i < a->np2p; i++)
+      if (a->p2p[i].count > 0) return 1;
+    return 0;
+  }
+  for (int j = 0; tdist_backend_op_is_v(a->type) && j < nc->size; j++)
+    if ((a->scounts && a->scounts[j] > 0) || (a->rcounts && a->rcounts[j] > 0)) return 1;
+  return 0;
+}
+
+/* ncclSuccess from our group end (launch) on a non-blocking communicator of
+ * several ranks, for an op with work, means NCCL only queued it in an NCCL
+ * group the calling thread has open (ncclGroupStart without its
+ * ncclGroupEnd): from 2.28 on, a group end that launches work on such a
+ * communicator always answers ncclInProgress (group.cc ncclGroupEndInternal:
+ * the job thread), and one nested in an open group returns ncclSuccess
+ * launching nothing. The op would then launch at the caller's ncclGroupEnd,
+ * which tdist cannot see, and its end event would complete at once over
+ * data never reduced. NCCL can neither take the op back nor say whether a
+ * group is open, and refusing the op would leave it queued to run on the
+ * caller's buffers later; so the caller's group is closed here (launching
+ * what it held with our op), as torch's coalescing ends its own groups. */
+static int in_callers_group(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
+  return NC.version >= TDIST__NCCL_VERSION(2, 28, 0) && nc->size > 1 && moves_data(nc, a);
+}
+
 /* `call` held, the device current, no enqueue in progress: order the op
  * after the caller's stream, enqueue it on nc->stream and put it on the
  * FIFO; record its end event now if NCCL launched it inside the call, else
@@ -404,6 +450,25 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
     *doomed = 1; /* a non-blocking communicator keeps the error */
     premul = 0;  /* the communicator goes with it */
     goto fail;
+  }
+  if (r == ncclSuccess && in_callers_group(nc, a)) {
+    int levels = 0;
+    while (r == ncclSuccess && levels < 64) {
+      r = ncclGroupEnd();
+      levels++;
+    }
+    TDIST_WARN(NCCL,
+               "%s on group '%s': the calling thread had an NCCL group open (ncclGroupStart "
+               "without its ncclGroupEnd), in which NCCL only queued the op; tdist closed %d "
+               "level%s of it to launch the op (with what the group held): your own "
+               "ncclGroupEnd will now answer ncclInvalidUsage",
+               tdist_op_name(a->type), nc->name, levels, levels > 1 ? "s" : "");
+    if (r != ncclSuccess && r != ncclInProgress) {
+      rc = tdist__nccl_err(nc->comm, r, "ncclGroupEnd (closing the caller's group)");
+      *doomed = 1;
+      premul = 0;
+      goto fail;
+    }
   }
   /* Launched or launching: on the FIFO in launch order, which is stream
    * order. */

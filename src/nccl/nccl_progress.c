@@ -276,6 +276,9 @@ static void *abort_main(void *arg) {
     if (r != ncclSuccess && r != ncclInProgress)
       TDIST_WARN(NCCL, "group '%s': ncclCommAbort: %s", nc->name, ncclGetErrorString(r));
   }
+  /* NCCL's kernels and job thread are done: the aborted ops' buffers are
+   * the callers' again, and their failures may be published. */
+  tdist_backend_released(nc->group);
   pthread_mutex_lock(&nc->call);
   pthread_mutex_lock(&nc->mu);
   if (nc->comm == comm) nc->comm = NULL;
@@ -313,6 +316,10 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
     if (nc->comm) {
       nc->jobs++;
       start = 1;
+      /* Until ncclCommAbort returns, NCCL's kernels (and a launch still in
+       * its job thread) may write the ops' buffers: the core publishes their
+       * failures only once abort_main says so. */
+      tdist_backend_hold_failures(nc->group);
     }
     TDIST_INFO(NCCL, "group '%s': communicator aborted (%s: %s)", nc->name, tdist_err_name(status),
                reason);

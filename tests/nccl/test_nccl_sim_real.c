@@ -20,6 +20,10 @@
  *                          the survivors' op times out naming that rank and
  *                          no other (was: "could not be enqueued: ... timed
  *                          out after 1500 ms", nobody named)
+ *   caller_group_closed    an op submitted while the calling thread has its
+ *                          own NCCL group open: NCCL only queues it there;
+ *                          tdist closes the group and the op runs, checked
+ *                          (was: launched nothing and "completed" at once)
  *   child_cc               a subgroup's float8 reductions are decided by its
  *                          own members' devices, not the parent's oldest
  *                          (was: refused on a subgroup of sm_90 ranks)
@@ -146,6 +150,36 @@ static void skip_named(void **s) {
   assert_int_equal(tdist_mp_run(3, skip_child, NULL, 60), 0);
 }
 
+/* ---- an NCCL group of the caller's own is open at submit --------------------------- */
+static int group_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
+  float h[256];
+  for (int i = 0; i < 256; i++)
+    h[i] = (float)(rank + 1);
+  float *d = ns_dev(h, sizeof(h));
+  if (rank == 0) {
+    MP_CHECK(ncclGroupStart() == ncclSuccess); /* two levels, never ended */
+    MP_CHECK(ncclGroupStart() == ncclSuccess);
+  }
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 256, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(ns_get(h, d, sizeof(h)) == 0);
+  MP_CHECK(h[0] == 3.0f && h[255] == 3.0f);
+  if (rank == 0) MP_CHECK(ncclGroupEnd() == ncclInvalidUsage); /* closed by tdist */
+  MP_CHECK_RC(tdist_all_reduce(g, d, d, 256, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(ns_get(h, d, sizeof(h)) == 0);
+  MP_CHECK(h[7] == 6.0f);
+  MP_CHECK(!tdist_group_is_aborted(g));
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+static void caller_group_closed(void **s) {
+  (void)s;
+  port = tdist_mp_free_port();
+  assert_int_equal(tdist_mp_run(2, group_child, NULL, 60), 0);
+}
+
 /* ---- a subgroup's own devices decide float8 reductions ------------------------------ */
 static int cc_child(int rank, int n, void *arg) {
   (void)arg;
@@ -178,9 +212,8 @@ static void child_cc(void **s) {
 int main(int argc, char **argv) {
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(death_shrink_hosts),
-      cmocka_unit_test(death_shrink_one_host),
-      cmocka_unit_test(skip_named),
+      cmocka_unit_test(death_shrink_hosts), cmocka_unit_test(death_shrink_one_host),
+      cmocka_unit_test(skip_named),         cmocka_unit_test(caller_group_closed),
       cmocka_unit_test(child_cc),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);

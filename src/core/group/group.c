@@ -68,6 +68,7 @@ static int group_new(const tdist_backend_t *bk, tdist__ctx_t *ctx, int rank, int
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
   tdist__list_init(&g->inflight);
+  tdist__list_init(&g->held);
   tdist__list_init(&g->ctx_link);
   tdist__list_init(&g->poller.link);
   g->bk = bk;

@@ -82,6 +82,13 @@ struct tdist_group {
   int registered;
   tdist__poller_t poller;   /* registered when needs_poll */
   int diag_pending;         /* a timeout is being diagnosed by the monitor */
+  /* Failures held until the backend's device let go of their buffers
+   * (tdist_backend_hold_failures, inflight.c): works failed by an abort,
+   * their status set, not yet published; released by
+   * tdist_backend_released or at hold_deadline_ns. */
+  int hold;
+  int64_t hold_deadline_ns;
+  tdist__list_t held;
   tdist__qnode_t fail_node; /* a backend's failure, queued */
   int fail_queued, fail_status, fail_local;
   int fail_held; /* (progress) a cause that came before registration, held

@@ -29,6 +29,9 @@
 #include "util/param.h"
 
 TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
+/* How long failures an abort made wait for the backend's device to let go
+ * of their buffers (tdist_backend_hold_failures); 0: the group's timeout. */
+TDIST_PARAM(ReleaseWaitMs, "TDIST_ABORT_RELEASE_MS", 0)
 
 /* ---- finishing a work --------------------------------------------------------- */
 
@@ -75,6 +78,63 @@ static void finish_fmt(tdist_work_t *w, int status, const char *fmt, ...) {
   if (tdist__work_claim(w)) set_message(w, status, fmt, ap);
   va_end(ap);
   finish(w);
+}
+
+/* A failure an abort made: published at once, or, while the backend holds
+ * failures (its device may still use the op's buffers: an NCCL kernel that
+ * ncclCommAbort has not stopped yet), given its status now and published
+ * when the backend says the buffers are free (tdist_backend_released) or
+ * at the hold's deadline. A success a caller claimed first is published as
+ * it is. (progress) */
+static void fail_or_hold(tdist_work_t *w, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail_or_hold(tdist_work_t *w, int status, const char *fmt, ...) {
+  tdist_group_t *g = w->group;
+  va_list ap;
+  va_start(ap, fmt);
+  int ours = tdist__work_claim(w);
+  if (ours) set_message(w, status, fmt, ap);
+  va_end(ap);
+  if (!ours || !g->hold) {
+    finish(w);
+    return;
+  }
+  if (tdist__list_linked(&w->inflight)) tdist__list_remove(&w->inflight);
+  tdist__list_push_back(&g->held, &w->inflight);
+}
+
+/* Publish every held failure, in the order they were made. (progress) */
+static void release_held(tdist_group_t *g, const char *note) {
+  g->hold = 0;
+  tdist__list_t *l;
+  while ((l = tdist__list_first(&g->held)) != NULL) {
+    tdist_work_t *w = tdist__list_entry(l, tdist_work_t, inflight);
+    if (note) {
+      size_t n = strlen(w->msg);
+      snprintf(w->msg + n, sizeof(w->msg) - n, "%s", note);
+    }
+    finish(w);
+  }
+}
+
+void tdist_backend_hold_failures(tdist_backend_group_t *h) {
+  tdist_group_t *g = (tdist_group_t *)h;
+  int64_t ms = tdist__param_ReleaseWaitMs();
+  if (ms <= 0) ms = atomic_load(&g->timeout_ms);
+  if (ms <= 0) ms = 600000;
+  g->hold = 1;
+  g->hold_deadline_ns = tdist__now_ns() + ms * 1000000;
+  tdist__progress_ticker_arm(g->ctx->progress); /* the watchdog enforces the deadline */
+}
+
+static void released_task(void *arg) {
+  tdist_group_t *g = arg;
+  if (g->hold) release_held(g, NULL);
+}
+
+void tdist_backend_released(tdist_backend_group_t *h) {
+  tdist_group_t *g = (tdist_group_t *)h;
+  tdist__progress_call(g->ctx->progress, released_task, g);
 }
 
 static void deliver_completion(tdist__qnode_t *node) {
@@ -188,7 +248,7 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
       tdist__trace_end(g->trace, w);
       continue;
     }
-    finish_fmt(w, status, "%s", reason);
+    fail_or_hold(w, status, "%s", reason);
   }
   tdist__trace_meta_t m;
   tdist__group_trace_meta(g, &m);
@@ -256,9 +316,9 @@ void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
   if (!mark_aborted(g, TDIST_ERR_ABORTED, reason, SPREAD_LOCAL)) return;
   run_abort_cb(g); /* before the op that timed out is published */
   if (!w->completing)
-    finish_fmt(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
-               (long long)waited_ms, (long long)w->bop.timeout_ms, diag ? "; " : "",
-               diag ? diag : "");
+    fail_or_hold(w, TDIST_ERR_TIMEOUT, "timed out after %lld ms (timeout %lld ms)%s%s",
+                 (long long)waited_ms, (long long)w->bop.timeout_ms, diag ? "; " : "",
+                 diag ? diag : "");
   char why[300];
   snprintf(why, sizeof(why), "group aborted because %s", reason);
   fail_inflight(g, TDIST_ERR_ABORTED, why);
@@ -277,7 +337,9 @@ void tdist__group_start_work(tdist__qnode_t *node) {
    * thread aborts: `aborted` cannot change below. */
   int aborted = atomic_load(&g->aborted);
   if (aborted && !w->t_start_ns) {
-    finish_fmt(w, g->abort_status, "group was aborted before the op started: %s", g->abort_reason);
+    /* Held too: a backend that launches in submit (NCCL) had started it. */
+    fail_or_hold(w, g->abort_status, "group was aborted before the op started: %s",
+                 g->abort_reason);
     return;
   }
   tdist__work_running(w);
@@ -286,7 +348,7 @@ void tdist__group_start_work(tdist__qnode_t *node) {
   if (aborted) {
     g->bk->ops->post(g->bstate, &w->bop);
     if (!w->completing && tdist__list_linked(&w->inflight))
-      finish_fmt(w, g->abort_status, "group was aborted while the op ran: %s", g->abort_reason);
+      fail_or_hold(w, g->abort_status, "group was aborted while the op ran: %s", g->abort_reason);
     return;
   }
   tdist__progress_ticker_arm(g->ctx->progress);
@@ -327,7 +389,14 @@ int tdist__group_watchdog(tdist__ticker_t *t) {
       tdist__group_timeout(g, w, NULL);
       break; /* the group's list was emptied by the abort */
     }
-    if (!tdist__list_empty(&g->inflight)) busy = 1;
+    if (g->hold && now >= g->hold_deadline_ns) {
+      TDIST_WARN(CORE,
+                 "group '%s': the backend had not let go of its aborted ops' buffers "
+                 "by the deadline; reporting them failed",
+                 g->name);
+      release_held(g, "; the device had not stopped using the buffers when this was reported");
+    }
+    if (!tdist__list_empty(&g->inflight) || g->hold) busy = 1;
   }
   return busy;
 }
