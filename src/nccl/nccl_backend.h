@@ -337,6 +337,12 @@ void tdist__nccl_dev_leave(const tdist__nccl_dev_t *g);
  * the monitor that long to name the dead rank (its death record). */
 TDIST_PARAM(NcclRemoteGraceMs, "TDIST_NCCL_REMOTE_GRACE_MS", 1000)
 
+/* How long submit polls (ncclCommGetAsyncError between yields, no sleep)
+ * for NCCL's job thread to finish an enqueue before it returns with the op
+ * `launching` (µs). NCCL's job usually ends within tens of µs; recording the
+ * end event in submit then keeps completion as quick as the raw calls'. */
+TDIST_PARAM(NcclLaunchSpinUs, "TDIST_NCCL_LAUNCH_SPIN_US", 200)
+
 /* Threads tdist owns (progress thread, abort threads): `dev` current and
  * the thread's capture mode relaxed, so that its event queries neither make
  * a context on device 0 nor fail during a user's graph capture (PyTorch's

@@ -33,6 +33,7 @@
  * here, before NCCL could make them the communicator's permanent error.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -482,9 +483,25 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
   nc->premul = rop;
   nc->has_premul = premul;
   premul = 0;
+  if (r == ncclInProgress) {
+    /* NCCL's job thread launches it: usually within tens of µs. Poll for
+     * that a little (yields, no sleep), so the common op leaves submit with
+     * its end event recorded; past the spin it stays `launching`. */
+    int64_t until = tdist__now_ns() + tdist__param_NcclLaunchSpinUs() * 1000;
+    for (;;) {
+      ncclResult_t st = ncclInProgress;
+      if (ncclCommGetAsyncError(nc->comm, &st) != ncclSuccess || st != ncclInProgress) {
+        if (st == ncclSuccess) r = ncclSuccess;
+        break; /* an error: poll reports it, as for any op in flight */
+      }
+      if (tdist__now_ns() >= until) break;
+      sched_yield();
+    }
+  }
   if (r == ncclSuccess) {
-    /* Launched inside the call (a blocking communicator, or an NCCL that
-     * launches inline): record the end event now. */
+    /* Launched: inside the call (a blocking communicator, an NCCL that
+     * launches inline) or by NCCL's job within the spin. Record the end
+     * event now. */
     rc = tdist__nccl_launch_done(nc);
     if (rc != 0) {
       pthread_mutex_lock(&nc->mu);

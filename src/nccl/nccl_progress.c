@@ -191,8 +191,11 @@ int tdist__nccl_poll(void *state) {
     tdist_backend_fail(nc->group, TDIST_ERR_NCCL_ERROR, "NCCL asynchronous error: %s", msg);
     return 0;
   }
-  /* Ready again: an enqueue that was in progress has launched. */
+  /* Ready again: an enqueue that was in progress has launched. While one
+   * still runs, no host function will wake this thread for it: keep the
+   * loop polling. */
   if (st == ncclSuccess) lerr = tdist__nccl_launch_done(nc);
+  if (st == ncclInProgress) tdist_backend_kick(nc->progress);
   pthread_mutex_lock(&nc->mu);
   tdist__list_t *l;
   while (lerr == 0 && n < BATCH && (l = tdist__list_first(&nc->inflight)) != NULL) {
