@@ -110,6 +110,9 @@ static int skip_child(int rank, int n, void *arg) {
   char id[32];
   snprintf(id, sizeof(id), "sim-host-%d", rank);
   setenv("NCCL_HOSTID", id, 1);
+  /* The diagnosis reads the peers' heartbeats, at most one interval old:
+   * well inside the op's timeout, even on a loaded machine. */
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "200", 1);
   tdist_group_t *g = NULL;
   MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
   float *d = ns_dev(NULL, SKIP_COUNT * sizeof(float));
