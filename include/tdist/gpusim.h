@@ -43,9 +43,10 @@ int tdist_gpusim_context_count(int device);
 
 /* Calls that entered a communicator while another thread was inside a call
  * on the same communicator (NCCL forbids it). Counted: the collectives,
- * send/recv, split, shrink, revoke, finalize, destroy and the PreMulSum
- * calls. Exempt: ncclCommGetAsyncError, ncclCommAbort and ncclGetLastError,
- * which NCCL allows from a watchdog thread, and the read-only queries
+ * send/recv, split, shrink, revoke, finalize, destroy, the PreMulSum calls
+ * and ncclCommGetAsyncError (it writes the communicator: it completes the
+ * linked group job, init.cc). Exempt: ncclCommAbort and ncclGetLastError,
+ * and the read-only queries
  * (ncclCommCount, ncclCommCuDevice, ncclCommUserRank). Process-wide. */
 long tdist_gpusim_comm_violations(void);
 
@@ -55,6 +56,15 @@ long tdist_gpusim_comm_violations(void);
  * these; the simulation counts them (each rank that sees one) and goes on
  * as NCCL would, with wrong data. */
 long tdist_gpusim_mismatches(void);
+
+/* Uses after free NCCL 2.28 would make and the simulation detected instead
+ * (each with an NCCL WARN): ncclCommRevoke while a non-blocking enqueue's
+ * group job is linked to the communicator frees that job but leaves
+ * comm->groupJob pointing at it (group.cc ncclGroupJobAbort); a later
+ * ncclCommGetAsyncError (or any call that runs it: the enqueues, shrink,
+ * split, finalize, destroy) that reads ncclSuccess then completes the freed
+ * job (init.cc). Process-wide. */
+long tdist_gpusim_use_after_free(void);
 
 /* The host-accessible view of device memory at `dev_ptr` (NULL if it is
  * not live device memory). Device memory itself is not mapped for the host,
