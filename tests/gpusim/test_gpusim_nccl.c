@@ -20,10 +20,11 @@
 
 typedef struct arg {
   ncclUniqueId id;
+  int hosts; /* killed_child: each rank its own NCCL_HOSTID */
 } arg_t;
 
 static int run(int n, tdist_mp_fn fn, int *codes) {
-  arg_t a;
+  arg_t a = {0};
   if (ncclGetUniqueId(&a.id) != ncclSuccess) return -1;
   if (codes) return tdist_mp_run_codes(n, fn, &a, 60, codes);
   return tdist_mp_run(n, fn, &a, 60);
@@ -199,9 +200,24 @@ static void misuse_is_permanent(void **s) {
   assert_int_equal(run(2, misuse_child, NULL), 0);
 }
 
-/* ---- a killed peer: ncclRemoteError, then revoke and shrink (user guide,
- * fault tolerance; init.cc ncclCommRevoke, ncclCommShrink) --------------- */
+/* ---- a killed peer (user guide, fault tolerance; init.cc ncclCommRevoke,
+ * ncclCommShrink). Which transport sees it decides (misc/utils.cc
+ * getHostHash: NCCL_HOSTID, else the host name):
+ *   - on another host (network transport, with a proxy): the proxy stores
+ *     ncclRemoteError (proxy.cc asyncResult) and nothing clears it: revoke
+ *     answers ncclInProgress, the error stays, and a shrink fails with it
+ *     (ncclCommInitChildComm -> ncclCommEnsureReady), no child;
+ *   - on the same host (P2P/SHM, no proxy): nothing is reported, the kernel
+ *     spins until revoke; revoke, then shrink excluding it, works. ------- */
 static int killed_child(int rank, int n, void *p) {
+  int hosts = ((arg_t *)p)->hosts;
+  if (hosts) {
+    char id[32];
+    snprintf(id, sizeof(id), "killed-peer-host-%d", rank);
+    setenv("NCCL_HOSTID", id, 1);
+  } else {
+    unsetenv("NCCL_HOSTID");
+  }
   ncclComm_t c;
   MP_CHECK(init(rank, n, p, 0, &c) == 0);
   MP_CHECK(warm(c) == 0);
@@ -211,22 +227,30 @@ static int killed_child(int rank, int n, void *p) {
   cudaEvent_t ev;
   GT_CUDA(cudaEventCreate(&ev));
   MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  ncclResult_t st = gt_wait_ready(c, 10000); /* the launch ended */
+  MP_CHECK(st == ncclSuccess || (hosts && st == ncclRemoteError));
+  GT_CUDA(cudaEventRecord(ev, NULL));
   long long t0 = gt_now_ms();
-  ncclResult_t st = ncclSuccess;
-  while (st != ncclRemoteError && gt_now_ms() - t0 < 5000) {
+  while (st != ncclRemoteError && gt_now_ms() - t0 < (hosts ? 5000 : 500)) {
     usleep(2000);
     GT_NCCL(ncclCommGetAsyncError(c, &st));
   }
-  MP_CHECK(st == ncclRemoteError);
-  GT_CUDA(cudaEventRecord(ev, NULL));
+  MP_CHECK(st == (hosts ? ncclRemoteError : ncclSuccess));
   MP_CHECK(cudaEventQuery(ev) == cudaErrorNotReady); /* the kernel still waits */
   MP_CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInProgress);
-  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == (hosts ? ncclRemoteError : ncclSuccess));
   GT_CUDA(cudaEventSynchronize(ev)); /* the kernel exited */
   /* A revoked communicator takes no new work. */
   MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInvalidUsage);
   int ex[1] = {2};
   ncclComm_t sh = NULL;
+  if (hosts) {
+    MP_CHECK(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_DEFAULT) == ncclRemoteError);
+    MP_CHECK(sh == NULL);
+    GT_NCCL(ncclCommAbort(c));
+    cudaFree(d);
+    return 0;
+  }
   MP_CHECK(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_DEFAULT) == ncclInProgress);
   MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
   MP_CHECK(sh != NULL);
@@ -241,13 +265,22 @@ static int killed_child(int rank, int n, void *p) {
   cudaFree(d);
   return 0;
 }
-static void killed_peer_remote_error_then_shrink(void **s) {
-  (void)s;
+static void killed_peer_run(int hosts) {
+  arg_t a = {.hosts = hosts};
   int codes[3];
-  run(3, killed_child, codes);
+  assert_int_equal(ncclGetUniqueId(&a.id), ncclSuccess);
+  tdist_mp_run_codes(3, killed_child, &a, 60, codes);
   assert_int_equal(codes[0], 0);
   assert_int_equal(codes[1], 0);
   assert_int_equal(codes[2], 128 + SIGKILL);
+}
+static void killed_peer_same_host_silent_then_shrink(void **s) {
+  (void)s;
+  killed_peer_run(0);
+}
+static void killed_peer_other_host_remote_error_stays(void **s) {
+  (void)s;
+  killed_peer_run(1);
 }
 
 /* ---- shrink with NCCL_SHRINK_ABORT on a live parent: in-flight kernels
@@ -469,7 +502,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(nonblocking_init_and_enqueue),
       cmocka_unit_test(split_writes_newcomm_late),
       cmocka_unit_test(misuse_is_permanent),
-      cmocka_unit_test(killed_peer_remote_error_then_shrink),
+      cmocka_unit_test(killed_peer_same_host_silent_then_shrink),
+      cmocka_unit_test(killed_peer_other_host_remote_error_stays),
       cmocka_unit_test(shrink_abort_completes_events),
       cmocka_unit_test(grouped_send_recv),
       cmocka_unit_test(abort_waits_for_queued_kernel),
