@@ -6,6 +6,7 @@
  * pages).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -493,6 +494,163 @@ static void freed_buffer_faults_sticky(void **s) {
   assert_int_equal(run(1, fault_child, NULL), 0);
 }
 
+/* ---- revoke while a non-blocking enqueue's group job is linked, then
+ * ncclCommGetAsyncError: NCCL 2.28 frees the job in revoke
+ * (ncclCommEnsureReady -> group.cc ncclGroupJobAbort) and leaves
+ * comm->groupJob pointing at it; ncclCommGetAsyncError reading ncclSuccess
+ * then completes the freed job (init.cc). Detected, not crashed. ------- */
+static int uaf_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  if (rank == 1) { /* late for the first collective: the enqueue stays in flight */
+    usleep(1000 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  void *d = gt_dev_from(NULL, 64);
+  long before = tdist_gpusim_use_after_free();
+  MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  usleep(100 * 1000);
+  ncclResult_t st;
+  GT_NCCL(ncclCommGetAsyncError(c, &st));
+  MP_CHECK(st == ncclInProgress); /* waiting to connect with rank 1 */
+  MP_CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInProgress);
+  MP_CHECK(tdist_gpusim_use_after_free() == before); /* freed, not yet used */
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);  /* this call uses it */
+  MP_CHECK(tdist_gpusim_use_after_free() == before + 1);
+  GT_NCCL(ncclCommGetAsyncError(c, &st)); /* unlinked now: once */
+  MP_CHECK(tdist_gpusim_use_after_free() == before + 1);
+  GT_NCCL(ncclCommAbort(c));
+  cudaFree(d);
+  return 0;
+}
+static void revoke_in_flight_use_after_free(void **s) {
+  (void)s;
+  assert_int_equal(run(2, uaf_child, NULL), 0);
+}
+
+/* ---- ncclCommGetAsyncError writes the communicator (it completes the
+ * group job: init.cc): a watchdog thread polling it while another thread is
+ * inside a call on the communicator is counted. ------------------------ */
+typedef struct poller {
+  ncclComm_t c;
+  atomic_int stop;
+} poller_t;
+static void *poll_async(void *p) {
+  poller_t *q = p;
+  ncclResult_t st;
+  while (!atomic_load(&q->stop))
+    (void)ncclCommGetAsyncError(q->c, &st);
+  return NULL;
+}
+static int poll_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  void *d = gt_dev_from(NULL, 64);
+  long before = tdist_gpusim_comm_violations();
+  poller_t q = {.c = c};
+  pthread_t th;
+  pthread_create(&th, NULL, poll_async, &q);
+  for (int i = 0; i < 200; i++)
+    GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL));
+  GT_CUDA(cudaDeviceSynchronize());
+  atomic_store(&q.stop, 1);
+  pthread_join(th, NULL);
+  MP_CHECK(tdist_gpusim_comm_violations() > before);
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(d);
+  return 0;
+}
+static void get_async_error_counted(void **s) {
+  (void)s;
+  assert_int_equal(run(2, poll_child, NULL), 0);
+}
+
+/* ---- runtime connection of a second algorithm (transport.cc, measured on
+ * an H200 with NCCL 2.28.9): after an 8-float all_reduce, with one rank
+ * 1.5 s late, the first all_reduce above 64 KiB stays ncclInProgress in the
+ * enqueue until the late rank arrives at 3 ranks; a 64-float one does not
+ * wait; at 2 ranks none waits. ---------------------------------------- */
+static int late_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  enum { BIG = 256 * 1024 };
+  void *small = gt_dev_from(NULL, 64 * sizeof(float));
+  void *big = gt_dev_from(NULL, BIG * sizeof(float));
+  MP_CHECK(small && big);
+  if (rank == n - 1) usleep(1500 * 1000);
+  long long t0 = gt_now_ms();
+  ncclResult_t r = ncclAllReduce(small, small, 64, ncclFloat32, ncclSum, c, NULL);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  long long t_small = gt_now_ms() - t0;
+  t0 = gt_now_ms();
+  r = ncclAllReduce(big, big, BIG, ncclFloat32, ncclSum, c, NULL);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  long long t_big = gt_now_ms() - t0;
+  GT_CUDA(cudaDeviceSynchronize());
+  if (rank != n - 1) {
+    MP_CHECK(t_small < 500);
+    if (n >= 3)
+      MP_CHECK(t_big >= 1000); /* waited for the late rank's first use */
+    else
+      MP_CHECK(t_big < 500);
+  }
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(small);
+  cudaFree(big);
+  return 0;
+}
+static void first_large_collective_waits_at_three_ranks(void **s) {
+  (void)s;
+  assert_int_equal(run(3, late_child, NULL), 0);
+}
+static void first_large_collective_no_wait_at_two_ranks(void **s) {
+  (void)s;
+  assert_int_equal(run(2, late_child, NULL), 0);
+}
+
+/* On a blocking communicator the same wait is inside the call; an abort
+ * from another thread ends it (NCCL's abortFlag ends connection waits). */
+typedef struct aborter {
+  ncclComm_t c;
+} aborter_t;
+static void *abort_later(void *p) {
+  usleep(500 * 1000);
+  (void)ncclCommAbort(((aborter_t *)p)->c);
+  return NULL;
+}
+static int blocking_wait_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == n - 1) { /* never makes the large collective */
+    usleep(2500 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  enum { BIG = 256 * 1024 };
+  void *big = gt_dev_from(NULL, BIG * sizeof(float));
+  aborter_t a = {c};
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, &a);
+  long long t0 = gt_now_ms();
+  ncclResult_t r = ncclAllReduce(big, big, BIG, ncclFloat32, ncclSum, c, NULL);
+  long long dt = gt_now_ms() - t0;
+  pthread_join(th, NULL);
+  MP_CHECK(r != ncclSuccess);       /* ended by the abort, not completed */
+  MP_CHECK(dt >= 400 && dt < 2000); /* inside the call until the abort */
+  cudaFree(big);
+  return 0;
+}
+static void blocking_connect_wait_ends_at_abort(void **s) {
+  (void)s;
+  assert_int_equal(run(3, blocking_wait_child, NULL), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
@@ -508,6 +666,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(grouped_send_recv),
       cmocka_unit_test(abort_waits_for_queued_kernel),
       cmocka_unit_test(concurrent_calls_counted),
+      cmocka_unit_test(revoke_in_flight_use_after_free),
+      cmocka_unit_test(get_async_error_counted),
+      cmocka_unit_test(first_large_collective_waits_at_three_ranks),
+      cmocka_unit_test(first_large_collective_no_wait_at_two_ranks),
+      cmocka_unit_test(blocking_connect_wait_ends_at_abort),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
