@@ -66,10 +66,24 @@ long tdist_gpusim_mismatches(void);
  * job (init.cc). Process-wide. */
 long tdist_gpusim_use_after_free(void);
 
+/* Simulation only: launch a "user kernel" on `stream` (a cudaStream_t;
+ * NULL, cudaStreamLegacy, cudaStreamPerThread as CUDA resolves them):
+ * fn(arg) runs on the stream's own worker when the stream reaches it, after
+ * all earlier work, and later work waits for it -- as a kernel occupies its
+ * stream. A spinning fn stands for a long or stuck kernel. Unlike a host
+ * function (cudaLaunchHostFunc: all streams' host functions run on one
+ * thread per process, one at a time), a user kernel delays only its own
+ * stream. fn reads and writes device memory through tdist_gpusim_host_view
+ * and must not call CUDA. Under stream capture it becomes a kernel node
+ * (each graph launch runs fn(arg) again). Returns a cudaError_t: 0
+ * (cudaSuccess), or the error cudaLaunchKernel would give (a bad stream
+ * handle: 400, cudaErrorInvalidResourceHandle). */
+int tdist_gpusim_launch_kernel(void *stream, void (*fn)(void *), void *arg);
+
 /* The host-accessible view of device memory at `dev_ptr` (NULL if it is
  * not live device memory). Device memory itself is not mapped for the host,
- * as on a GPU: a host access to it faults. Host functions launched with
- * cudaLaunchHostFunc play the part of kernels and use this view. */
+ * as on a GPU: a host access to it faults. User kernels
+ * (tdist_gpusim_launch_kernel) use this view. */
 void *tdist_gpusim_host_view(const void *dev_ptr);
 
 #ifdef __cplusplus
