@@ -363,7 +363,7 @@ static void grouped_send_recv(void **s) {
   assert_int_equal(run(3, p2p_child, NULL), 0);
 }
 
-/* ---- abort waits for a kernel queued behind a spinning host function
+/* ---- abort waits for a kernel queued behind a spinning user kernel
  * (init.cc ncclCommAbort -> commReclaim waits for the comm's kernels) --- */
 static void spin(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
 static int abort_wait_child(int rank, int n, void *p) {
@@ -377,7 +377,7 @@ static int abort_wait_child(int rank, int n, void *p) {
   }
   cudaStream_t s;
   GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  GT_CUDA(cudaLaunchHostFunc(s, spin, (void *)(uintptr_t)(600 * 1000)));
+  GT_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, spin, (void *)(uintptr_t)(600 * 1000)));
   void *d = gt_dev_from(NULL, 64);
   GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s));
   long long t0 = gt_now_ms();
@@ -532,32 +532,26 @@ static void revoke_in_flight_use_after_free(void **s) {
 /* ---- ncclCommGetAsyncError writes the communicator (it completes the
  * group job: init.cc): a watchdog thread polling it while another thread is
  * inside a call on the communicator is counted. ------------------------ */
-typedef struct poller {
-  ncclComm_t c;
-  atomic_int stop;
-} poller_t;
 static void *poll_async(void *p) {
-  poller_t *q = p;
   ncclResult_t st;
-  while (!atomic_load(&q->stop))
-    (void)ncclCommGetAsyncError(q->c, &st);
+  usleep(100 * 1000); /* the main thread is inside its all_reduce by now */
+  (void)ncclCommGetAsyncError((ncclComm_t)p, &st);
   return NULL;
 }
 static int poll_child(int rank, int n, void *p) {
   ncclComm_t c;
   MP_CHECK(init(rank, n, p, 1, &c) == 0);
-  MP_CHECK(warm(c) == 0);
   void *d = gt_dev_from(NULL, 64);
+  if (rank == 1) usleep(500 * 1000); /* rank 0's first collective waits to connect */
   long before = tdist_gpusim_comm_violations();
-  poller_t q = {.c = c};
   pthread_t th;
-  pthread_create(&th, NULL, poll_async, &q);
-  for (int i = 0; i < 200; i++)
-    GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL));
+  if (rank == 0) pthread_create(&th, NULL, poll_async, c);
+  GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL));
+  if (rank == 0) {
+    pthread_join(th, NULL);
+    MP_CHECK(tdist_gpusim_comm_violations() == before + 1);
+  }
   GT_CUDA(cudaDeviceSynchronize());
-  atomic_store(&q.stop, 1);
-  pthread_join(th, NULL);
-  MP_CHECK(tdist_gpusim_comm_violations() > before);
   GT_NCCL(ncclCommDestroy(c));
   cudaFree(d);
   return 0;
