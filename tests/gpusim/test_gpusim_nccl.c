@@ -325,6 +325,47 @@ static void shrink_abort_completes_events(void **s) {
   assert_int_equal(run(3, shrink_abort_child, NULL), 0);
 }
 
+/* ---- NCCL_SHRINK_ABORT synchronises the parent's stream on the caller's
+ * thread (init.cc ncclCommShrink: setCommAbortFlags, then
+ * ncclStrongStreamSynchronize before ncclCommInitChildComm): a collective
+ * stuck behind a user kernel that the abort flag cannot stop holds the
+ * caller, even on a non-blocking communicator. ------------------------ */
+static void spin_ms(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+static int shrink_stuck_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 2) { /* alive, never joins the collective */
+    usleep(3000 * 1000);
+    return 0;
+  }
+  void *d = gt_dev_from(NULL, 64);
+  cudaStream_t s;
+  GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GT_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, spin_ms, (void *)(uintptr_t)800));
+  MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s) == ncclInProgress);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  int ex[1] = {2};
+  ncclComm_t sh = NULL;
+  long long t0 = gt_now_ms();
+  ncclResult_t r = ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_ABORT);
+  long long dt = gt_now_ms() - t0;
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  MP_CHECK(dt >= 500); /* the call itself waited for the user kernel */
+  MP_CHECK(cudaStreamQuery(s) == cudaSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  MP_CHECK(sh != NULL);
+  GT_NCCL(ncclCommAbort(c));
+  MP_CHECK(gt_wait_ready(sh, 10000) == ncclSuccess);
+  GT_NCCL(ncclCommDestroy(sh));
+  cudaFree(d);
+  return 0;
+}
+static void shrink_abort_waits_on_caller_thread(void **s) {
+  (void)s;
+  assert_int_equal(run(3, shrink_stuck_child, NULL), 0);
+}
+
 /* ---- grouped send/recv: a ring both ways and a send to self in one group
  * (user guide, "Group Calls": point-to-point in a group progress together) */
 static int p2p_child(int rank, int n, void *p) {
@@ -657,6 +698,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(killed_peer_same_host_silent_then_shrink),
       cmocka_unit_test(killed_peer_other_host_remote_error_stays),
       cmocka_unit_test(shrink_abort_completes_events),
+      cmocka_unit_test(shrink_abort_waits_on_caller_thread),
       cmocka_unit_test(grouped_send_recv),
       cmocka_unit_test(abort_waits_for_queued_kernel),
       cmocka_unit_test(concurrent_calls_counted),
