@@ -140,6 +140,22 @@ int gs_comm_valid(ncclComm_t c) {
   return ok;
 }
 
+int gs_comm_acquire(ncclComm_t c) {
+  /* Under reg_mu: a registered communicator still holds its API reference
+   * (comm_free unregisters before it drops it), so refs > 0 here. */
+  int ok = 0;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg && !ok; i++)
+    ok = reg[i] == c;
+  if (ok) {
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    pthread_mutex_unlock(&c->mu);
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return ok;
+}
+
 /* ---- references, async state ------------------------------------------------------ */
 static ncclComm_t comm_new(const unsigned char key[16], int rank, int nranks, int dev,
                            const ncclConfig_t *cfg, int blocking_default, const char *name) {

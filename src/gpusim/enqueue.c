@@ -135,13 +135,18 @@ static ncclResult_t check_and_append(ncclComm_t c, gs_task_t *t, ncclRedOp_t op)
 static ncclResult_t group_end_internal(void);
 
 static ncclResult_t enqueue(gs_task_t *t, ncclRedOp_t op, ncclComm_t c) {
-  if (!gs_comm_valid(c))
+  /* Our own reference for the whole call: a blocking call can wait inside
+   * (runtime connection) while another thread's ncclCommAbort frees the
+   * communicator's API reference; the abort flag ends the wait and this
+   * call must still find its memory. */
+  if (!gs_comm_acquire(c))
     return group_err_check(
         gs_fail(ncclInvalidArgument, "%s : comm argument is invalid", func_name(t->func)));
   pthread_mutex_lock(&c->mu);
   int revoked = c->revoked;
   pthread_mutex_unlock(&c->mu);
   if (revoked) {
+    gs_comm_release(c);
     gs_fail(ncclInvalidUsage, "%s: communicator was revoked", func_name(t->func));
     return group_err_check(ncclInvalidUsage);
   }
@@ -155,6 +160,7 @@ static ncclResult_t enqueue(gs_task_t *t, ncclRedOp_t op, ncclComm_t c) {
   if (e != ncclSuccess && e != ncclInProgress) r = e;
   if (!c->blocking) r = gs_comm_async_error(c); /* ncclEnqueueCheck's ncclCommGetAsyncError */
   gs_comm_leave(c);
+  gs_comm_release(c);
   return r;
 }
 

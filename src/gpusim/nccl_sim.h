@@ -208,6 +208,10 @@ ncclResult_t gs_fail(ncclResult_t r, const char *fmt, ...) __attribute__((format
 /* Is `c` a live communicator of this process (CommCheck)? */
 int gs_comm_valid(ncclComm_t c);
 void gs_comm_retain(ncclComm_t c);
+/* gs_comm_valid and gs_comm_retain in one step (0: not a live communicator):
+ * a call that may still be inside the communicator when another thread
+ * aborts it (NCCL allows ncclCommAbort from any thread) keeps it mapped. */
+int gs_comm_acquire(ncclComm_t c);
 void gs_comm_release(ncclComm_t c);
 /* ncclCommSetAsyncError (init.cc) simply stores the state: an error stays
  * until a job ending later stores its own result. */
