@@ -15,15 +15,21 @@
  * The calls below exist only in the simulation: they let a test see what a
  * real GPU shows only through nvidia-smi or a profiler. Link the test with
  * libtdist_gpusim.so (dlopen of the same file then returns this instance).
- * Every call is thread-safe and cheap; none creates a CUDA context.
+ * Every call is thread-safe and cheap; none creates a CUDA context except
+ * tdist_gpusim_launch_kernel, which uses the current device's as a kernel
+ * launch does.
  *
  * Settings (read once per process: the first three at the first CUDA call,
- * NCCL_DEBUG at the first log line):
+ * NCCL_DEBUG at the first log line, NCCL_HOSTID at the first communicator
+ * init):
  *   TDIST_GPUSIM_DEVICES   devices in the machine (default 8)
  *   TDIST_GPUSIM_CC        compute capability of each device, "9.0" or a
  *                          comma list per device ("8.0,9.0"; default 9.0)
  *   CUDA_VISIBLE_DEVICES   as CUDA: which of them this process sees, renumbered
  *   NCCL_DEBUG             WARN or INFO: NCCL-style lines on stderr
+ *   NCCL_HOSTID            as NCCL's host hash: ranks with different values
+ *                          are different hosts (a dead peer is reported
+ *                          only across hosts); unset: one host
  */
 #ifndef TDIST_GPUSIM_H
 #define TDIST_GPUSIM_H
