@@ -20,7 +20,12 @@
  *   - runtime connection (NCCL_RUNTIME_CONNECT=1, the default since 2.22):
  *     the first collective connects with every rank, the first send/recv
  *     with a peer connects with that peer; the launch waits for them, so a
- *     missing rank keeps a non-blocking communicator ncclInProgress.
+ *     missing rank keeps a non-blocking communicator ncclInProgress; at 3
+ *     ranks and more the first collective above GS_ALGO_BYTES connects a
+ *     second algorithm and waits again for every rank's first such use
+ *     (measured on an H200);
+ *   - group.cc: a non-blocking launch links its group job to the
+ *     communicator (comm->groupJob), unlinked by ncclCommGetAsyncError.
  * Group state is per thread, as NCCL's (thread_local ncclGroupDepth).
  */
 #include <stdlib.h>
@@ -208,7 +213,8 @@ static ncclResult_t connect(ncclComm_t c, const plan_t *p) {
    * an H200 (NCCL 2.28.9, non-blocking, one rank 4 s late after an 8-float
    * all_reduce), the first 256K- or 4M-float all_reduce stayed
    * ncclInProgress 4.0 s at 3 and 4 ranks, a 64-float one 0.6 ms, and at 2
-   * ranks none waited (one ring serves every size). */
+   * ranks none waited. GS_ALGO_BYTES is the simulation's line between the
+   * sizes measured. Job thread (non-blocking) or the caller's (blocking). */
   big = big && c->nranks >= 3 && !atomic_load(&c->coll_big_connected);
   if (coll) atomic_store(&me->coll_connected, 1);
   if (big) atomic_store(&me->coll_big_connected, 1);
