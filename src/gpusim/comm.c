@@ -14,7 +14,14 @@
  *     ncclInvalidArgument ("Attempt to use communicator before the previous
  *     operation returned ncclSuccess"), which the enqueue path then stores
  *     as the async error (enqueue.cc ncclEnqueueCheck) -- so misuse becomes
- *     the communicator's error for good.
+ *     the communicator's error for good;
+ *   - the proxy's error (a dead peer on another host, kernel.c) is kept for
+ *     good: revoke does not clear it (proxy.cc asyncResult), so a shrink
+ *     after it fails in ncclCommEnsureReady;
+ *   - ncclCommGetAsyncError completes and unlinks the group job a
+ *     non-blocking launch linked (comm->groupJob); revoke frees that job
+ *     and leaves the link, which the simulation counts as a use after free
+ *     when it is next completed (group.cc ncclGroupJobAbort).
  * Threads: caller threads, job threads, stream workers (kernel.c holds
  * references). `mu` guards the fields marked (mu) in nccl_sim.h.
  */
