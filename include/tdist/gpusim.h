@@ -15,15 +15,21 @@
  * The calls below exist only in the simulation: they let a test see what a
  * real GPU shows only through nvidia-smi or a profiler. Link the test with
  * libtdist_gpusim.so (dlopen of the same file then returns this instance).
- * Every call is thread-safe and cheap; none creates a CUDA context.
+ * Every call is thread-safe and cheap; none creates a CUDA context except
+ * tdist_gpusim_launch_kernel, which uses the current device's as a kernel
+ * launch does.
  *
  * Settings (read once per process: the first three at the first CUDA call,
- * NCCL_DEBUG at the first log line):
+ * NCCL_DEBUG at the first log line, NCCL_HOSTID at the first communicator
+ * init):
  *   TDIST_GPUSIM_DEVICES   devices in the machine (default 8)
  *   TDIST_GPUSIM_CC        compute capability of each device, "9.0" or a
  *                          comma list per device ("8.0,9.0"; default 9.0)
  *   CUDA_VISIBLE_DEVICES   as CUDA: which of them this process sees, renumbered
  *   NCCL_DEBUG             WARN or INFO: NCCL-style lines on stderr
+ *   NCCL_HOSTID            as NCCL's host hash: ranks with different values
+ *                          are different hosts (a dead peer is reported
+ *                          only across hosts); unset: one host
  */
 #ifndef TDIST_GPUSIM_H
 #define TDIST_GPUSIM_H
@@ -43,9 +49,10 @@ int tdist_gpusim_context_count(int device);
 
 /* Calls that entered a communicator while another thread was inside a call
  * on the same communicator (NCCL forbids it). Counted: the collectives,
- * send/recv, split, shrink, revoke, finalize, destroy and the PreMulSum
- * calls. Exempt: ncclCommGetAsyncError, ncclCommAbort and ncclGetLastError,
- * which NCCL allows from a watchdog thread, and the read-only queries
+ * send/recv, split, shrink, revoke, finalize, destroy, the PreMulSum calls
+ * and ncclCommGetAsyncError (it writes the communicator: it completes the
+ * linked group job, init.cc). Exempt: ncclCommAbort and ncclGetLastError,
+ * and the read-only queries
  * (ncclCommCount, ncclCommCuDevice, ncclCommUserRank). Process-wide. */
 long tdist_gpusim_comm_violations(void);
 
@@ -56,10 +63,33 @@ long tdist_gpusim_comm_violations(void);
  * as NCCL would, with wrong data. */
 long tdist_gpusim_mismatches(void);
 
+/* Uses after free NCCL 2.28 would make and the simulation detected instead
+ * (each with an NCCL WARN): ncclCommRevoke while a non-blocking enqueue's
+ * group job is linked to the communicator frees that job but leaves
+ * comm->groupJob pointing at it (group.cc ncclGroupJobAbort); a later
+ * ncclCommGetAsyncError (or any call that runs it: the enqueues, shrink,
+ * split, finalize, destroy) that reads ncclSuccess then completes the freed
+ * job (init.cc). Process-wide. */
+long tdist_gpusim_use_after_free(void);
+
+/* Simulation only: launch a "user kernel" on `stream` (a cudaStream_t;
+ * NULL, cudaStreamLegacy, cudaStreamPerThread as CUDA resolves them):
+ * fn(arg) runs on the stream's own worker when the stream reaches it, after
+ * all earlier work, and later work waits for it -- as a kernel occupies its
+ * stream. A spinning fn stands for a long or stuck kernel. Unlike a host
+ * function (cudaLaunchHostFunc: all streams' host functions run on one
+ * thread per process, one at a time), a user kernel delays only its own
+ * stream. fn reads and writes device memory through tdist_gpusim_host_view
+ * and must not call CUDA. Under stream capture it becomes a kernel node
+ * (each graph launch runs fn(arg) again). Returns a cudaError_t: 0
+ * (cudaSuccess), or the error cudaLaunchKernel would give (a bad stream
+ * handle: 400, cudaErrorInvalidResourceHandle). */
+int tdist_gpusim_launch_kernel(void *stream, void (*fn)(void *), void *arg);
+
 /* The host-accessible view of device memory at `dev_ptr` (NULL if it is
  * not live device memory). Device memory itself is not mapped for the host,
- * as on a GPU: a host access to it faults. Host functions launched with
- * cudaLaunchHostFunc play the part of kernels and use this view. */
+ * as on a GPU: a host access to it faults. User kernels
+ * (tdist_gpusim_launch_kernel) use this view. */
 void *tdist_gpusim_host_view(const void *dev_ptr);
 
 #ifdef __cplusplus

@@ -14,7 +14,14 @@
  *     ncclInvalidArgument ("Attempt to use communicator before the previous
  *     operation returned ncclSuccess"), which the enqueue path then stores
  *     as the async error (enqueue.cc ncclEnqueueCheck) -- so misuse becomes
- *     the communicator's error for good.
+ *     the communicator's error for good;
+ *   - the proxy's error (a dead peer on another host, kernel.c) is kept for
+ *     good: revoke does not clear it (proxy.cc asyncResult), so a shrink
+ *     after it fails in ncclCommEnsureReady;
+ *   - ncclCommGetAsyncError completes and unlinks the group job a
+ *     non-blocking launch linked (comm->groupJob); revoke frees that job
+ *     and leaves the link, which the simulation counts as a use after free
+ *     when it is next completed (group.cc ncclGroupJobAbort).
  * Threads: caller threads, job threads, stream workers (kernel.c holds
  * references). `mu` guards the fields marked (mu) in nccl_sim.h.
  */
@@ -140,6 +147,22 @@ int gs_comm_valid(ncclComm_t c) {
   return ok;
 }
 
+int gs_comm_acquire(ncclComm_t c) {
+  /* Under reg_mu: a registered communicator still holds its API reference
+   * (comm_free unregisters before it drops it), so refs > 0 here. */
+  int ok = 0;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg && !ok; i++)
+    ok = reg[i] == c;
+  if (ok) {
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    pthread_mutex_unlock(&c->mu);
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return ok;
+}
+
 /* ---- references, async state ------------------------------------------------------ */
 static ncclComm_t comm_new(const unsigned char key[16], int rank, int nranks, int dev,
                            const ncclConfig_t *cfg, int blocking_default, const char *name) {
@@ -201,9 +224,58 @@ void gs_comm_set_proxy_error(ncclComm_t c, ncclResult_t r) {
   atomic_store_explicit(&c->proxy_err, (int)r, memory_order_release);
 }
 
+atomic_long gs_use_after_free;
+
+void gs_comm_link_group_job(ncclComm_t c) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->group_job) { /* group.cc: linked only when comm->groupJob == NULL */
+    c->group_job = 1;
+    c->group_job_freed = 0;
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ncclGroupJobAbort(comm->groupJob) from ncclCommEnsureReady with the abort
+ * flag set (ncclCommRevoke): the job is joined and deleted (its only
+ * reference), comm->groupJob is left as it was. A second abort of the same
+ * dangling pointer reads freed memory too. Caller thread. */
+static void group_job_abort(ncclComm_t c) {
+  pthread_mutex_lock(&c->mu);
+  int uaf = c->group_job && c->group_job_freed;
+  if (c->group_job) c->group_job_freed = 1;
+  pthread_mutex_unlock(&c->mu);
+  if (uaf) {
+    atomic_fetch_add(&gs_use_after_free, 1);
+    gs_warn("comm %p (%s): ncclGroupJobAbort on comm->groupJob, already freed by an earlier "
+            "revoke (use after free in NCCL 2.28 group.cc)",
+            (void *)c, c->name);
+  }
+}
+
+ncclResult_t gs_comm_async_error(ncclComm_t c) {
+  ncclResult_t r = gs_comm_get_async(c);
+  if (r != ncclSuccess) return r;
+  /* init.cc ncclCommGetAsyncError: "if there is linked group job, we should
+   * complete it": ncclGroupJobComplete(comm->groupJob); comm->groupJob = NULL. */
+  pthread_mutex_lock(&c->mu);
+  int uaf = c->group_job && c->group_job_freed;
+  c->group_job = c->group_job_freed = 0;
+  pthread_mutex_unlock(&c->mu);
+  if (uaf) {
+    /* On a GPU this reads (and may delete again) the job revoke freed: a
+     * heap use after free. The simulation counts it instead of crashing. */
+    atomic_fetch_add(&gs_use_after_free, 1);
+    gs_warn("comm %p (%s): ncclCommGetAsyncError completes comm->groupJob, which "
+            "ncclCommRevoke freed while an enqueue was in flight (use after free in NCCL 2.28 "
+            "init.cc/group.cc)",
+            (void *)c, c->name);
+  }
+  return r;
+}
+
 ncclResult_t gs_comm_ensure_ready(ncclComm_t c) {
   if (atomic_load(&c->abort_flag)) return ncclSuccess; /* the job is being aborted */
-  ncclResult_t r = gs_comm_get_async(c);
+  ncclResult_t r = gs_comm_async_error(c);
   if (r == ncclInProgress)
     return gs_fail(
         ncclInvalidArgument,
@@ -479,11 +551,11 @@ GS_API ncclResult_t ncclCommAbort(ncclComm_t c) {
 static ncclResult_t revoke_job(ncclComm_t c, void *arg) {
   (void)arg;
   gs_comm_drain(c); /* commRevokeAsync: synchronise the streams */
-  /* ncclProxyStop stops the proxy whose connection failed. The simulation
-   * takes that to end the proxy's error too, so that the flow NCCL 2.28
-   * documents for a failed peer -- revoke, then shrink -- can go on (an
-   * assumption: docs/gpusim.md). */
-  gs_comm_set_proxy_error(c, ncclSuccess);
+  /* The proxy's error stays: proxy.cc keeps proxyState->asyncResult and
+   * nothing clears it (ncclProxyStop does not), so ncclCommGetAsyncError
+   * still answers ncclRemoteError after the revoke, and a shrink then fails
+   * in ncclCommInitChildComm -> ncclCommEnsureReady (measured on an H200,
+   * NCCL 2.28.9). */
   atomic_store(&c->abort_flag, 0); /* setCommAbortFlags(comm, 0) */
   return ncclSuccess;
 }
@@ -501,15 +573,24 @@ GS_API ncclResult_t ncclCommRevoke(ncclComm_t c, int flags) {
   atomic_store(&c->abort_flag, 1);
   gs_comm_wake(c);
   /* init.cc calls ncclCommEnsureReady here to join a running init; with the
-   * abort flag set it succeeds, and gs_comm_job joins that thread. */
+   * abort flag set it runs ncclGroupJobAbort(comm->groupJob) (freeing a
+   * linked group job, the pointer left in place) and succeeds, and
+   * gs_comm_job joins the thread. */
+  group_job_abort(c);
   ncclResult_t r = gs_comm_job(c, revoke_job, NULL);
   gs_comm_leave(c);
   return r;
 }
 
+/* init.cc ncclCommGetAsyncError. It writes the communicator (it completes
+ * and unlinks comm->groupJob), so the concurrency checker counts it like
+ * any call that enters: a watchdog thread polling it while another thread
+ * is inside a call on the communicator races with that call. */
 GS_API ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st) {
   if (!gs_comm_valid(c) || !st) return ncclInvalidArgument;
-  *st = gs_comm_get_async(c);
+  gs_comm_enter(c);
+  *st = gs_comm_async_error(c);
+  gs_comm_leave(c);
   return ncclSuccess;
 }
 
@@ -533,3 +614,4 @@ GS_API ncclResult_t ncclCommUserRank(const ncclComm_t c, int *rank) {
 
 GS_API long tdist_gpusim_comm_violations(void) { return atomic_load(&gs_comm_violations); }
 GS_API long tdist_gpusim_mismatches(void) { return atomic_load(&gs_mismatches); }
+GS_API long tdist_gpusim_use_after_free(void) { return atomic_load(&gs_use_after_free); }

@@ -167,6 +167,10 @@ void gs_set_current_device(int dev) { tl_dev = dev; }
  * exits (CUDA Runtime API, Primary Contexts / cudaSetDevice in CUDA 12). */
 cudaError_t gs_context_use(int dev) {
   init();
+  /* CUDA Runtime API, cudaLaunchHostFunc: "The host function must not make
+   * any CUDA API calls. Attempting to use a CUDA API may result in
+   * cudaErrorNotPermitted". Every call that needs a context comes here. */
+  if (gs_in_host_fn()) return GS_ERR_NOT_PERMITTED;
   if (g_ndev == 0) return cudaErrorNoDevice;
   if (dev < 0 || dev >= g_ndev) return cudaErrorInvalidDevice;
   if (atomic_exchange(&g_ctx[dev], 1) == 0) gs_info("primary context created on device %d", dev);
@@ -253,6 +257,7 @@ static const struct {
      "operation not permitted on an event last recorded in a capturing stream"},
     {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
      "attempt to terminate a thread-local capture sequence from another thread"},
+    {GS_ERR_NOT_PERMITTED, "cudaErrorNotPermitted", "operation not permitted"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 

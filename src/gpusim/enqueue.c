@@ -20,7 +20,12 @@
  *   - runtime connection (NCCL_RUNTIME_CONNECT=1, the default since 2.22):
  *     the first collective connects with every rank, the first send/recv
  *     with a peer connects with that peer; the launch waits for them, so a
- *     missing rank keeps a non-blocking communicator ncclInProgress.
+ *     missing rank keeps a non-blocking communicator ncclInProgress; at 3
+ *     ranks and more the first collective above GS_ALGO_BYTES connects a
+ *     second algorithm and waits again for every rank's first such use
+ *     (measured on an H200);
+ *   - group.cc: a non-blocking launch links its group job to the
+ *     communicator (comm->groupJob), unlinked by ncclCommGetAsyncError.
  * Group state is per thread, as NCCL's (thread_local ncclGroupDepth).
  */
 #include <stdlib.h>
@@ -135,13 +140,18 @@ static ncclResult_t check_and_append(ncclComm_t c, gs_task_t *t, ncclRedOp_t op)
 static ncclResult_t group_end_internal(void);
 
 static ncclResult_t enqueue(gs_task_t *t, ncclRedOp_t op, ncclComm_t c) {
-  if (!gs_comm_valid(c))
+  /* Our own reference for the whole call: a blocking call can wait inside
+   * (runtime connection) while another thread's ncclCommAbort frees the
+   * communicator's API reference; the abort flag ends the wait and this
+   * call must still find its memory. */
+  if (!gs_comm_acquire(c))
     return group_err_check(
         gs_fail(ncclInvalidArgument, "%s : comm argument is invalid", func_name(t->func)));
   pthread_mutex_lock(&c->mu);
   int revoked = c->revoked;
   pthread_mutex_unlock(&c->mu);
   if (revoked) {
+    gs_comm_release(c);
     gs_fail(ncclInvalidUsage, "%s: communicator was revoked", func_name(t->func));
     return group_err_check(ncclInvalidUsage);
   }
@@ -153,21 +163,24 @@ static ncclResult_t enqueue(gs_task_t *t, ncclRedOp_t op, ncclComm_t c) {
   group_err_check(r);
   ncclResult_t e = group_end_internal(); /* a blocking launch runs inside the call */
   if (e != ncclSuccess && e != ncclInProgress) r = e;
-  if (!c->blocking) r = gs_comm_get_async(c);
+  if (!c->blocking) r = gs_comm_async_error(c); /* ncclEnqueueCheck's ncclCommGetAsyncError */
   gs_comm_leave(c);
+  gs_comm_release(c);
   return r;
 }
 
 /* ---- launch ------------------------------------------------------------------------- */
 /* Wait until rank j has raised its side of a connection (coll: its
  * collective flag; else its flag for this rank). */
-static ncclResult_t await_peer(ncclComm_t c, int j, int coll) {
+enum { AWAIT_P2P, AWAIT_COLL, AWAIT_COLL_BIG };
+static ncclResult_t await_peer(ncclComm_t c, int j, int what) {
   gs_seg_t *seg = &c->seg;
   gs_slot_t *s = gs_slot(seg, j);
   for (;;) {
     uint32_t w = gs_seg_word(seg);
-    int done =
-        coll ? atomic_load(&s->coll_connected) != 0 : atomic_load(&s->peer_connected[c->rank]) != 0;
+    int done = what == AWAIT_COLL       ? atomic_load(&s->coll_connected) != 0
+               : what == AWAIT_COLL_BIG ? atomic_load(&s->coll_big_connected) != 0
+                                        : atomic_load(&s->peer_connected[c->rank]) != 0;
     if (done) return ncclSuccess;
     if (atomic_load(&c->abort_flag)) return ncclInternalError;
     if (gs_peer_gone(seg, j))
@@ -183,27 +196,46 @@ static ncclResult_t await_peer(ncclComm_t c, int j, int coll) {
 static ncclResult_t connect(ncclComm_t c, const plan_t *p) {
   gs_seg_t *seg = &c->seg;
   gs_slot_t *me = gs_slot(seg, c->rank);
-  int coll = 0;
+  int coll = 0, big = 0;
   for (int i = 0; i < p->n; i++) {
     const gs_task_t *t = &p->tasks[i];
-    if (t->func != GS_SEND && t->func != GS_RECV)
+    if (t->func != GS_SEND && t->func != GS_RECV) {
       coll = 1;
-    else
+      if (t->count * gs_dtype_size(t->dt) > GS_ALGO_BYTES) big = 1;
+    } else {
       atomic_store(&me->peer_connected[t->root], 1);
+    }
   }
   coll = coll && !atomic_load(&c->coll_connected);
+  /* The first collective large enough for another algorithm connects it at
+   * its first use (transport.cc ncclTransportP2pSetup, runtime connect),
+   * which waits for every peer to reach that same first use: measured on
+   * an H200 (NCCL 2.28.9, non-blocking, one rank 4 s late after an 8-float
+   * all_reduce), the first 256K- or 4M-float all_reduce stayed
+   * ncclInProgress 4.0 s at 3 and 4 ranks, a 64-float one 0.6 ms, and at 2
+   * ranks none waited. GS_ALGO_BYTES is the simulation's line between the
+   * sizes measured. Job thread (non-blocking) or the caller's (blocking). */
+  big = big && c->nranks >= 3 && !atomic_load(&c->coll_big_connected);
   if (coll) atomic_store(&me->coll_connected, 1);
+  if (big) atomic_store(&me->coll_big_connected, 1);
   gs_seg_wake(seg);
   for (int j = 0; coll && j < c->nranks; j++) {
-    ncclResult_t r = await_peer(c, j, 1);
+    ncclResult_t r = await_peer(c, j, AWAIT_COLL);
     if (r != ncclSuccess) return r;
   }
   if (coll) atomic_store(&c->coll_connected, 1);
+  /* The abort flag (ncclCommAbort from another thread, revoke) ends this
+   * wait as NCCL's abortFlag ends its connection loops: await_peer polls it. */
+  for (int j = 0; big && j < c->nranks; j++) {
+    ncclResult_t r = await_peer(c, j, AWAIT_COLL_BIG);
+    if (r != ncclSuccess) return r;
+  }
+  if (big) atomic_store(&c->coll_big_connected, 1);
   for (int i = 0; i < p->n; i++) {
     const gs_task_t *t = &p->tasks[i];
     if ((t->func != GS_SEND && t->func != GS_RECV) || atomic_load(&c->p2p_connected[t->root]))
       continue;
-    ncclResult_t r = await_peer(c, t->root, 0);
+    ncclResult_t r = await_peer(c, t->root, AWAIT_P2P);
     if (r != ncclSuccess) return r;
     atomic_store(&c->p2p_connected[t->root], 1);
   }
@@ -275,6 +307,7 @@ static ncclResult_t group_end_internal(void) {
       continue;
     }
     *p = ps[i];
+    if (!c->blocking) gs_comm_link_group_job(c); /* group.cc: comm->groupJob = groupJob */
     ncclResult_t lr = gs_comm_job(c, launch_plan, p);
     if (lr != ncclSuccess && out == ncclSuccess) out = lr;
   }

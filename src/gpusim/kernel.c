@@ -19,8 +19,10 @@
  *     left as far as the collective got (device/common.h: the abort flag);
  *   - a peer that is gone while a kernel waits for it sets the
  *     communicator's async error to ncclRemoteError (the proxy's view of a
- *     closed connection: proxy.cc, net transports) and the kernel keeps
- *     waiting until the communicator is aborted;
+ *     closed connection: proxy.cc, net transports) when the peer is on
+ *     another host (NCCL_HOSTID / host name); on the same host (P2P, SHM:
+ *     no proxy) nothing is reported. Either way the kernel keeps waiting
+ *     until the communicator is aborted;
  *   - a buffer that is not live memory of the communicator's device faults:
  *     cudaErrorIllegalAddress, sticky on the device; the peers then hang.
  * Threads: instance() on the launching thread, run() on the stream worker,
@@ -127,10 +129,20 @@ static void nk_release(gs_kernel_t *kb) {
 
 static int aborted(const gs_nk_t *k) { return atomic_load(&k->c->abort_flag) != 0; }
 
-/* A peer we wait for is gone: the async error, once per kernel. */
+/* A peer we wait for is gone. Only a transport with a proxy sees it: the
+ * network transports (net.cc: socket, IB), used between ranks of different
+ * hosts (the host hash, misc/utils.cc getHostHash), whose proxy stores
+ * ncclRemoteError in proxyState->asyncResult (proxy.cc). Between ranks of
+ * one host (p2p.cc, shm.cc: no proxy) NCCL reports nothing and the kernel
+ * spins until the communicator is aborted. Once per kernel. Stream worker. */
 static void check_peer(gs_nk_t *k, int j) {
   if (k->remote_reported || !gs_peer_gone(&k->c->seg, j)) return;
   k->remote_reported = 1;
+  if (!gs_peer_remote(&k->c->seg, j)) {
+    gs_info("%s: rank %d of %s is gone; same host (P2P/SHM, no proxy): nothing reported",
+            k->base.name, j, k->c->name);
+    return;
+  }
   gs_comm_set_proxy_error(k->c, ncclRemoteError);
   gs_fail(ncclRemoteError, "%s: rank %d of communicator %s is gone (rank %d waiting in %s)",
           k->c->name, j, k->c->name, k->c->rank, k->base.name);

@@ -45,6 +45,9 @@
 #define GS_POLL_MS 5     /* longest sleep of a wait before it rechecks abort and peers */
 #define GS_MAX_PREMUL 64 /* live PreMulSum ops per communicator */
 #define GS_ID_MAGIC "TDGPUSIM"
+/* Collectives of more bytes (count times the type's size) need a second
+ * algorithm, connected at its first use at 3 ranks and more (enqueue.c). */
+#define GS_ALGO_BYTES (64u * 1024u)
 
 enum { GS_SLOT_FREE = 0, GS_SLOT_JOINED = 1, GS_SLOT_LEFT = 2 };
 
@@ -63,18 +66,24 @@ typedef struct gs_slot {
   _Atomic int32_t state; /* GS_SLOT_* */
   int32_t pid;
   int32_t dev;
-  int32_t cc;              /* compute capability, 90 for sm_90 */
-  _Atomic uint64_t step;   /* collective rounds this rank has staged (see above) */
+  int32_t cc;               /* compute capability, 90 for sm_90 */
+  _Atomic uint64_t step;    /* collective rounds this rank has staged (see above) */
   _Atomic uint64_t bootseq; /* bootstrap all-gathers this rank has published */
   _Atomic uint32_t coll_connected;
-  uint32_t pad_;
+  /* The first collective above GS_ALGO_BYTES connected (a second algorithm's
+   * runtime connection: see enqueue.c). */
+  _Atomic uint32_t coll_big_connected;
+  /* The rank's host hash (misc/utils.cc getHostHash: NCCL_HOSTID, else the
+   * host name and boot id): ranks with equal hashes share a node. */
+  uint64_t host_hash;
   gs_desc_t desc[2]; /* by step parity */
   unsigned char boot[2][GS_BOOT_BYTES];
   _Atomic uint8_t peer_connected[GS_MAX_RANKS]; /* p2p connection to each peer */
 } __attribute__((aligned(64))) gs_slot_t;
 
 typedef struct gs_seg_hdr {
-  _Atomic uint32_t magic; /* 0, then GS_SEG_BUSY while the first rank lays it out, then GS_SEG_READY */
+  /* 0, then GS_SEG_BUSY while the first rank lays it out, then GS_SEG_READY */
+  _Atomic uint32_t magic;
   _Atomic uint32_t futex; /* bumped on every change a waiter may wait for */
   uint32_t nranks;
   uint32_t pad_;
@@ -104,8 +113,8 @@ typedef struct gs_seg {
  * from `key` for `nranks` ranks. ncclSystemError with a WARN on failure;
  * ncclInvalidUsage when it exists for another rank count. */
 ncclResult_t gs_seg_attach(gs_seg_t *seg, const unsigned char key[16], int nranks);
-void gs_seg_detach(gs_seg_t *seg);  /* unmap and close (drops the liveness lock) */
-void gs_seg_unlink(gs_seg_t *seg);  /* remove the name (every rank has it open) */
+void gs_seg_detach(gs_seg_t *seg); /* unmap and close (drops the liveness lock) */
+void gs_seg_unlink(gs_seg_t *seg); /* remove the name (every rank has it open) */
 gs_slot_t *gs_slot(const gs_seg_t *seg, int rank);
 unsigned char *gs_chunk(const gs_seg_t *seg, int rank, int parity);
 gs_ring_t *gs_ring(const gs_seg_t *seg, int src, int dst);
@@ -115,6 +124,14 @@ static inline unsigned char *gs_ring_data(gs_ring_t *r) { return (unsigned char 
 ncclResult_t gs_slot_claim(gs_seg_t *seg, int rank, int dev, int cc);
 /* 1 when `rank` left the communicator or its process is gone. */
 int gs_peer_gone(const gs_seg_t *seg, int rank);
+/* This process's host hash, as NCCL's getHostHash (misc/utils.cc): the
+ * hash of NCCL_HOSTID when set, else of the host name followed by
+ * /proc/sys/kernel/random/boot_id. Computed once. Any thread. */
+uint64_t gs_host_hash(void);
+/* 1 when `rank` (joined) runs on another host than this process: NCCL then
+ * reaches it through a network transport, which has a proxy (net.cc);
+ * ranks of one host use P2P or SHM, which have none (p2p.cc, shm.cc). */
+int gs_peer_remote(const gs_seg_t *seg, int rank);
 /* Wake every waiter of the segment (any process). */
 void gs_seg_wake(gs_seg_t *seg);
 /* Sleep until the futex word differs from `seen`, at most GS_POLL_MS. */
@@ -130,8 +147,8 @@ typedef struct gs_premul {
   int used;
   ncclDataType_t dt;
   ncclScalarResidence_t residence;
-  unsigned char host[8];   /* the scalar, copied at creation (host residence) */
-  const void *dev_scalar;  /* read by the kernel (device residence) */
+  unsigned char host[8];  /* the scalar, copied at creation (host residence) */
+  const void *dev_scalar; /* read by the kernel (device residence) */
 } gs_premul_t;
 
 struct ncclComm {
@@ -147,13 +164,19 @@ struct ncclComm {
   char name[64];
   gs_seg_t seg; /* mapped by the init job; valid once `ready` */
 
-  int ready;                /* (mu) init finished: seg, min_cc valid */
-  int min_cc;               /* smallest compute capability among ranks (comm->minCompCap) */
-  _Atomic int async_err;    /* ncclResult_t: comm->asyncResult, stored by jobs and failures */
-  _Atomic int proxy_err;    /* the proxy's own state (ncclRemoteError): stays until revoke */
-  _Atomic int abort_flag;   /* kernels and jobs poll it (comm->abortFlag) */
-  atomic_int in_call;       /* API calls inside the communicator now */
+  int ready;              /* (mu) init finished: seg, min_cc valid */
+  int min_cc;             /* smallest compute capability among ranks (comm->minCompCap) */
+  _Atomic int async_err;  /* ncclResult_t: comm->asyncResult, stored by jobs and failures */
+  _Atomic int proxy_err;  /* the proxy's own state (ncclRemoteError): stays for good */
+  _Atomic int abort_flag; /* kernels and jobs poll it (comm->abortFlag) */
+  atomic_int in_call;     /* API calls inside the communicator now */
   int revoked, finalized, destroyed; /* (mu) */
+  /* comm->groupJob (group.cc): set when a non-blocking group launches on
+   * this communicator, cleared only by ncclCommGetAsyncError once it reads
+   * ncclSuccess. group_job_freed: ncclCommRevoke's ncclCommEnsureReady
+   * (abort flag set) ran ncclGroupJobAbort, which frees the job but leaves
+   * comm->groupJob pointing at it. (mu) */
+  int group_job, group_job_freed;
 
   /* Jobs (non-blocking mode, NCCL's ncclAsyncJob threads). */
   pthread_t job;
@@ -161,14 +184,15 @@ struct ncclComm {
 
   /* Kernels: serialised per communicator in launch order (NCCL orders a
    * communicator's kernels across streams). */
-  uint64_t next_seq;  /* (mu) seq of the next kernel instance */
-  uint64_t done_seq;  /* (mu) highest seq finished */
-  int inflight;       /* (mu) instances launched and not finished */
-  uint64_t coll_seq;  /* (kernel, serialised) collectives run so far */
+  uint64_t next_seq; /* (mu) seq of the next kernel instance */
+  uint64_t done_seq; /* (mu) highest seq finished */
+  int inflight;      /* (mu) instances launched and not finished */
+  uint64_t coll_seq; /* (kernel, serialised) collectives run so far */
 
-  int children;       /* (mu) splits and shrinks so far: derive children's keys */
-  ncclComm_t init_parent; /* (init job) a split/shrink parent whose abort stops this init */
-  atomic_int coll_connected;       /* runtime connection made for collectives */
+  int children;                  /* (mu) splits and shrinks so far: derive children's keys */
+  ncclComm_t init_parent;        /* (init job) a split/shrink parent whose abort stops this init */
+  atomic_int coll_connected;     /* runtime connection made for collectives */
+  atomic_int coll_big_connected; /* ... and for collectives above GS_ALGO_BYTES */
   _Atomic unsigned char *p2p_connected; /* per peer */
 
   gs_premul_t premul[GS_MAX_PREMUL]; /* (mu) */
@@ -184,6 +208,10 @@ ncclResult_t gs_fail(ncclResult_t r, const char *fmt, ...) __attribute__((format
 /* Is `c` a live communicator of this process (CommCheck)? */
 int gs_comm_valid(ncclComm_t c);
 void gs_comm_retain(ncclComm_t c);
+/* gs_comm_valid and gs_comm_retain in one step (0: not a live communicator):
+ * a call that may still be inside the communicator when another thread
+ * aborts it (NCCL allows ncclCommAbort from any thread) keeps it mapped. */
+int gs_comm_acquire(ncclComm_t c);
 void gs_comm_release(ncclComm_t c);
 /* ncclCommSetAsyncError (init.cc) simply stores the state: an error stays
  * until a job ending later stores its own result. */
@@ -192,6 +220,15 @@ void gs_comm_set_async(ncclComm_t c, ncclResult_t r);
  * proxy's state (a peer's closed connection is ncclRemoteError there). */
 ncclResult_t gs_comm_get_async(ncclComm_t c);
 void gs_comm_set_proxy_error(ncclComm_t c, ncclResult_t r);
+/* ncclCommGetAsyncError itself (init.cc): gs_comm_get_async, and when that
+ * is ncclSuccess the group job linked to the communicator is completed and
+ * unlinked -- a write, and a use after free when revoke freed it (counted:
+ * tdist_gpusim_use_after_free). What ncclCommEnsureReady and the end of
+ * ncclEnqueueCheck call. Caller thread. */
+ncclResult_t gs_comm_async_error(ncclComm_t c);
+/* group.cc: a non-blocking group job was launched on c (comm->groupJob). */
+void gs_comm_link_group_job(ncclComm_t c);
+extern atomic_long gs_use_after_free;
 /* ncclCommEnsureReady (init.cc): ncclInvalidArgument while in progress,
  * else the async error (success included). */
 ncclResult_t gs_comm_ensure_ready(ncclComm_t c);
@@ -242,9 +279,9 @@ typedef struct gs_task {
   size_t count;
   ncclDataType_t dt;
   int has_red;
-  gs_redop_t red;          /* reduction, PreMulSum host scalar resolved */
-  const void *dev_scalar;  /* PreMulSum with a device scalar: read at run time */
-  int root;                /* root, or peer for send/recv */
+  gs_redop_t red;         /* reduction, PreMulSum host scalar resolved */
+  const void *dev_scalar; /* PreMulSum with a device scalar: read at run time */
+  int root;               /* root, or peer for send/recv */
   cudaStream_t stream;
 } gs_task_t;
 

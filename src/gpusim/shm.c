@@ -8,6 +8,7 @@
  * id. Any thread may call these; none holds a lock across a wait.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -78,7 +79,8 @@ ncclResult_t gs_seg_attach(gs_seg_t *seg, const unsigned char key[16], int nrank
     seg->hdr->size = want.size;
     atomic_store(&seg->hdr->magic, GS_SEG_READY);
   } else {
-    while (atomic_load(&seg->hdr->magic) != GS_SEG_READY) sched_yield();
+    while (atomic_load(&seg->hdr->magic) != GS_SEG_READY)
+      sched_yield();
   }
   if (seg->hdr->nranks != want.nranks) {
     gs_fail(ncclInvalidUsage, "communicator %s: this rank was told nranks %d, another %u",
@@ -142,6 +144,7 @@ ncclResult_t gs_slot_claim(gs_seg_t *seg, int rank, int dev, int cc) {
   s->pid = (int32_t)getpid();
   s->dev = dev;
   s->cc = cc;
+  s->host_hash = gs_host_hash();
   atomic_store(&s->state, GS_SLOT_JOINED);
   gs_seg_wake(seg);
   return ncclSuccess;
@@ -165,4 +168,41 @@ void gs_seg_wake(gs_seg_t *seg) {
 void gs_seg_sleep(gs_seg_t *seg, uint32_t seen) {
   struct timespec ts = {0, GS_POLL_MS * 1000000L};
   syscall(SYS_futex, &seg->hdr->futex, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+/* misc/utils.cc getHostHashOnce: the host name (up to its end), then the
+ * boot id appended -- or NCCL_HOSTID alone when it is set -- hashed. The
+ * simulation hashes with FNV-1a (the value is never shown; only equality
+ * between ranks matters, as for NCCL's hostHash comparisons in init.cc). */
+static uint64_t host_hash_value;
+static pthread_once_t host_hash_once = PTHREAD_ONCE_INIT;
+
+static void host_hash_init(void) {
+  char buf[1024] = {0};
+  const char *id = getenv("NCCL_HOSTID");
+  if (id) {
+    snprintf(buf, sizeof(buf), "%s", id);
+  } else {
+    if (gethostname(buf, sizeof(buf) - 1) != 0) buf[0] = '\0';
+    size_t off = strlen(buf);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+      if (!fgets(buf + off, (int)(sizeof(buf) - off), f)) buf[off] = '\0';
+      fclose(f);
+      buf[strcspn(buf, "\n")] = '\0';
+    }
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char *q = (const unsigned char *)buf; *q; q++)
+    h = (h ^ *q) * 0x100000001b3ull;
+  host_hash_value = h;
+}
+
+uint64_t gs_host_hash(void) {
+  pthread_once(&host_hash_once, host_hash_init);
+  return host_hash_value;
+}
+
+int gs_peer_remote(const gs_seg_t *seg, int rank) {
+  return gs_slot(seg, rank)->host_hash != gs_host_hash();
 }

@@ -77,6 +77,13 @@ static inline cudaError_t gs_context_current(void) { return gs_context_use(gs_cu
 void gs_set_sticky(int dev, cudaError_t e);
 cudaError_t gs_sticky(int dev);
 
+/* cudaErrorNotPermitted (driver_types.h, 800): what a CUDA call made from
+ * a host function returns (the backend's nccl_api.h does not list it). */
+#define GS_ERR_NOT_PERMITTED ((cudaError_t)800)
+/* 1 on the process's host-function thread while a host function runs
+ * (stream.c). */
+int gs_in_host_fn(void);
+
 /* Record `e` as the calling thread's last error (cudaGetLastError) when it
  * is not cudaSuccess; returns e. Every API call returns through it. */
 cudaError_t gs_err(cudaError_t e);

@@ -8,7 +8,8 @@
  *
  * Threads: caller threads queue items under gs_lock; each stream's worker
  * takes them one by one, runs each with gs_lock released, counts it done
- * and broadcasts gs_progress. Waiters (a wait item on another worker,
+ * and broadcasts gs_progress. A host function is handed to the process's
+ * one host-function thread (below), which runs them one at a time. Waiters (a wait item on another worker,
  * cudaStreamSynchronize, cudaEventSynchronize) sleep on gs_progress; an
  * idle worker sleeps on its stream's cv. Nobody spins.
  */
@@ -126,6 +127,132 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* ---- host functions -------------------------------------------------------------- */
+/* CUDA runs the host functions of every stream of a process on one driver
+ * thread, one at a time, in the order they become ready: a host function
+ * that blocks delays every other one, on any stream (CUDA Runtime API,
+ * cudaLaunchHostFunc: "Host functions without a mandated order ... may be
+ * serialized"; observed on an H200, issue 39), and it may not call CUDA
+ * (cudaErrorNotPermitted, device.c). A stream's worker that reaches a host
+ * function hands it to that thread and waits for it, so the stream stays in
+ * order. The thread starts at the first host function and lives as long as
+ * the process. */
+typedef struct hf_req {
+  struct hf_req *next;
+  cudaHostFn_t fn;
+  void *arg;
+  int dev;
+  int done; /* (hf_mu) */
+} hf_req_t;
+
+static pthread_mutex_t hf_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hf_work = PTHREAD_COND_INITIALIZER; /* a request queued */
+static pthread_cond_t hf_done = PTHREAD_COND_INITIALIZER; /* a request finished */
+static hf_req_t *hf_head, *hf_tail;                       /* (hf_mu) in readiness order */
+static int hf_started;                                    /* (hf_mu) */
+static _Thread_local int tl_in_host_fn;
+
+int gs_in_host_fn(void) { return tl_in_host_fn; }
+
+/* The host-function thread. */
+static void *hf_main(void *unused) {
+  (void)unused;
+  pthread_mutex_lock(&hf_mu);
+  for (;;) {
+    while (!hf_head)
+      pthread_cond_wait(&hf_work, &hf_mu);
+    hf_req_t *r = hf_head;
+    hf_head = r->next;
+    if (!hf_head) hf_tail = NULL;
+    pthread_mutex_unlock(&hf_mu);
+    gs_set_current_device(r->dev); /* as the stream's own: no stray context */
+    tl_in_host_fn = 1;
+    r->fn(r->arg);
+    tl_in_host_fn = 0;
+    pthread_mutex_lock(&hf_mu);
+    r->done = 1;
+    pthread_cond_broadcast(&hf_done);
+  }
+  return NULL;
+}
+
+/* Worker thread (gs_lock not held): run fn(arg) on the host-function thread
+ * and wait for it. Falls back to the worker itself if the thread cannot be
+ * made (out of threads), with a WARN. */
+static void host_fn_run(int dev, cudaHostFn_t fn, void *arg) {
+  hf_req_t r = {NULL, fn, arg, dev, 0};
+  pthread_mutex_lock(&hf_mu);
+  if (!hf_started) {
+    pthread_attr_t attr;
+    pthread_t thr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    hf_started = pthread_create(&thr, &attr, hf_main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    if (!hf_started) {
+      pthread_mutex_unlock(&hf_mu);
+      gs_warn("no host-function thread: host function run on the stream's worker");
+      tl_in_host_fn = 1;
+      fn(arg);
+      tl_in_host_fn = 0;
+      return;
+    }
+  }
+  if (hf_tail)
+    hf_tail->next = &r;
+  else
+    hf_head = &r;
+  hf_tail = &r;
+  pthread_cond_signal(&hf_work);
+  while (!r.done)
+    pthread_cond_wait(&hf_done, &hf_mu);
+  pthread_mutex_unlock(&hf_mu);
+}
+
+/* ---- user kernels (tdist/gpusim.h tdist_gpusim_launch_kernel) ------------------ */
+typedef struct user_kernel {
+  gs_kernel_t base; /* first: the stream sees a gs_kernel_t */
+  atomic_int refs;
+  void (*fn)(void *);
+  void *arg;
+} user_kernel_t;
+
+static gs_kernel_t *uk_instance(gs_kernel_t *k) {
+  atomic_fetch_add(&((user_kernel_t *)k)->refs, 1); /* no per-launch state: one record */
+  return k;
+}
+static cudaError_t uk_run(gs_kernel_t *k) {
+  user_kernel_t *u = (user_kernel_t *)k;
+  u->fn(u->arg); /* on the stream's worker, as a kernel occupies its stream */
+  return cudaSuccess;
+}
+static void uk_release(gs_kernel_t *k) {
+  if (atomic_fetch_sub(&((user_kernel_t *)k)->refs, 1) == 1) free(k);
+}
+
+GS_API int tdist_gpusim_launch_kernel(void *stream, void (*fn)(void *), void *arg) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return (int)gs_err(e);
+  if (!fn) return (int)gs_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&gs_lock);
+  struct CUstream_st *st = gs_stream_get_locked((cudaStream_t)stream);
+  int dev = st ? st->dev : -1;
+  pthread_mutex_unlock(&gs_lock);
+  if (!st) return (int)gs_err(cudaErrorInvalidResourceHandle);
+  user_kernel_t *u = calloc(1, sizeof(*u));
+  if (!u) return (int)gs_err(cudaErrorMemoryAllocation);
+  u->base.instance = uk_instance;
+  u->base.run = uk_run;
+  u->base.release = uk_release;
+  u->base.device = dev;
+  u->base.name = "user kernel";
+  atomic_init(&u->refs, 1);
+  u->fn = fn;
+  u->arg = arg;
+  int captured = 0;
+  return (int)gs_err(gs_launch((cudaStream_t)stream, &u->base, &captured));
+}
+
 /* Worker thread: one item, gs_lock not held. Once the device has a sticky
  * error its context is gone: queued work is dropped, not run (CUDA Runtime
  * API, Error Handling), but still counted done so nobody waits forever. */
@@ -134,7 +261,7 @@ static void run_item(struct CUstream_st *st, gs_item_t *it) {
   cudaError_t e = cudaSuccess;
   switch (it->kind) {
   case GS_IT_KERNEL: e = it->kernel->run(it->kernel); break;
-  case GS_IT_HOST: it->fn(it->arg); break;
+  case GS_IT_HOST: host_fn_run(st->dev, it->fn, it->arg); break;
   case GS_IT_COPY:
   case GS_IT_SET:
   case GS_IT_FREE: e = gs_mem_run(it); break;
@@ -499,8 +626,9 @@ GS_API cudaError_t cudaStreamQuery(cudaStream_t s) {
   return pending ? cudaErrorNotReady : cudaSuccess;
 }
 
-/* CUDA Runtime API, cudaLaunchHostFunc: fn runs on the stream's worker
- * after all earlier work, and later work waits for it. */
+/* CUDA Runtime API, cudaLaunchHostFunc: fn runs after all earlier work of
+ * the stream, on the process's one host-function thread (above), and later
+ * work waits for it. */
 GS_API cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
   cudaError_t e = gs_context_current();
   if (e != cudaSuccess) return gs_err(e);

@@ -35,17 +35,19 @@
 extern char **environ;
 
 /* In a child: print the failed check and exit non-zero. */
-#define CK(cond)                                                                  \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define CK(cond)                                                                     \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
       fprintf(stderr, "child %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                                   \
-    }                                                                             \
+      return 1;                                                                      \
+    }                                                                                \
   } while (0)
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-/* A host function that blocks its stream until the test opens it. */
+/* A user kernel (tdist_gpusim_launch_kernel) that holds its stream until the
+ * test opens it (a host function would hold every stream's host functions:
+ * they share one thread). stream_order also runs it as a host function. */
 typedef struct {
   pthread_mutex_t m;
   pthread_cond_t c;
@@ -63,13 +65,15 @@ static void gate_fn(void *p) {
   pthread_mutex_lock(&g->m);
   g->entered = 1;
   pthread_cond_broadcast(&g->c);
-  while (!g->open) pthread_cond_wait(&g->c, &g->m);
+  while (!g->open)
+    pthread_cond_wait(&g->c, &g->m);
   pthread_mutex_unlock(&g->m);
 }
 
 static void gate_wait_entered(gate_t *g) {
   pthread_mutex_lock(&g->m);
-  while (!g->entered) pthread_cond_wait(&g->c, &g->m);
+  while (!g->entered)
+    pthread_cond_wait(&g->c, &g->m);
   pthread_mutex_unlock(&g->m);
 }
 
@@ -100,15 +104,18 @@ static void flag_fn(void *p) { atomic_store((atomic_int *)p, 1); }
 static int run_child(const char *name, const char *const *env) {
   const char *drop[] = {"TDIST_GPUSIM_DEVICES=", "TDIST_GPUSIM_CC=", "CUDA_VISIBLE_DEVICES="};
   size_t n = 0;
-  while (environ[n]) n++;
+  while (environ[n])
+    n++;
   const char **envp = calloc(n + 8, sizeof(*envp));
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     int keep = 1;
-    for (size_t d = 0; d < 3; d++) keep &= strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
+    for (size_t d = 0; d < 3; d++)
+      keep &= strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
     if (keep) envp[k++] = environ[i];
   }
-  for (size_t i = 0; env && env[i] && i < 6; i++) envp[k++] = env[i];
+  for (size_t i = 0; env && env[i] && i < 6; i++)
+    envp[k++] = env[i];
   char *argv[] = {(char *)"test_gpusim_cuda", (char *)"--child", (char *)name, NULL};
   pid_t pid = fork();
   if (pid == 0) {
@@ -146,7 +153,8 @@ static void tk_release(gs_kernel_t *k) { atomic_fetch_sub(&((tkernel_t *)k)->ref
 /* The worker releases a kernel just after counting it done: wait (up to
  * 5 s) for the references to drop to 0. */
 static int tk_released(tkernel_t *t) {
-  for (int i = 0; i < 5000 && atomic_load(&t->refs) != 0; i++) usleep(1000);
+  for (int i = 0; i < 5000 && atomic_load(&t->refs) != 0; i++)
+    usleep(1000);
   return atomic_load(&t->refs) == 0;
 }
 static void tk_init(tkernel_t *t, int dev, cudaError_t rc) {
@@ -173,7 +181,8 @@ static int child_defaults(void) {
   CK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 8) == cudaErrorInvalidDevice);
   CK(cudaRuntimeGetVersion(&v) == cudaSuccess && v == GS_CUDA_VERSION);
   CK(cudaDriverGetVersion(&v) == cudaSuccess && v == GS_CUDA_VERSION);
-  for (int d = 0; d < 8; d++) CK(tdist_gpusim_context_count(d) == 0);
+  for (int d = 0; d < 8; d++)
+    CK(tdist_gpusim_context_count(d) == 0);
   CK(tdist_gpusim_context_count(8) == -1);
   return 0;
 }
@@ -224,12 +233,14 @@ static int child_contexts(void) {
   CK(strcmp(cudaGetErrorString(cudaSuccess), "no error") == 0);
   enum cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal;
   CK(cudaThreadExchangeStreamCaptureMode(&m) == cudaSuccess);
-  for (int d = 0; d < 8; d++) CK(tdist_gpusim_context_count(d) == 0);
+  for (int d = 0; d < 8; d++)
+    CK(tdist_gpusim_context_count(d) == 0);
   /* cudaPointerGetAttributes needs a context: device 0's. */
   struct cudaPointerAttributes a;
   CK(cudaPointerGetAttributes(&a, &v) == cudaSuccess);
   CK(tdist_gpusim_context_count(0) == 1);
-  for (int d = 1; d < 8; d++) CK(tdist_gpusim_context_count(d) == 0);
+  for (int d = 1; d < 8; d++)
+    CK(tdist_gpusim_context_count(d) == 0);
   return 0;
 }
 
@@ -305,7 +316,7 @@ static int child_sticky_copy(void) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
   CK(cudaMalloc(&d, sizeof(host)) == cudaSuccess);
-  CK(cudaLaunchHostFunc(s, gate_fn, &g) == cudaSuccess);
+  CK((cudaError_t)tdist_gpusim_launch_kernel(s, gate_fn, &g) == cudaSuccess);
   CK(cudaMemcpyAsync(d, host, sizeof(host), cudaMemcpyHostToDevice, s) == cudaSuccess);
   CK(cudaFreeAsync(d, s2) == cudaSuccess && cudaStreamSynchronize(s2) == cudaSuccess);
   CK(tdist_gpusim_host_view(d) == NULL);
@@ -332,10 +343,14 @@ static int child_main(const char *name) {
   static const struct {
     const char *name;
     int (*fn)(void);
-  } t[] = {{"defaults", child_defaults},         {"visible", child_visible},
-           {"novis", child_novis},               {"contexts", child_contexts},
-           {"contexts1", child_contexts1},       {"sticky_kernel", child_sticky_kernel},
-           {"sticky_copy", child_sticky_copy},   {"host_fault", child_host_fault}};
+  } t[] = {{"defaults", child_defaults},
+           {"visible", child_visible},
+           {"novis", child_novis},
+           {"contexts", child_contexts},
+           {"contexts1", child_contexts1},
+           {"sticky_kernel", child_sticky_kernel},
+           {"sticky_copy", child_sticky_copy},
+           {"host_fault", child_host_fault}};
   for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
     if (strcmp(name, t[i].name) == 0) return t[i].fn();
   return 2;
@@ -392,7 +407,7 @@ static void last_error(void **state) {
   gate_init(&g);
   cudaStream_t s;
   assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  assert_int_equal(cudaLaunchHostFunc(s, gate_fn, &g), cudaSuccess);
+  assert_int_equal((cudaError_t)tdist_gpusim_launch_kernel(s, gate_fn, &g), cudaSuccess);
   assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
   assert_int_equal(cudaGetLastError(), cudaSuccess);
   gate_open(&g);
@@ -408,7 +423,8 @@ static void memory(void **state) {
   char host[256], back[256];
   void *d, *h;
   struct cudaPointerAttributes a;
-  for (int i = 0; i < 256; i++) host[i] = (char)i;
+  for (int i = 0; i < 256; i++)
+    host[i] = (char)i;
   assert_int_equal(cudaSetDevice(2), cudaSuccess);
   assert_int_equal(cudaMalloc(&d, 256), cudaSuccess);
   assert_int_equal(cudaMallocHost(&h, 64), cudaSuccess);
@@ -468,7 +484,8 @@ static void stream_order(void **state) {
   gate_init(&g);
   log_reset();
   assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
-  for (int i = 0; i < 3; i++) assert_int_equal(cudaEventCreate(&ev[i]), cudaSuccess);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(cudaEventCreate(&ev[i]), cudaSuccess);
   assert_int_equal(cudaEventCreate(&never), cudaSuccess);
   assert_int_equal(cudaEventQuery(never), cudaSuccess);
   assert_int_equal(cudaLaunchHostFunc(s, sleep_log_fn, (void *)1), cudaSuccess);
@@ -488,7 +505,8 @@ static void stream_order(void **state) {
   assert_int_equal(cudaEventQuery(ev[1]), cudaSuccess);
   assert_int_equal(cudaStreamQuery(s), cudaSuccess);
   assert_int_equal(atomic_load(&g_nlog), 3);
-  for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&g_log[i]), i + 1);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(atomic_load(&g_log[i]), i + 1);
   /* cudaEventElapsedTime: ms between two timing events; refused for
    * cudaEventDisableTiming events (cudaErrorInvalidResourceHandle). */
   float ms = -1;
@@ -504,7 +522,8 @@ static void stream_order(void **state) {
   assert_int_equal(cudaEventQuery(nt), cudaErrorInvalidResourceHandle);
   assert_int_equal(cudaEventRecord((cudaEvent_t)(uintptr_t)0x1234, s),
                    cudaErrorInvalidResourceHandle);
-  for (int i = 0; i < 3; i++) assert_int_equal(cudaEventDestroy(ev[i]), cudaSuccess);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(cudaEventDestroy(ev[i]), cudaSuccess);
   assert_int_equal(cudaEventDestroy(never), cudaSuccess);
   assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
   assert_int_equal(cudaStreamQuery(s), cudaErrorInvalidResourceHandle);
@@ -530,7 +549,7 @@ static void wait_event(void **state) {
   assert_int_equal(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking), cudaSuccess);
   assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
   assert_int_equal(cudaEventCreate(&never), cudaSuccess);
-  assert_int_equal(cudaLaunchHostFunc(s1, gate_fn, &g), cudaSuccess);
+  assert_int_equal((cudaError_t)tdist_gpusim_launch_kernel(s1, gate_fn, &g), cudaSuccess);
   assert_int_equal(cudaEventRecord(ev, s1), cudaSuccess);
   assert_int_equal(cudaStreamWaitEvent(s2, ev, 0), cudaSuccess);
   assert_int_equal(cudaEventRecord(ev, s3), cudaSuccess); /* later: not waited for */
@@ -560,6 +579,70 @@ static void wait_event(void **state) {
   cudaStreamDestroy(s3);
 }
 
+/* CUDA Runtime API, cudaLaunchHostFunc (observed on an H200, issue 39):
+ * the host functions of all streams run on one thread per process, one at
+ * a time in order of readiness, so a blocking host function delays every
+ * other stream's host functions; a host function may not call CUDA
+ * (cudaErrorNotPermitted, 800). A user kernel holds only its own stream. */
+typedef struct {
+  pthread_t self;
+  int err;
+} hf_probe_t;
+static void probe_fn(void *p) {
+  hf_probe_t *q = p;
+  q->self = pthread_self();
+  void *d = NULL;
+  q->err = (int)cudaMalloc(&d, 16); /* not permitted */
+}
+static void host_functions_one_thread(void **state) {
+  (void)state;
+  cudaStream_t s1, s2;
+  atomic_int f = 0;
+  gate_t g;
+  gate_init(&g);
+  assert_int_equal(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  /* A blocking host function on s1 delays s2's host function. */
+  assert_int_equal(cudaLaunchHostFunc(s1, gate_fn, &g), cudaSuccess);
+  gate_wait_entered(&g);
+  assert_int_equal(cudaLaunchHostFunc(s2, flag_fn, &f), cudaSuccess);
+  usleep(50000);
+  assert_int_equal(atomic_load(&f), 0);
+  assert_int_equal(cudaStreamQuery(s2), cudaErrorNotReady);
+  gate_open(&g);
+  assert_int_equal(cudaStreamSynchronize(s2), cudaSuccess);
+  assert_int_equal(atomic_load(&f), 1);
+  assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+  /* A user kernel holding s1 does not. */
+  gate_t g2;
+  gate_init(&g2);
+  atomic_store(&f, 0);
+  assert_int_equal(tdist_gpusim_launch_kernel(s1, gate_fn, &g2), 0);
+  gate_wait_entered(&g2);
+  assert_int_equal(cudaLaunchHostFunc(s2, flag_fn, &f), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s2), cudaSuccess);
+  assert_int_equal(atomic_load(&f), 1);
+  assert_int_equal(cudaStreamQuery(s1), cudaErrorNotReady);
+  gate_open(&g2);
+  assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+  /* One thread for both streams; CUDA calls from it are not permitted. */
+  hf_probe_t p1 = {0}, p2 = {0};
+  assert_int_equal(cudaLaunchHostFunc(s1, probe_fn, &p1), cudaSuccess);
+  assert_int_equal(cudaLaunchHostFunc(s2, probe_fn, &p2), cudaSuccess);
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  assert_true(pthread_equal(p1.self, p2.self));
+  assert_false(pthread_equal(p1.self, pthread_self()));
+  assert_int_equal(p1.err, 800);
+  assert_int_equal(p2.err, 800);
+  assert_string_equal(cudaGetErrorName((cudaError_t)800), "cudaErrorNotPermitted");
+  /* A bad stream handle is refused as a kernel launch would be. */
+  assert_int_equal(tdist_gpusim_launch_kernel((void *)(uintptr_t)0x5678, flag_fn, &f),
+                   cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
 /* CUDA Runtime API, Stream synchronization behavior / CUDA Programming
  * Guide, Implicit Synchronization: work on the legacy default stream waits
  * for earlier work of blocking streams and blocking streams wait for
@@ -576,7 +659,7 @@ static void legacy_sync(void **state) {
   assert_int_equal(cudaStreamCreate(&blk), cudaSuccess);
   assert_int_equal(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
   /* Blocking stream held: legacy work waits, non-blocking work does not. */
-  assert_int_equal(cudaLaunchHostFunc(blk, gate_fn, &g1), cudaSuccess);
+  assert_int_equal((cudaError_t)tdist_gpusim_launch_kernel(blk, gate_fn, &g1), cudaSuccess);
   assert_int_equal(cudaLaunchHostFunc(NULL, flag_fn, &f1), cudaSuccess);
   assert_int_equal(cudaLaunchHostFunc(nb, flag_fn, &f2), cudaSuccess);
   assert_int_equal(cudaStreamSynchronize(nb), cudaSuccess);
@@ -588,7 +671,8 @@ static void legacy_sync(void **state) {
   assert_int_equal(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
   assert_int_equal(atomic_load(&f1), 1);
   /* Legacy stream held: blocking and per-thread work waits. */
-  assert_int_equal(cudaLaunchHostFunc(cudaStreamLegacy, gate_fn, &g2), cudaSuccess);
+  assert_int_equal((cudaError_t)tdist_gpusim_launch_kernel(cudaStreamLegacy, gate_fn, &g2),
+                   cudaSuccess);
   assert_int_equal(cudaLaunchHostFunc(blk, flag_fn, &f3), cudaSuccess);
   assert_int_equal(cudaLaunchHostFunc(cudaStreamPerThread, flag_fn, &f4), cudaSuccess);
   gate_wait_entered(&g2);
@@ -648,7 +732,8 @@ static void capture_replay(void **state) {
   assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
   assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
   assert_int_equal(atomic_load(&g_nlog), 6);
-  for (int i = 0; i < 6; i++) assert_int_equal(atomic_load(&g_log[i]), i % 3 + 1);
+  for (int i = 0; i < 6; i++)
+    assert_int_equal(atomic_load(&g_log[i]), i % 3 + 1);
   if (launch) {
     assert_int_equal(atomic_load(&k.instances), 2);
     assert_int_equal(atomic_load(&k.runs), 2);
@@ -803,7 +888,8 @@ static void capture_fork_join(void **state) {
   assert_int_equal(cudaGraphLaunch(exec, s1), cudaSuccess);
   assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
   assert_int_equal(atomic_load(&g_nlog), 3);
-  for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&g_log[i]), i + 1);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(atomic_load(&g_log[i]), i + 1);
   /* An event recorded by the replay is an ordinary event again. */
   assert_int_equal(cudaEventQuery(join_ev), cudaSuccess);
   cudaGraphExecDestroy(exec);
@@ -818,13 +904,13 @@ static void capture_fork_join(void **state) {
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2]);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(devices),         cmocka_unit_test(contexts),
-      cmocka_unit_test(sticky_errors),   cmocka_unit_test(error_strings),
-      cmocka_unit_test(last_error),      cmocka_unit_test(memory),
-      cmocka_unit_test(stream_order),    cmocka_unit_test(wait_event),
-      cmocka_unit_test(legacy_sync),     cmocka_unit_test(capture_replay),
-      cmocka_unit_test(capture_invalid_ops), cmocka_unit_test(capture_modes),
-      cmocka_unit_test(capture_fork_join),
+      cmocka_unit_test(devices),        cmocka_unit_test(contexts),
+      cmocka_unit_test(sticky_errors),  cmocka_unit_test(error_strings),
+      cmocka_unit_test(last_error),     cmocka_unit_test(memory),
+      cmocka_unit_test(stream_order),   cmocka_unit_test(wait_event),
+      cmocka_unit_test(legacy_sync),    cmocka_unit_test(host_functions_one_thread),
+      cmocka_unit_test(capture_replay), cmocka_unit_test(capture_invalid_ops),
+      cmocka_unit_test(capture_modes),  cmocka_unit_test(capture_fork_join),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  * pages).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -20,10 +21,11 @@
 
 typedef struct arg {
   ncclUniqueId id;
+  int hosts; /* killed_child: each rank its own NCCL_HOSTID */
 } arg_t;
 
 static int run(int n, tdist_mp_fn fn, int *codes) {
-  arg_t a;
+  arg_t a = {0};
   if (ncclGetUniqueId(&a.id) != ncclSuccess) return -1;
   if (codes) return tdist_mp_run_codes(n, fn, &a, 60, codes);
   return tdist_mp_run(n, fn, &a, 60);
@@ -199,9 +201,24 @@ static void misuse_is_permanent(void **s) {
   assert_int_equal(run(2, misuse_child, NULL), 0);
 }
 
-/* ---- a killed peer: ncclRemoteError, then revoke and shrink (user guide,
- * fault tolerance; init.cc ncclCommRevoke, ncclCommShrink) --------------- */
+/* ---- a killed peer (user guide, fault tolerance; init.cc ncclCommRevoke,
+ * ncclCommShrink). Which transport sees it decides (misc/utils.cc
+ * getHostHash: NCCL_HOSTID, else the host name):
+ *   - on another host (network transport, with a proxy): the proxy stores
+ *     ncclRemoteError (proxy.cc asyncResult) and nothing clears it: revoke
+ *     answers ncclInProgress, the error stays, and a shrink fails with it
+ *     (ncclCommInitChildComm -> ncclCommEnsureReady), no child;
+ *   - on the same host (P2P/SHM, no proxy): nothing is reported, the kernel
+ *     spins until revoke; revoke, then shrink excluding it, works. ------- */
 static int killed_child(int rank, int n, void *p) {
+  int hosts = ((arg_t *)p)->hosts;
+  if (hosts) {
+    char id[32];
+    snprintf(id, sizeof(id), "killed-peer-host-%d", rank);
+    setenv("NCCL_HOSTID", id, 1);
+  } else {
+    unsetenv("NCCL_HOSTID");
+  }
   ncclComm_t c;
   MP_CHECK(init(rank, n, p, 0, &c) == 0);
   MP_CHECK(warm(c) == 0);
@@ -211,22 +228,30 @@ static int killed_child(int rank, int n, void *p) {
   cudaEvent_t ev;
   GT_CUDA(cudaEventCreate(&ev));
   MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  ncclResult_t st = gt_wait_ready(c, 10000); /* the launch ended */
+  MP_CHECK(st == ncclSuccess || (hosts && st == ncclRemoteError));
+  GT_CUDA(cudaEventRecord(ev, NULL));
   long long t0 = gt_now_ms();
-  ncclResult_t st = ncclSuccess;
-  while (st != ncclRemoteError && gt_now_ms() - t0 < 5000) {
+  while (st != ncclRemoteError && gt_now_ms() - t0 < (hosts ? 5000 : 500)) {
     usleep(2000);
     GT_NCCL(ncclCommGetAsyncError(c, &st));
   }
-  MP_CHECK(st == ncclRemoteError);
-  GT_CUDA(cudaEventRecord(ev, NULL));
+  MP_CHECK(st == (hosts ? ncclRemoteError : ncclSuccess));
   MP_CHECK(cudaEventQuery(ev) == cudaErrorNotReady); /* the kernel still waits */
   MP_CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInProgress);
-  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == (hosts ? ncclRemoteError : ncclSuccess));
   GT_CUDA(cudaEventSynchronize(ev)); /* the kernel exited */
   /* A revoked communicator takes no new work. */
   MP_CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, NULL) == ncclInvalidUsage);
   int ex[1] = {2};
   ncclComm_t sh = NULL;
+  if (hosts) {
+    MP_CHECK(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_DEFAULT) == ncclRemoteError);
+    MP_CHECK(sh == NULL);
+    GT_NCCL(ncclCommAbort(c));
+    cudaFree(d);
+    return 0;
+  }
   MP_CHECK(ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_DEFAULT) == ncclInProgress);
   MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
   MP_CHECK(sh != NULL);
@@ -241,13 +266,22 @@ static int killed_child(int rank, int n, void *p) {
   cudaFree(d);
   return 0;
 }
-static void killed_peer_remote_error_then_shrink(void **s) {
-  (void)s;
+static void killed_peer_run(int hosts) {
+  arg_t a = {.hosts = hosts};
   int codes[3];
-  run(3, killed_child, codes);
+  assert_int_equal(ncclGetUniqueId(&a.id), ncclSuccess);
+  tdist_mp_run_codes(3, killed_child, &a, 60, codes);
   assert_int_equal(codes[0], 0);
   assert_int_equal(codes[1], 0);
   assert_int_equal(codes[2], 128 + SIGKILL);
+}
+static void killed_peer_same_host_silent_then_shrink(void **s) {
+  (void)s;
+  killed_peer_run(0);
+}
+static void killed_peer_other_host_remote_error_stays(void **s) {
+  (void)s;
+  killed_peer_run(1);
 }
 
 /* ---- shrink with NCCL_SHRINK_ABORT on a live parent: in-flight kernels
@@ -291,6 +325,50 @@ static void shrink_abort_completes_events(void **s) {
   assert_int_equal(run(3, shrink_abort_child, NULL), 0);
 }
 
+/* ---- NCCL_SHRINK_ABORT synchronises the parent's stream on the caller's
+ * thread (init.cc ncclCommShrink: setCommAbortFlags, then
+ * ncclStrongStreamSynchronize before ncclCommInitChildComm): a collective
+ * stuck behind a user kernel that the abort flag cannot stop holds the
+ * caller, even on a non-blocking communicator. ------------------------ */
+static void spin_ms(void *arg) { usleep((useconds_t)(uintptr_t)arg * 1000); }
+static int shrink_stuck_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == 2) { /* alive, never joins the collective */
+    usleep(3000 * 1000);
+    return 0;
+  }
+  void *d = gt_dev_from(NULL, 64);
+  cudaStream_t s;
+  GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  long long t_launch = gt_now_ms();
+  GT_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, spin_ms, (void *)(uintptr_t)1200));
+  ncclResult_t r = ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess); /* the launch job may be done already */
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  int ex[1] = {2};
+  ncclComm_t sh = NULL;
+  MP_CHECK(cudaStreamQuery(s) == cudaErrorNotReady); /* the user kernel still runs */
+  r = ncclCommShrink(c, ex, 1, &sh, NULL, NCCL_SHRINK_ABORT);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  /* The call itself waited for the user kernel: its 1.2 s are over and the
+   * stream is idle as soon as the call returns. */
+  MP_CHECK(gt_now_ms() - t_launch >= 1150);
+  MP_CHECK(cudaStreamQuery(s) == cudaSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  MP_CHECK(sh != NULL);
+  GT_NCCL(ncclCommAbort(c));
+  MP_CHECK(gt_wait_ready(sh, 10000) == ncclSuccess);
+  GT_NCCL(ncclCommDestroy(sh));
+  cudaFree(d);
+  return 0;
+}
+static void shrink_abort_waits_on_caller_thread(void **s) {
+  (void)s;
+  assert_int_equal(run(3, shrink_stuck_child, NULL), 0);
+}
+
 /* ---- grouped send/recv: a ring both ways and a send to self in one group
  * (user guide, "Group Calls": point-to-point in a group progress together) */
 static int p2p_child(int rank, int n, void *p) {
@@ -329,7 +407,7 @@ static void grouped_send_recv(void **s) {
   assert_int_equal(run(3, p2p_child, NULL), 0);
 }
 
-/* ---- abort waits for a kernel queued behind a spinning host function
+/* ---- abort waits for a kernel queued behind a spinning user kernel
  * (init.cc ncclCommAbort -> commReclaim waits for the comm's kernels) --- */
 static void spin(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
 static int abort_wait_child(int rank, int n, void *p) {
@@ -343,7 +421,7 @@ static int abort_wait_child(int rank, int n, void *p) {
   }
   cudaStream_t s;
   GT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  GT_CUDA(cudaLaunchHostFunc(s, spin, (void *)(uintptr_t)(600 * 1000)));
+  GT_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, spin, (void *)(uintptr_t)(600 * 1000)));
   void *d = gt_dev_from(NULL, 64);
   GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s));
   long long t0 = gt_now_ms();
@@ -460,6 +538,157 @@ static void freed_buffer_faults_sticky(void **s) {
   assert_int_equal(run(1, fault_child, NULL), 0);
 }
 
+/* ---- revoke while a non-blocking enqueue's group job is linked, then
+ * ncclCommGetAsyncError: NCCL 2.28 frees the job in revoke
+ * (ncclCommEnsureReady -> group.cc ncclGroupJobAbort) and leaves
+ * comm->groupJob pointing at it; ncclCommGetAsyncError reading ncclSuccess
+ * then completes the freed job (init.cc). Detected, not crashed. ------- */
+static int uaf_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  if (rank == 1) { /* late for the first collective: the enqueue stays in flight */
+    usleep(1000 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  void *d = gt_dev_from(NULL, 64);
+  long before = tdist_gpusim_use_after_free();
+  MP_CHECK(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL) == ncclInProgress);
+  usleep(100 * 1000);
+  ncclResult_t st;
+  GT_NCCL(ncclCommGetAsyncError(c, &st));
+  MP_CHECK(st == ncclInProgress); /* waiting to connect with rank 1 */
+  MP_CHECK(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT) == ncclInProgress);
+  MP_CHECK(tdist_gpusim_use_after_free() == before); /* freed, not yet used */
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);  /* this call uses it */
+  MP_CHECK(tdist_gpusim_use_after_free() == before + 1);
+  GT_NCCL(ncclCommGetAsyncError(c, &st)); /* unlinked now: once */
+  MP_CHECK(tdist_gpusim_use_after_free() == before + 1);
+  GT_NCCL(ncclCommAbort(c));
+  cudaFree(d);
+  return 0;
+}
+static void revoke_in_flight_use_after_free(void **s) {
+  (void)s;
+  assert_int_equal(run(2, uaf_child, NULL), 0);
+}
+
+/* ---- ncclCommGetAsyncError writes the communicator (it completes the
+ * group job: init.cc): a watchdog thread polling it while another thread is
+ * inside a call on the communicator is counted. ------------------------ */
+static void *poll_async(void *p) {
+  ncclResult_t st;
+  usleep(100 * 1000); /* the main thread is inside its all_reduce by now */
+  (void)ncclCommGetAsyncError((ncclComm_t)p, &st);
+  return NULL;
+}
+static int poll_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  void *d = gt_dev_from(NULL, 64);
+  if (rank == 1) usleep(500 * 1000); /* rank 0's first collective waits to connect */
+  long before = tdist_gpusim_comm_violations();
+  pthread_t th;
+  if (rank == 0) pthread_create(&th, NULL, poll_async, c);
+  GT_NCCL(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, NULL));
+  if (rank == 0) {
+    pthread_join(th, NULL);
+    MP_CHECK(tdist_gpusim_comm_violations() == before + 1);
+  }
+  GT_CUDA(cudaDeviceSynchronize());
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(d);
+  return 0;
+}
+static void get_async_error_counted(void **s) {
+  (void)s;
+  assert_int_equal(run(2, poll_child, NULL), 0);
+}
+
+/* ---- runtime connection of a second algorithm (transport.cc, measured on
+ * an H200 with NCCL 2.28.9): after an 8-float all_reduce, with one rank
+ * 1.5 s late, the first all_reduce above 64 KiB stays ncclInProgress in the
+ * enqueue until the late rank arrives at 3 ranks; a 64-float one does not
+ * wait; at 2 ranks none waits. ---------------------------------------- */
+static int late_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  enum { BIG = 256 * 1024 };
+  void *small = gt_dev_from(NULL, 64 * sizeof(float));
+  void *big = gt_dev_from(NULL, BIG * sizeof(float));
+  MP_CHECK(small && big);
+  if (rank == n - 1) usleep(1500 * 1000);
+  long long t0 = gt_now_ms();
+  ncclResult_t r = ncclAllReduce(small, small, 64, ncclFloat32, ncclSum, c, NULL);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  long long t_small = gt_now_ms() - t0;
+  t0 = gt_now_ms();
+  r = ncclAllReduce(big, big, BIG, ncclFloat32, ncclSum, c, NULL);
+  MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+  MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
+  long long t_big = gt_now_ms() - t0;
+  GT_CUDA(cudaDeviceSynchronize());
+  if (rank != n - 1) {
+    MP_CHECK(t_small < 500);
+    if (n >= 3)
+      MP_CHECK(t_big >= 1000); /* waited for the late rank's first use */
+    else
+      MP_CHECK(t_big < 500);
+  }
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(small);
+  cudaFree(big);
+  return 0;
+}
+static void first_large_collective_waits_at_three_ranks(void **s) {
+  (void)s;
+  assert_int_equal(run(3, late_child, NULL), 0);
+}
+static void first_large_collective_no_wait_at_two_ranks(void **s) {
+  (void)s;
+  assert_int_equal(run(2, late_child, NULL), 0);
+}
+
+/* On a blocking communicator the same wait is inside the call; an abort
+ * from another thread ends it (NCCL's abortFlag ends connection waits). */
+typedef struct aborter {
+  ncclComm_t c;
+} aborter_t;
+static void *abort_later(void *p) {
+  usleep(500 * 1000);
+  (void)ncclCommAbort(((aborter_t *)p)->c);
+  return NULL;
+}
+static int blocking_wait_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 1, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  if (rank == n - 1) { /* never makes the large collective */
+    usleep(2500 * 1000);
+    GT_NCCL(ncclCommAbort(c));
+    return 0;
+  }
+  enum { BIG = 256 * 1024 };
+  void *big = gt_dev_from(NULL, BIG * sizeof(float));
+  aborter_t a = {c};
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, &a);
+  long long t0 = gt_now_ms();
+  ncclResult_t r = ncclAllReduce(big, big, BIG, ncclFloat32, ncclSum, c, NULL);
+  long long dt = gt_now_ms() - t0;
+  pthread_join(th, NULL);
+  MP_CHECK(r != ncclSuccess);       /* ended by the abort, not completed */
+  MP_CHECK(dt >= 400 && dt < 2000); /* inside the call until the abort */
+  cudaFree(big);
+  return 0;
+}
+static void blocking_connect_wait_ends_at_abort(void **s) {
+  (void)s;
+  assert_int_equal(run(3, blocking_wait_child, NULL), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
@@ -469,11 +698,18 @@ int main(int argc, char **argv) {
       cmocka_unit_test(nonblocking_init_and_enqueue),
       cmocka_unit_test(split_writes_newcomm_late),
       cmocka_unit_test(misuse_is_permanent),
-      cmocka_unit_test(killed_peer_remote_error_then_shrink),
+      cmocka_unit_test(killed_peer_same_host_silent_then_shrink),
+      cmocka_unit_test(killed_peer_other_host_remote_error_stays),
       cmocka_unit_test(shrink_abort_completes_events),
+      cmocka_unit_test(shrink_abort_waits_on_caller_thread),
       cmocka_unit_test(grouped_send_recv),
       cmocka_unit_test(abort_waits_for_queued_kernel),
       cmocka_unit_test(concurrent_calls_counted),
+      cmocka_unit_test(revoke_in_flight_use_after_free),
+      cmocka_unit_test(get_async_error_counted),
+      cmocka_unit_test(first_large_collective_waits_at_three_ranks),
+      cmocka_unit_test(first_large_collective_no_wait_at_two_ranks),
+      cmocka_unit_test(blocking_connect_wait_ends_at_abort),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -406,7 +406,7 @@ static int stream_child(int rank, int n, void *arg) {
       gt.vals[i] = (float)(rank + 1) * (float)(i + 1);
     NS_CUDA(cudaMemset(send, 0, 64));
     NS_CUDA(cudaMemset(recv, 0, 64));
-    NS_CUDA(cudaLaunchHostFunc(prod, gate_fn, &gt));
+    NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(prod, gate_fn, &gt));
     tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_STREAM, .stream = prod};
     tdist_work_t *w = NULL;
     MP_CHECK_RC(

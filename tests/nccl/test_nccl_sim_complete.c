@@ -35,8 +35,8 @@
 
 static int port;
 
-/* A host function on a stream: blocks the stream until `open` is set
- * (bounded: a broken test must not hang the suite). */
+/* A user kernel (tdist_gpusim_launch_kernel) on a stream: blocks the stream
+ * until `open` is set (bounded: a broken test must not hang the suite). */
 typedef struct gate {
   atomic_int open, reached;
 } gate_t;
@@ -110,14 +110,14 @@ static int busy_progress_child(int rank, int n, void *arg) {
   /* s: [gate1] C [gate2] B. C's callback blocks the progress thread; B
    * completes only once that happened. */
   gate_t g1 = {0}, g2 = {0}, g3 = {0};
-  NS_CUDA(cudaLaunchHostFunc(s, gate_fn, &g1));
+  NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, gate_fn, &g1));
   tdist_work_t *wc = NULL, *wb = NULL, *we = NULL;
   MP_CHECK_RC(tdist_all_reduce(g, c, c, 16, TDIST_FLOAT32, TDIST_SUM, &o, &wc));
   MP_CHECK_RC(tdist_work_on_complete(wc, block_cb, NULL));
-  NS_CUDA(cudaLaunchHostFunc(s, gate_fn, &g2));
+  NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, gate_fn, &g2));
   MP_CHECK_RC(tdist_all_reduce(g, b, b, 16, TDIST_FLOAT32, TDIST_SUM, &o, &wb));
   MP_CHECK_RC(tdist_work_on_complete(wb, b_cb, NULL));
-  NS_CUDA(cudaLaunchHostFunc(s, gate_fn, &g3));
+  NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, gate_fn, &g3));
   MP_CHECK_RC(tdist_all_reduce(g, b, b, 16, TDIST_FLOAT32, TDIST_SUM, &o, &we));
   /* Started by the progress thread (posted): only then may a caller claim. */
   NS_WAIT_FOR(tdist_work_state(we) == TDIST_WORK_RUNNING, 10000);

@@ -431,7 +431,7 @@ static int stall_child(int rank, int n, void *arg) {
   NS_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   float *d = ns_dev(NULL, 64);
   /* A user's kernel that runs 3 s, and an op of group a queued behind it. */
-  NS_CUDA(cudaLaunchHostFunc(s, spin, (void *)(uintptr_t)(3000 * 1000)));
+  NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(s, spin, (void *)(uintptr_t)(3000 * 1000)));
   tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_STREAM, .stream = s};
   tdist_work_t *w = NULL;
   MP_CHECK_RC(tdist_all_reduce(a, d, d, 4, TDIST_FLOAT32, TDIST_SUM, &o, &w));
@@ -629,7 +629,7 @@ static void two_gpus_one_process(void **s) {
   run_n(2, two_gpus_child, 90);
 }
 
-/* ---- a compute kernel overlapping an all_reduce: a host function spins on
+/* ---- a compute kernel overlapping an all_reduce: a user kernel spins on
  * another stream of the same device while the collective runs; the
  * collective completes first, the compute's stream is not held by it, and
  * data that waited on the result (wait_stream) sees it. ------------------ */
@@ -649,7 +649,7 @@ static int overlap_child(int rank, int n, void *arg) {
   NS_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   NS_CUDA(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
   __atomic_store_n(&compute_release, 0, __ATOMIC_RELEASE);
-  NS_CUDA(cudaLaunchHostFunc(compute, compute_kernel, NULL));
+  NS_CUDA((cudaError_t)tdist_gpusim_launch_kernel(compute, compute_kernel, NULL));
   float h[1024];
   for (int i = 0; i < 1024; i++)
     h[i] = (float)(rank + i);
