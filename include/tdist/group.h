@@ -188,7 +188,8 @@ int tdist_group_abort(tdist_group_t *group, const char *reason);
  * either called it or been declared dead; the first survivor to get there
  * fixes the member list in the store and all survivors use that list.
  * Ranks keep their order: the new rank is the position among the survivors.
- * NCCL: ncclCommShrink (NCCL_SHRINK_ABORT); CPU: the survivors' existing
+ * NCCL: a fresh communicator through the store (ncclCommShrink fails on a
+ * communicator NCCL saw a peer die on); CPU: the survivors' existing
  * connections are reused. `group` itself stays aborted: destroy it later.
  * @param opts   name and timeout of the new group, as for tdist_new_group.
  * @return 0; TDIST_ERR_TIMEOUT naming the ranks that neither came nor died;

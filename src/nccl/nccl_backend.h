@@ -160,7 +160,6 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
 /* Newer calls, looked up one by one: a missing one (NULL) fails only the
  * call that needs it. X(name, major, minor): the release that added it. */
 #define TDIST__NCCL_OPTIONAL(X) \
-  X(ncclCommShrink, 2, 27)      \
   X(ncclAlltoAll, 2, 28)        \
   X(ncclGather, 2, 28)          \
   X(ncclScatter, 2, 28)
@@ -239,7 +238,6 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define ncclReduceScatter(...) tdist__nccl_fn.ncclReduceScatter(__VA_ARGS__)
 #define ncclSend(...) tdist__nccl_fn.ncclSend(__VA_ARGS__)
 #define ncclRecv(...) tdist__nccl_fn.ncclRecv(__VA_ARGS__)
-#define ncclCommShrink(...) tdist__nccl_fn.ncclCommShrink(__VA_ARGS__)
 #define ncclAlltoAll(...) tdist__nccl_fn.ncclAlltoAll(__VA_ARGS__)
 #define ncclGather(...) tdist__nccl_fn.ncclGather(__VA_ARGS__)
 #define ncclScatter(...) tdist__nccl_fn.ncclScatter(__VA_ARGS__)

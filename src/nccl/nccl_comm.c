@@ -2,7 +2,7 @@
  * nccl_comm.c - communicator creation of the NCCL backend: init (opens NCCL
  * and the CUDA runtime on first use, nccl_lib.c; checks the device; unique
  * id from rank 0 through the group's store), split (ncclCommSplit) and
- * shrink (ncclCommShrink). The group's state, destroy and the backend's
+ * shrink (a fresh communicator through the store). The group's state, destroy and the backend's
  * description are in nccl_state.c.
  *
  * Threads: everything here runs on a caller thread (tdist/backend.h) and may
@@ -361,77 +361,26 @@ fail:
   return rc;
 }
 
-/* Survivors only (tdist_group_shrink): after a failure, or a live group cut
- * down by the caller. */
+/* Survivors only (tdist_group_shrink): a rank failed. The survivors make a
+ * communicator of their own over the new group's store, as init does, and
+ * never ncclCommShrink the parent's: once NCCL's proxy has seen a peer die,
+ * every shrink of that communicator fails (NCCL 2.28.9: the remote error is
+ * permanent, ncclCommInitChildComm -> ncclCommEnsureReady), and whether a
+ * survivor's proxy saw it differs per rank (only network peers are
+ * watched), so a per-rank choice would split the survivors. Taking the same
+ * path after every failure, they agree without a word. A parent the core
+ * has not aborted yet (the shrink got ahead of the death record) is failed
+ * first: its kernels, waiting for the dead rank, must not stay on the GPU.
+ * The old communicator's abort (its own thread) is not waited for. */
 int tdist__nccl_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
-  int rc = 0;
-  tdist__nccl_t *pn = p->parent, *nc = NULL;
-  ncclComm_t comm = NULL, *slot = NULL;
-  ncclConfig_t cfg;
-  tdist__nccl_dev_t dev = {0, 0};
-  int failed = 0, stopped = 0;
-  /* The parent failed (any cause: its communicator is aborted or being
-   * aborted), or nobody is left out (every rank survived, e.g. a rank that
-   * skipped an op): the survivors make a communicator of their own over the
-   * new group's store, as init does. ncclCommShrink of a communicator whose
-   * proxy saw a peer die fails on every variant (NCCL 2.28.9: the remote
-   * error is permanent, ncclCommEnsureReady), and whether a survivor's
-   * proxy saw it differs per rank, so every survivor takes this path after
-   * any failure: they all agree without a word. The old communicator's
-   * abort (its own thread) is not waited for. */
+  tdist__nccl_t *pn = p->parent;
   pthread_mutex_lock(&pn->mu);
-  int own = pn->dead || !pn->comm || p->nexclude == 0 || !NC.ncclCommShrink ||
-            tdist_backend_aborted(pn->group);
+  int live = !pn->dead;
   pthread_mutex_unlock(&pn->mu);
-  if (own) return init_on(p, child_device(p, pn), out);
-  TDIST_CHECKGOTO(tdist__nccl_state_new(child_device(p, pn), p, &nc), rc, fail);
-  tdist__nccl_config(&cfg, nc->name);
-  slot = tdist__calloc(1, sizeof(*slot));
-  if (!slot) {
-    rc = tdist__error(TDIST_ERR_NO_MEMORY, "shrink of group '%s': out of memory", pn->name);
-    goto fail;
-  }
-  TDIST_CHECKGOTO(tdist__nccl_dev_enter(pn->device, &dev), rc, fail);
-  if (tdist__nccl_call_enter(pn, "shrink") != 0) {
-    /* aborted since the check above: the same path as then */
-    tdist__nccl_dev_leave(&dev);
-    tdist__free(slot);
-    tdist__nccl_state_free(nc);
-    return init_on(p, child_device(p, pn), out);
-  }
-  /* A live parent: NCCL_SHRINK_ABORT terminates its ongoing work (its
-   * kernels exit early and their end events complete over data never
-   * reduced), so those ops are forgotten here and fail rather than complete
-   * as if done. NCCL syncs the stream on this thread meanwhile: `call` is
-   * held, mu is not, so the progress thread goes on. */
-  pthread_mutex_lock(&pn->mu);
-  if (tdist__list_first(&pn->inflight)) {
-    tdist__nccl_forget_locked(pn);
-    stopped = 1;
-  }
-  pthread_mutex_unlock(&pn->mu);
-  ncclResult_t r = ncclCommShrink(pn->comm, (int *)p->exclude, p->nexclude, slot, &cfg,
-                                  stopped ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-  rc = finish_child(pn, NULL, r, slot, "ncclCommShrink", p->timeout_ms, &comm, &failed);
-  if (rc == 0 && !comm)
-    rc = tdist__error(TDIST_ERR_NCCL_ERROR, "ncclCommShrink gave no communicator");
-  if (rc == 0) rc = comm_ready(comm, p->group, nc->name, "ncclCommShrink", p->timeout_ms);
-  pthread_mutex_unlock(&pn->call);
-  tdist__nccl_dev_leave(&dev);
-  if (stopped)
+  if (live && !tdist_backend_aborted(pn->group))
     tdist__nccl_fail_group(pn, TDIST_ERR_ABORTED,
-                           "group '%s' was shrunk with ops in flight: NCCL_SHRINK_ABORT stopped "
-                           "their kernels before they finished",
+                           "group '%s' was shrunk while its communicator was live: aborted, so "
+                           "that none of its kernels waits on the GPU for a rank left out",
                            pn->name);
-  if (failed) parent_failed(pn, rc);
-  if (rc != 0) goto fail;
-  tdist__free(slot);
-  rc = exchange_cc(p, nc->device, &nc->min_cc);
-  if (rc != 0) goto fail;
-  return adopt(nc, comm, out);
-fail:
-  if (comm) ncclCommAbort(comm);
-  tdist__free(slot);
-  tdist__nccl_state_free(nc);
-  return rc;
+  return init_on(p, child_device(p, pn), out);
 }

@@ -255,7 +255,7 @@ int tdist__nccl_destroy(void *state) {
       TDIST_WARN(NCCL, "group '%s': %s; aborting the communicator", nc->name, tdist_last_error());
       ncclCommAbort(comm);
     }
-  } else if (comm) { /* stopped by a shrink (NCCL_SHRINK_ABORT): abort frees it */
+  } else if (comm) { /* dead, its abort thread never started: abort frees it */
     ncclCommAbort(comm);
   }
   tdist__nccl_dev_leave(&dev);
