@@ -84,6 +84,10 @@ static int death_child(int rank, int n, void *arg) {
   MP_CHECK_RC(ns_sync(s, "done", 10000));
   MP_CHECK_RC(tdist_group_destroy(s));
   tdist_group_destroy(g);
+  /* No NCCL call raced another on a communicator, and none read NCCL's
+   * group job after a revoke freed it (item 4: tdist no longer revokes). */
+  MP_CHECK(tdist_gpusim_comm_violations() == 0);
+  MP_CHECK(tdist_gpusim_use_after_free() == 0);
   return 0;
 }
 static void death_run(int hosts) {
@@ -145,6 +149,8 @@ static int skip_child(int rank, int n, void *arg) {
   if (w) tdist_work_release(w);
   MP_CHECK(tdist_group_is_aborted(g));
   tdist_group_destroy(g);
+  MP_CHECK(tdist_gpusim_comm_violations() == 0);
+  MP_CHECK(tdist_gpusim_use_after_free() == 0);
   return 0;
 }
 static void skip_named(void **s) {
