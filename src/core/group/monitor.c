@@ -235,6 +235,12 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
     if (i == mb->rank) continue;
     int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
     if (next > (int64_t)seq) continue; /* it submitted this op */
+    /* A heartbeat that no longer lists the group: its rank destroyed it
+     * (after its own copy of this op failed: a peer's diagnosis may come
+     * later, on a loaded host), not one that never came -- a group is made
+     * by all its members, and an op's timeout outlasts a heartbeat
+     * interval, so a rank alive and behind lists it. */
+    if (next < 0) continue;
     int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
     behind++;
