@@ -140,9 +140,10 @@ static int skip_child(int rank, int n, void *arg) {
   }
   fprintf(stderr, "skip: rank %d: submit %lld ms, %s: %s\n", rank, submit_ms, tdist_err_name(rc),
           msg);
-  NS_EXPECT(rc, TDIST_ERR_TIMEOUT);
-  NS_HAS(msg, "rank 2 of group 'world'");
-  MP_CHECK(strstr(msg, rank == 0 ? "rank 1" : "rank 0") == NULL); /* only the skipper */
+  /* Timed out here, or aborted by the other survivor's timeout first: either
+   * way the diagnosis names the skipper, and only it. */
+  MP_CHECK(rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_ABORTED);
+  NS_HAS(msg, "rank 2 of group 'world' had not reached seq 1");
   /* The submit itself does not wait for the peers (the op's timeout
    * covers that, with its diagnosis). */
   MP_CHECK(submit_ms < 1000);

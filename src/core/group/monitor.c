@@ -171,14 +171,20 @@ static int exists(tdist__monitor_t *m, const char *key) {
   return tdist_store_check(m->conn, keys, 1, &all) == 0 && all;
 }
 
+/* peer_seq's answer for a heartbeat it could not read (no key yet, a store
+ * call that failed on a loaded host): unknown, unlike -1 (read, and the
+ * group is not in it). */
+#define PEER_UNREAD (-2)
+
 /* next_seq of group uid in world rank wr's heartbeat: its own key, or, for a
  * rank behind a host agent, its line "<wr> a <value>" in the host's
- * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>"). */
+ * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>").
+ * -1 if the heartbeat lists no such group; PEER_UNREAD. */
 static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc) {
   char key[48];
   void *val = NULL;
   size_t len = 0;
-  int64_t next = -1;
+  int64_t next = PEER_UNREAD;
   snprintf(key, sizeof(key), "tdist/hb/%d", wr);
   if (exists(m, key) && tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
     next = seq_in(val, len, uid);
@@ -186,7 +192,7 @@ static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_c
     return next;
   }
   snprintf(key, sizeof(key), "tdist/hbat/%d", wr);
-  if (!exists(m, key) || tdist_store_get(m->conn, key, &val, &len, 100) != 0) return -1;
+  if (!exists(m, key) || tdist_store_get(m->conn, key, &val, &len, 100) != 0) return PEER_UNREAD;
   char hs[24];
   snprintf(hs, sizeof(hs), "%.*s", (int)(len < 16 ? len : 16), (char *)val);
   tdist_store_free(val);
@@ -196,7 +202,7 @@ static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_c
     hc->val = NULL;
     hc->host = -1;
     snprintf(key, sizeof(key), "tdist/hbh/%ld", host);
-    if (tdist_store_get(m->conn, key, &hc->val, &hc->len, 100) != 0) return -1;
+    if (tdist_store_get(m->conn, key, &hc->val, &hc->len, 100) != 0) return PEER_UNREAD;
     hc->host = host;
   }
   char want[24];
@@ -234,13 +240,18 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   for (int i = 0; found && i < mb->size; i++) {
     if (i == mb->rank) continue;
     int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
+    for (int again = 0; next == PEER_UNREAD && again < 3; again++) {
+      struct timespec ts = {0, 50 * 1000000}; /* a loaded store: read it again */
+      nanosleep(&ts, NULL);
+      next = peer_seq(m, mb->ranks[i], uid, &hc);
+    }
     if (next > (int64_t)seq) continue; /* it submitted this op */
     /* A heartbeat that no longer lists the group: its rank destroyed it
      * (after its own copy of this op failed: a peer's diagnosis may come
      * later, on a loaded host), not one that never came -- a group is made
      * by all its members, and an op's timeout outlasts a heartbeat
      * interval, so a rank alive and behind lists it. */
-    if (next < 0) continue;
+    if (next == -1) continue; /* unread still: it cannot be vouched for */
     int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
     behind++;
