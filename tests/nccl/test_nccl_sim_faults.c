@@ -37,6 +37,10 @@
  *   inflight_death_shrink            #8: a peer dies under an op in flight:
  *                                    REMOTE_FAILED naming it, then shrink
  *                                    (was: NCCL_ERROR, communicator aborted)
+ *   inflight_death_shrink_hosts      the same, each rank on a host of its own:
+ *                                    NCCL's proxy reports the death for good
+ *                                    (issue 39 #1: was "ncclCommRevoke ...
+ *                                    remote process exited", no shrink)
  *   shrink_live_inflight_fails       #7: a live parent shrunk with an op in
  *                                    flight: the op fails, never completes
  *   two_gpus_one_process             two devices, one group each, two threads
@@ -455,14 +459,25 @@ static void abort_stalls_no_other_group(void **s) {
 }
 
 /* ---- issue 24 #8: a peer dies under an op in flight. NCCL (its proxy)
- * may see it before the store: ncclRemoteError is a peer failure -- the
- * communicator is revoked, not aborted, and the survivors shrink. With the
- * default grace the monitor names the rank; ctest also runs this with
- * TDIST_NCCL_REMOTE_GRACE_MS=0 (nccl_sim_faults_nccl_first), where NCCL's
- * unnamed report may come first: still REMOTE_FAILED, still a shrink. -- */
+ * may see it before the store: ncclRemoteError is a peer failure, and the
+ * survivors shrink. With the default grace the monitor names the rank;
+ * ctest also runs the separate-hosts form with TDIST_NCCL_REMOTE_GRACE_MS=0
+ * (nccl_sim_faults_nccl_first), where NCCL's unnamed report may come first:
+ * still REMOTE_FAILED, still a shrink.
+ * _hosts (issue 39 #1): every rank on a host of its own (NCCL_HOSTID), so
+ * NCCL's network proxy sees the death and its error is permanent: no revoke
+ * clears it and every ncclCommShrink of that communicator fails, as on the
+ * H200 (20 of 20 shrinks failed before the fix); the survivors still shrink
+ * (a fresh communicator through the store). On one host NCCL reports
+ * nothing (P2P/SHM have no proxy) and tdist's liveness names the rank. -- */
 static int inflight_death_child(int rank, int n, void *arg) {
-  (void)arg;
+  int hosts = *(const int *)arg;
   tdist_group_t *g = NULL, *s = NULL;
+  if (hosts) {
+    char id[32];
+    snprintf(id, sizeof(id), "sim-host-%d", rank);
+    setenv("NCCL_HOSTID", id, 1);
+  }
   const char *grace = getenv("TDIST_NCCL_REMOTE_GRACE_MS");
   int named = !grace || atoi(grace) > 0;
   MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
@@ -486,19 +501,32 @@ static int inflight_death_child(int rank, int n, void *arg) {
   MP_CHECK_RC(tdist_all_reduce(s, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
   MP_CHECK(ns_get(x, d, sizeof(x)) == 0);
   MP_CHECK(x[0] == 2.0f && x[3] == 8.0f);
+  MP_CHECK_RC(tdist_all_reduce(s, d, d, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
   MP_CHECK_RC(ns_sync(s, "done", 10000));
   MP_CHECK_RC(tdist_group_destroy(s));
   tdist_group_destroy(g);
+  /* No NCCL call raced another on a communicator, and none read NCCL's
+   * group job after a revoke freed it (issue 39 #4: tdist no longer
+   * revokes). */
+  MP_CHECK(tdist_gpusim_comm_violations() == 0);
+  MP_CHECK(tdist_gpusim_use_after_free() == 0);
   return 0;
 }
-static void inflight_death_shrink(void **st) {
-  (void)st;
+static void death_run(int hosts) {
   port = tdist_mp_free_port();
   int codes[3];
-  tdist_mp_run_codes(3, inflight_death_child, NULL, 60, codes);
+  tdist_mp_run_codes(3, inflight_death_child, &hosts, 60, codes);
   assert_int_equal(codes[0], 0);
   assert_int_equal(codes[1], 0);
   assert_int_equal(codes[2], 128 + SIGKILL);
+}
+static void inflight_death_shrink(void **st) {
+  (void)st;
+  death_run(0);
+}
+static void inflight_death_shrink_hosts(void **st) {
+  (void)st;
+  death_run(1);
 }
 
 /* ---- issue 24 #7: a live parent shrunk with an op in flight. Rank 2 is
@@ -692,6 +720,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(capture_does_not_fail_group),
       cmocka_unit_test(abort_stalls_no_other_group),
       cmocka_unit_test(inflight_death_shrink),
+      cmocka_unit_test(inflight_death_shrink_hosts),
       cmocka_unit_test(shrink_live_inflight_fails),
       cmocka_unit_test(two_gpus_one_process),
       cmocka_unit_test(compute_overlaps_all_reduce),

@@ -4,17 +4,8 @@
  * on the simulated GPU made faithful to it (docs/gpusim.md). Each scenario
  * failed on the backend before its fix, as the real run did:
  *
- *   death_shrink_hosts     a rank killed under an op in flight, every rank
- *                          on its own host (NCCL_HOSTID): NCCL's proxy
- *                          reports ncclRemoteError, which no revoke clears
- *                          and which fails every ncclCommShrink; the
- *                          survivors still shrink (a fresh communicator
- *                          through the store) and reduce correctly (was:
- *                          "ncclCommRevoke for group 'world': remote process
- *                          exited", 20 of 20 shrinks failed)
- *   death_shrink_one_host  the same with every rank on one host: NCCL
- *                          reports nothing (P2P/SHM have no proxy), tdist's
- *                          liveness names the rank
+ *   (a death then shrink on separate NCCL hosts: test_nccl_sim_faults.c,
+ *   inflight_death_shrink_hosts)
  *   skip_named             a rank skips a large all_reduce that NCCL must
  *                          connect first (its enqueue waits for every peer):
  *                          the survivors' op times out naming that rank and
@@ -29,83 +20,17 @@
  *                          (was: refused on a subgroup of sm_90 ranks)
  */
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 
 #include "nccl_sim_util.h"
 
 static int port;
-
-/* ---- a peer dies under an op in flight; the survivors shrink ----------------------- */
-static int death_child(int rank, int n, void *arg) {
-  int hosts = *(int *)arg;
-  tdist_group_t *g = NULL, *s = NULL;
-  if (hosts) {
-    /* NCCL's host hash: a host of its own per rank, so NCCL connects the
-     * ranks through its network transport, whose proxy sees a peer die. */
-    char id[32];
-    snprintf(id, sizeof(id), "sim-host-%d", rank);
-    setenv("NCCL_HOSTID", id, 1);
-  }
-  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
-  float *d = ns_dev(NULL, 4096);
-  MP_CHECK_RC(tdist_all_reduce(g, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
-  MP_CHECK_RC(ns_sync(g, "ready", 10000));
-  if (rank == 2) {
-    usleep(100 * 1000); /* the survivors' op is in flight by now */
-    raise(SIGKILL);
-  }
-  tdist_work_t *w = NULL;
-  MP_CHECK_RC(tdist_all_reduce(g, d, d, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, &w));
-  int rc = tdist_work_wait(w, 0);
-  fprintf(stderr, "death(hosts=%d) rank %d: %s: %s\n", hosts, rank, tdist_err_name(rc),
-          tdist_work_error_message(w));
-  NS_EXPECT(rc, TDIST_ERR_REMOTE_FAILED);
-  NS_HAS(tdist_work_error_message(w), "rank 2");
-  tdist_work_release(w);
-  long long t0 = ns_now_ms();
-  MP_CHECK_RC(tdist_group_shrink(g, NULL, &s));
-  fprintf(stderr, "death(hosts=%d) rank %d: shrink took %lld ms\n", hosts, rank, ns_now_ms() - t0);
-  MP_CHECK(tdist_group_size(s) == 2);
-  float x[4] = {1, 2, 3, 4};
-  MP_CHECK(ns_put(d, x, sizeof(x)) == 0);
-  MP_CHECK_RC(tdist_all_reduce(s, d, d, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
-  MP_CHECK(ns_get(x, d, sizeof(x)) == 0);
-  MP_CHECK(x[0] == 2.0f && x[3] == 8.0f);
-  /* And again, a larger one and a subgroup of the shrunk group. */
-  MP_CHECK_RC(tdist_all_reduce(s, d, d, 1024, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
-  MP_CHECK_RC(ns_sync(s, "done", 10000));
-  MP_CHECK_RC(tdist_group_destroy(s));
-  tdist_group_destroy(g);
-  /* No NCCL call raced another on a communicator, and none read NCCL's
-   * group job after a revoke freed it (item 4: tdist no longer revokes). */
-  MP_CHECK(tdist_gpusim_comm_violations() == 0);
-  MP_CHECK(tdist_gpusim_use_after_free() == 0);
-  return 0;
-}
-static void death_run(int hosts) {
-  port = tdist_mp_free_port();
-  int codes[3];
-  tdist_mp_run_codes(3, death_child, &hosts, 60, codes);
-  assert_int_equal(codes[0], 0);
-  assert_int_equal(codes[1], 0);
-  assert_int_equal(codes[2], 128 + SIGKILL);
-}
-static void death_shrink_hosts(void **s) {
-  (void)s;
-  death_run(1);
-}
-static void death_shrink_one_host(void **s) {
-  (void)s;
-  death_run(0);
-}
 
 /* ---- a rank skips a collective NCCL connects at its first use ------------------------ */
 #define SKIP_COUNT (256 * 1024) /* floats: 1 MiB, a new algorithm for NCCL */
@@ -222,8 +147,8 @@ static void child_cc(void **s) {
 int main(int argc, char **argv) {
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(death_shrink_hosts), cmocka_unit_test(death_shrink_one_host),
-      cmocka_unit_test(skip_named),         cmocka_unit_test(caller_group_closed),
+      cmocka_unit_test(skip_named),
+      cmocka_unit_test(caller_group_closed),
       cmocka_unit_test(child_cc),
   };
   if (argc > 1) cmocka_set_test_filter(argv[1]);
