@@ -89,8 +89,9 @@ typedef struct tdist__nccl {
    * `inflight`, its end event not yet recorded. At most one: the next NCCL
    * call waits until the communicator is ready, which finishes it. */
   tdist_backend_op_t *launching;
-  ncclRedOp_t premul; /* (call) PreMulSum of `launching`, destroyed once launched */
-  int has_premul;     /* (call) */
+  int64_t launch_deadline_ns; /* (mu) when `launching` times out (its op's deadline) */
+  ncclRedOp_t premul;         /* (call) PreMulSum of `launching`, destroyed once launched */
+  int has_premul;             /* (call) */
 
   /* Set at creation (caller thread), then read-only. */
   tdist_backend_group_t *group; /* the core's handle: tdist_backend_fail, tdist_backend_aborted */
@@ -374,10 +375,12 @@ int tdist__nccl_launch_done(tdist__nccl_t *nc);
 
 /* Caller thread, `call` held, nc's device current: if an op is
  * `launching`, wait until NCCL finished its enqueue (launch_done), giving
- * up when the group aborts or after timeout_ms. 0; TDIST_ERR_ABORTED; or
- * the failure (timeout, NCCL error, a peer gone) with its message, which
- * the caller must fail the group with once `call` is released. */
-int tdist__nccl_settle_launch(tdist__nccl_t *nc, int64_t timeout_ms);
+ * up when the group aborts -- the launching op's timeout does that, naming
+ * who never came -- or, as a last resort, 5 s past that op's deadline. 0;
+ * TDIST_ERR_ABORTED; or the failure (that last resort, an NCCL error, a
+ * peer gone) with its message, which the caller must fail the group with
+ * once `call` is released. */
+int tdist__nccl_settle_launch(tdist__nccl_t *nc);
 
 /* ---- a group's state (nccl_state.c), caller thread --------------------------------- */
 /* A non-blocking config named `name` (copied by NCCL during init). */

@@ -478,6 +478,8 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
   no->recorded = 0;
   tdist__list_push_back(&nc->inflight, &op->link);
   nc->launching = op;
+  nc->launch_deadline_ns =
+      tdist__now_ns() + (op->timeout_ms > 0 ? op->timeout_ms : 600000) * 1000000;
   pthread_mutex_unlock(&nc->mu);
   end = NULL;
   nc->premul = rop;
@@ -554,7 +556,7 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   }
   /* The previous op's enqueue first: NCCL takes no call on a communicator
    * in progress. */
-  rc = tdist__nccl_settle_launch(nc, op->timeout_ms);
+  rc = tdist__nccl_settle_launch(nc);
   if (rc != 0 && rc != TDIST_ERR_ABORTED) doomed = 1;
   if (rc == 0) rc = enqueue_locked(nc, op, dt, rop, &doomed);
   pthread_mutex_unlock(&nc->call);

@@ -95,11 +95,13 @@ out:
   return rc;
 }
 
-int tdist__nccl_settle_launch(tdist__nccl_t *nc, int64_t timeout_ms) {
+int tdist__nccl_settle_launch(tdist__nccl_t *nc) {
   pthread_mutex_lock(&nc->mu);
   int busy = nc->launching != NULL && !nc->dead;
+  int64_t left_ms = (nc->launch_deadline_ns - tdist__now_ns()) / 1000000;
   pthread_mutex_unlock(&nc->mu);
   if (!busy) return 0;
+  int64_t timeout_ms = (left_ms > 0 ? left_ms : 0) + 5000;
   /* The previous op's enqueue still runs (NCCL's job thread: usually
    * microseconds; until every peer arrives at an algorithm's first use).
    * That op is numbered and watched: past its deadline the watchdog names
@@ -401,7 +403,7 @@ int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream) {
         tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted", nc->name);
     goto out;
   }
-  rc = tdist__nccl_settle_launch(nc, op->timeout_ms);
+  rc = tdist__nccl_settle_launch(nc);
   if (rc != 0 && rc != TDIST_ERR_ABORTED) failed = 1;
   if (rc == 0) {
     /* Under mu the end event of a linked op cannot be recycled: it returns
