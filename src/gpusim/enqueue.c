@@ -242,12 +242,45 @@ static ncclResult_t connect(ncclComm_t c, const plan_t *p) {
   return ncclSuccess;
 }
 
+/* Room in the communicator's work FIFO (enqueue.cc waitWorkFifoAvailable:
+ * the host writes each launch's work into a ring of NCCL_WORK_FIFO_BYTES,
+ * 1 MiB by default, that the kernels consume; full, the launch spins until
+ * a kernel has consumed its part). Kernels stuck on a peer that never
+ * comes consume nothing, so past GS_WORK_FIFO_KERNELS launches in flight
+ * (the simulation's capacity: it does not size the work) the next enqueue
+ * waits, ncclInProgress, until one finishes or the communicator is aborted
+ * (the abort flag ends the spin, as in NCCL). Job thread (non-blocking) or
+ * the caller's (blocking). */
+static ncclResult_t fifo_room(ncclComm_t c) {
+  ncclResult_t r = ncclSuccess;
+  pthread_mutex_lock(&c->mu);
+  while (c->inflight >= GS_WORK_FIFO_KERNELS) {
+    if (atomic_load(&c->abort_flag)) {
+      r = ncclInternalError;
+      break;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += GS_POLL_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts); /* nk_finish broadcasts */
+  }
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
 /* The launch of one communicator's part of a group (doLaunches): connect,
- * then one kernel on the first task's stream; the other streams of the
- * group are joined before and after (NCCL's strong-stream joins). */
+ * room in the work FIFO, then one kernel on the first task's stream; the
+ * other streams of the group are joined before and after (NCCL's
+ * strong-stream joins). */
 static ncclResult_t launch_plan(ncclComm_t c, void *arg) {
   plan_t *p = arg;
   ncclResult_t r = connect(c, p);
+  if (r != ncclSuccess) goto out;
+  r = fifo_room(c);
   if (r != ncclSuccess) goto out;
   cudaStream_t s0 = p->tasks[0].stream;
   for (int i = 1; i < p->n; i++)

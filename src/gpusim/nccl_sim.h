@@ -48,6 +48,9 @@
 /* Collectives of more bytes (count times the type's size) need a second
  * algorithm, connected at its first use at 3 ranks and more (enqueue.c). */
 #define GS_ALGO_BYTES (64u * 1024u)
+/* Kernels of one communicator launched and not finished that its work FIFO
+ * holds (enqueue.c fifo_room): the next launch waits for one to finish. */
+#define GS_WORK_FIFO_KERNELS 1024
 
 enum { GS_SLOT_FREE = 0, GS_SLOT_JOINED = 1, GS_SLOT_LEFT = 2 };
 

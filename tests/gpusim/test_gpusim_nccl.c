@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "gpusim/nccl_sim.h" /* GS_WORK_FIFO_KERNELS */
 #include "gpusim_test_util.h"
 
 typedef struct arg {
@@ -651,6 +652,43 @@ static void first_large_collective_no_wait_at_two_ranks(void **s) {
   assert_int_equal(run(2, late_child, NULL), 0);
 }
 
+/* ---- the work FIFO full (enqueue.cc waitWorkFifoAvailable): with the peer
+ * absent, every kernel waits and consumes nothing; past the FIFO's
+ * GS_WORK_FIFO_KERNELS launches the next enqueue stays ncclInProgress until
+ * the peer comes and kernels finish. ------------------------------------ */
+static int fifo_child(int rank, int n, void *p) {
+  ncclComm_t c;
+  MP_CHECK(init(rank, n, p, 0, &c) == 0);
+  MP_CHECK(warm(c) == 0);
+  enum { OPS = GS_WORK_FIFO_KERNELS + 1 };
+  float one = 1.0f;
+  float *d = gt_dev_from(&one, sizeof(one));
+  MP_CHECK(d != NULL);
+  if (rank == 1) usleep(2500 * 1000);
+  long long t_last = 0;
+  for (int i = 0; i < OPS; i++) {
+    long long t0 = gt_now_ms();
+    ncclResult_t r = ncclAllReduce(d, d, 1, ncclFloat32, ncclMax, c, NULL);
+    MP_CHECK(r == ncclInProgress || r == ncclSuccess);
+    MP_CHECK(gt_wait_ready(c, 20000) == ncclSuccess);
+    if (i == OPS - 1) t_last = gt_now_ms() - t0;
+  }
+  GT_CUDA(cudaDeviceSynchronize());
+  float h = 0;
+  GT_CUDA(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  MP_CHECK(h == 1.0f);
+  /* Rank 0's last enqueue found the FIFO full until rank 1 came (2.5 s
+   * after it started: the earlier ones took far less than that). */
+  if (rank == 0) MP_CHECK(t_last >= 1000);
+  GT_NCCL(ncclCommDestroy(c));
+  cudaFree(d);
+  return 0;
+}
+static void work_fifo_full_waits(void **s) {
+  (void)s;
+  assert_int_equal(run(2, fifo_child, NULL), 0);
+}
+
 /* On a blocking communicator the same wait is inside the call; an abort
  * from another thread ends it (NCCL's abortFlag ends connection waits). */
 typedef struct aborter {
@@ -710,6 +748,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(first_large_collective_waits_at_three_ranks),
       cmocka_unit_test(first_large_collective_no_wait_at_two_ranks),
       cmocka_unit_test(blocking_connect_wait_ends_at_abort),
+      cmocka_unit_test(work_fifo_full_waits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -246,12 +246,9 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
       next = peer_seq(m, mb->ranks[i], uid, &hc);
     }
     if (next > (int64_t)seq) continue; /* it submitted this op */
-    /* A heartbeat that no longer lists the group: its rank destroyed it
-     * (after its own copy of this op failed: a peer's diagnosis may come
-     * later, on a loaded host), not one that never came -- a group is made
-     * by all its members, and an op's timeout outlasts a heartbeat
-     * interval, so a rank alive and behind lists it. */
-    if (next == -1) continue; /* unread still: it cannot be vouched for */
+    /* Still unread, or read without the group (a rank whose last beat
+     * predates the group's creation, or one that destroyed it): it cannot
+     * be vouched for, and counts as not having reached the op. */
     int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
     behind++;
