@@ -655,31 +655,47 @@ static void first_large_collective_no_wait_at_two_ranks(void **s) {
 /* ---- the work FIFO full (enqueue.cc waitWorkFifoAvailable): with the peer
  * absent, every kernel waits and consumes nothing; past the FIFO's
  * GS_WORK_FIFO_KERNELS launches the next enqueue stays ncclInProgress until
- * the peer comes and kernels finish. ------------------------------------ */
+ * the peer comes and kernels finish (checked for 1 s before rank 1 is let
+ * in). ----------------------------------------------------------------- */
 static int fifo_child(int rank, int n, void *p) {
   ncclComm_t c;
   MP_CHECK(init(rank, n, p, 0, &c) == 0);
   MP_CHECK(warm(c) == 0);
-  enum { OPS = GS_WORK_FIFO_KERNELS + 1 };
   float one = 1.0f;
   float *d = gt_dev_from(&one, sizeof(one));
   MP_CHECK(d != NULL);
-  if (rank == 1) usleep(2500 * 1000);
-  long long t_last = 0;
-  for (int i = 0; i < OPS; i++) {
-    long long t0 = gt_now_ms();
+  /* Rank 1 comes only when rank 0 says so (a file named after the test
+   * process), so the FIFO fills however slow the host is. */
+  char flag[64];
+  snprintf(flag, sizeof(flag), "/tmp/gpusim-fifo-%d", (int)getppid());
+  if (rank == 1) {
+    for (int i = 0; i < 30000 && access(flag, F_OK) != 0; i++)
+      usleep(1000);
+    MP_CHECK(access(flag, F_OK) == 0);
+  }
+  for (int i = 0; i < GS_WORK_FIFO_KERNELS + 1; i++) {
     ncclResult_t r = ncclAllReduce(d, d, 1, ncclFloat32, ncclMax, c, NULL);
     MP_CHECK(r == ncclInProgress || r == ncclSuccess);
-    MP_CHECK(gt_wait_ready(c, 20000) == ncclSuccess);
-    if (i == OPS - 1) t_last = gt_now_ms() - t0;
+    if (rank == 0 && i == GS_WORK_FIFO_KERNELS) {
+      /* The FIFO is full of kernels waiting for rank 1: this launch waits. */
+      long long t0 = gt_now_ms();
+      while (gt_now_ms() - t0 < 1000) {
+        ncclResult_t st = ncclSuccess;
+        MP_CHECK(ncclCommGetAsyncError(c, &st) == ncclSuccess);
+        MP_CHECK(st == ncclInProgress);
+        usleep(10000);
+      }
+      FILE *f = fopen(flag, "w");
+      MP_CHECK(f != NULL);
+      fclose(f);
+    }
+    MP_CHECK(gt_wait_ready(c, 30000) == ncclSuccess);
   }
   GT_CUDA(cudaDeviceSynchronize());
   float h = 0;
   GT_CUDA(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
   MP_CHECK(h == 1.0f);
-  /* Rank 0's last enqueue found the FIFO full until rank 1 came (2.5 s
-   * after it started: the earlier ones took far less than that). */
-  if (rank == 0) MP_CHECK(t_last >= 1000);
+  if (rank == 0) unlink(flag);
   GT_NCCL(ncclCommDestroy(c));
   cudaFree(d);
   return 0;
