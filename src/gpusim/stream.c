@@ -9,9 +9,9 @@
  * Threads: caller threads queue items under gs_lock; each stream's worker
  * takes them one by one, runs each with gs_lock released, counts it done
  * and broadcasts gs_progress. A host function is handed to the process's
- * one host-function thread (below), which runs them one at a time. Waiters (a wait item on another worker,
- * cudaStreamSynchronize, cudaEventSynchronize) sleep on gs_progress; an
- * idle worker sleeps on its stream's cv. Nobody spins.
+ * one host-function thread (below), which runs them one at a time. Waiters (a wait item on another
+ * worker, cudaStreamSynchronize, cudaEventSynchronize) sleep on gs_progress; an idle worker sleeps
+ * on its stream's cv. Nobody spins.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -80,8 +80,8 @@ struct tdist_group {
   tdist__list_t inflight; /* started works, submission order */
   tdist__list_t ctx_link; /* on ctx->groups while registered */
   int registered;
-  tdist__poller_t poller;   /* registered when needs_poll */
-  int diag_pending;         /* a timeout is being diagnosed by the monitor */
+  tdist__poller_t poller; /* registered when needs_poll */
+  int diag_pending;       /* a timeout is being diagnosed by the monitor */
   /* Failures held until the backend's device let go of their buffers
    * (tdist_backend_hold_failures, inflight.c): works failed by an abort,
    * their status set, not yet published; released by
