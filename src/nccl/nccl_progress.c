@@ -362,16 +362,12 @@ int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
    * global-mode capture would otherwise invalidate that capture. */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   int relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  /* Ready: a launch that was in progress ends here. Still in progress
+   * (another op's enqueue): ours is recorded if launched before it. */
   ncclResult_t st = ncclSuccess;
-  if (ncclCommGetAsyncError(nc->comm, &st) == ncclSuccess && st == ncclSuccess &&
-      tdist__nccl_launch_done(nc) == 0) {
-    pthread_mutex_lock(&nc->mu);
-    int recorded = no->recorded && tdist__list_linked(&op->link);
-    pthread_mutex_unlock(&nc->mu);
-    done = recorded && cudaEventQuery(end) == cudaSuccess;
-  } else if (st == ncclInProgress) {
-    /* Another op's enqueue is in progress: ours is recorded if it was
-     * launched before it (stream order), and its event may have completed. */
+  int ok = ncclCommGetAsyncError(nc->comm, &st) == ncclSuccess &&
+           ((st == ncclSuccess && tdist__nccl_launch_done(nc) == 0) || st == ncclInProgress);
+  if (ok) {
     pthread_mutex_lock(&nc->mu);
     int recorded = no->recorded && tdist__list_linked(&op->link);
     pthread_mutex_unlock(&nc->mu);
