@@ -8,6 +8,7 @@ must work as it is.
 Not under tdistrun: each child makes its own one-rank world (TDIST_PYTEST_WORLD=0)."""
 import os
 import pty
+import random
 import select
 import shutil
 import signal
@@ -23,11 +24,27 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A port for a store to listen on, drawn below the kernel's ephemeral range: a port
+    from bind(0) comes from the range outgoing connections use, so a test running beside
+    this one could take it before the store listens (as tests/support/mp.c)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(256 if lo - 12000 >= 1000 else 0):
+        p = rng.randrange(12000, lo)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", p))
+                return p
+            except OSError:
+                continue
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def child_env():

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -74,13 +76,54 @@ int tdist_mp_run(int n, tdist_mp_fn fn, void *arg, int timeout_s) {
   return tdist_mp_run_codes(n, fn, arg, timeout_s, codes);
 }
 
+/* 1 if `port` can be listened on now (as the servers do: any address,
+ * SO_REUSEADDR, so a TIME_WAIT left by an earlier test does not count). */
+static int port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1, ok = 0;
+  if (fd < 0) return 0;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons((uint16_t)port);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+/* Why not bind(port 0): the kernel hands out such ports from its ephemeral
+ * range, the same range every outgoing connect() draws from. Between this
+ * check and the test's server listening, a connection of any test running
+ * beside it (ctest -j) could take the port ("address already in use",
+ * seen under stress-ng). Ports below the ephemeral range are never given to
+ * a connect(), so only another test's pick can collide: the start is random
+ * per process and call, over ~16k ports. */
 int tdist_mp_free_port(void) {
+  static unsigned seed;
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    fclose(f);
+  }
+  int base = 12000, top = lo - 1; /* below the ephemeral range */
+  if (top - base >= 1000) {
+    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)(now_s() * 1e6);
+    int span = top - base + 1;
+    for (int i = 0; i < 256; i++) {
+      int port = base + (int)(rand_r(&seed) % (unsigned)span);
+      if (port_free(port)) return port;
+    }
+  }
+  /* No room below the range (a tuned kernel): the kernel's pick. */
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a;
   memset(&a, 0, sizeof(a));
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
+  if (fd < 0) return -1;
   if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
       getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
     close(fd);

@@ -26,7 +26,9 @@ int tdist_mp_run(int n, tdist_mp_fn fn, void *arg, int timeout_s);
  * 128+signal) in codes[n], for tests that expect some children to fail. */
 int tdist_mp_run_codes(int n, tdist_mp_fn fn, void *arg, int timeout_s, int *codes);
 
-/* A free TCP port on 127.0.0.1 (bound then released; tests only). */
+/* A TCP port free for a test server to listen on (checked, then released;
+ * tests only): drawn below the kernel's ephemeral range, so that no
+ * outgoing connection of a test running beside it can take it meanwhile. */
 int tdist_mp_free_port(void);
 
 #define MP_CHECK(cond)                                                                         \
