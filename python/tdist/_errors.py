@@ -50,6 +50,21 @@ class RemoteFailure(TdistError):
         self.world_rank = int(m.group(2)) if m else None
 
 
+class AbortedError(TdistError):
+    """TDIST_ERR_ABORTED: the group was aborted (on demand here or on another rank, or
+    because of an earlier failure).
+
+    When another rank aborted it, ``rank`` and ``world_rank`` name that rank, parsed
+    from the C message ("rank 1 (world rank 3) aborted the group: ..."); else None.
+    """
+
+    def __init__(self, message, code=None, name=None):
+        super().__init__(message, code, name)
+        m = RemoteFailure._RX.search(message or "")
+        self.rank = int(m.group(1)) if m else None
+        self.world_rank = int(m.group(2)) if m else None
+
+
 class TimeoutError(TdistError, builtins.TimeoutError):  # noqa: A001 - the C name
     """TDIST_ERR_TIMEOUT: the op passed its deadline (its group is aborted). Also a builtin
     TimeoutError (as torch's DistTimeoutError is a RuntimeError caught by both)."""
@@ -115,7 +130,7 @@ def _build():
         _by_code[rc] = cls
         _classes[cls_name] = cls
         rc -= 1
-    for cls in (TdistError, TimeoutError, InProgressError, RemoteFailure):
+    for cls in (TdistError, TimeoutError, InProgressError, RemoteFailure, AbortedError):
         _classes[cls.__name__] = cls
         cls.__module__ = "tdist"
 
