@@ -121,22 +121,24 @@ static int arrive_by_keys(tdist_store_t *v, int rank, int64_t *round, int64_t *s
   return tdist__store_count_prefix(v, key, seen);
 }
 
-/* How often a waiter looks for a launcher's "exit/<round>" record: the
- * launcher's dump grace (1 s) should find the others failed with its cause,
- * not SIGTERMed; one check per waiter per slice (an agent per host under
- * tdistrun) is all it costs. */
+/* How often a waiter looks for a launcher's "exit/<round>" record: first
+ * every 250 ms (a rank that exits at its start is seen well within the
+ * launcher's 1 s dump grace, so the others fail with its cause rather than
+ * a SIGTERM), then less often, up to every 4 s: a long rendezvous of many
+ * ranks (docs/scale.md, etcd) pays one check and one new wait per slice. */
 #define EXIT_CHECK_MS 250
+#define EXIT_CHECK_MAX_MS 4000
 
 int tdist__rdzv_wait_go(tdist_store_t *v, int64_t round, int64_t timeout_ms, char *why, size_t wl) {
   char go[64], ex[64];
   snprintf(go, sizeof(go), "go/%" PRId64, round);
   snprintf(ex, sizeof(ex), "exit/%" PRId64, round);
   const char *gk = go, *ek = ex;
-  int64_t deadline = tdist__now_ms() + timeout_ms;
-  for (;;) {
+  int64_t deadline = tdist__now_ms() + timeout_ms, slice = EXIT_CHECK_MS;
+  for (;; slice = slice * 2 < EXIT_CHECK_MAX_MS ? slice * 2 : EXIT_CHECK_MAX_MS) {
     int64_t left = deadline - tdist__now_ms();
     if (left <= 0) return TDIST_ERR_TIMEOUT;
-    int rc = tdist_store_wait(v, &gk, 1, left < EXIT_CHECK_MS ? left : EXIT_CHECK_MS);
+    int rc = tdist_store_wait(v, &gk, 1, left < slice ? left : slice);
     if (rc != TDIST_ERR_TIMEOUT) return rc;
     int exists = 0;
     TDIST_CHECK(tdist_store_check(v, &ek, 1, &exists));

@@ -54,7 +54,7 @@ int tdist__rendezvous_cleanup(void);
 
 /*
  * tdist__rdzv_wait_go - wait up to timeout_ms for "go/<round>" on the view
- * "tdist/rdzv/", checking every 250 ms for a launcher's "exit/<round>"
+ * "tdist/rdzv/", checking every 250 ms (backing off to 4 s) for a launcher's "exit/<round>"
  * record (a rank that exited before joining: the round can never
  * complete). Caller's thread.
  * @return 0 (the round completed); TDIST_ERR_TIMEOUT (no error set);
