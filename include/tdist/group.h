@@ -171,8 +171,10 @@ int tdist_group_set_timeout(tdist_group_t *group, int64_t timeout_ms);
  * tdist_group_abort - abort the group on demand: its backend stops
  * communicating (NCCL: ncclCommAbort), every pending op fails with
  * TDIST_ERR_ABORTED naming `reason`, later ops fail at once, and the other
- * ranks are told through the store so they abort their copy too.
- * Idempotent. Returns 0.
+ * ranks are told through the store so they abort their copy too: their
+ * errors read "rank G (world rank W) aborted the group: aborted on demand:
+ * <reason>". No flight-recorder dump on this rank for it (the other ranks
+ * write theirs: tdist/debug.h). Idempotent. Returns 0.
  */
 int tdist_group_abort(tdist_group_t *group, const char *reason);
 

@@ -33,6 +33,24 @@ class TdistError(RuntimeError):
         return (type(self), (self.message, self.code, self.name))
 
 
+_RANK_RX = re.compile(r"\brank (\d+) \(world rank (\d+)")
+_ABORTED_RX = re.compile(r"\brank (\d+) \(world rank (\d+)\) aborted the group: ")
+
+
+def _who(message):
+    """(rank, world_rank) of the rank a C message blames, or (None, None). A member that
+    relays another's failure prefixes it: "rank 0 (world rank 0) aborted the group: rank 2
+    (world rank 2, addr) closed its connection" blames rank 2; a cause that names no rank
+    ("... aborted the group: aborted on demand: ...") blames the rank that aborted."""
+    message = message or ""
+    last = None
+    for last in _ABORTED_RX.finditer(message):
+        pass
+    m = _RANK_RX.search(message, last.end()) if last else _RANK_RX.search(message)
+    m = m or last
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
 class RemoteFailure(TdistError):
     """A peer failed (died, stopped, lost its connection) - TDIST_ERR_REMOTE_FAILED.
 
@@ -41,13 +59,24 @@ class RemoteFailure(TdistError):
     rank 5, ...)"); None when the message names none.
     """
 
-    _RX = re.compile(r"\brank (\d+) \(world rank (\d+)")
+    _RX = _RANK_RX
 
     def __init__(self, message, code=None, name=None):
         super().__init__(message, code, name)
-        m = self._RX.search(message or "")
-        self.rank = int(m.group(1)) if m else None
-        self.world_rank = int(m.group(2)) if m else None
+        self.rank, self.world_rank = _who(message)
+
+
+class AbortedError(TdistError):
+    """TDIST_ERR_ABORTED: the group was aborted (on demand here or on another rank, or
+    because of an earlier failure).
+
+    When another rank aborted it, ``rank`` and ``world_rank`` name that rank, parsed
+    from the C message ("rank 1 (world rank 3) aborted the group: ..."); else None.
+    """
+
+    def __init__(self, message, code=None, name=None):
+        super().__init__(message, code, name)
+        self.rank, self.world_rank = _who(message)
 
 
 class TimeoutError(TdistError, builtins.TimeoutError):  # noqa: A001 - the C name
@@ -115,7 +144,7 @@ def _build():
         _by_code[rc] = cls
         _classes[cls_name] = cls
         rc -= 1
-    for cls in (TdistError, TimeoutError, InProgressError, RemoteFailure):
+    for cls in (TdistError, TimeoutError, InProgressError, RemoteFailure, AbortedError):
         _classes[cls.__name__] = cls
         cls.__module__ = "tdist"
 

@@ -380,7 +380,8 @@ def destroy_process_group(group=None):
 
 
 # ---- exit ---------------------------------------------------------------------------------
-_failing = False
+_failing = None  # after an uncaught exception: "uncaught ValueError: bad input" (bounded)
+_REASON_MAX = 160  # the C reason holds 256 bytes with the "rank G (world rank W) ..." prefix
 
 
 def _install_excepthook():
@@ -390,7 +391,13 @@ def _install_excepthook():
 
     def hook(tp, value, tb):
         global _failing
-        _failing = True
+        # The peers' errors carry this: which exception, and its message on one line.
+        text = " ".join(str(value).split()) if value is not None else ""
+        reason = f"uncaught {tp.__name__}" + (f": {text}" if text else "")
+        if len(reason.encode("utf-8", "replace")) > _REASON_MAX:
+            reason = reason.encode("utf-8", "replace")[:_REASON_MAX - 3].decode(
+                "utf-8", "ignore") + "..."
+        _failing = reason
         prev(tp, value, tb)
     hook._tdist = True
     sys.excepthook = hook
@@ -399,12 +406,18 @@ def _install_excepthook():
 def _at_exit():
     """Groups left at exit are destroyed (so peers see a clean goodbye and every C callback
     runs while Python still can); after an uncaught exception they are aborted first, so
-    this rank's pending ops end now and the other ranks learn of it at once."""
+    this rank's pending ops end now and the other ranks learn of it at once, with the
+    exception's type and message in their error. The abort is this rank's own, which
+    writes no flight-recorder dump, but the exception was not the program's choice: its
+    dump is written first (unless TDIST_TRACE_ON_FAILURE=0)."""
     try:
         if _failing and os.environ.get("TDIST_PY_ABORT_ON_EXCEPTION", "1") != "0":
+            dump = os.environ.get("TDIST_TRACE_ON_FAILURE", "1") != "0"
             for g in list(_groups):
                 if g._ptr is not None:
-                    C.group_abort(g._ptr, b"uncaught Python exception")
+                    if dump:
+                        C.dump_trace(g._ptr, None)  # best effort: its error is not ours
+                    C.group_abort(g._ptr, _failing.encode("utf-8", "replace"))
         destroy_process_group()
     except Exception as e:
         print(f"tdist: at exit: {e}", file=sys.stderr)

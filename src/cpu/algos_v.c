@@ -269,7 +269,7 @@ static void count_names(const cpu_op_t *op, int src, char *mine, size_t ml, char
 int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   int rooted = tdist_backend_op_is_rooted(op->type),
       reducing = tdist_backend_op_is_reducing(op->type);
-  char text[320];
+  char text[400];
   if (h->optype != op->type || h->dtype != op->dtype || (rooted && h->root != op->root) ||
       (reducing && h->redop != op->redop)) {
     char ea[48] = "", eb[48] = "";
@@ -281,9 +281,11 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
       snprintf(eb, sizeof(eb), " %s", tdist_redop_name(op->redop));
     }
     snprintf(text, sizeof(text),
-             "mismatch at collective #%" PRIu64 ": rank %d sent %s %s%s but rank %d posted %s %s%s",
-             h->seq, src, tdist_op_name((tdist_optype_t)h->optype),
-             tdist_dtype_name((tdist_dtype_t)h->dtype), ea, cg->rank, tdist_op_name(op->type),
+             "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %s %s%s but rank "
+             "%d (world rank %d) posted %s %s%s",
+             h->seq, src, tdist__cpu_wrank_of(cg, src), tdist_op_name((tdist_optype_t)h->optype),
+             tdist_dtype_name((tdist_dtype_t)h->dtype), ea, cg->rank,
+             tdist__cpu_wrank_of(cg, cg->rank), tdist_op_name(op->type),
              tdist_dtype_name(op->dtype), eb);
     tdist__cpu_mismatch(cg, h->seq, "%s", text);
     return 1;
@@ -295,19 +297,22 @@ int tdist__cpu_check_v(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
   char mine[40], theirs[40];
   if (!expected(op, src, &want)) {
     snprintf(text, sizeof(text),
-             "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
-             " %s to rank %d in %s, which expects nothing from it",
-             h->seq, src, h->count, tdist_dtype_name(op->dtype), cg->rank, tdist_op_name(op->type));
+             "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %" PRIu64
+             " %s to rank %d (world rank %d) in %s, which expects nothing from it",
+             h->seq, src, tdist__cpu_wrank_of(cg, src), h->count, tdist_dtype_name(op->dtype),
+             cg->rank, tdist__cpu_wrank_of(cg, cg->rank), tdist_op_name(op->type));
     tdist__cpu_mismatch(cg, h->seq, "%s", text);
     return 1;
   }
   if (h->count == want) return 0;
   count_names(op, src, mine, sizeof(mine), theirs, sizeof(theirs));
   snprintf(text, sizeof(text),
-           "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
-           " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",
-           h->seq, src, h->count, tdist_dtype_name(op->dtype), cg->rank, tdist_op_name(op->type),
-           theirs, cg->rank, want, src, mine);
+           "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %" PRIu64
+           " %s to rank %d (world rank %d) in %s (its %s) but rank %d expects %zu from rank %d "
+           "(its %s)",
+           h->seq, src, tdist__cpu_wrank_of(cg, src), h->count, tdist_dtype_name(op->dtype),
+           cg->rank, tdist__cpu_wrank_of(cg, cg->rank), tdist_op_name(op->type), theirs, cg->rank,
+           want, src, mine);
   tdist__cpu_mismatch(cg, h->seq, "%s", text);
   return 1;
 }

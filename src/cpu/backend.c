@@ -272,7 +272,7 @@ static void abort_group(cpu_group_t *cg) {
   tdist__list_t *n;
   cg->aborted = 1;
   cg->poisoned = 0;
-  tdist__cpu_sc_abort(cg); /* its ops go with the others below */
+  tdist__cpu_sc_abort(cg);        /* its ops go with the others below */
   cg->pf_set = 0;                 /* the core has its cause */
   tdist__cpu_drop_held(cg);       /* the core finishes those ops (a caller may have claimed them) */
   tdist__cpu_cma_group_abort(cg); /* first: before any buffer goes back to its owner */
@@ -332,7 +332,8 @@ static void cpu_abort(void *state, int status, const char *reason, int local) {
    * another rank is not echoed: that rank told everyone. */
   if (local) {
     char text[320];
-    snprintf(text, sizeof(text), "rank %d aborted the group: %s", cg->rank, reason);
+    snprintf(text, sizeof(text), "rank %d (world rank %d) aborted the group: %s", cg->rank,
+             cg->global_ranks[cg->rank], reason);
     tell_members(cg, status, text);
   }
   /* Writing those may have finished transfers of other groups' ops. */

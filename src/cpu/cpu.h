@@ -818,6 +818,11 @@ cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid);
 static inline int tdist__cpu_grank_of(const cpu_group_t *cg, int world) {
   return world >= 0 && world < cg->ctx->size ? cg->grank[world] : -1;
 }
+/* World rank of group rank g, for messages that name both ("rank 1 (world
+ * rank 3)": a group rank alone reads as the reader's own numbering). */
+static inline int tdist__cpu_wrank_of(const cpu_group_t *cg, int g) {
+  return g >= 0 && g < cg->size ? cg->global_ranks[g] : -1;
+}
 /* An unexpected message with room for its payload (none when nodata). */
 cpu_ux_t *tdist__cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nodata);
 /* Free u, taking it off its list if it is on one. */

@@ -233,9 +233,10 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
   /* A wildcard receive may get less than it posted (checked by the match). */
   int shorter = op->p2p && (x->peer < 0 || x->tag < 0) && u->hdr.len < x->len;
   if (u->hdr.len != x->len && !shorter) {
-    char text[160];
-    snprintf(text, sizeof(text), "rank %d sent %" PRIu64 " bytes where %zu were expected",
-             tdist__cpu_grank_of(cg, u->src), u->hdr.len, x->len);
+    char text[192];
+    snprintf(text, sizeof(text),
+             "rank %d (world rank %d) sent %" PRIu64 " bytes where %zu were expected",
+             tdist__cpu_grank_of(cg, u->src), u->src, u->hdr.len, x->len);
     tdist__cpu_ux_free(cg->ctx, u);
     tdist__cpu_mismatch(cg, op->p2p ? UINT64_MAX : op->cseq, "%s", text);
     return;

@@ -297,9 +297,11 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
 static int count_mismatch(cpu_group_t *cg, const cpu_op_t *op, int src, uint64_t sent, size_t want,
                           const char *theirs, const char *mine) {
   tdist__cpu_mismatch(cg, op->cseq,
-                      "mismatch at collective #%" PRIu64 ": rank %d sent %" PRIu64
-                      " %s to rank %d in %s (its %s) but rank %d expects %zu from rank %d (its %s)",
-                      op->cseq, src, sent, tdist_dtype_name(op->dtype), cg->rank,
+                      "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %" PRIu64
+                      " %s to rank %d (world rank %d) in %s (its %s) but rank %d expects %zu "
+                      "from rank %d (its %s)",
+                      op->cseq, src, tdist__cpu_wrank_of(cg, src), sent,
+                      tdist_dtype_name(op->dtype), cg->rank, tdist__cpu_wrank_of(cg, cg->rank),
                       tdist_op_name(op->type), theirs, cg->rank, want, src, mine);
   return -1;
 }
@@ -341,8 +343,10 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
       }
       tdist__cpu_mismatch(op->cg, op->cseq,
                           "mismatch at collective #%" PRIu64
-                          ": rank %d's recv_counts[%d] is %" PRIu64 " but rank %d's is %zu in %s",
-                          op->cseq, m, j, c[j], me, a->rcounts[j], tdist_op_name(op->type));
+                          ": rank %d (world rank %d)'s recv_counts[%d] is %" PRIu64
+                          " but rank %d (world rank %d)'s is %zu in %s",
+                          op->cseq, m, tdist__cpu_wrank_of(op->cg, m), j, c[j], me,
+                          tdist__cpu_wrank_of(op->cg, me), a->rcounts[j], tdist_op_name(op->type));
       return -1;
     }
     ch->lo[m] = pre + before * es;

@@ -99,11 +99,12 @@ static int agree(cpu_group_t *cg, uint64_t cseq, int m, const sc_sig_t *g, tdist
     snprintf(eb + lb, sizeof(eb) - lb, " %s", tdist_redop_name(redop));
   }
   tdist__cpu_mismatch(cg, cseq,
-                      "mismatch at collective #%" PRIu64 ": rank %d posted %s count %" PRIu64
-                      " %s%s but rank %d posted %s count %zu %s%s",
-                      cseq, m, tdist_op_name((tdist_optype_t)g->optype), g->count,
-                      tdist_dtype_name((tdist_dtype_t)g->dtype), ea, cg->rank, tdist_op_name(type),
-                      count, tdist_dtype_name(dtype), eb);
+                      "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) posted %s "
+                      "count %" PRIu64 " %s%s but rank %d (world rank %d) posted %s count %zu %s%s",
+                      cseq, m, tdist__cpu_wrank_of(cg, m), tdist_op_name((tdist_optype_t)g->optype),
+                      g->count, tdist_dtype_name((tdist_dtype_t)g->dtype), ea, cg->rank,
+                      tdist__cpu_wrank_of(cg, cg->rank), tdist_op_name(type), count,
+                      tdist_dtype_name(dtype), eb);
   return -1;
 }
 
@@ -487,9 +488,10 @@ void tdist__cpu_sc_forget(cpu_op_t *op) {
 void tdist__cpu_sc_engine_msg(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int src) {
   if (tdist__cpu_check_coll(cg, op, h, src)) return; /* reported, naming both */
   tdist__cpu_mismatch(cg, op->cseq,
-                      "mismatch at collective #%" PRIu64 ": rank %d ran %s over messages where "
-                      "rank %d runs it over shared memory",
-                      op->cseq, src, tdist_op_name(op->type), cg->rank);
+                      "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) ran %s over "
+                      "messages where rank %d (world rank %d) runs it over shared memory",
+                      op->cseq, src, tdist__cpu_wrank_of(cg, src), tdist_op_name(op->type),
+                      cg->rank, tdist__cpu_wrank_of(cg, cg->rank));
 }
 
 int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {

@@ -269,7 +269,7 @@ static int check_fixed(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
   if (h->optype == op->type && h->dtype == op->dtype && h->count == op->count &&
       (!rooted || h->root == op->root) && (!reducing || h->redop == op->redop))
     return 0;
-  char text[256], extra_a[48] = "", extra_b[48] = "";
+  char text[400], extra_a[48] = "", extra_b[48] = "";
   if (rooted) {
     snprintf(extra_a, sizeof(extra_a), " root %d", (int)h->root);
     snprintf(extra_b, sizeof(extra_b), " root %d", op->root);
@@ -280,12 +280,12 @@ static int check_fixed(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int sr
     snprintf(extra_b + lb, sizeof(extra_b) - lb, " %s", tdist_redop_name(op->redop));
   }
   snprintf(text, sizeof(text),
-           "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
-           " %s%s but rank %d "
-           "posted %s count %zu %s%s",
-           h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count,
-           tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->rank, tdist_op_name(op->type),
-           op->count, tdist_dtype_name(op->dtype), extra_b);
+           "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %s count %" PRIu64
+           " %s%s but rank %d (world rank %d) posted %s count %zu %s%s",
+           h->seq, src, tdist__cpu_wrank_of(cg, src), tdist_op_name((tdist_optype_t)h->optype),
+           h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), extra_a, cg->rank,
+           tdist__cpu_wrank_of(cg, cg->rank), tdist_op_name(op->type), op->count,
+           tdist_dtype_name(op->dtype), extra_b);
   tdist__cpu_mismatch(cg, h->seq, "%s", text);
   return 1;
 }
@@ -303,23 +303,26 @@ int tdist__cpu_check_coll(cpu_group_t *cg, cpu_op_t *op, const cpu_hdr_t *h, int
 
 int tdist__cpu_check_p2p(cpu_group_t *cg, cpu_xfer_t *x, const cpu_hdr_t *h, int src) {
   if (h->count == x->count && h->dtype == x->dtype) return 0;
-  char text[256];
+  char text[400];
   if (x->peer < 0 || x->tag < 0) {
     /* A wildcard receive takes up to its count (tdist/ops.h). */
     if (h->count <= x->count && h->dtype == x->dtype) return 0;
     snprintf(text, sizeof(text),
-             "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but the matching "
-             "wildcard receive of rank %d takes at most count %zu %s",
-             src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
-             x->count, tdist_dtype_name(x->dtype));
+             "mismatch: rank %d (world rank %d) sent count %" PRIu64
+             " %s with tag %d but the matching wildcard receive of rank %d (world rank %d) takes "
+             "at most count %zu %s",
+             src, tdist__cpu_wrank_of(cg, src), h->count, tdist_dtype_name((tdist_dtype_t)h->dtype),
+             (int)h->root, cg->rank, tdist__cpu_wrank_of(cg, cg->rank), x->count,
+             tdist_dtype_name(x->dtype));
     tdist__cpu_mismatch(cg, UINT64_MAX, "%s", text);
     return 1;
   }
   snprintf(text, sizeof(text),
-           "mismatch: rank %d sent count %" PRIu64 " %s with tag %d but rank %d posted a "
-           "receive of count %zu %s",
-           src, h->count, tdist_dtype_name((tdist_dtype_t)h->dtype), (int)h->root, cg->rank,
-           x->count, tdist_dtype_name(x->dtype));
+           "mismatch: rank %d (world rank %d) sent count %" PRIu64
+           " %s with tag %d but rank %d (world rank %d) posted a receive of count %zu %s",
+           src, tdist__cpu_wrank_of(cg, src), h->count, tdist_dtype_name((tdist_dtype_t)h->dtype),
+           (int)h->root, cg->rank, tdist__cpu_wrank_of(cg, cg->rank), x->count,
+           tdist_dtype_name(x->dtype));
   tdist__cpu_mismatch(cg, UINT64_MAX, "%s", text);
   return 1;
 }
@@ -338,9 +341,11 @@ int tdist__cpu_check_done(cpu_group_t *cg, const cpu_hdr_t *h, int src) {
     if (tdist__cpu_check_coll(cg, &ran, h, src)) return 1;
   }
   tdist__cpu_mismatch(cg, h->seq,
-                      "mismatch at collective #%" PRIu64 ": rank %d sent %s count %" PRIu64
-                      " root %d for it, which had completed on rank %d without that message",
-                      h->seq, src, tdist_op_name((tdist_optype_t)h->optype), h->count, (int)h->root,
-                      cg->rank);
+                      "mismatch at collective #%" PRIu64 ": rank %d (world rank %d) sent %s count "
+                      "%" PRIu64 " root %d for it, which had completed on rank %d (world rank %d) "
+                      "without that message",
+                      h->seq, src, tdist__cpu_wrank_of(cg, src),
+                      tdist_op_name((tdist_optype_t)h->optype), h->count, (int)h->root, cg->rank,
+                      tdist__cpu_wrank_of(cg, cg->rank));
   return 1;
 }

@@ -81,16 +81,23 @@ int tdist_store_rendezvous_host(tdist_store_t *store, int host, int nranks, int 
   snprintf(key, sizeof(key), "go/%" PRId64, round);
   if (arrived == (round + 1) * world_size)
     TDIST_CHECKGOTO(tdist_store_set(v, key, "", 0), rc, fail);
-  const char *k = key;
-  rc = tdist_store_wait(v, &k, 1, timeout_ms);
-  if (rc == TDIST_ERR_TIMEOUT) {
+  char why[256] = "", names[256] = "";
+  rc = tdist__rdzv_wait_go(v, round, timeout_ms, why, sizeof(why));
+  if (rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_REMOTE_FAILED) {
     int64_t now = 0;
     tdist_store_add(v, "arrived", 0, &now);
-    rc = tdist__error(rc,
-                      "rendezvous of host %d on %s timed out after %" PRId64 " ms: %" PRId64
-                      " of WORLD_SIZE=%d ranks arrived",
-                      host, tdist_store_address(v), timeout_ms, now - round * world_size,
-                      world_size);
+    now -= round * world_size;
+    tdist__rdzv_missing(v, round, world_size, now, names, sizeof(names));
+    if (rc == TDIST_ERR_REMOTE_FAILED)
+      rc = tdist__error(rc,
+                        "rendezvous of host %d on %s failed: %s before joining (%" PRId64
+                        " of WORLD_SIZE=%d ranks arrived%s)",
+                        host, tdist_store_address(v), why, now, world_size, names);
+    else
+      rc = tdist__error(rc,
+                        "rendezvous of host %d on %s timed out after %" PRId64 " ms: %" PRId64
+                        " of WORLD_SIZE=%d ranks arrived%s",
+                        host, tdist_store_address(v), timeout_ms, now, world_size, names);
   }
 fail:
   tdist_store_free(cur);

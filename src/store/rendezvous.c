@@ -16,6 +16,12 @@
  * "in/<round>/<rank>" instead and counts the round's keys; its round is
  * its own count "arrivals/<rank>" (rendezvous(), arrive_by_keys). "left"
  * counts ranks that ran tdist__rendezvous_cleanup (not on etcd).
+ * "list/<round>" collects "<rank>," of the ranks that joined by themselves
+ * (one append each; not on etcd, whose "in/" keys say it), so a timeout
+ * names the ranks that never arrived. "exit/<round>" is a launcher's
+ * record that a rank of its exited before joining that round (tdistrun,
+ * tools/launcher/main.c): the waiters check it between slices of their
+ * wait and fail at once naming that rank and its exit (tdist__rdzv_wait_go).
  *
  * The hosted server and the rendezvous store handle live in a process-global
  * record until tdist__rendezvous_cleanup() (called by the core's runtime
@@ -115,6 +121,86 @@ static int arrive_by_keys(tdist_store_t *v, int rank, int64_t *round, int64_t *s
   return tdist__store_count_prefix(v, key, seen);
 }
 
+/* How often a waiter looks for a launcher's "exit/<round>" record: first
+ * every 250 ms (a rank that exits at its start is seen well within the
+ * launcher's 1 s dump grace, so the others fail with its cause rather than
+ * a SIGTERM), then less often, up to every 4 s: a long rendezvous of many
+ * ranks (docs/scale.md, etcd) pays one check and one new wait per slice. */
+#define EXIT_CHECK_MS 250
+#define EXIT_CHECK_MAX_MS 4000
+
+int tdist__rdzv_wait_go(tdist_store_t *v, int64_t round, int64_t timeout_ms, char *why, size_t wl) {
+  char go[64], ex[64];
+  snprintf(go, sizeof(go), "go/%" PRId64, round);
+  snprintf(ex, sizeof(ex), "exit/%" PRId64, round);
+  const char *gk = go, *ek = ex;
+  int64_t deadline = tdist__now_ms() + timeout_ms, slice = EXIT_CHECK_MS;
+  for (;; slice = slice * 2 < EXIT_CHECK_MAX_MS ? slice * 2 : EXIT_CHECK_MAX_MS) {
+    int64_t left = deadline - tdist__now_ms();
+    if (left <= 0) return TDIST_ERR_TIMEOUT;
+    int rc = tdist_store_wait(v, &gk, 1, left < slice ? left : slice);
+    if (rc != TDIST_ERR_TIMEOUT) return rc;
+    int exists = 0;
+    TDIST_CHECK(tdist_store_check(v, &ek, 1, &exists));
+    if (!exists) continue;
+    void *val = NULL;
+    size_t vl = 0;
+    TDIST_CHECK(tdist_store_get(v, ex, &val, &vl, 1000));
+    snprintf(why, wl, "%.*s", (int)vl, (const char *)val);
+    tdist_store_free(val);
+    /* the round may have completed meanwhile (the rank exited after it) */
+    TDIST_CHECK(tdist_store_check(v, &gk, 1, &exists));
+    return exists ? 0 : TDIST_ERR_REMOTE_FAILED;
+  }
+}
+
+/* Append "; ranks 1,3 never arrived" (the first 16) to buf when the ranks
+ * that arrived in `round` are known: the "in/" keys on etcd, else
+ * "list/<round>" when it lists as many ranks as the count says arrived (a
+ * host agent counts its ranks in without listing them). */
+void tdist__rdzv_missing(tdist_store_t *v, int64_t round, int size, int64_t arrived, char *buf,
+                         size_t bl) {
+  char key[64];
+  unsigned char *in = calloc((size_t)size, 1);
+  void *val = NULL;
+  size_t vl = 0, n = strlen(buf);
+  int listed = 0, missing = 0;
+  if (!in || size > 65536 || arrived < 0) goto out;
+  if (tdist__store_counts_prefixes(v)) {
+    for (int r = 0; r < size; r++) {
+      snprintf(key, sizeof(key), "in/%" PRId64 "/%d", round, r);
+      const char *k = key;
+      int e = 0;
+      if (tdist_store_check(v, &k, 1, &e) != 0) goto out;
+      if (e) in[r] = 1, listed++;
+    }
+  } else {
+    snprintf(key, sizeof(key), "list/%" PRId64, round);
+    const char *k = key;
+    int e = 0;
+    if (tdist_store_check(v, &k, 1, &e) != 0) goto out;
+    if (e && tdist_store_get(v, key, &val, &vl, 1000) != 0) goto out;
+    for (size_t i = 0; i < vl;) {
+      int r = atoi((const char *)val + i);
+      if (r >= 0 && r < size && !in[r]) in[r] = 1, listed++;
+      while (i < vl && ((const char *)val)[i] != ',')
+        i++;
+      i++;
+    }
+  }
+  if (listed != arrived) goto out;
+  for (int r = 0; r < size && n + 16 < bl; r++) {
+    if (in[r]) continue;
+    if (++missing <= 16)
+      n += (size_t)snprintf(buf + n, bl - n, "%s%d", missing == 1 ? "; ranks " : ",", r);
+  }
+  if (missing > 16 && n < bl) n += (size_t)snprintf(buf + n, bl - n, " and %d more", missing - 16);
+  if (missing && n < bl) snprintf(buf + n, bl - n, " never arrived");
+out:
+  tdist_store_free(val);
+  free(in);
+}
+
 /* How many ranks of `round` arrived, for a timeout's message; -1 unknown. */
 static int64_t arrived_in(tdist_store_t *v, int by_keys, int64_t round, int size) {
   char key[64];
@@ -155,18 +241,30 @@ static int rendezvous(tdist_store_t *v, int rank, int size, int64_t timeout_ms, 
     TDIST_CHECK(tdist_store_add(v, "arrived", 1, &arrived));
     round = (arrived - 1) / size;
     arrived -= round * size;
+    /* who arrived, for a timeout to name who did not */
+    char entry[16];
+    snprintf(key, sizeof(key), "list/%" PRId64, round);
+    snprintf(entry, sizeof(entry), "%d,", rank);
+    TDIST_CHECK(tdist_store_append(v, key, entry, strlen(entry)));
   }
   snprintf(key, sizeof(key), "go/%" PRId64, round);
   TDIST_CHECK(tdist__rdzv_agree_job(v, round, job, jl));
   if (by_keys ? arrived >= size : arrived == size) TDIST_CHECK(tdist_store_set(v, key, "", 0));
-  const char *k = key;
-  rc = tdist_store_wait(v, &k, 1, timeout_ms);
-  if (rc == TDIST_ERR_TIMEOUT)
+  char why[256] = "", names[256] = "";
+  rc = tdist__rdzv_wait_go(v, round, timeout_ms, why, sizeof(why));
+  if (rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_REMOTE_FAILED) {
+    int64_t now = arrived_in(v, by_keys, round, size);
+    tdist__rdzv_missing(v, round, size, now, names, sizeof(names));
+    if (rc == TDIST_ERR_REMOTE_FAILED)
+      return tdist__error(rc,
+                          "rendezvous on %s failed: %s before joining (%" PRId64
+                          " of WORLD_SIZE=%d ranks arrived%s)",
+                          tdist_store_address(v), why, now, size, names);
     return tdist__error(rc,
                         "rendezvous on %s timed out after %" PRId64 " ms: %" PRId64 " of "
-                        "WORLD_SIZE=%d ranks arrived",
-                        tdist_store_address(v), timeout_ms, arrived_in(v, by_keys, round, size),
-                        size);
+                        "WORLD_SIZE=%d ranks arrived%s",
+                        tdist_store_address(v), timeout_ms, now, size, names);
+  }
   return rc;
 }
 

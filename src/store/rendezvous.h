@@ -52,6 +52,22 @@ int tdist__rendezvous_round(tdist_store_t *view, int rank, int size, int64_t tim
  */
 int tdist__rendezvous_cleanup(void);
 
+/*
+ * tdist__rdzv_wait_go - wait up to timeout_ms for "go/<round>" on the view
+ * "tdist/rdzv/", checking every 250 ms (backing off to 4 s) for a launcher's "exit/<round>"
+ * record (a rank that exited before joining: the round can never
+ * complete). Caller's thread.
+ * @return 0 (the round completed); TDIST_ERR_TIMEOUT (no error set);
+ *         TDIST_ERR_REMOTE_FAILED with the record ("rank 1 exited with code
+ *         3") in why (no error set); a store error (set).
+ */
+int tdist__rdzv_wait_go(tdist_store_t *v, int64_t round, int64_t timeout_ms, char *why, size_t wl);
+/* Append "; ranks 1,3 never arrived" to buf (NUL-terminated, bl bytes) when
+ * the ranks that arrived in `round` are known and `arrived` of them came;
+ * else leave it. For messages only: errors are ignored. */
+void tdist__rdzv_missing(tdist_store_t *v, int64_t round, int size, int64_t arrived, char *buf,
+                         size_t bl);
+
 /* rdzv_env.c: this rank and the world's size from opts and the environment
  * (a missing or contradictory variable is TDIST_ERR_INVALID_ARGUMENT naming
  * it), and the store's host:port from a tcp:// method or the environment. */

@@ -40,7 +40,7 @@ static int timeout_child(int rank, int n, void *arg) {
     if (rc != TDIST_ERR_ABORTED) fprintf(stderr, "rank %d: %s\n", rank, tdist_err_name(rc));
     MP_CHECK(rc == TDIST_ERR_ABORTED);
     const char *msg = tdist_work_error_message(w);
-    MP_CHECK(strstr(msg, "rank 1 aborted the group") != NULL);
+    MP_CHECK(strstr(msg, "rank 1 (world rank 1) aborted the group") != NULL);
     MP_CHECK(strstr(msg, "all_reduce seq 0 timed out") != NULL);
     MP_CHECK(took < 5000); /* not our own 60 s timeout */
   }
@@ -65,7 +65,8 @@ static int on_demand_child(int rank, int n, void *arg) {
   int rc = tdist_work_wait(w, 15000);
   MP_CHECK(rc == TDIST_ERR_ABORTED);
   MP_CHECK(strstr(tdist_work_error_message(w), "operator pulled the plug") != NULL);
-  if (rank != 2) MP_CHECK(strstr(tdist_work_error_message(w), "rank 2 aborted") != NULL);
+  if (rank != 2)
+    MP_CHECK(strstr(tdist_work_error_message(w), "rank 2 (world rank 2) aborted") != NULL);
   MP_CHECK(tdist_group_is_aborted(g));
   tdist_work_release(w);
   tb_set_mode(TB_COMPLETE);

@@ -1,8 +1,9 @@
 /*
  * test_trace.c - the flight recorder: the ring keeps the last N ops
  * (TDIST_TRACE_BUFFER_SIZE=8 here) with their states, dropped records are
- * counted, tdist_dump_trace writes on demand, and an aborting group writes
- * its own dump: JSON Lines (each line parsed here with json-c), a meta line
+ * counted, tdist_dump_trace writes on demand, a group this rank aborts on
+ * demand writes no dump of its own (the program asked for it), a group that
+ * times out does: JSON Lines (each line parsed here with json-c), a meta line
  * then one line per record, oldest first.
  */
 #include <setjmp.h>
@@ -130,28 +131,42 @@ static void recorder(void **state) {
   assert_int_equal(num(entry(11), "t_end_us"), 0); /* not ended */
   assert_int_equal(num(entry(4), "root"), -1);
 
-  /* An abort writes the dump by itself. */
+  /* This rank's own abort writes no dump: the program asked for it. The
+   * worker would write one within milliseconds of the abort; half a second
+   * later there is none. */
   unlink(auto_path);
   assert_int_equal(tdist_group_abort(g, "test says stop"), 0);
   assert_int_equal(tdist_work_wait(w, 5000), TDIST_ERR_ABORTED);
-  /* Written by the worker thread (the progress thread writes no file): it
-   * appears shortly after the failure. */
-  for (int i = 0; i < 500 && access(auto_path, F_OK) != 0; i++)
-    usleep(10000);
+  usleep(500000);
+  assert_int_not_equal(access(auto_path, F_OK), 0);
+  tdist_work_release(w);
+
+  /* NULL group: every group, to its default file; it shows the abort. */
+  assert_int_equal(tdist_dump_trace(NULL, path), TDIST_ERR_INVALID_ARGUMENT);
+  unlink(auto_path);
+  assert_int_equal(tdist_dump_trace(NULL, NULL), 0);
   assert_int_equal(load(auto_path), 0);
   assert_true(json_object_get_boolean(get(lines[0], "aborted")));
   assert_string_equal(str(lines[0], "abort_reason"), "aborted on demand: test says stop");
   assert_string_equal(str(entry(11), "state"), "aborted");
   assert_string_equal(str(entry(11), "status"), "TDIST_ERR_ABORTED");
-  tdist_work_release(w);
-
-  /* NULL group: every group, to its default file. */
-  assert_int_equal(tdist_dump_trace(NULL, path), TDIST_ERR_INVALID_ARGUMENT);
-  unlink(auto_path);
-  assert_int_equal(tdist_dump_trace(NULL, NULL), 0);
-  assert_int_equal(load(auto_path), 0);
   assert_int_equal(tdist_dump_trace(g, "/nonexistent-dir/x.json"), TDIST_ERR_IO);
   assert_non_null(strstr(tdist_last_error(), "/nonexistent-dir/x.json"));
+  tdist_group_destroy(g);
+
+  /* A failure the program did not ask for (a timeout) writes the dump by
+   * itself, from the worker thread: it appears shortly after. */
+  unlink(auto_path);
+  assert_int_equal(tb_group_create(0, 2, 300, &g), 0);
+  tb_set_mode(TB_HELD);
+  assert_int_equal(tdist_all_reduce(g, x, x, 4, TDIST_FLOAT32, TDIST_SUM, NULL, &w), 0);
+  assert_int_equal(tdist_work_wait(w, 30000), TDIST_ERR_TIMEOUT);
+  tdist_work_release(w);
+  for (int i = 0; i < 1000 && access(auto_path, F_OK) != 0; i++)
+    usleep(10000);
+  assert_int_equal(load(auto_path), 0);
+  assert_true(json_object_get_boolean(get(lines[0], "aborted")));
+  tb_set_mode(TB_COMPLETE);
   tdist_group_destroy(g);
   unload();
   unlink(path);

@@ -3,8 +3,12 @@
  * groups running different collectives at the same time, a group with ranks
  * renumbered, a non-member passing through, 2x2 (n=4) and 2x3 (n=6) meshes,
  * a mesh whose product is not the world size being refused, and ranks that
- * disagree on a new group's members failing at once with MISMATCH.
+ * disagree on a new group's members failing at once with MISMATCH, and a
+ * subgroup aborted by one member: the others' errors and abort callbacks name
+ * the aborting rank by group and world rank ("rank 0 (world rank 3)").
  */
+#include <dirent.h>
+
 #include "cpu_test_util.h"
 
 #define N_ITER 20
@@ -126,6 +130,7 @@ static int disagree(tdist_group_t *w, int rank, int n) {
     fprintf(stderr, "rank %d: new_group -> %s: %s\n", rank, tdist_err_name(rc), tdist_last_error());
   MP_CHECK(rc == TDIST_ERR_MISMATCH && g == NULL);
   MP_CHECK(strstr(tdist_last_error(), "[0,1]") && strstr(tdist_last_error(), "[0,1,2]"));
+  MP_CHECK(strstr(tdist_last_error(), "(world rank ") != NULL);
   float x[4];
   fill_rank(x, 4, rank);
   MP_CHECK_RC(tdist_all_reduce(w, x, x, 4, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
@@ -133,6 +138,71 @@ static int disagree(tdist_group_t *w, int rank, int n) {
   for (int i = 0; i < n; i++)
     all[i] = i;
   MP_CHECK(check_sum(x, 4, all, n) == 0);
+  return 0;
+}
+
+static char abort_seen[256];
+static char dump_dir[64]; /* TDIST_TRACE_PREFIX: the flight-recorder dumps */
+
+/* 1 if dump_dir holds a dump of world rank wr ("...rank<wr>.json"). */
+static int has_dump(int wr) {
+  char tail[32];
+  int found = 0;
+  snprintf(tail, sizeof(tail), ".rank%d.json", wr);
+  DIR *d = opendir(dump_dir);
+  for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+    size_t l = strlen(e->d_name), tl = strlen(tail);
+    if (l > tl && strcmp(e->d_name + l - tl, tail) == 0) found = 1;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+/* (progress thread) The abort callback's reason, for the test to read. */
+static void on_abort(tdist_group_t *g, int status, const char *reason, void *arg) {
+  (void)g;
+  (void)status;
+  (void)arg;
+  snprintf(abort_seen, sizeof(abort_seen), "%s", reason);
+}
+
+/* World ranks 3 and 1 as group ranks 0 and 1: world rank 3 aborts it while
+ * world rank 1 waits in a receive from it. On world rank 1 "rank 1 aborted
+ * the group" read as its own doing (issue 41): the error and the abort
+ * callback's reason name both numbers. The world goes on. */
+static int abort_names(tdist_group_t *w, int rank) {
+  static const int members[] = {3, 1};
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(tdist_new_group(w, members, 2, NULL, &g));
+  if (rank == 1) {
+    MP_CHECK_RC(tdist_group_on_abort(g, on_abort, NULL));
+    float x = 0;
+    tdist_work_t *wk = NULL;
+    MP_CHECK_RC(tdist_irecv(g, &x, 1, TDIST_FLOAT32, 0, NULL, &wk));
+    MP_CHECK_RC(tdist_barrier(w, NULL, NULL)); /* posted: now world rank 3 aborts */
+    int rc = tdist_work_wait(wk, 30000);
+    const char *msg = tdist_work_error_message(wk);
+    if (rc != TDIST_ERR_ABORTED || !strstr(msg, "rank 0 (world rank 3) aborted the group"))
+      fprintf(stderr, "rank 1: recv -> %s: %s\n", tdist_err_name(rc), msg);
+    MP_CHECK(rc == TDIST_ERR_ABORTED);
+    MP_CHECK(strstr(msg, "rank 0 (world rank 3) aborted the group: aborted on demand: by 3"));
+    tdist_work_release(wk);
+    MP_CHECK(strstr(abort_seen, "rank 0 (world rank 3) aborted the group") != NULL);
+  } else {
+    MP_CHECK_RC(tdist_barrier(w, NULL, NULL));
+    if (rank == 3) MP_CHECK_RC(tdist_group_abort(g, "by 3"));
+  }
+  /* The flight recorder: world rank 1, whose group failed without its
+   * asking, wrote a dump (from a worker thread, shortly after); world rank
+   * 3, which aborted on demand, wrote none (docs/flight-recorder.md). */
+  if (rank == 1) {
+    for (int i = 0; i < 1000 && !has_dump(1); i++)
+      usleep(10000);
+    MP_CHECK(has_dump(1));
+  }
+  MP_CHECK_RC(tdist_barrier(w, NULL, NULL));
+  if (rank == 3) MP_CHECK(!has_dump(3));
+  if (g) MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
 
@@ -147,17 +217,32 @@ static int child(int rank, int n, void *arg) {
   }
   if (renumbered_and_nonmember(w, rank, n)) return 1;
   if (disagree(w, rank, n)) return 1;
+  if (abort_names(w, rank)) return 1;
   MP_CHECK_RC(tdist_group_destroy(w));
   return 0;
 }
 
 int main(void) {
   int fails = 0;
+  snprintf(dump_dir, sizeof(dump_dir), "/tmp/tdist_cpu_groups_XXXXXX");
+  if (!mkdtemp(dump_dir)) return 1;
+  char prefix[80];
+  snprintf(prefix, sizeof(prefix), "%s/", dump_dir);
+  setenv("TDIST_TRACE_PREFIX", prefix, 1);
   for (int n = 4; n <= 6; n += 2) {
     int port = tdist_mp_free_port();
     int rc = tdist_mp_run(n, child, &port, 100);
     printf("cpu_groups n=%d: %s\n", n, rc ? "FAILED" : "ok");
     fails += rc;
+    /* this run's dumps go; the next run checks its own */
+    DIR *d = opendir(dump_dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+      char f[400];
+      snprintf(f, sizeof(f), "%s/%s", dump_dir, e->d_name);
+      if (e->d_name[0] != '.') unlink(f);
+    }
+    if (d) closedir(d);
   }
+  rmdir(dump_dir);
   return fails ? 1 : 0;
 }

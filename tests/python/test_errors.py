@@ -29,6 +29,16 @@ def test_every_code_has_a_class():
     e = tdist.RemoteFailure("all_reduce seq 3 of group 'world' (rank 0/3): rank 2 (world rank "
                             "5, 127.0.0.1:4000) is gone", -5, "TDIST_ERR_REMOTE_FAILED")
     assert (e.rank, e.world_rank) == (2, 5)
+    # relayed by another member: the failed rank is the one blamed, not the relay
+    e = tdist.RemoteFailure("rank 0 (world rank 4) aborted the group: rank 2 (world rank 5, "
+                            "127.0.0.1:4000) closed its connection", -5, "TDIST_ERR_REMOTE_FAILED")
+    assert (e.rank, e.world_rank) == (2, 5)
+    # aborted on demand by a member: that member (issue 41: the world rank too)
+    e = tdist.AbortedError("recv seq 0 of group 'g' (rank 1/2): rank 0 (world rank 3) aborted "
+                           "the group: aborted on demand: uncaught ValueError: x", -4,
+                           "TDIST_ERR_ABORTED")
+    assert (e.rank, e.world_rank) == (0, 3)
+    assert tdist.AbortedError("group destroyed with the op pending", -4).rank is None
 
 
 def fresh(size):

@@ -97,6 +97,45 @@ static void test_file_method(void **state) {
   unlink(path);
 }
 
+/* World ranks 0 and 2 of WORLD_SIZE=4 started by hand (no launcher) on a
+ * store server of their own: both time out naming the ranks that never
+ * came, not only how many did. */
+static int missing_child(int idx, int n, void *arg) {
+  (void)n;
+  (void)arg;
+  int rank = idx * 2;
+  set_env(rank, 4);
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT | TDIST_INIT_FIELD_INIT_METHOD |
+                                 TDIST_INIT_FIELD_HOST_STORE,
+                         .timeout_ms = 1500,
+                         .init_method = g_method,
+                         .host_store = 0};
+  tdist__rdzv_t r;
+  int rc = tdist__rendezvous_join(&o, &r);
+  if (rc != TDIST_ERR_TIMEOUT || !strstr(tdist_last_error(), "ranks 1,3 never arrived"))
+    fprintf(stderr, "rank %d: %s: %s\n", rank, tdist_err_name(rc), tdist_last_error());
+  MP_CHECK(rc == TDIST_ERR_TIMEOUT);
+  MP_CHECK(strstr(tdist_last_error(), "2 of WORLD_SIZE=4 ranks arrived; ranks 1,3 never arrived"));
+  return 0;
+}
+
+static void test_timeout_names_missing(void **state) {
+  g_port = tdist_mp_free_port();
+  snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tdist_store_server_t *srv;
+    if (st_start_server(g_port, NULL, &srv)) _exit(1);
+    st_sleep_ms(30000);
+    _exit(0);
+  }
+  int rc = tdist_mp_run(2, missing_child, NULL, 40);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  g_method[0] = 0;
+  assert_int_equal(rc, 0);
+}
+
 /* Each case: environment, expected code, a word the message must contain. */
 static int error_child(int rank, int n, void *arg) {
   tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT, .timeout_ms = 2000};
@@ -305,9 +344,10 @@ static void test_rendezvous_per_host(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_env_rank0_hosts), cmocka_unit_test(test_tcp_external_server),
-      cmocka_unit_test(test_file_method),     cmocka_unit_test(test_errors_name_the_variable),
-      cmocka_unit_test(test_duplicate_rank),  cmocka_unit_test(test_rendezvous_per_host),
+      cmocka_unit_test(test_env_rank0_hosts),       cmocka_unit_test(test_tcp_external_server),
+      cmocka_unit_test(test_file_method),           cmocka_unit_test(test_errors_name_the_variable),
+      cmocka_unit_test(test_duplicate_rank),        cmocka_unit_test(test_rendezvous_per_host),
+      cmocka_unit_test(test_timeout_names_missing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -297,6 +297,7 @@ static char **rank_env(const opts_t *o, int local, const char *addr, int port, c
 
 typedef struct coord {
   tdist_store_t *store;
+  int world; /* WORLD_SIZE of the job */
   int node_rank;
 } coord_t;
 
@@ -364,6 +365,45 @@ static void deaths_scan(void *arg, trun_job_t *job) {
   if (last) d->seen = n;
 }
 
+/* (main thread, supervision loop) A rank of this node was reaped: record
+ * it for the world rendezvous, so that ranks still waiting there fail at
+ * once naming it instead of waiting out their timeout (store/rendezvous.c
+ * tdist__rdzv_wait_go). The record is "tdist/rdzv/exit/<round>" for the
+ * round the rank can no longer join: its own count of joins
+ * ("arrivals/<rank>", on a store that counts keys per rank, etcd), else
+ * the round open on the shared counter ("arrived" / world size). A round
+ * it already completed is not touched (its "go" is set: waiters do not
+ * look), so a rank that exits at the job's normal end harms nobody, and
+ * a record left on a long-lived store by an earlier job names an earlier
+ * round. The first record of a round wins. */
+static void rank_exited(void *arg, int rank, int status) {
+  coord_t *c = arg;
+  char key[64], msg[160], why[96], num[32];
+  void *v = NULL;
+  size_t vl = 0;
+  int64_t round = 0;
+  int exists = 0;
+  snprintf(key, sizeof(key), "tdist/rdzv/arrivals/%d", rank);
+  const char *k = key;
+  if (tdist_store_check(c->store, &k, 1, &exists) == 0 && exists &&
+      tdist_store_get(c->store, key, &v, &vl, 1000) == 0) {
+    snprintf(num, sizeof(num), "%.*s", (int)vl, (char *)v);
+    round = strtoll(num, NULL, 10);
+  } else {
+    const char *ak = "tdist/rdzv/arrived";
+    if (tdist_store_check(c->store, &ak, 1, &exists) == 0 && exists &&
+        tdist_store_get(c->store, ak, &v, &vl, 1000) == 0) {
+      snprintf(num, sizeof(num), "%.*s", (int)vl, (char *)v);
+      round = strtoll(num, NULL, 10) / c->world;
+    }
+  }
+  tdist_store_free(v);
+  trun_describe_status(status, why, sizeof(why));
+  snprintf(msg, sizeof(msg), "rank %d %s", rank, why);
+  snprintf(key, sizeof(key), "tdist/rdzv/exit/%" PRId64, round);
+  tdist_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), NULL, NULL);
+}
+
 /* After this node's ranks are gone: report a local failure (first one wins),
  * count this node done, and on the hosting node wait (bounded, interruptible
  * by the handled signals) until every node is done before the store stops. */
@@ -398,7 +438,7 @@ int main(int argc, char **argv) {
   int rc = 1, nenv = 0;
   tdist_store_server_t *srv = NULL;
   trun_agent_t *agent = NULL;
-  coord_t coord = {.node_rank = o.node_rank};
+  coord_t coord = {.node_rank = o.node_rank, .world = o.nnodes * o.nproc};
   deaths_t deaths = {.seen = 0};
   trun_job_t job = {.nlocal = o.nproc,
                     .grace_s = o.grace_s,
@@ -474,6 +514,8 @@ int main(int argc, char **argv) {
     deaths.store = coord.store;
     job.scan = deaths_scan;
     job.scan_arg = &deaths;
+    job.exited = rank_exited;
+    job.exited_arg = &coord;
   }
   /* The host agent needs the store server (not etcd or a file). */
   if (coord.store && !o.store_url && !o.no_agent)

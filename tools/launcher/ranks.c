@@ -277,6 +277,7 @@ static int reap(trun_job_t *job, deadlines_t *dl) {
     }
     r->status = st;
     r->pid = 0;
+    if (job->exited) job->exited(job->exited_arg, r->global_rank, st);
     int failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (!failed || r->stopped || stopping(job)) continue;
     char why[96], what[160];

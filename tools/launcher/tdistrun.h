@@ -56,6 +56,12 @@ typedef struct trun_job trun_job_t;
  * record is reaped and reported as the exit it was). */
 typedef void (*trun_scan_fn)(void *arg, trun_job_t *job);
 
+/* Called by the supervision loop once for each rank it reaps (NULL for
+ * none), with the rank's waitpid status: main.c tells the store, so that
+ * the others' rendezvous does not wait its whole timeout for a rank that
+ * will never come (store/rendezvous.c "exit/<round>"). */
+typedef void (*trun_exited_fn)(void *arg, int rank, int status);
+
 struct trun_job {
   /* set by the caller */
   int nlocal; /* ranks started by this launcher */
@@ -71,6 +77,8 @@ struct trun_job {
   void *tick_arg;
   trun_scan_fn scan; /* the store's death records (main.c), or NULL */
   void *scan_arg;
+  trun_exited_fn exited; /* a rank was reaped (main.c), or NULL */
+  void *exited_arg;
   int sigfd; /* signalfd of the handled signals (trun_signals_block) */
   /* set by trun_supervise: what ended the job */
   int fail_rank;        /* first rank that failed, -1 if none */

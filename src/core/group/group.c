@@ -244,10 +244,14 @@ struct abort_req {
   tdist_group_t *g;
   int status;
   const char *fmt, *reason;
+  int on_demand; /* tdist_group_abort: the program asked for it */
 };
 
+/* (progress) Only the first abort counts: a later tdist_group_abort of a
+ * group that already failed leaves its cause, and its dump, as they were. */
 static void abort_task(void *arg) {
   struct abort_req *r = arg;
+  if (r->on_demand && !atomic_load(&r->g->aborted)) r->g->abort_on_demand = 1;
   tdist__group_abort_now(r->g, r->status, 3, r->fmt, r->reason); /* found here: tell, publish */
 }
 
@@ -280,7 +284,7 @@ int tdist_group_destroy(tdist_group_t *g) {
   if (rc != 0) {
     TDIST_WARN(CORE, "group '%s': %lld ops still pending at destroy; aborting them", g->name,
                (long long)atomic_load(&g->pending));
-    struct abort_req r = {g, TDIST_ERR_ABORTED, "%s", "group destroyed with the op pending"};
+    struct abort_req r = {g, TDIST_ERR_ABORTED, "%s", "group destroyed with the op pending", 0};
     tdist__progress_call(g->ctx->progress, abort_task, &r);
     wait_pending(g, 5000);
   }
@@ -299,7 +303,7 @@ int tdist_group_destroy(tdist_group_t *g) {
 int tdist_group_abort(tdist_group_t *g, const char *reason) {
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_group_abort: NULL group");
   struct abort_req r = {g, TDIST_ERR_ABORTED, "aborted on demand: %s",
-                        reason ? reason : "tdist_group_abort"};
+                        reason ? reason : "tdist_group_abort", 1};
   tdist__progress_call(g->ctx->progress, abort_task, &r);
   return 0;
 }

@@ -75,6 +75,8 @@ struct tdist_group {
   atomic_uint shrink_count; /* number of shrinks made from this group */
   int abort_status;
   char abort_reason[256];
+  int abort_on_demand; /* (progress) the abort is this rank's tdist_group_abort:
+                          no flight-recorder dump (docs/flight-recorder.md) */
 
   /* (progress) */
   tdist__list_t inflight; /* started works, submission order */

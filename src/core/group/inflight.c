@@ -231,7 +231,10 @@ static void run_abort_cb(tdist_group_t *g) {
 
 /* Tell the user's abort callback, then finish everything in flight (but
  * what the backend already completed: it keeps its own status), then have
- * the flight recorder written. */
+ * the flight recorder written, unless this rank aborted the group on
+ * demand: the program asked for it, and a dump per deliberate abort (an
+ * elastic job's every shrink) fills /tmp with files nobody asked for; the
+ * other members, for whom the abort was not their program's choice, dump. */
 static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
   run_abort_cb(g);
   tdist__list_t *it, *tmp;
@@ -250,6 +253,7 @@ static void fail_inflight(tdist_group_t *g, int status, const char *reason) {
     }
     fail_or_hold(w, status, "%s", reason);
   }
+  if (g->abort_on_demand) return;
   tdist__trace_meta_t m;
   tdist__group_trace_meta(g, &m);
   tdist__trace_dump_on_failure(g->trace, &m);
@@ -474,9 +478,15 @@ static void record_task(void *arg) {
                                "rank %d (world rank %d) failed: the store declared it dead: %s", gr,
                                r->rank, r->reason);
     } else if (g->uid == r->uid) {
+      /* Both ranks: the group rank alone read as this rank's own number
+       * ("rank 1 aborted" on world rank 1, about world rank 3). */
       int gr = group_rank_of(g, r->rank);
-      tdist__group_abort_now(g, r->status, 0, "rank %d aborted the group: %s",
-                             gr >= 0 ? gr : r->rank, r->reason);
+      if (gr >= 0)
+        tdist__group_abort_now(g, r->status, 0, "rank %d (world rank %d) aborted the group: %s", gr,
+                               r->rank, r->reason);
+      else
+        tdist__group_abort_now(g, r->status, 0, "world rank %d aborted the group: %s", r->rank,
+                               r->reason);
     }
   }
 }

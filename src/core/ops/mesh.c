@@ -254,9 +254,10 @@ static int agree_members(tdist_group_t *parent, unsigned idx, int color, int own
     cnt[r] = list_parse(vals[r], lens[r], lists + (size_t)r * size, size);
     if (!rc && names_device(vals[r], lens[r]) != own_device)
       rc = tdist__error(TDIST_ERR_MISMATCH,
-                        "new group of '%s': rank %d %s a device for it (TDIST_GROUP_FIELD_DEVICE) "
-                        "but rank %d %s",
-                        parent->name, parent->rank, own_device ? "names" : "does not name", r,
+                        "new group of '%s': rank %d (world rank %d) %s a device for it "
+                        "(TDIST_GROUP_FIELD_DEVICE) but rank %d (world rank %d) %s",
+                        parent->name, parent->rank, parent->global_ranks[parent->rank],
+                        own_device ? "names" : "does not name", r, parent->global_ranks[r],
                         own_device ? "does not" : "does");
   }
   for (int a = 0; a < size && !rc; a++)
@@ -267,11 +268,12 @@ static int agree_members(tdist_group_t *parent, unsigned idx, int color, int own
       const char *sa = memchr(vals[a], ' ', lens[a]), *sb = memchr(vals[b], ' ', lens[b]);
       sa = sa ? sa + 1 : vals[a];
       sb = sb ? sb + 1 : vals[b];
-      rc = tdist__error(TDIST_ERR_MISMATCH,
-                        "new group of '%s': ranks disagree on its members: rank %d passed "
-                        "[%.*s] but rank %d passed [%.*s]",
-                        parent->name, a, (int)(lens[a] - (size_t)(sa - (char *)vals[a])), sa, b,
-                        (int)(lens[b] - (size_t)(sb - (char *)vals[b])), sb);
+      rc = tdist__error(
+          TDIST_ERR_MISMATCH,
+          "new group of '%s': ranks disagree on its members: rank %d (world rank "
+          "%d) passed [%.*s] but rank %d (world rank %d) passed [%.*s]",
+          parent->name, a, parent->global_ranks[a], (int)(lens[a] - (size_t)(sa - (char *)vals[a])),
+          sa, b, parent->global_ranks[b], (int)(lens[b] - (size_t)(sb - (char *)vals[b])), sb);
     }
 out:
   for (int r = 0; vals && r < size; r++)
