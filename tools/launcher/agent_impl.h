@@ -47,6 +47,7 @@ struct trun_agent {
   tdist_store_opts_t so;
   pthread_t loop, relay;
   pthread_mutex_t mu;
+  pthread_cond_t cv; /* (mu) a rank became alive, or stop: the relay waits on it */
   arank_t *r; /* table, guarded by mu (changed by the loop thread only) */
   int n, cap;
   int urgent; /* loop: beat now */
