@@ -181,6 +181,11 @@ class _Wheel:
         self.zf.close()
 
 
+# The console script's module: top-level, so that running it imports nothing of the
+# package (python/_tdistrun.py says why).
+SCRIPT_MODULE = "_tdistrun"
+
+
 def _package_files():
     src = os.path.join(PKG_ROOT, NAME)
     for name in sorted(os.listdir(src)):
@@ -200,6 +205,8 @@ def _write_wheel(wheel_directory, native, editable_path=None):
         for name, data in _package_files():
             w.add(f"{NAME}/{name}", data)
         if native is not None:
+            w.add(f"{SCRIPT_MODULE}.py",
+                  open(os.path.join(PKG_ROOT, f"{SCRIPT_MODULE}.py"), "rb").read())
             w.add(f"{NAME}/_native/lib/libtdist.so.0", open(native["lib"], "rb").read(), 0o755)
             for prog in ("tdist-store", "tdistrun"):
                 w.add(f"{NAME}/_native/bin/{prog}", open(native[prog], "rb").read(), 0o755)
@@ -211,8 +218,10 @@ def _write_wheel(wheel_directory, native, editable_path=None):
                                 f"Root-Is-Purelib: {pure}\nTag: {tag}\n")
     if native is not None and editable_path is None:
         w.add(f"{dist_info}/entry_points.txt",
-              "[console_scripts]\ntdistrun = tdist._launcher:main\n")
-    w.add(f"{dist_info}/top_level.txt", f"{NAME}\n")
+              f"[console_scripts]\ntdistrun = {SCRIPT_MODULE}:main\n")
+    top = f"{NAME}\n{SCRIPT_MODULE}\n" if native is not None and editable_path is None \
+        else f"{NAME}\n"
+    w.add(f"{dist_info}/top_level.txt", top)
     w.close(dist_info)
     return fname
 
@@ -250,7 +259,7 @@ def build_sdist(sdist_directory, config_settings=None):
         n = os.path.basename(ti.name)
         return None if n == "__pycache__" or n.endswith(".pyc") or n == "_install.py" else ti
     with tarfile.open(os.path.join(sdist_directory, fname), "w:gz") as tf:
-        for name in ("pyproject.toml", "README.md", "_build", NAME):
+        for name in ("pyproject.toml", "README.md", "_build", NAME, f"{SCRIPT_MODULE}.py"):
             p = os.path.join(PKG_ROOT, name)
             if os.path.exists(p):
                 tf.add(p, f"{base}/{name}", filter=skip)

@@ -37,6 +37,26 @@ print(f"rank {r} of {n}: OK", flush=True)
 '''
 
 
+# The tdistrun console script's entry (from the wheel's entry_points.txt), with os.execv
+# replaced: what it would exec, which tdist modules it imported, whether libtdist is mapped.
+SCRIPT_PROBE = r'''
+import importlib, os, sys
+dist = [p for p in sys.path if p.endswith("site-packages") and
+        os.path.isdir(os.path.join(p, "tdist"))][0]
+ep = [d for d in os.listdir(dist) if d.startswith("tdist-") and d.endswith(".dist-info")][0]
+text = open(os.path.join(dist, ep, "entry_points.txt")).read()
+mod, fn = text.split("tdistrun = ", 1)[1].split()[0].split(":")
+def fake_execv(path, argv):
+    print("exec", os.path.basename(path))
+    print("modules:", *sorted(m for m in sys.modules if m == "tdist" or m.startswith("tdist.")))
+    maps = open("/proc/self/maps").read()
+    print("libtdist:", "yes" if "libtdist" in maps else "no")
+    sys.exit(0)
+os.execv = fake_execv
+getattr(importlib.import_module(mod), fn)()
+'''
+
+
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TDIST_LIBRARY", "GLIBC_TUNABLES", "TDIST_PY_REEXEC",
@@ -61,6 +81,12 @@ def test_pip_install_in_a_fresh_venv_then_tdistrun_4_ranks(tmp_path):
                        env=clean_env(TDIST_BUILD_DIR=build), cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    # The console script imports nothing of the package (no libtdist.so loaded) before it
+    # execs the bundled launcher: run its entry with execv replaced by a report.
+    r = subprocess.run([py, "-c", SCRIPT_PROBE], env=clean_env(), cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["exec", "tdistrun", "modules:", "libtdist:", "no"], r.stdout
     (tmp_path / "prog.py").write_text(PROG)
     r = subprocess.run([tdistrun, "-n", "4", "--backend", "cpu", py, "prog.py"],
                        env=clean_env(TDIST_TIMEOUT_MS="60000"), cwd=str(tmp_path),
@@ -94,6 +120,7 @@ def test_wheel_for_an_installed_library_and_the_sdist(tmp_path, monkeypatch):
         names = t.getnames()
     base = sd[:-len(".tar.gz")]
     for need in ("pyproject.toml", "_build/tdist_build.py", "tdist/_lib.py", "PKG-INFO",
+                 "_tdistrun.py",
                  "csrc/CMakeLists.txt", "csrc/include/tdist/tdist.h", "csrc/src/core/ops/notify.c",
                  "csrc/tools/launcher/main.c"):
         assert f"{base}/{need}" in names, need
