@@ -93,7 +93,7 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
     r->last_ms = trun_now_ms();
     if (r->state == A_HELLO) {
       r->state = A_ALIVE;
-      a->urgent = 1;                  /* registers it with the store now */
+      a->urgent = 1;               /* registers it with the store now */
       pthread_cond_signal(&a->cv); /* the relay has someone to relay to */
     }
   } else if (!strncmp(line, "hello ", 6) && r->state == A_HELLO) {

@@ -48,7 +48,7 @@ struct trun_agent {
   pthread_t loop, relay;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* (mu) a rank became alive, or stop: the relay waits on it */
-  arank_t *r; /* table, guarded by mu (changed by the loop thread only) */
+  arank_t *r;        /* table, guarded by mu (changed by the loop thread only) */
   int n, cap;
   int urgent; /* loop: beat now */
   /* The rendezvous through the agent (agent_rdzv.c; loop thread only). */
