@@ -398,7 +398,17 @@ def _submit_all_to_all(g, output, input, async_op, stream):
 
 
 def barrier(group=None, async_op=False, device_ids=None, *, timeout=None):
-    """Completes once every rank of the group entered it."""
+    """Completes once every rank of the group entered it.
+
+    timeout (seconds or a timedelta; None: the group's timeout): the barrier op's own
+    deadline, as for any op, not a timeout of this wait alone: when it expires the op
+    fails with tdist.TimeoutError AND THE GROUP IS ABORTED, on every rank (tdist's
+    watchdog aborts a group whose op is past its deadline: the ranks cannot tell a late
+    peer from a lost one, and the group's op sequence must stay the same on all ranks).
+    Every later op on the group raises the abort (tdist.AbortedError); make a new group
+    to go on. To give up waiting while the barrier goes on, use
+    ``barrier(async_op=True).wait(timeout)`` (tdist.InProgressError; wait again).
+    Returns None, or a Work with async_op=True. Thread: any."""
     g = _resolve(group)
     if g is None:
         return None
