@@ -59,6 +59,7 @@ struct trun_agent {
   char **seen;              /* [nlocal]: who claimed each local rank this round */
   struct trun_proxy *proxy; /* the ranks' store connections (agent_proxy.c), or NULL */
   atomic_int stop;
+  atomic_int refs; /* trun_agent_stop and the relay: the last frees (agent.c) */
 };
 
 int64_t trun_now_ms(void);
