@@ -141,7 +141,10 @@ enum {
 };
 typedef struct tdist_op_opts {
   uint64_t mask;        /* TDIST_OP_FIELD_* bits of the fields set below */
-  int64_t timeout_ms;   /* overrides the group's timeout for this op; > 0 */
+  int64_t timeout_ms;   /* overrides the group's timeout for this op; > 0. Like the group's,
+                         * its expiry aborts the group (the op TIMEOUT, the group's other
+                         * ops the abort's status, later ops refused) - for a barrier
+                         * too; to stop waiting only, tdist_work_wait's timeout_ms */
   double premul_scalar; /* factor for TDIST_PREMUL_SUM (default 1.0) */
   void *stream;         /* NCCL backend: the caller's cudaStream_t whose prior
                            work the op waits for (default: the legacy stream) */

@@ -15,7 +15,12 @@ first match wins (environment variable or ``--config-settings key=value``):
   otherwise                         CMake builds the library from the C sources next
                                     to the package (a checkout's repository root, or
                                     the sdist's csrc/) into <root>/build/pip
-                                    (TDIST_CMAKE_ARGS adds configure arguments);
+                                    (TDIST_CMAKE_ARGS adds configure arguments)
+                                    with the private jemalloc: its source is
+                                    fetched if missing (scripts/fetch-jemalloc.sh,
+                                    apt-get source; apt's sources left as they
+                                    are), and the build fails if it cannot be,
+                                    unless jemalloc=off / TDIST_WHEEL_JEMALLOC=off;
                                     without those sources or without cmake, as
                                     "system" above, with a note.
 
@@ -41,7 +46,7 @@ PKG_ROOT = os.path.dirname(HERE)  # python/ (or the unpacked sdist)
 NAME = "tdist"
 # What the sdist carries of the C project: enough for CMake to build the library and
 # the programs with tests, benchmarks, examples and the Python install switched off.
-CSRC = ["CMakeLists.txt", "cmake", "include", "src", "tools"]
+CSRC = ["CMakeLists.txt", "cmake", "include", "src", "tools", "scripts/fetch-jemalloc.sh"]
 CMAKE_OFF = ["-DTDIST_BUILD_TESTS=OFF", "-DTDIST_BUILD_BENCH=OFF", "-DTDIST_BUILD_EXAMPLES=OFF",
              "-DTDIST_BUILD_PYTHON=OFF", "-DTDIST_BUILD_GPUSIM=OFF", "-DTDIST_BUILD_FUZZ=OFF"]
 
@@ -100,12 +105,54 @@ def _from_build_tree(build):
     return out
 
 
-def _cmake_build(root):
+JEMALLOC_OFF_HINT = ("or build without it (the runtime then allocates with malloc): "
+                     "pip install --config-settings jemalloc=off ./python, or "
+                     "TDIST_WHEEL_JEMALLOC=off")
+
+
+def _jemalloc_args(root, config_settings, run=subprocess.run):
+    """The CMake switch for the private jemalloc of a library built here, fetching its
+    source first if it is missing. pip shows a build's output only with -v or when the
+    build fails, so a library quietly built without it (CMake's AUTO) would go unnoticed:
+    here it is either in (-DTDIST_WITH_JEMALLOC=ON) or left out because the user said so
+    (jemalloc=off / TDIST_WHEEL_JEMALLOC=off, or TDIST_CMAKE_ARGS naming
+    TDIST_WITH_JEMALLOC); otherwise the build fails saying why and what to do."""
+    want = (_setting(config_settings, "jemalloc", "TDIST_WHEEL_JEMALLOC") or "on").lower()
+    if want in ("off", "0", "no", "false"):
+        _log("jemalloc=off: the library's runtime allocates with malloc")
+        return ["-DTDIST_WITH_JEMALLOC=OFF"]
+    cmake_args = os.environ.get("TDIST_CMAKE_ARGS") or ""
+    if "TDIST_WITH_JEMALLOC" in cmake_args:
+        return []  # the user's own choice, as CMake takes it
+    if "TDIST_JEMALLOC_SOURCE_DIR" in cmake_args:
+        return ["-DTDIST_WITH_JEMALLOC=ON"]  # the user's source: CMake fails if it is not
+    src = os.path.join(root, "third_party", "jemalloc", "src", "configure")
+    fetch = os.path.join(root, "scripts", "fetch-jemalloc.sh")
+    why = ""
+    if not os.path.isfile(src) and os.path.isfile(fetch):
+        # scripts/deps.sh's fetch (apt-get source jemalloc), without editing apt's sources
+        _log("fetching jemalloc's source: scripts/fetch-jemalloc.sh --no-apt-config")
+        r = run(["bash", fetch, "--no-apt-config"], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+        sys.stderr.write(r.stdout or "")
+        why = (r.stdout or "").strip().splitlines()[-1:] if r.returncode else ""
+        why = f" ({why[0]})" if why else ""
+    if not os.path.isfile(src):
+        raise RuntimeError(
+            f"tdist_build: jemalloc's source is not in {os.path.dirname(src)} and could not "
+            f"be fetched{why}. libtdist's runtime allocates from a private jemalloc: fetch "
+            f"its source with `sudo bash scripts/deps.sh` in the tdist checkout, "
+            + JEMALLOC_OFF_HINT)
+    return ["-DTDIST_WITH_JEMALLOC=ON"]
+
+
+def _cmake_build(root, config_settings=None):
     cmake = shutil.which("cmake")
     if cmake is None:
         return None
     build = os.path.join(root, "build", "pip")
     args = [cmake, "-S", root, "-B", build, "-DCMAKE_BUILD_TYPE=Release"] + CMAKE_OFF
+    args += _jemalloc_args(root, config_settings)
     if shutil.which("ninja"):
         args += ["-G", "Ninja"] if not os.path.exists(os.path.join(build, "CMakeCache.txt")) \
             else []
@@ -134,7 +181,7 @@ def _native(config_settings):
     if root is None:
         _log("no C sources here: the wheel finds an installed libtdist.so.0")
         return None
-    files = _cmake_build(root)
+    files = _cmake_build(root, config_settings)
     if files is None:
         _log("no cmake: the wheel finds an installed libtdist.so.0")
     return files
@@ -181,6 +228,11 @@ class _Wheel:
         self.zf.close()
 
 
+# The console script's module: top-level, so that running it imports nothing of the
+# package (python/_tdistrun.py says why).
+SCRIPT_MODULE = "_tdistrun"
+
+
 def _package_files():
     src = os.path.join(PKG_ROOT, NAME)
     for name in sorted(os.listdir(src)):
@@ -200,6 +252,8 @@ def _write_wheel(wheel_directory, native, editable_path=None):
         for name, data in _package_files():
             w.add(f"{NAME}/{name}", data)
         if native is not None:
+            w.add(f"{SCRIPT_MODULE}.py",
+                  open(os.path.join(PKG_ROOT, f"{SCRIPT_MODULE}.py"), "rb").read())
             w.add(f"{NAME}/_native/lib/libtdist.so.0", open(native["lib"], "rb").read(), 0o755)
             for prog in ("tdist-store", "tdistrun"):
                 w.add(f"{NAME}/_native/bin/{prog}", open(native[prog], "rb").read(), 0o755)
@@ -211,8 +265,10 @@ def _write_wheel(wheel_directory, native, editable_path=None):
                                 f"Root-Is-Purelib: {pure}\nTag: {tag}\n")
     if native is not None and editable_path is None:
         w.add(f"{dist_info}/entry_points.txt",
-              "[console_scripts]\ntdistrun = tdist._launcher:main\n")
-    w.add(f"{dist_info}/top_level.txt", f"{NAME}\n")
+              f"[console_scripts]\ntdistrun = {SCRIPT_MODULE}:main\n")
+    top = f"{NAME}\n{SCRIPT_MODULE}\n" if native is not None and editable_path is None \
+        else f"{NAME}\n"
+    w.add(f"{dist_info}/top_level.txt", top)
     w.close(dist_info)
     return fname
 
@@ -250,7 +306,7 @@ def build_sdist(sdist_directory, config_settings=None):
         n = os.path.basename(ti.name)
         return None if n == "__pycache__" or n.endswith(".pyc") or n == "_install.py" else ti
     with tarfile.open(os.path.join(sdist_directory, fname), "w:gz") as tf:
-        for name in ("pyproject.toml", "README.md", "_build", NAME):
+        for name in ("pyproject.toml", "README.md", "_build", NAME, f"{SCRIPT_MODULE}.py"):
             p = os.path.join(PKG_ROOT, name)
             if os.path.exists(p):
                 tf.add(p, f"{base}/{name}", filter=skip)

@@ -44,6 +44,15 @@ class Buf:
 
 
 _np_dtypes = {}  # numpy dtype -> tdist dtype (cache)
+# Complex numbers: tdist has no complex type; a sum of complex values is the sum of their
+# real and imaginary parts, so an op over the interleaved floats does it (not PROD, MIN,
+# MAX, whose complex meaning differs).
+_COMPLEX_HINT = ("; for complex values pass the interleaved (real, imag) floats: "
+                 "torch.view_as_real(t), or a.view(a.real.dtype) for NumPy (SUM/AVG only)")
+_COMPLEX_HINT_TORCH = ("; for complex values pass torch.view_as_real(t) (the interleaved "
+                       "real and imaginary floats; SUM/AVG only)")
+_COMPLEX_HINT_NUMPY = ("; for complex values pass a.view(a.real.dtype) (the interleaved "
+                       "real and imaginary floats; SUM/AVG only)")
 
 
 def _np_dtype(dt, what):
@@ -53,8 +62,10 @@ def _np_dtype(dt, what):
         if v is None and dt.kind in "iufb" and dt.isnative and not dt.fields:
             v = _types.BY_KIND.get((dt.kind, dt.itemsize))
         if v is None:
+            hint = _COMPLEX_HINT_NUMPY if dt.kind == "c" else ""
             raise ValueError(f"{what}: element type {dt} has no tdist dtype "
-                             f"(supported: {', '.join(sorted(set(_types.NAME_OF.values())))})")
+                             f"(supported: {', '.join(sorted(set(_types.NAME_OF.values())))})"
+                             + hint)
         _np_dtypes[dt] = v
     return v
 
@@ -65,7 +76,8 @@ def _typestr_dtype(obj, typestr, what):
     if kind == "V" and order != ">":
         return _void_dtype(obj, typestr, size, what)
     if order == ">" or (kind not in "iufb"):
-        raise ValueError(f"{what}: element type {typestr!r} has no tdist dtype")
+        raise ValueError(f"{what}: element type {typestr!r} has no tdist dtype"
+                         + (_COMPLEX_HINT if kind == "c" else ""))
     v = _types.BY_KIND.get((kind, size))
     if v is None:
         raise ValueError(f"{what}: element type {typestr!r} has no tdist dtype")
@@ -259,16 +271,43 @@ _DL_CPU, _DL_CUDA_HOST, _DL_CUDA, _DL_CUDA_MANAGED = 1, 3, 2, 13
 _DL_HOST_TYPES = (_DL_CPU, _DL_CUDA_HOST)
 
 
+_DL_COMPLEX = 5  # kDLComplex
+
+
+def _torch_bool(obj, writable, what):
+    """A torch bool tensor, which torch's DLPack export refuses ("Bool type is not
+    supported by dlpack", torch < 2.2): its bytes through a uint8 view, typed tdist's BOOL
+    (one byte, reductions logical: SUM/MAX/BOR are or), so the result is 0/1 as torch
+    requires of a bool. None if `obj` is not one."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(obj, "dtype", None) is not torch.bool:
+        return None
+    b = buf(obj.view(torch.uint8), writable, what)
+    b.dtype = _types.BY_NAME["bool"]
+    b.keep = (obj, b.keep)
+    return b
+
+
 def _dlpack(obj, writable, what):
     # The capsule stays unconsumed (name "dltensor"), so its destructor frees the tensor when
     # the capsule is dropped with the rest of the keep-alive tuple after the op completes.
-    cap = obj.__dlpack__()
+    try:
+        cap = obj.__dlpack__()
+    except (RuntimeError, TypeError, BufferError) as e:
+        b = _torch_bool(obj, writable, what)
+        if b is not None:
+            return b
+        raise ValueError(f"{what}: {type(obj).__name__} has no DLPack view ({e})") from e
     p = _capsule_ptr(cap, b"dltensor")  # DLManagedTensor* starts with its DLTensor
     t = _DLTensor.from_address(p)
     dtype = _types.dlpack_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     if dtype is None:
+        hint = ""
+        if t.dtype.code == _DL_COMPLEX:
+            hint = _COMPLEX_HINT_TORCH if "torch" in type(obj).__module__ else _COMPLEX_HINT
         raise ValueError(f"{what}: DLPack type code {t.dtype.code}, {t.dtype.bits} bits "
-                         f"x{t.dtype.lanes} has no tdist dtype")
+                         f"x{t.dtype.lanes} has no tdist dtype{hint}")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None
     if t.strides:

@@ -1,18 +1,14 @@
-"""The ``tdistrun`` console script of a pip-installed tdist: runs the launcher bundled in
-the wheel (tdist/_native/bin/tdistrun), with the same arguments."""
+"""Kept for ``tdist._launcher:main`` (the console script's entry before issue 41): the same
+as the top-level ``_tdistrun`` module, which the console script now names so that it
+does not import this package (and load libtdist.so) only to exec the launcher."""
 import os
 import sys
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    exe = os.path.join(here, "_native", "bin", "tdistrun")
-    if not os.access(exe, os.X_OK):
-        sys.exit(f"tdistrun: this tdist package has no bundled launcher ({exe}); "
-                 "use the tdistrun of your tdist installation")
-    # The bundled tdist-store sits beside it: the store spawner finds it there too.
-    os.environ.setdefault("TDIST_STORE_BIN", os.path.join(here, "_native", "bin", "tdist-store"))
-    os.execv(exe, [exe] + sys.argv[1:])
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _tdistrun import main as run
+    run()
 
 
 if __name__ == "__main__":

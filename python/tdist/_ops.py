@@ -16,12 +16,14 @@ Binding a new C op: one line in _lib._FUNCS, then a function here built on
 ``_submit``.
 """
 import ctypes
+import threading
 
 from . import _buffers, _errors, _group, _types
 from ._lib import C, OpOpts, P2POp as _P2POpStruct
 from . import _lib
 from ._types import ReduceOp
 from ._work import Work, timeout_ms
+from ._work import _MAIN
 
 _buf = _buffers.buf
 _byref = ctypes.byref
@@ -66,13 +68,20 @@ def _opts(scalar=None, stream=None, tag=None, timeout=None):
 
 def _submit(fn, args, keep, async_op, finish=None, result=None):
     """Call C op `fn(*args, work)`: async -> Work, else blocking (GIL released) -> None.
-    `result`: the op's output, the value of the Work's future (torch's Work.result())."""
-    if async_op:
+    `result`: the op's output, the value of the Work's future (torch's Work.result()).
+    A blocking op on the main thread is submitted async and waited for by Work.wait,
+    so that Ctrl-C interrupts it (KeyboardInterrupt; the op goes on, its arrays kept
+    alive until it ends); elsewhere the C call blocks (no signal is handled there)."""
+    if async_op or threading.get_ident() == _MAIN:
         w = _c_void_p()
         rc = fn(*args, _byref(w))
         if rc:
             raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
-        return Work(w.value, keep, finish, result)
+        work = Work(w.value, keep, finish, result)
+        if async_op:
+            return work
+        work.wait()
+        return None
     rc = fn(*args, None)
     if rc:
         raise _errors.error(rc, C.last_error().decode("utf-8", "replace"))
@@ -389,7 +398,17 @@ def _submit_all_to_all(g, output, input, async_op, stream):
 
 
 def barrier(group=None, async_op=False, device_ids=None, *, timeout=None):
-    """Completes once every rank of the group entered it."""
+    """Completes once every rank of the group entered it.
+
+    timeout (seconds or a timedelta; None: the group's timeout): the barrier op's own
+    deadline, as for any op, not a timeout of this wait alone: when it expires the op
+    fails with tdist.TimeoutError AND THE GROUP IS ABORTED, on every rank (tdist's
+    watchdog aborts a group whose op is past its deadline: the ranks cannot tell a late
+    peer from a lost one, and the group's op sequence must stay the same on all ranks).
+    Every later op on the group raises the abort (tdist.AbortedError); make a new group
+    to go on. To give up waiting while the barrier goes on, use
+    ``barrier(async_op=True).wait(timeout)`` (tdist.InProgressError; wait again).
+    Returns None, or a Work with async_op=True. Thread: any."""
     g = _resolve(group)
     if g is None:
         return None
@@ -432,18 +451,24 @@ def _submit_recv(g, b, peer, tag, stream, tensor):
 
 
 def send(tensor, dst=None, group=None, tag=0, *, group_dst=None, stream=None):
-    """Blocking send (the GIL is released while it waits)."""
+    """Blocking send (the GIL is released while it waits; Ctrl-C interrupts it on the
+    main thread, the send going on)."""
     g = _resolve(group)
     if g is None:
         return None
     peer = _peer(g, dst, group_dst, "dst")
     b = _one(g, tensor, False, "send: tensor")
+    if threading.get_ident() == _MAIN:
+        _submit(C.isend, (g._handle(), b.ptr, b.count, b.dtype, peer,
+                          _opts(stream=stream, tag=tag)), b.keep, True).wait()
+        return None
     _errors.check(C.send(g._handle(), b.ptr, b.count, b.dtype, peer,
                          _opts(stream=stream, tag=tag)))
 
 
 def recv(tensor, src=None, group=None, tag=0, *, group_src=None, stream=None):
-    """Blocking receive (the GIL is released); returns the sender's world rank as torch
+    """Blocking receive (the GIL is released; Ctrl-C interrupts it on the main thread,
+    as send); returns the sender's world rank as torch
     does. src=None receives from any rank (CPU backend)."""
     g = _resolve(group)
     if g is None:
@@ -454,6 +479,9 @@ def recv(tensor, src=None, group=None, tag=0, *, group_src=None, stream=None):
         w.wait()
         return w.source_rank()
     peer = _peer(g, src, group_src, "src")
+    if threading.get_ident() == _MAIN:  # interruptible (as send)
+        _submit_recv(g, b, peer, tag, stream, tensor).wait()
+        return g.ranks[peer]
     _errors.check(C.recv(g._handle(), b.ptr, b.count, b.dtype, peer,
                          _opts(stream=stream, tag=tag)))
     return g.ranks[peer]

@@ -22,6 +22,7 @@ import datetime
 import itertools
 import sys
 import threading
+import time
 import traceback
 
 from . import _errors
@@ -33,6 +34,42 @@ _wait = C.work_wait
 _is_completed = C.work_is_completed
 _status = C.work_status
 _release = C.work_release
+
+# Signals (Ctrl-C's SIGINT) reach Python only on the main thread, and only between
+# bytecodes: a C wait blocked for the op's whole deadline would hold a KeyboardInterrupt
+# back until then. So the main thread waits in slices of _SLICE_MS and runs the pending
+# signal handlers between them (PyErr_CheckSignals, which raises what a handler raised);
+# an op done within the first slice costs the one C call it always did. Other threads
+# wait in one call: no signal handler runs there.
+_SLICE_MS = 100
+_MAIN = threading.main_thread().ident
+_check_signals = ctypes.pythonapi.PyErr_CheckSignals
+_check_signals.argtypes = []
+_check_signals.restype = ctypes.c_int
+
+
+def wait_ptr(ptr, ms):
+    """tdist_work_wait(ptr, ms) (0: until the op's own deadline) that, on the main thread,
+    lets signal handlers run every _SLICE_MS: a KeyboardInterrupt (or whatever a handler
+    raises) propagates from here within about that long, and the op goes on (the work
+    is untouched: wait again). Returns the C wait's status."""
+    if threading.get_ident() != _MAIN:
+        return _wait(ptr, ms)
+    rc = _wait(ptr, ms if 0 < ms <= _SLICE_MS else _SLICE_MS)
+    if rc != _IN_PROGRESS or 0 < ms <= _SLICE_MS:
+        return rc
+    end = None if ms == 0 else time.monotonic() + (ms - _SLICE_MS) / 1000.0
+    while True:
+        _check_signals()  # raises the handler's exception (ctypes.pythonapi checks)
+        step = _SLICE_MS
+        if end is not None:
+            left = int((end - time.monotonic()) * 1000 + 0.999)
+            if left <= 0:
+                return rc
+            step = min(step, left)
+        rc = _wait(ptr, step)
+        if rc != _IN_PROGRESS:
+            return rc
 
 # ---- the notification queue and the callback thread ---------------------------------------
 _BATCH = 64        # events taken per pop
@@ -223,9 +260,12 @@ class Work:
         with tdist.TimeoutError); seconds or a timedelta: raise tdist.InProgressError (a
         tdist.TimeoutError) if the op is still running then - it goes on, wait again.
         Returns True; raises the op's error (tdist.RemoteFailure, MismatchError...).
+        On the main thread a signal handler's exception (KeyboardInterrupt for Ctrl-C)
+        propagates within about 0.1 s; the op goes on and the Work stays valid (wait
+        again). Thread: any.
         """
         if not self._done:
-            rc = _wait(self._ptr, 0 if timeout is None else timeout_ms(timeout))
+            rc = wait_ptr(self._ptr, 0 if timeout is None else timeout_ms(timeout))
             if rc == _IN_PROGRESS and timeout is not None:
                 raise _errors.InProgressError(
                     f"wait: the op is still running after {_seconds(timeout):g} s "
@@ -388,10 +428,10 @@ class Future:
             if w is not None:
                 try:
                     w.wait(timeout)
-                except _errors.InProgressError:
-                    raise
                 except BaseException:
-                    pass  # the op's error: raised below, from the future
+                    if not w._done:  # InProgressError, or a KeyboardInterrupt: op goes on
+                        raise
+                    # else the op's error: raised below, from the future
                 self._from_work()
             else:
                 with self._cond:

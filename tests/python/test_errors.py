@@ -98,6 +98,34 @@ def test_timeout(rank, size):
     tdist.destroy_process_group(g)
 
 
+def test_barrier_timeout_aborts_the_group(rank, size):
+    """barrier(timeout=) is the barrier op's deadline, not a wait's: when it expires the
+    group is aborted (as for any op past its timeout) on every rank, rank 0 gets
+    TimeoutError, and every later op on the group raises the abort (docs/python.md); a
+    wait's own timeout (Work.wait(timeout)) is the one that leaves the op running."""
+    if size < 2:
+        pytest.skip("needs 2 ranks")
+    g = fresh(size)
+    if rank == 0:
+        with pytest.raises(tdist.TimeoutError) as ei:
+            tdist.barrier(group=g, timeout=0.5)  # the others never enter it
+        assert ei.value.code == -3
+        assert g.is_aborted()
+        with pytest.raises(tdist.AbortedError):  # the abort's status: a timeout's
+            tdist.barrier(group=g)
+        with pytest.raises(tdist.AbortedError):
+            tdist.all_reduce(np.zeros(1), group=g)
+    tdist.barrier()  # on the world, which is unaffected
+    if rank != 0:
+        deadline = time.monotonic() + 10
+        while not g.is_aborted() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert g.is_aborted()  # rank 0's abort reached them
+        with pytest.raises(tdist.TdistError):
+            tdist.barrier(group=g)
+    tdist.destroy_process_group(g)
+
+
 def test_wait_timeout_is_in_progress(rank, size):
     if size < 2:
         pytest.skip("needs 2 ranks")

@@ -37,6 +37,26 @@ print(f"rank {r} of {n}: OK", flush=True)
 '''
 
 
+# The tdistrun console script's entry (from the wheel's entry_points.txt), with os.execv
+# replaced: what it would exec, which tdist modules it imported, whether libtdist is mapped.
+SCRIPT_PROBE = r'''
+import importlib, os, sys
+dist = [p for p in sys.path if p.endswith("site-packages") and
+        os.path.isdir(os.path.join(p, "tdist"))][0]
+ep = [d for d in os.listdir(dist) if d.startswith("tdist-") and d.endswith(".dist-info")][0]
+text = open(os.path.join(dist, ep, "entry_points.txt")).read()
+mod, fn = text.split("tdistrun = ", 1)[1].split()[0].split(":")
+def fake_execv(path, argv):
+    print("exec", os.path.basename(path))
+    print("modules:", *sorted(m for m in sys.modules if m == "tdist" or m.startswith("tdist.")))
+    maps = open("/proc/self/maps").read()
+    print("libtdist:", "yes" if "libtdist" in maps else "no")
+    sys.exit(0)
+os.execv = fake_execv
+getattr(importlib.import_module(mod), fn)()
+'''
+
+
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TDIST_LIBRARY", "GLIBC_TUNABLES", "TDIST_PY_REEXEC",
@@ -61,6 +81,12 @@ def test_pip_install_in_a_fresh_venv_then_tdistrun_4_ranks(tmp_path):
                        env=clean_env(TDIST_BUILD_DIR=build), cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    # The console script imports nothing of the package (no libtdist.so loaded) before it
+    # execs the bundled launcher: run its entry with execv replaced by a report.
+    r = subprocess.run([py, "-c", SCRIPT_PROBE], env=clean_env(), cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["exec", "tdistrun", "modules:", "libtdist:", "no"], r.stdout
     (tmp_path / "prog.py").write_text(PROG)
     r = subprocess.run([tdistrun, "-n", "4", "--backend", "cpu", py, "prog.py"],
                        env=clean_env(TDIST_TIMEOUT_MS="60000"), cwd=str(tmp_path),
@@ -94,6 +120,51 @@ def test_wheel_for_an_installed_library_and_the_sdist(tmp_path, monkeypatch):
         names = t.getnames()
     base = sd[:-len(".tar.gz")]
     for need in ("pyproject.toml", "_build/tdist_build.py", "tdist/_lib.py", "PKG-INFO",
+                 "_tdistrun.py", "csrc/scripts/fetch-jemalloc.sh",
                  "csrc/CMakeLists.txt", "csrc/include/tdist/tdist.h", "csrc/src/core/ops/notify.c",
                  "csrc/tools/launcher/main.c"):
         assert f"{base}/{need}" in names, need
+
+
+def test_jemalloc_fetched_or_the_build_fails_saying_so(tmp_path, monkeypatch, capfd):
+    """pip hides a successful build's output: a library built without its jemalloc must not
+    pass unnoticed. The backend runs scripts/fetch-jemalloc.sh --no-apt-config when the
+    source is missing (here a stand-in script: no network), and fails naming the ways out
+    when that does not bring it; jemalloc=off builds without, on purpose."""
+    b = _backend()
+    monkeypatch.delenv("TDIST_CMAKE_ARGS", raising=False)
+    monkeypatch.delenv("TDIST_WHEEL_JEMALLOC", raising=False)
+
+    def root_with(script):
+        root = tmp_path / f"root{len(list(tmp_path.iterdir()))}"
+        (root / "scripts").mkdir(parents=True)
+        (root / "scripts" / "fetch-jemalloc.sh").write_text(script)
+        return root
+
+    # A fetch that works: called with --no-apt-config, then the source is there.
+    ok = root_with('cd "$(dirname "$0")/.." && echo "$@" > fetch-args && '
+                   'mkdir -p third_party/jemalloc/src && touch third_party/jemalloc/src/configure\n')
+    assert b._jemalloc_args(str(ok), {}) == ["-DTDIST_WITH_JEMALLOC=ON"]
+    assert (ok / "fetch-args").read_text().split() == ["--no-apt-config"]
+    assert b._jemalloc_args(str(ok), {}) == ["-DTDIST_WITH_JEMALLOC=ON"]  # fetched before
+
+    # A fetch that fails (no deb-src entry, offline...): the build fails, saying why and how.
+    bad = root_with('echo "tdist: apt has no deb-src entry" >&2; exit 1\n')
+    with pytest.raises(RuntimeError) as e:
+        b._jemalloc_args(str(bad), {})
+    msg = str(e.value)
+    for need in ("apt has no deb-src entry", "scripts/deps.sh", "jemalloc=off",
+                 "TDIST_WHEEL_JEMALLOC=off"):
+        assert need in msg, msg
+    # No fetch script at all (an unpacked wheel source without it): the same failure.
+    with pytest.raises(RuntimeError, match="jemalloc=off"):
+        b._jemalloc_args(str(tmp_path / "nothing"), {})
+
+    # Said off: built without, on purpose (config setting or environment), no fetch.
+    assert b._jemalloc_args(str(bad), {"jemalloc": "off"}) == ["-DTDIST_WITH_JEMALLOC=OFF"]
+    monkeypatch.setenv("TDIST_WHEEL_JEMALLOC", "off")
+    assert b._jemalloc_args(str(bad), {}) == ["-DTDIST_WITH_JEMALLOC=OFF"]
+    monkeypatch.delenv("TDIST_WHEEL_JEMALLOC")
+    # The user's own CMake switch is left to CMake.
+    monkeypatch.setenv("TDIST_CMAKE_ARGS", "-DTDIST_WITH_JEMALLOC=AUTO")
+    assert b._jemalloc_args(str(bad), {}) == []

@@ -93,7 +93,8 @@ static void on_line(trun_agent_t *a, arank_t *r, char *line) {
     r->last_ms = trun_now_ms();
     if (r->state == A_HELLO) {
       r->state = A_ALIVE;
-      a->urgent = 1; /* registers it with the store now */
+      a->urgent = 1;               /* registers it with the store now */
+      pthread_cond_signal(&a->cv); /* the relay has someone to relay to */
     }
   } else if (!strncmp(line, "hello ", 6) && r->state == A_HELLO) {
     long long next = 0;
@@ -315,13 +316,48 @@ done:
   free(at);
 }
 
+/* (relay) Whether to watch the store: 1 once a local rank's monitor is
+ * alive, 0 at stop. While none is, nobody wants a record, and the relay
+ * waits here, not in a store wait: the launcher's exit (trun_agent_stop)
+ * would wait for that one to time out (up to 500 ms) - every job whose
+ * ranks are gone, and all of a job whose ranks never start a monitor
+ * (`tdistrun -n 2 true`). Records that come meanwhile are not lost: `next`
+ * stays, and the first wait after finds them. */
+static int relay_wanted(trun_agent_t *a) {
+  int want = 0;
+  pthread_mutex_lock(&a->mu);
+  while (!a->stop) {
+    for (int i = 0; i < a->n && !want; i++)
+      want = a->r[i].state == A_ALIVE;
+    if (want) break;
+    pthread_cond_wait(&a->cv, &a->mu);
+  }
+  pthread_mutex_unlock(&a->mu);
+  return want;
+}
+
+/* (the last of the relay and trun_agent_stop) Free what both use: the rank
+ * table, the relay's store connection, the lock and the agent. */
+static void agent_unref(trun_agent_t *a) {
+  if (atomic_fetch_sub(&a->refs, 1) != 1) return;
+  for (int i = 0; i < a->n; i++) {
+    if (a->r[i].fd >= 0) close(a->r[i].fd);
+    free(a->r[i].val);
+  }
+  free(a->r);
+  tdist_store_release(a->watch);
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+  free(a);
+}
+
 static void *relay_main(void *arg) {
   trun_agent_t *a = arg;
   int64_t next = 0;
   while (!a->stop && tdist_store_add(a->watch, "tdist/aborts/count", 0, &next) != 0)
     sleep(1);
   next++;
-  while (!a->stop) {
+  while (relay_wanted(a)) {
     char key[BATCH][48];
     const char *keys[BATCH];
     snprintf(key[0], sizeof(key[0]), "tdist/aborts/%" PRId64, next);
@@ -329,6 +365,8 @@ static void *relay_main(void *arg) {
     int rc = tdist_store_wait(a->watch, keys, 1, 500);
     if (rc == TDIST_ERR_TIMEOUT) continue;
     if (rc != 0) {
+      /* At stop: the hosting launcher stopped the store server (main.c). */
+      if (a->stop) break;
       /* The connection is gone (a reply the client stopped waiting for
        * closes it: that TIMEOUT is followed by CLOSED here): a new one. The
        * store unreachable: the ranks learn it from the missing "ok". */
@@ -356,6 +394,7 @@ static void *relay_main(void *arg) {
       tdist_store_free(vals[k]);
     next += (int64_t)n;
   }
+  agent_unref(a); /* detached by trun_agent_stop, or about to be */
   return NULL;
 }
 
@@ -373,6 +412,7 @@ int trun_agent_start(const char *addr, int port, int host, int first, int nlocal
   a->timeout_ms = env_ms("TDIST_HEARTBEAT_TIMEOUT_MS", 5000);
   if (a->interval_ms < 1) a->interval_ms = 1;
   pthread_mutex_init(&a->mu, NULL);
+  pthread_cond_init(&a->cv, NULL);
   snprintf(a->name, sizeof(a->name), "tdist-agent-%d-%d-%lld", (int)getpid(), host,
            (long long)trun_now_ms());
   /* A beat may wait for a slow store up to the timeout (as a rank's does). */
@@ -397,6 +437,7 @@ int trun_agent_start(const char *addr, int port, int host, int first, int nlocal
    * they connect to the store themselves (store/rdzv_host.c). */
   if (trun_proxy_start(addr, port, &a->proxy) != 0) a->proxy = NULL;
   if (pthread_create(&a->loop, NULL, loop_main, a) != 0) goto fail;
+  atomic_store(&a->refs, 2); /* trun_agent_stop's and the relay's */
   if (pthread_create(&a->relay, NULL, relay_main, a) != 0) {
     a->stop = 1;
     if (write(a->wake[1], "x", 1) < 0) { /* the loop polls it */
@@ -416,6 +457,7 @@ fail:
   tdist_store_release(a->beat);
   tdist_store_release(a->watch);
   pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
   free(a);
   return -1;
 }
@@ -424,23 +466,32 @@ const char *trun_agent_name(const trun_agent_t *a) { return a->name; }
 
 void trun_agent_stop(trun_agent_t *a) {
   if (!a) return;
+  pthread_mutex_lock(&a->mu); /* under mu: the relay may be checking, then waiting */
   a->stop = 1;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
   if (write(a->wake[1], "x", 1) < 0) { /* the loop polls it */
   }
-  pthread_join(a->loop, NULL);  /* its last beat and "bye" */
-  pthread_join(a->relay, NULL); /* within one wait (500 ms) */
-  trun_proxy_stop(a->proxy);    /* its ranks have ended */
+  pthread_join(a->loop, NULL); /* its last beat and "bye" */
+  trun_proxy_stop(a->proxy);   /* its ranks have ended */
+  pthread_mutex_lock(&a->mu);  /* the relay sends under mu: not to a closed fd */
   for (int i = 0; i < a->n; i++) {
     if (a->r[i].fd >= 0) close(a->r[i].fd);
-    free(a->r[i].val);
+    a->r[i].fd = -1;
   }
-  free(a->r);
+  pthread_mutex_unlock(&a->mu);
   trun_rdzv_free(a);
   close(a->lfd);
   close(a->wake[0]);
   close(a->wake[1]);
   tdist_store_release(a->beat);
-  tdist_store_release(a->watch);
-  pthread_mutex_destroy(&a->mu);
-  free(a);
+  /* The relay is not joined: it may be in a store wait for the next record
+   * (up to 500 ms; no call ends one early), which would hold the launcher's
+   * exit that long after its ranks are gone. Idle (no monitor alive) it
+   * returns at once; in a wait, when the wait ends or the store closes its
+   * connection (a hosting launcher stops the server next, main.c), or the
+   * process exits first (libtdist has no exit-time teardown it could meet).
+   * The last of the two frees what both use. */
+  pthread_detach(a->relay);
+  agent_unref(a);
 }

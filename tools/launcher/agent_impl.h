@@ -47,7 +47,8 @@ struct trun_agent {
   tdist_store_opts_t so;
   pthread_t loop, relay;
   pthread_mutex_t mu;
-  arank_t *r; /* table, guarded by mu (changed by the loop thread only) */
+  pthread_cond_t cv; /* (mu) a rank became alive, or stop: the relay waits on it */
+  arank_t *r;        /* table, guarded by mu (changed by the loop thread only) */
   int n, cap;
   int urgent; /* loop: beat now */
   /* The rendezvous through the agent (agent_rdzv.c; loop thread only). */
@@ -58,6 +59,7 @@ struct trun_agent {
   char **seen;              /* [nlocal]: who claimed each local rank this round */
   struct trun_proxy *proxy; /* the ranks' store connections (agent_proxy.c), or NULL */
   atomic_int stop;
+  atomic_int refs; /* trun_agent_stop and the relay: the last frees (agent.c) */
 };
 
 int64_t trun_now_ms(void);
