@@ -296,11 +296,16 @@ static void parse(const char *out, obs_t *obs, int n) {
 
 /* Does msg name world rank r as the failed one ("rank r (world rank r": the
  * CPU backend's "is gone", the monitor's "failed"; group rank == world rank
- * in the world group)? */
+ * in the world group), not as the member that aborted the group for it? */
 static int names_failed(const char *msg, int r) {
   char want[48];
   snprintf(want, sizeof(want), "rank %d (world rank %d", r, r);
-  return strstr(msg, want) != NULL;
+  size_t l = strlen(want);
+  /* "rank r (world rank r) aborted the group: <cause>" names the member that
+   * passed the failure on, not a failed one: only the cause counts. */
+  for (const char *p = strstr(msg, want); p; p = strstr(p + l, want))
+    if (strncmp(p + l, ") aborted the group", 19) != 0) return 1;
+  return 0;
 }
 
 /* The ranks a skip diagnosis lists: "rank V of group 'world' had not reached

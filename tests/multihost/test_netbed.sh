@@ -200,7 +200,10 @@ check_reports() {
     msg=${line#* msg=}
     local lat=$((t / 1000000 - tf))
     [ $lat -gt $worst ] && worst=$lat
-    named=$(grep -oE "world rank [0-9]+" <<<"$msg" | awk '{print $3}' | sort -u | tr '\n' ' ')
+    # "rank G (world rank W) aborted the group: <cause>" names the member that passed the
+    # failure on: only the ranks the cause names count.
+    named=$(sed -E 's/rank [0-9]+ \(world rank [0-9]+\) aborted the group//g' <<<"$msg" |
+      grep -oE "world rank [0-9]+" | awk '{print $3}' | sort -u | tr '\n' ' ')
     local good=0 bad=0 x
     for x in $named; do
       if [[ " $lost " == *" $x "* ]]; then good=1; else bad=1; fi
