@@ -109,7 +109,7 @@ int tdist_mp_free_port(void) {
   }
   int base = 12000, top = lo - 1; /* below the ephemeral range */
   if (top - base >= 1000) {
-    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)(now_s() * 1e6);
+    if (!seed) seed = (unsigned)getpid() * 2654435761u ^ (unsigned)((uint64_t)(now_s() * 1e6));
     int span = top - base + 1;
     for (int i = 0; i < 256; i++) {
       int port = base + (int)(rand_r(&seed) % (unsigned)span);
