@@ -123,10 +123,49 @@ def _redop(op):
 
 
 # ---- Work --------------------------------------------------------------------------------
+# A Work made in Python and handed to C++ (DDP's Reducer, dist._verify_params_across_processes,
+# dist._broadcast_coalesced call the group's methods from C++ and keep only the C++ object)
+# loses its Python half when Python's last reference goes: torch 1.13's pybind trampoline
+# then finds no Python wait/get_future and runs c10d::Work's own, which waits, GIL held,
+# for a completion flag that only C++ backends set: the job hangs. So each TdistWork is
+# pinned here from birth until its op has completed and no C++ reference is left
+# (c10::intrusive_ptr's count, read through the pybind instance once the object is known
+# to be torch's PyWork, else: until its wait or get_future has been called).
+_pinned = []
+_pin_lock = threading.Lock()
+
+
+def _cpp_refs_reader():
+    """A function giving a TdistWork's C++ reference count (the pybind instance's holder is
+    one), or None when this torch's layout cannot be confirmed (then pins go at wait)."""
+    try:
+        path = next(ln.split()[-1] for ln in open("/proc/self/maps")
+                    if "libtorch_python" in ln and ln.split()[-1].startswith("/"))
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        # the vtable pointer of a c10d::PyProcessGroup::PyWork (Itanium ABI: symbol + 16)
+        vptr = ctypes.addressof(ctypes.c_char.in_dll(
+            lib, "_ZTVN4c10d14PyProcessGroup6PyWorkE")) + 2 * ctypes.sizeof(ctypes.c_void_p)
+    except (OSError, ValueError, StopIteration):
+        return None
+    head = 2 * ctypes.sizeof(ctypes.c_void_p)  # PyObject_HEAD; the C++ pointer follows
+
+    def refs(obj):
+        cpp = ctypes.c_void_p.from_address(id(obj) + head).value
+        if not cpp or ctypes.c_void_p.from_address(cpp).value != vptr:
+            return None
+        # c10::intrusive_ptr_target: the vtable pointer, then refcount_
+        return ctypes.c_size_t.from_address(cpp + ctypes.sizeof(ctypes.c_void_p)).value
+
+    class _Probe(_TorchWork):
+        pass
+    return refs if refs(_Probe()) == 1 else None  # a fresh one: its pybind holder only
+
+
 class TdistWork(_TorchWork):
     """torch's Work over a tdist Work (or a list of them, completed in order). Its future
     (get_future) is completed from tdist's completion callback with the op's output
-    tensors, so DDP's reducer overlaps its bucket all-reduces with backward."""
+    tensors, so DDP's reducer overlaps its bucket all-reduces with backward. Kept alive
+    while C++ holds it (see _pinned)."""
 
     def __init__(self, works, outputs, recv=False):
         super().__init__()
@@ -134,6 +173,16 @@ class TdistWork(_TorchWork):
         self._outputs = list(outputs)
         self._recv = recv
         self._future = None
+        self._used = False  # wait or get_future called (the pin's end without _cpp_refs)
+        _pin(self)
+
+    def _releasable(self):
+        if not self.is_completed():
+            return False
+        if _cpp_refs is None:
+            return self._used
+        n = _cpp_refs(self)
+        return n is not None and n <= 1
 
     def is_completed(self):
         return all(w.is_completed() for w in self._works)
@@ -150,10 +199,11 @@ class TdistWork(_TorchWork):
     def wait(self, timeout=datetime.timedelta(0)):
         """Block until the op completes; raise its error as torch's type (naming the failed
         rank for a peer's failure). timeout: a timedelta (0: the op's own deadline)."""
+        self._used = True
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         try:
             for w in self._works:
-                w.wait(None if not secs else secs)
+                w.wait(None if not secs or secs < 0 else secs)
         except _errors.TdistError as e:
             raise torch_error(e) from None
         return True
@@ -173,14 +223,19 @@ class TdistWork(_TorchWork):
 
     def get_future(self):
         """A torch.futures.Future completed (on tdist's callback thread) with the list of
-        output tensors, or with the op's error."""
+        output tensors. On the op's failure it completes with an error that C++ sees too
+        (DDP's reducer raises it from backward): a RuntimeError whose text is the torch
+        error's class and message (Work.wait() raises the typed error itself)."""
+        self._used = True
         if self._future is not None:
             return self._future
-        fut = torch.futures.Future()
+        raw = torch.futures.Future()
+        fut = raw.then(_unwrap)
         self._future = fut
         left = [len(self._works)]
         lock = threading.Lock()
         outputs = self._outputs
+        works = self._works
 
         def done(w):
             with lock:
@@ -188,17 +243,37 @@ class TdistWork(_TorchWork):
                 last = left[0] == 0
             if not last:
                 return
-            exc = next((x.exception() for x in self._works if x.exception() is not None),
-                       None)
-            if exc is not None:
-                fut.set_exception(torch_error(exc))
-            else:
-                fut.set_result(outputs)
-        if not self._works:
-            fut.set_result(outputs)
-        for w in self._works:
+            exc = next((x.exception() for x in works if x.exception() is not None), None)
+            raw.set_result(_Failed(torch_error(exc)) if exc is not None else outputs)
+        if not works:
+            raw.set_result(outputs)
+        for w in works:
             w.add_done_callback(done)
         return fut
+
+
+class _Failed:
+    """A failed op's error, carried through the raw future to _unwrap."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
+def _unwrap(f):
+    v = f.value()
+    if isinstance(v, _Failed):
+        raise v.exc
+    return v
+
+
+def _pin(work):
+    with _pin_lock:
+        if len(_pinned) >= 8:
+            _pinned[:] = [w for w in _pinned if not w._releasable()]
+        _pinned.append(work)
+
+
+_cpp_refs = _cpp_refs_reader()
 
 
 class _DoneWork(TdistWork):

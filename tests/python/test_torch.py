@@ -291,9 +291,14 @@ def _ref_model_after(X, Y):
 
 
 def test_fsdp_cpu(torch_world):
-    """torch 1.13's FSDP: CPU modules are accepted only with device_id unset; whatever
-    it does, its result must match the single-process run, or its refusal is named."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    """torch's FSDP over tdist on CPU: its result must match the single-process run, or
+    the test skips naming what refused. Debian's torch 1.13.1 on Python 3.11 cannot import
+    torch.distributed.fsdp at all (a dataclass in torch.distributed._shard has a mutable
+    default, which Python 3.11 refuses), and 1.13's FSDP makes CUDA streams when first run."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except (ImportError, ValueError) as e:
+        pytest.skip(f"torch {torch.__version__}: torch.distributed.fsdp does not import: {e}")
     r, n = rs()
     X, Y = _data()
     try:
