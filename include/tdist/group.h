@@ -80,7 +80,10 @@ enum {
  * make further independent worlds on stores it passes in opts->store, each
  * with its own rank, size and name (tdist.torch makes torch's subgroups so).
  * Such a world's liveness records live at the root of its store, so give
- * each its own store (server), not a prefix of another world's.
+ * each its own store (server), not a prefix of another world's; its monitor
+ * beats to that store (never to tdistrun's host agent, TDIST_HOST_AGENT,
+ * which knows the launcher's world only), and with rank and world_size both
+ * in opts LOCAL_RANK / LOCAL_WORLD_SIZE are not checked against it.
  * Thread: the caller's.
  * @return 0; TDIST_ERR_INVALID_ARGUMENT when a setting is missing or
  *         contradictory (tdist_last_error() names the variable);

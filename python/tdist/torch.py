@@ -356,15 +356,11 @@ class ProcessGroupTdist(_TorchPG):
             addr = self._store.get(key).decode()
             host, port = addr.rsplit(":", 1)
             st = _store.TCPStore(host, int(port), timeout=timeout_ms / 1000.0)
-        # Its monitor beats to this store, not to tdistrun's host agent (which knows
-        # world ranks only, and this group's ranks are group ranks).
-        agent = os.environ.pop("TDIST_HOST_AGENT", None)
-        try:
-            g = _init_group(st, self._rank, self._size, f"torch:{self._group_id}:{kind}",
-                            kind, timeout_ms)
-        finally:
-            if agent is not None:
-                os.environ["TDIST_HOST_AGENT"] = agent
+        # A further world on our store: its monitor beats to this store, not to tdistrun's
+        # host agent (which knows the launcher's world only), and LOCAL_WORLD_SIZE /
+        # LOCAL_RANK (the launcher's) are not checked against it (tdist_init_process_group).
+        g = _init_group(st, self._rank, self._size, f"torch:{self._group_id}:{kind}",
+                        kind, timeout_ms)
         g._torch_store = st  # the group's store lives as long as the group
         return g
 
