@@ -266,10 +266,16 @@ def _unwrap(f):
     return v
 
 
+_sweep_at = [16]
+
+
 def _pin(work):
+    """Pin `work`; every so often release the pinned works nothing else needs (a sweep
+    when the pins double since the last one left: O(1) per work, amortized)."""
     with _pin_lock:
-        if len(_pinned) >= 8:
+        if len(_pinned) >= _sweep_at[0]:
             _pinned[:] = [w for w in _pinned if not w._releasable()]
+            _sweep_at[0] = max(16, 2 * len(_pinned))
         _pinned.append(work)
 
 
