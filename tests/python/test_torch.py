@@ -1,7 +1,7 @@
 """tdist.torch, the torch.distributed backend "tdist", under tdistrun (2 and 4 ranks): every
 ProcessGroup method torch 1.13 calls, checked against torch's own gloo backend in the same
 job (a gloo group over the same ranks) or against computed values; subgroups; futures;
-refusals; DDP and FSDP training equal to a single-process run. One pytest session per
+refusals; DDP training equal to a single-process run (FSDP where torch has it). One pytest session per
 world size (importing torch is slow)."""
 import datetime
 import os
@@ -282,6 +282,50 @@ def test_ddp_matches_single_process(torch_world):
     final = torch.nn.functional.mse_loss(ddp.module(X), Y).item()
     exp = torch.nn.functional.mse_loss(_ref_model_after(X, Y), Y).item()
     assert abs(final - exp) <= 1e-9 * max(1.0, abs(exp)), (final, exp, ref[-1])
+
+
+class _WithUnused(torch.nn.Module):
+    """_model() and a branch forward never uses: DDP's find_unused_parameters path (its
+    reducer all-reduces a used-parameters map and waits on that Work from C++)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+        self.unused = torch.nn.Linear(8, 1).double()
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_ddp_unused_parameters_and_buffers(torch_world):
+    """find_unused_parameters=True and a buffer DDP broadcasts from rank 0 every forward
+    (_broadcast_coalesced from C++): the result still equals the single-process run, and
+    the works C++ held are not kept once it let go."""
+    r, n = rs()
+    X, Y = _data()
+    m = _WithUnused()
+    m.register_buffer("step", torch.tensor([float(r)], dtype=torch.float64))
+    ddp = torch.nn.parallel.DistributedDataParallel(m, find_unused_parameters=True,
+                                                    bucket_cap_mb=0.0001)
+    unused0 = m.unused.weight.detach().clone()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    shard = slice(r * 64 // n, (r + 1) * 64 // n)
+    for i in range(20):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(X[shard]), Y[shard]).backward()
+        opt.step()
+        assert m.step.item() == i  # rank 0's buffer (0, 1, ...), broadcast at the forward
+        m.step.add_(1 + r)  # the ranks' buffers differ until the next forward
+    assert torch.equal(m.unused.weight, unused0) and m.unused.weight.grad is None
+    final = torch.nn.functional.mse_loss(m.net(X), Y).item()
+    exp = torch.nn.functional.mse_loss(_ref_model_after(X, Y), Y).item()
+    assert abs(final - exp) <= 1e-9 * max(1.0, abs(exp)), (final, exp)
+    del ddp, opt
+    dist.barrier()
+    dist.barrier()
+    # every work of those 20 steps has completed and C++ holds none: at most the last
+    # sweep's survivors and the works since are pinned, not one per op of the run
+    assert len(tt._pinned) < 64, len(tt._pinned)
 
 
 def _ref_model_after(X, Y):
