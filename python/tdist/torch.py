@@ -139,8 +139,9 @@ def _cpp_refs_reader():
     """A function giving a TdistWork's C++ reference count (the pybind instance's holder is
     one), or None when this torch's layout cannot be confirmed (then pins go at wait)."""
     try:
-        path = next(ln.split()[-1] for ln in open("/proc/self/maps")
-                    if "libtorch_python" in ln and ln.split()[-1].startswith("/"))
+        with open("/proc/self/maps") as maps:
+            path = next(ln.split()[-1] for ln in maps
+                        if "libtorch_python" in ln and ln.split()[-1].startswith("/"))
         lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
         # the vtable pointer of a c10d::PyProcessGroup::PyWork (Itanium ABI: symbol + 16)
         vptr = ctypes.addressof(ctypes.c_char.in_dll(
