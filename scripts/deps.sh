@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 pkgs="build-essential dpkg-dev cmake ninja-build pkg-config python3 python3-numpy libuv1-dev"
 pkgs="$pkgs libcurl4-openssl-dev libjson-c-dev" # the etcd store
 if [ "${1:-}" = "test" ]; then
-  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng python3-pytest python3-venv python3-dev"
+  pkgs="$pkgs libcmocka-dev clang libclang-rt-14-dev stress-ng python3-pytest python3-venv python3-dev python3-torch"
   pkgs="$pkgs etcd-server" # test_store_etcd's 3-member cluster
   pkgs="$pkgs slurm-wlm munge openmpi-bin" # tests/multihost: srun, sbatch, mpirun
 fi

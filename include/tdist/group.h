@@ -75,6 +75,16 @@ enum {
 /*
  * tdist_init_process_group - rendezvous with the other ranks and create the
  * world group. Blocks until every rank arrived or the timeout passed.
+ * One world per process from env://, tcp://, file:// or etcd:// (a second
+ * is TDIST_ERR_INVALID_STATE until the first is destroyed); a process may
+ * make further independent worlds on stores it passes in opts->store, each
+ * with its own rank, size and name (tdist.torch makes torch's subgroups so).
+ * Such a world's liveness records live at the root of its store, so give
+ * each its own store (server), not a prefix of another world's; its monitor
+ * beats to that store (never to tdistrun's host agent, TDIST_HOST_AGENT,
+ * which knows the launcher's world only), and with rank and world_size both
+ * in opts LOCAL_RANK / LOCAL_WORLD_SIZE are not checked against it.
+ * Thread: the caller's.
  * @return 0; TDIST_ERR_INVALID_ARGUMENT when a setting is missing or
  *         contradictory (tdist_last_error() names the variable);
  *         TDIST_ERR_TIMEOUT if the others did not arrive; TDIST_ERR_NOT_SUPPORTED

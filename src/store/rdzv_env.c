@@ -92,7 +92,11 @@ int tdist__rdzv_rank_size(const tdist_init_opts_t *o, int *rank, int *size) {
     return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s=%d is not below %s=%d",
                         strcmp(rname, "rank") ? rname : "RANK", *rank,
                         strcmp(sname, "world_size") ? sname : "WORLD_SIZE", *size);
-  /* LOCAL_RANK / LOCAL_WORLD_SIZE: only checked for consistency here. */
+  /* LOCAL_RANK / LOCAL_WORLD_SIZE: only checked for consistency here, and
+   * only against a world the environment describes: with rank and size both
+   * in opts (a further world on the caller's store, as tdist.torch makes for
+   * a subgroup) they are the launcher's, not this world's. */
+  if (o && (o->mask & TDIST_INIT_FIELD_RANK) && (o->mask & TDIST_INIT_FIELD_WORLD_SIZE)) return 0;
   int lr = -1, lws = -1;
   if ((rc = env_int("LOCAL_RANK", 0, &lr)) < 0) return rc;
   if ((rc = env_int("LOCAL_WORLD_SIZE", 1, &lws)) < 0) return rc;

@@ -297,6 +297,7 @@ static int host_store_on(int mode, int port, int size, tdist_store_server_t **sr
 /* What joining takes from the options and the environment. */
 typedef struct {
   int rank, size, host_store;
+  int env_url; /* method: env:// replaced by $TDIST_STORE_URL */
   int64_t timeout;
   const char *method; /* an init_method URL */
 } join_cfg_t;
@@ -312,7 +313,10 @@ static int join_cfg(const tdist_init_opts_t *o, join_cfg_t *c) {
   c->method = (m & TDIST_INIT_FIELD_INIT_METHOD) && o->init_method ? o->init_method : "env://";
   /* env:// with TDIST_STORE_URL (tdistrun --store): the store is that URL. */
   const char *url = tdist__env_raw("TDIST_STORE_URL");
-  if (strncmp(c->method, "env://", 6) == 0 && url && *url) c->method = url;
+  if (strncmp(c->method, "env://", 6) == 0 && url && *url) {
+    c->method = url;
+    c->env_url = 1;
+  }
   c->host_store = (m & TDIST_INIT_FIELD_HOST_STORE) ? o->host_store
                   : tdist__param_StoreHosted() == 1 ? TDIST_HOST_STORE_NONE
                                                     : TDIST_HOST_STORE_DEFAULT;
@@ -324,14 +328,17 @@ static int join_cfg(const tdist_init_opts_t *o, join_cfg_t *c) {
 }
 
 /* 1 when this rank meets on the store its launcher's host agent stands for:
- * env:// (MASTER_ADDR/MASTER_PORT from tdistrun), no store or rank given in
- * opts, and the store not hosted by a rank. The agent checks the rest (the
- * rank is one of its own, the world size is the job's). */
+ * env:// (TDIST_STORE_URL=tcp://... from tdistrun, or MASTER_ADDR/MASTER_PORT
+ * from an older one), no store or rank given in opts, and the store not hosted
+ * by a rank. The agent checks the rest (the rank is one of its own, the world
+ * size is the job's). */
 static int uses_launcher_store(const tdist_init_opts_t *o, const join_cfg_t *c) {
   uint64_t m = o ? o->mask : 0;
   if ((m & TDIST_INIT_FIELD_STORE) && o->store) return 0;
   if ((m & (TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE)) != 0) return 0;
-  return c->host_store == TDIST_HOST_STORE_NONE && strcmp(c->method, "env://") == 0;
+  int env = strcmp(c->method, "env://") == 0 ||
+            (c->env_url && strncmp(c->method, "tcp://", 6) == 0);
+  return c->host_store == TDIST_HOST_STORE_NONE && env;
 }
 
 /* The store everyone meets on: the one given, or one opened from the init
@@ -387,7 +394,27 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   tdist__store_proc_t proc = {-1};
   tdist_store_t *root = NULL, *view = NULL;
   TDIST_CHECK(join_cfg(o, &c));
+  int given = o && (o->mask & TDIST_INIT_FIELD_STORE) && o->store;
   pthread_mutex_lock(&rdzv_mu);
+  if (rdzv.store && given) {
+    /* Another world on the caller's store: nothing to host or count out. */
+    pthread_mutex_unlock(&rdzv_mu);
+    TDIST_CHECK(open_root(o, &c, &root, &srv, &proc));
+    rc = tdist_store_prefix(root, RDZV_PREFIX, &view);
+    if (rc == 0) rc = rendezvous(view, c.rank, c.size, c.timeout, out->job, sizeof(out->job));
+    tdist_store_release(view);
+    if (rc) {
+      tdist_store_release(root);
+      return rc;
+    }
+    out->store = root;
+    out->rank = c.rank;
+    out->size = c.size;
+    out->timeout_ms = c.timeout;
+    out->store_host = -1;
+    out->recorded = 0;
+    return 0;
+  }
   if (rdzv.store) {
     rc = tdist__error(TDIST_ERR_INVALID_STATE, "tdist_init_process_group: this process "
                                                "already has a world group (destroy it first)");
@@ -429,6 +456,7 @@ int tdist__rendezvous_join(const tdist_init_opts_t *o, tdist__rdzv_t *out) {
   out->size = c.size;
   out->timeout_ms = c.timeout;
   out->store_host = store_host(o, &c, srv || thread_host);
+  out->recorded = 1;
   return 0;
 fail:
   pthread_mutex_unlock(&rdzv_mu);

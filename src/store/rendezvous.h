@@ -17,6 +17,9 @@ typedef struct tdist__rdzv {
                          launcher, tdist-store, a file, the caller's store) */
   char job[64];       /* the job's id: TDIST_JOB_ID, else one agreed on the store
                          for this rendezvous round (flight-recorder dumps carry it) */
+  int recorded;       /* 1: this join is the process's recorded world (end it with
+                         tdist__rendezvous_cleanup); 0: another world on a store the
+                         caller gave (nothing hosted, nothing to clean up) */
 } tdist__rdzv_t;
 
 /*
@@ -25,6 +28,9 @@ typedef struct tdist__rdzv {
  * from opts and the environment, start the server on rank 0 when hosting,
  * claim the rank (a duplicate fails naming RANK), wait until all ranks
  * arrived. Records the hosted server for tdist__rendezvous_cleanup.
+ * One recorded world per process; a process that has one may join more
+ * worlds on stores it gives in opts (torch subgroups, tdist.torch): those
+ * are not recorded (out->recorded = 0).
  */
 int tdist__rendezvous_join(const tdist_init_opts_t *opts, tdist__rdzv_t *out);
 

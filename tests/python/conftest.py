@@ -46,5 +46,6 @@ def numpy_dtypes():
 
 
 def job_id():
-    """Unique per tdistrun job (the store's port), the same on every rank."""
-    return os.environ.get("MASTER_PORT", "0")
+    """Unique per tdistrun job (the store's URL), the same on every rank."""
+    url = os.environ.get("TDIST_STORE_URL") or os.environ.get("MASTER_PORT", "0")
+    return url.rsplit(":", 1)[-1]

@@ -4,7 +4,7 @@
  *
  *   env                 print "ENV rank=.. world=.. local=.. lws=.. group=..
  *                       addr=.. port=.. hosted=.. backend=.."
- *   store               connect to MASTER_ADDR:MASTER_PORT, set probe/<rank>,
+ *   store               connect to $TDIST_STORE_URL, set probe/<rank>,
  *                       wait for every rank's key, print "STORE OK <sum>"
  *   rdzv                tdist__rendezvous_join from the environment (the
  *                       launcher's store, TDIST_STORE_HOSTED honoured), print
@@ -105,7 +105,7 @@ static int watch_death(int rank, const char *how, const char *list) {
   printf("waiting\n");
   fflush(stdout);
   tdist_store_t *st = NULL; /* the job's store itself (the group's is a prefix view) */
-  if (tdist_store_connect(env_str("MASTER_ADDR"), env_int("MASTER_PORT"), NULL, &st) != 0) {
+  if (tdist_store_open_url(env_str("TDIST_STORE_URL"), NULL, &st) != 0) {
     fprintf(stderr, "watch-death: %s\n", tdist_last_error());
     return 1;
   }
@@ -156,7 +156,7 @@ static int wait_for_term(void) {
 static int do_store(int rank, int size) {
   tdist_store_t *s = NULL;
   tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-  if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) goto fail;
+  if (tdist_store_open_url(env_str("TDIST_STORE_URL"), &o, &s)) goto fail;
   char key[64], val[32];
   snprintf(key, sizeof(key), "probe/%d", rank);
   snprintf(val, sizeof(val), "%d", rank + 1);
@@ -239,11 +239,11 @@ int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (!strcmp(mode, "env")) {
-    printf("ENV rank=%d world=%d local=%d lws=%d group=%d addr=%s port=%s hosted=%s "
+    printf("ENV rank=%d world=%d local=%d lws=%d group=%d addr=%s port=%s store=%s hosted=%s "
            "backend=%s\n",
            rank, size, env_int("LOCAL_RANK"), env_int("LOCAL_WORLD_SIZE"), env_int("GROUP_RANK"),
-           env_str("MASTER_ADDR"), env_str("MASTER_PORT"), env_str("TDIST_STORE_HOSTED"),
-           env_str("TDIST_BACKEND"));
+           env_str("MASTER_ADDR"), env_str("MASTER_PORT"), env_str("TDIST_STORE_URL"),
+           env_str("TDIST_STORE_HOSTED"), env_str("TDIST_BACKEND"));
     return 0;
   }
   if (!strcmp(mode, "store")) return do_store(rank, size);
@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
      * through the launcher's store), so the launcher must use SIGKILL. */
     tdist_store_t *s = NULL;
     tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-    if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) return 8;
+    if (tdist_store_open_url(env_str("TDIST_STORE_URL"), &o, &s)) return 8;
     int64_t n = 0;
     if (rank == atoi(argv[2])) {
       while (n < size - 1 && tdist_store_add(s, "ignoring", 0, &n) == 0)
@@ -290,7 +290,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "late-exit") && argc > 4) {
     tdist_store_t *s = NULL;
     tdist_store_opts_t o = {.mask = TDIST_STORE_FIELD_TIMEOUT, .timeout_ms = 20000};
-    if (tdist_store_connect(getenv("MASTER_ADDR"), env_int("MASTER_PORT"), &o, &s)) return 8;
+    if (tdist_store_open_url(env_str("TDIST_STORE_URL"), &o, &s)) return 8;
     int64_t n = 0;
     if (rank == atoi(argv[2])) {
       while (n < size - 1 && tdist_store_add(s, "waiting", 0, &n) == 0)

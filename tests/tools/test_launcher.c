@@ -38,7 +38,9 @@ static void test_env(void **state) {
   ru_run(&p, argv, env, RUN_TIMEOUT);
   if (p.code) dump(&p);
   assert_int_equal(p.code, 0);
-  char port[32] = "";
+  /* The store is TDIST_STORE_URL; MASTER_PORT is another port, the same on
+   * every rank, that nobody listens on (torch's env:// binds it on rank 0). */
+  char port[32] = "", store[96] = "";
   for (int r = 0; r < 3; r++) {
     char prefix[32], want[128];
     snprintf(prefix, sizeof(prefix), "[rank %d] ", r);
@@ -46,11 +48,16 @@ static void test_env(void **state) {
              "ENV rank=%d world=3 local=%d lws=3 group=0 addr=127.0.0.1 port=", r, r);
     assert_int_equal(ru_count_lines(p.out, prefix, want), 1);
     const char *l = strstr(p.out, want);
-    char pr[32];
-    assert_int_equal(sscanf(l + strlen(want), "%31s", pr), 1);
+    char pr[32], st[96];
+    assert_int_equal(sscanf(l + strlen(want), "%31s store=%95s", pr, st), 2);
     if (r == 0) snprintf(port, sizeof(port), "%s", pr);
+    if (r == 0) snprintf(store, sizeof(store), "%s", st);
     assert_string_equal(pr, port);
+    assert_string_equal(st, store);
     assert_true(atoi(pr) > 1);
+    assert_int_equal(strncmp(st, "tcp://127.0.0.1:", 16), 0);
+    assert_true(atoi(st + 16) > 1);
+    assert_int_not_equal(atoi(st + 16), atoi(pr));
   }
   assert_int_equal(ru_count_lines(p.out, "[rank ", "hosted=1 backend=cpu"), 3);
   ru_free(&p);

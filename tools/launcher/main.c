@@ -7,8 +7,9 @@
  *            [--] prog args...
  *
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
- * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, MASTER_ADDR/MASTER_PORT (the store),
- * TDIST_STORE_HOSTED=1 (rank 0 must not host another store) and, with
+ * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, TDIST_STORE_URL=tcp://A:P (the store),
+ * MASTER_ADDR/MASTER_PORT (a second port nobody listens on, for the program's
+ * own rendezvous, e.g. torch's env://), TDIST_STORE_HOSTED=1 (rank 0 must not host another store) and, with
  * --backend, TDIST_BACKEND.
  *
  * The store: node 0's launcher hosts it, unless --master-addr names an
@@ -18,7 +19,7 @@
  * --master-port (required, the other nodes must know it).
  *
  * --store URL (etcd://h:p,h:p/prefix, tcp://h:p, file:///path): the ranks
- * get TDIST_STORE_URL instead of MASTER_ADDR/MASTER_PORT and nobody hosts a
+ * get that TDIST_STORE_URL (MASTER_ADDR/MASTER_PORT on one node only) and nobody hosts a
  * store; a single-node job adds a sub-prefix unique to the run to an etcd
  * URL, so runs never see each other's keys.
  *
@@ -39,11 +40,13 @@
 #include <ifaddrs.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -238,6 +241,20 @@ static int is_local_addr(const char *addr) {
   return local;
 }
 
+/* A TCP port nobody listens on now (the kernel's pick), or 0. Another
+ * process may take it before the rank binds it; the kernel hands out
+ * ephemeral ports in turn, so that is rare. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = 0;
+  if (fd < 0) return 0;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+  socklen_t l = sizeof(a);
+  if (!bind(fd, (struct sockaddr *)&a, sizeof(a)) && !getsockname(fd, (struct sockaddr *)&a, &l))
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
 /* The variables tdistrun sets; inherited copies are dropped. */
 static const char *const own_vars[] = {
     "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -253,7 +270,8 @@ static int is_own_var(const char *kv) {
 }
 
 /* Environment of one rank: ours, then the inherited ones we do not set. */
-static char **rank_env(const opts_t *o, int local, const char *addr, int port, const char *agent) {
+static char **rank_env(const opts_t *o, int local, const char *addr, int port, int torch_port,
+                       const char *agent) {
   size_t n = 0;
   while (environ[n])
     n++;
@@ -276,8 +294,14 @@ static char **rank_env(const opts_t *o, int local, const char *addr, int port, c
     if ((env[k] = malloc(l))) snprintf(env[k], l, "TDIST_STORE_URL=%s", o->store_url);
     k++;
   } else {
+    /* The store as a URL; MASTER_ADDR/MASTER_PORT stay free for a program's
+     * own rendezvous (torch's env:// makes rank 0 listen on MASTER_PORT). */
+    PUT(strchr(addr, ':') ? "TDIST_STORE_URL=tcp://[%s]:%d" : "TDIST_STORE_URL=tcp://%s:%d", addr,
+        port);
+  }
+  if (torch_port > 0) {
     PUT("MASTER_ADDR=%s", addr);
-    PUT("MASTER_PORT=%d", port);
+    PUT("MASTER_PORT=%d", torch_port);
   }
   PUT("TDIST_STORE_HOSTED=1");
   if (agent) PUT("TDIST_HOST_AGENT=%s", agent);
@@ -525,13 +549,20 @@ int main(int argc, char **argv) {
     job.tick = coord_tick;
     job.tick_arg = &coord;
   }
+  /* MASTER_PORT for the program's own rendezvous (torch's TCPStore on rank
+   * 0): a free port on one node, --master-port + 1 on several (every node
+   * must name the same one). With --store on several nodes there is no
+   * address to give: no MASTER_ADDR/MASTER_PORT. */
+  int torch_port = o.nnodes > 1 ? (o.store_url ? 0 : port + 1) : free_port();
+  if (torch_port > 65535) torch_port = 0;
   job.ranks = calloc((size_t)o.nproc, sizeof(trun_rank_t));
   envs = calloc((size_t)o.nproc, sizeof(char **));
   if (!job.ranks || !envs) goto nomem;
   for (; nenv < o.nproc; nenv++) {
     job.ranks[nenv].global_rank = o.node_rank * o.nproc + nenv;
     job.ranks[nenv].out.fd = job.ranks[nenv].err.fd = -1;
-    if (!(envs[nenv] = rank_env(&o, nenv, addr, port, agent ? trun_agent_name(agent) : NULL)))
+    if (!(envs[nenv] = rank_env(&o, nenv, addr, port, torch_port,
+                                agent ? trun_agent_name(agent) : NULL)))
       goto nomem;
   }
   if (trun_spawn(&job, o.argv, envs) != 0) goto done;

@@ -56,8 +56,8 @@ static void pick_job(tdist__ctx_t *ctx, const char *job) {
   tdist__job_id_clean(ctx->job);
 }
 
-int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, const char *job,
-                      int store_host, tdist__ctx_t **out) {
+int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, int agent,
+                      const char *job, int store_host, tdist__ctx_t **out) {
   int rc;
   *out = NULL;
   tdist__ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
@@ -78,7 +78,7 @@ int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, cons
   if (store) {
     tdist__mon_handlers_t h = tdist__group_mon_handlers;
     h.arg = ctx;
-    TDIST_CHECKGOTO(tdist__monitor_start(store, world_rank, &h, &ctx->monitor), rc, fail);
+    TDIST_CHECKGOTO(tdist__monitor_start(store, world_rank, agent, &h, &ctx->monitor), rc, fail);
   }
   /* Set last: a failure above must not end a rendezvous the caller still
    * owns (it cleans up itself). */

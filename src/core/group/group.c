@@ -141,7 +141,7 @@ int tdist__group_create_in(const tdist_backend_t *bk, tdist__ctx_t *ctx, int ran
                         (long long)timeout_ms);
   if (!name || !*name) name = "world";
   if (!ctx) {
-    TDIST_CHECK(tdist__ctx_create(store, rank, 0, NULL, -1, &own));
+    TDIST_CHECK(tdist__ctx_create(store, rank, 0, 1, NULL, -1, &own));
     ctx = own;
   }
   uint64_t uid = 1469598103934665603ULL;

@@ -116,12 +116,14 @@ struct tdist_group {
 
 /* Caller thread: a context over `store` (NULL: none, no monitor) for world
  * rank world_rank; `rendezvous`: tdist__rendezvous_cleanup at teardown.
+ * `agent`: the monitor may beat through the host agent (monitor.h), 0 for a
+ * world the agent does not know.
  * `job`: the job's id, or NULL (TDIST_JOB_ID, else agreed on the store,
  * else "-"). `store_host`: the world rank whose process serves the store, or
  * -1 (another process): when that store stops answering, the groups holding
  * the rank fail naming it (monitor.h). */
-int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, const char *job,
-                      int store_host, tdist__ctx_t **out);
+int tdist__ctx_create(tdist_store_t *store, int world_rank, int rendezvous, int agent,
+                      const char *job, int store_host, tdist__ctx_t **out);
 void tdist__ctx_acquire(tdist__ctx_t *ctx);
 /* Caller thread: the last release stops the monitor, writes pending dumps,
  * ends the rendezvous and drops the progress thread. */

@@ -372,8 +372,8 @@ static void *monitor_main(void *arg) {
   return NULL;
 }
 
-int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_handlers_t *h,
-                         tdist__monitor_t **out) {
+int tdist__monitor_start(tdist_store_t *store, int world_rank, int agent,
+                         const tdist__mon_handlers_t *h, tdist__monitor_t **out) {
   int rc = 0, registered = 0, monitor_started = 0;
   *out = NULL;
   tdist__monitor_t *m = tdist__calloc(1, sizeof(*m));
@@ -401,7 +401,7 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_
     TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
   }
   m->next = count + 1; /* records of earlier jobs on this store are history */
-  tdist__mon_agent_open(m);
+  if (agent) tdist__mon_agent_open(m);
   /* No agent to relay the records after all: the monitor waits for them. */
   if (m->agent_fd < 0 && !m->conn) {
     TDIST_CHECKGOTO(tdist__store_reconnect(m->base, STORE_CALL_MS * 10, &m->conn), rc, fail);

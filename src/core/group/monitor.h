@@ -75,9 +75,14 @@ typedef struct tdist__mon_handlers {
   void (*on_store_lost)(void *arg, int64_t silent_ms, const char *address);
 } tdist__mon_handlers_t;
 
-/* Caller thread: a monitor on a second connection to `store`'s server. */
-int tdist__monitor_start(tdist_store_t *store, int world_rank, const tdist__mon_handlers_t *h,
-                         tdist__monitor_t **out);
+/* Caller thread: a monitor on a second connection to `store`'s server.
+ * `agent`: 1 when the host agent named by TDIST_HOST_AGENT (if set) stands
+ * for this store and its world ranks (the process's world on its launcher's
+ * store), 0 when it does not (a further world on a store the caller gave:
+ * tdist.torch's subgroups, whose ranks the agent does not know): then the
+ * heartbeats go to the store itself. */
+int tdist__monitor_start(tdist_store_t *store, int world_rank, int agent,
+                         const tdist__mon_handlers_t *h, tdist__monitor_t **out);
 /* Caller thread: publish what is queued, say "bye", stop and free. */
 void tdist__monitor_stop(tdist__monitor_t *m);
 

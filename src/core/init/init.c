@@ -32,10 +32,12 @@ int tdist_init_process_group(const tdist_init_opts_t *opts, tdist_group_t **worl
   const char *name = (m & TDIST_INIT_FIELD_NAME) && o->name ? o->name : "world";
   tdist__rdzv_t r;
   TDIST_CHECK(tdist__rendezvous_join(o, &r));
-  rc = tdist__ctx_create(r.store, r.rank, 1, r.job, r.store_host, &ctx);
+  /* A further world on the caller's store (unrecorded): tdistrun's host
+   * agent knows the process's world only, so its monitor beats to that store. */
+  rc = tdist__ctx_create(r.store, r.rank, r.recorded, r.recorded, r.job, r.store_host, &ctx);
   if (rc) {
     tdist_store_release(r.store);
-    tdist__rendezvous_cleanup();
+    if (r.recorded) tdist__rendezvous_cleanup();
     return rc;
   }
   /* One timeout for the store and the group's ops. The group holds its own
