@@ -83,9 +83,8 @@ def _check(t, what="tensor"):
     """`t` as tdist gets it: the tensor itself (DLPack / __cuda_array_interface__, zero copy)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"tdist.torch: {what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype == torch.bool:
-        raise ValueError(f"tdist.torch: {what}: torch.bool tensors cannot be exported to tdist "
-                         "(torch 1.13's DLPack refuses bool): pass t.view(torch.uint8)")
+    # torch.bool goes to tdist's bool through a uint8 view (tdist._buffers: 1.13's DLPack
+    # refuses bool): reductions are logical (SUM/MAX/BOR or, PRODUCT/MIN/BAND and).
     if t.is_complex():
         raise ValueError(f"tdist.torch: {what}: complex tensors ({t.dtype}) have no tdist "
                          "dtype: pass torch.view_as_real(t)")

@@ -95,12 +95,18 @@ def test_all_reduce_avg_async_future(torch_world):
     w.wait()
 
 
-def test_premul_bool_complex_refused(torch_world):
+def test_premul_complex_refused_bool_logical(torch_world):
     x = torch.ones(4)
     with pytest.raises(NotImplementedError, match="PREMUL_SUM"):
         dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0))
-    with pytest.raises(ValueError, match="torch.uint8"):
-        dist.all_reduce(torch.ones(3, dtype=torch.bool))
+    # bool: tdist's logical reductions (gloo's result for bool: or / and), 0/1 kept
+    r, n = rs()
+    b = torch.tensor([r == 0, True, False, r == n - 1])
+    dist.all_reduce(b)
+    assert b.dtype == torch.bool and b.tolist() == [True, True, False, True]
+    b = torch.tensor([r == 0, True, False, r == n - 1])
+    dist.all_reduce(b, op=dist.ReduceOp.MIN)
+    assert b.tolist() == [n == 1, True, False, n == 1]
     c = torch.ones(3, dtype=torch.complex64)  # torch itself passes view_as_real(c) for SUM
     dist.all_reduce(c)
     assert torch.all(c == dist.get_world_size())
