@@ -27,7 +27,8 @@ from . import _errors, _group, _lib, _ops, _store
 from ._lib import C, InitOpts
 from ._types import ReduceOp
 
-__all__ = ["ProcessGroupTdist", "TdistWork", "BACKEND", "create_backend",
+__all__ = ["ProcessGroupTdist", "TdistWork", "BACKEND", "create_backend", "DeviceMesh",
+           "init_device_mesh",
            "DistError", "DistBackendError", "DistNetworkError", "DistStoreError"]
 
 BACKEND = "tdist"
@@ -574,6 +575,87 @@ def create_backend(opts, pg_options=None):
         raise NotImplementedError("tdist.torch: pg_options are not supported")
     return ProcessGroupTdist(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                              opts.group_id, list(opts.global_ranks_in_group))
+
+
+class DeviceMesh:
+    """This rank's view of a mesh of torch process groups (torch 1.13 has no DeviceMesh of
+    its own): ``get_group(dim)`` is the torch group of the ranks that differ from this one
+    only in coordinate ``dim`` (a group of the "tdist" backend), ``get_local_rank(dim)``
+    this rank's coordinate there. ``mesh`` is the list of global ranks, row-major."""
+
+    def __init__(self, shape, mesh, groups, coords, names):
+        self.shape, self.mesh = tuple(shape), list(mesh)
+        self._groups, self._coords = groups, coords
+        self.mesh_dim_names = tuple(names) if names else None
+
+    def _dim(self, dim):
+        if isinstance(dim, str):
+            if not self.mesh_dim_names or dim not in self.mesh_dim_names:
+                raise KeyError(f"DeviceMesh: no dimension named {dim!r}")
+            return self.mesh_dim_names.index(dim)
+        return int(dim)
+
+    def get_group(self, mesh_dim=0):
+        return self._groups[self._dim(mesh_dim)]
+
+    def get_local_rank(self, mesh_dim=0):
+        return self._coords[self._dim(mesh_dim)]
+
+    def size(self, mesh_dim=None):
+        if mesh_dim is None:
+            return len(self.mesh)
+        return self.shape[self._dim(mesh_dim)]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __repr__(self):
+        return f"DeviceMesh(shape={self.shape}, names={self.mesh_dim_names})"
+
+
+def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, timeout=None):
+    """torch 2.2's ``init_device_mesh`` for torch 1.13 over the default group, which must be
+    the "tdist" backend's (``dist.init_process_group("tdist")`` first): a mesh of shape
+    ``mesh_shape`` over global ranks, the last dimension varying fastest (row-major, as
+    torch). Every rank makes every group of every dimension with ``dist.new_group``, in the
+    same order (torch's rule for new_group), and keeps its own. Collective over the world.
+
+    device_type: "cpu" or "cuda" (the groups serve both; kept for torch's signature).
+    Returns a DeviceMesh. Raises ValueError if the shape's product is not the world size
+    or the names do not name every dimension."""
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"init_device_mesh: device_type {device_type!r}: 'cpu' or 'cuda'")
+    shape = [int(d) for d in mesh_shape]
+    n, r = dist.get_world_size(), dist.get_rank()
+    total = 1
+    for d in shape:
+        if d < 1:
+            raise ValueError(f"init_device_mesh: dimension {d} of {tuple(shape)} is below 1")
+        total *= d
+    if total != n:
+        raise ValueError(f"init_device_mesh: {tuple(shape)} has {total} ranks, the world {n}")
+    if mesh_dim_names is not None and len(mesh_dim_names) != len(shape):
+        raise ValueError("init_device_mesh: mesh_dim_names must name every dimension")
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    coords = [(r // strides[i]) % shape[i] for i in range(len(shape))]
+    kw = {} if timeout is None else {"timeout": timeout if isinstance(timeout, datetime.timedelta)
+                                     else datetime.timedelta(seconds=timeout)}
+    groups = []
+    for d in range(len(shape)):
+        mine = None
+        # every line of dimension d: the ranks sharing all other coordinates, in order
+        for base in range(n):
+            if (base // strides[d]) % shape[d] != 0:
+                continue
+            ranks = [base + k * strides[d] for k in range(shape[d])]
+            g = dist.new_group(ranks, backend=BACKEND, **kw)
+            if r in ranks:
+                mine = g
+        groups.append(mine)
+    return DeviceMesh(shape, range(n), groups, coords, mesh_dim_names)
 
 
 if "TDIST" not in dist.Backend._plugins:

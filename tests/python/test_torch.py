@@ -1,7 +1,7 @@
 """tdist.torch, the torch.distributed backend "tdist", under tdistrun (2 and 4 ranks): every
 ProcessGroup method torch 1.13 calls, checked against torch's own gloo backend in the same
 job (a gloo group over the same ranks) or against computed values; subgroups; futures;
-refusals; DDP training equal to a single-process run (FSDP where torch has it). One pytest session per
+refusals; init_device_mesh; DDP training equal to a single-process run (FSDP where torch has it). One pytest session per
 world size (importing torch is slow)."""
 import datetime
 import os
@@ -246,6 +246,32 @@ def test_subgroups(torch_world):
         dist.all_reduce(x, group=mine)
         assert x.item() == (2.0 if r % 2 == 0 else 4.0)
     dist.barrier()
+
+
+def test_device_mesh(torch_world):
+    """tdist.torch.init_device_mesh (torch 1.13 has none): row-major coordinates, and each
+    dimension's group holds exactly the ranks that differ only there (checked by an
+    all_gather of world ranks against the coordinates' arithmetic)."""
+    r, n = rs()
+    shape = (2, n // 2) if n % 2 == 0 and n > 2 else (n,)
+    names = ("dp", "tp")[:len(shape)] if len(shape) == 2 else ("dp",)
+    mesh = tt.init_device_mesh("cpu", shape, mesh_dim_names=names)
+    assert mesh.size() == n and mesh.ndim == len(shape)
+    stride = 1
+    strides = []
+    for d in reversed(shape):
+        strides.insert(0, stride)
+        stride *= d
+    for d, name in enumerate(names):
+        g = mesh.get_group(name)
+        c = mesh.get_local_rank(d)
+        assert c == (r // strides[d]) % shape[d] and dist.get_rank(g) == c
+        want = [r + (k - c) * strides[d] for k in range(shape[d])]
+        got = [torch.zeros(1, dtype=torch.int64) for _ in want]
+        dist.all_gather(got, torch.tensor([r]), group=g)
+        assert [int(t.item()) for t in got] == want
+    with pytest.raises(ValueError, match="ranks, the world"):
+        tt.init_device_mesh("cpu", (n + 1,))
 
 
 # ---- training ------------------------------------------------------------------------------
