@@ -577,41 +577,17 @@ def create_backend(opts, pg_options=None):
                              opts.group_id, list(opts.global_ranks_in_group))
 
 
-class DeviceMesh:
-    """This rank's view of a mesh of torch process groups (torch 1.13 has no DeviceMesh of
-    its own): ``get_group(dim)`` is the torch group of the ranks that differ from this one
-    only in coordinate ``dim`` (a group of the "tdist" backend), ``get_local_rank(dim)``
-    this rank's coordinate there. ``mesh`` is the list of global ranks, row-major."""
+class DeviceMesh(_group.DeviceMesh):
+    """tdist's DeviceMesh (get_group, get_local_rank, size, ndim, mesh["tp"]) whose groups
+    are torch process groups of the "tdist" backend (torch 1.13 has no DeviceMesh of its
+    own); ``mesh`` is the list of global ranks, row-major."""
 
     def __init__(self, shape, mesh, groups, coords, names):
-        self.shape, self.mesh = tuple(shape), list(mesh)
-        self._groups, self._coords = groups, coords
-        self.mesh_dim_names = tuple(names) if names else None
-
-    def _dim(self, dim):
-        if isinstance(dim, str):
-            if not self.mesh_dim_names or dim not in self.mesh_dim_names:
-                raise KeyError(f"DeviceMesh: no dimension named {dim!r}")
-            return self.mesh_dim_names.index(dim)
-        return int(dim)
-
-    def get_group(self, mesh_dim=0):
-        return self._groups[self._dim(mesh_dim)]
-
-    def get_local_rank(self, mesh_dim=0):
-        return self._coords[self._dim(mesh_dim)]
-
-    def size(self, mesh_dim=None):
-        if mesh_dim is None:
-            return len(self.mesh)
-        return self.shape[self._dim(mesh_dim)]
-
-    @property
-    def ndim(self):
-        return len(self.shape)
+        super().__init__(shape, groups, coords, names)
+        self.mesh = list(mesh)
 
     def __repr__(self):
-        return f"DeviceMesh(shape={self.shape}, names={self.mesh_dim_names})"
+        return f"<tdist.torch.DeviceMesh shape {self.shape} coords {self.coords}>"
 
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, timeout=None):
