@@ -268,7 +268,10 @@ typedef struct tdist_backend_ops {
    * members the cause in the backend's own stream, ahead of anything this
    * rank sends later (its goodbye): the cause was found on this rank, or
    * learnt from the store, which the others may not have read yet. 0: the
-   * cause came from another member, which told everyone. */
+   * cause came from another member, and `reason` is its own words naming
+   * it; a backend whose members need not all be connected to that member
+   * passes `reason` on unchanged (the CPU backend, whose connections are
+   * lazy), so that no member names this rank's goodbye as the cause. */
   void (*abort)(void *state, int status, const char *reason, int local);
 
   /* Caller thread, once no op of the group is in flight (finished or

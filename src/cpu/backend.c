@@ -328,13 +328,19 @@ static void cpu_abort(void *state, int status, const char *reason, int local) {
    * peer) goes to the other members in the stream, ahead of our goodbye if
    * we leave now: the monitor's abort record may arrive after that goodbye,
    * and a peer would then report only that we left. Same words as the
-   * record (monitor.c), whichever arrives first. A cause reported by
-   * another rank is not echoed: that rank told everyone. */
+   * record (monitor.c), whichever arrives first. A cause another rank
+   * reported is passed on in its own words, which name that rank: it told
+   * only the members it was connected to (connections are lazy), and a
+   * member it never reached would otherwise see only our goodbye and name
+   * us ("left (destroyed its group)") instead of the cause. A member told
+   * twice keeps the first (dispatch.c ignores an ERR for an aborted group). */
   if (local) {
     char text[320];
     snprintf(text, sizeof(text), "rank %d (world rank %d) aborted the group: %s", cg->rank,
              cg->global_ranks[cg->rank], reason);
     tell_members(cg, status, text);
+  } else if (reason && *reason) {
+    tell_members(cg, status, reason);
   }
   /* Writing those may have finished transfers of other groups' ops. */
   tdist__cpu_run_ready(cg->ctx);
