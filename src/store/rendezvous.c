@@ -336,8 +336,8 @@ static int uses_launcher_store(const tdist_init_opts_t *o, const join_cfg_t *c) 
   uint64_t m = o ? o->mask : 0;
   if ((m & TDIST_INIT_FIELD_STORE) && o->store) return 0;
   if ((m & (TDIST_INIT_FIELD_RANK | TDIST_INIT_FIELD_WORLD_SIZE)) != 0) return 0;
-  int env = strcmp(c->method, "env://") == 0 ||
-            (c->env_url && strncmp(c->method, "tcp://", 6) == 0);
+  int env =
+      strcmp(c->method, "env://") == 0 || (c->env_url && strncmp(c->method, "tcp://", 6) == 0);
   return c->host_store == TDIST_HOST_STORE_NONE && env;
 }
 

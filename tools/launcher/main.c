@@ -9,7 +9,8 @@
  * Local rank i gets RANK = R*N + i, WORLD_SIZE = M*N, LOCAL_RANK = i,
  * LOCAL_WORLD_SIZE = N, GROUP_RANK = R, TDIST_STORE_URL=tcp://A:P (the store),
  * MASTER_ADDR/MASTER_PORT (a second port nobody listens on, for the program's
- * own rendezvous, e.g. torch's env://), TDIST_STORE_HOSTED=1 (rank 0 must not host another store) and, with
+ * own rendezvous, e.g. torch's env://), TDIST_STORE_HOSTED=1 (rank 0 must not host another store)
+ * and, with
  * --backend, TDIST_BACKEND.
  *
  * The store: node 0's launcher hosts it, unless --master-addr names an
@@ -561,8 +562,8 @@ int main(int argc, char **argv) {
   for (; nenv < o.nproc; nenv++) {
     job.ranks[nenv].global_rank = o.node_rank * o.nproc + nenv;
     job.ranks[nenv].out.fd = job.ranks[nenv].err.fd = -1;
-    if (!(envs[nenv] = rank_env(&o, nenv, addr, port, torch_port,
-                                agent ? trun_agent_name(agent) : NULL)))
+    if (!(envs[nenv] =
+              rank_env(&o, nenv, addr, port, torch_port, agent ? trun_agent_name(agent) : NULL)))
       goto nomem;
   }
   if (trun_spawn(&job, o.argv, envs) != 0) goto done;
