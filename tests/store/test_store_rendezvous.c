@@ -72,19 +72,30 @@ static void test_env_rank0_hosts(void **state) {
   assert_int_equal(tdist_mp_run(4, join_child, NULL, 40), 0);
 }
 
-static void test_tcp_external_server(void **state) {
-  g_port = tdist_mp_free_port();
+/* A store server in a child process on g_port, for `secs` at most; kill it
+ * with stop_server. The method becomes tcp:// to it. */
+static pid_t fork_server(int secs) {
   snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
   pid_t pid = fork();
   if (pid == 0) {
     tdist_store_server_t *srv;
     if (st_start_server(g_port, NULL, &srv)) _exit(1);
-    st_sleep_ms(30000);
+    st_sleep_ms(secs * 1000);
     _exit(0);
   }
-  int rc = tdist_mp_run(3, join_child, (void *)1, 40);
+  return pid;
+}
+
+static void stop_server(pid_t pid) {
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
+}
+
+static void test_tcp_external_server(void **state) {
+  g_port = tdist_mp_free_port();
+  pid_t pid = fork_server(30);
+  int rc = tdist_mp_run(3, join_child, (void *)1, 40);
+  stop_server(pid);
   assert_int_equal(rc, 0);
 }
 
@@ -121,17 +132,9 @@ static int missing_child(int idx, int n, void *arg) {
 
 static void test_timeout_names_missing(void **state) {
   g_port = tdist_mp_free_port();
-  snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
-  pid_t pid = fork();
-  if (pid == 0) {
-    tdist_store_server_t *srv;
-    if (st_start_server(g_port, NULL, &srv)) _exit(1);
-    st_sleep_ms(30000);
-    _exit(0);
-  }
+  pid_t pid = fork_server(30);
   int rc = tdist_mp_run(2, missing_child, NULL, 40);
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
+  stop_server(pid);
   g_method[0] = 0;
   assert_int_equal(rc, 0);
 }
@@ -317,20 +320,12 @@ static int host_child(int idx, int n, void *arg) {
 
 static void test_rendezvous_per_host(void **state) {
   g_port = tdist_mp_free_port();
-  snprintf(g_method, sizeof(g_method), "tcp://127.0.0.1:%d", g_port);
   host_counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(host_counts != MAP_FAILED);
   host_jobs = (char(*)[64])((char *)host_counts + 64);
-  pid_t pid = fork();
-  if (pid == 0) {
-    tdist_store_server_t *srv;
-    if (st_start_server(g_port, NULL, &srv)) _exit(1);
-    st_sleep_ms(60000);
-    _exit(0);
-  }
+  pid_t pid = fork_server(60);
   int rc = tdist_mp_run(4, host_child, NULL, 60);
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
+  stop_server(pid);
   assert_int_equal(rc, 0);
   assert_int_equal(atomic_load(&host_counts[0]), 3);
   assert_int_equal(atomic_load(&host_counts[1]), 1);
