@@ -186,6 +186,18 @@ int gs_ptr_device(const void *p) {
   return dev;
 }
 
+int gs_dev_alloc_range(const void *p, uintptr_t *base, size_t *size, int *dev) {
+  pthread_mutex_lock(&g_mlock);
+  ssize_t i = aset_find(&g_dev, p);
+  if (i >= 0) {
+    *base = g_dev.v[i]->base;
+    *size = g_dev.v[i]->size;
+    *dev = g_dev.v[i]->dev;
+  }
+  pthread_mutex_unlock(&g_mlock);
+  return i >= 0 ? 0 : -1;
+}
+
 GS_API void *tdist_gpusim_host_view(const void *dev_ptr) {
   pthread_mutex_lock(&g_mlock);
   ssize_t i = aset_find(&g_dev, dev_ptr);
