@@ -104,6 +104,12 @@ int tdist_gpusim_comm_config(const char *name, int *min_ctas, int *max_ctas, int
                              int *split_share, int *traffic_class, char *net_name,
                              size_t net_name_len, int *stream_priority);
 
+/* The number of unique ids (bootstrap roots) the init of the live
+ * communicator named `name` was given: ncclCommInitRankScalable's nId, 1
+ * for ncclCommInitRankConfig, 0 for a split or shrink child; -1 when no
+ * communicator has that name. */
+int tdist_gpusim_comm_roots(const char *name);
+
 /* Live buffer registrations (windows = 0: ncclCommRegister; 1: symmetric
  * windows, ncclCommWindowRegister) of the communicators of this process
  * named `name`, a range registered twice counted twice (NCCL's reference

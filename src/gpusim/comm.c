@@ -772,3 +772,17 @@ GS_API long tdist_gpusim_registrations(const char *name, int windows) {
   pthread_mutex_unlock(&reg_mu);
   return n;
 }
+
+/* Inspection (tdist/gpusim.h): the unique ids the init of the live
+ * communicator named `name` was given (ncclCommInitRankScalable's nId; 1
+ * for ncclCommInitRankConfig; 0 for a split or shrink child); -1 when none
+ * has that name. */
+GS_API int tdist_gpusim_comm_roots(const char *name) {
+  int n = -1;
+  if (!name) return -1;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg && n < 0; i++)
+    if (strcmp(reg[i]->name, name) == 0) n = (int)reg[i]->nids;
+  pthread_mutex_unlock(&reg_mu);
+  return n;
+}
