@@ -70,7 +70,7 @@ extern "C" {
 
 /* Bumped on any change of the structs, the vtable or the services below
  * that a plug-in built before it would misread. */
-#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_register/mem_deregister */
+#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_* entries */
 /* The function a plug-in exports (see above). */
 #define TDIST_BACKEND_PLUGIN_SYMBOL "tdist_backend_plugin"
 
@@ -318,6 +318,11 @@ typedef struct tdist_backend_ops {
    * Both return 0 or a tdist error with its message recorded. */
   int (*mem_register)(void *state, void *ptr, size_t bytes, unsigned flags, void **handle);
   int (*mem_deregister)(void *state, void *handle);
+  /* Caller thread, optional (NULL: NOT_SUPPORTED): memory the backend's
+   * registration wants (NCCL: ncclMemAlloc, cuMem, on the group's device),
+   * and its release. 0 or a tdist error with its message recorded. */
+  int (*mem_alloc)(void *state, size_t bytes, void **ptr);
+  int (*mem_free)(void *state, void *ptr);
 } tdist_backend_ops_t;
 
 /* Memory kinds a backend's buffers may be in. */

@@ -33,8 +33,8 @@ enum {
    * symmetric window. Collective: every rank of the group registers its own
    * buffer of the same size, in the same order of calls, and waits for the
    * others (within the group's timeout). The buffer must start 4096-byte
-   * aligned within its allocation (NCCL_WIN_REQUIRED_ALIGNMENT); on a GPU
-   * NCCL wants memory from its own allocator (ncclMemAlloc, cuMem). */
+   * aligned within its allocation (NCCL_WIN_REQUIRED_ALIGNMENT) and come
+   * from NCCL's cuMem allocator: tdist_mem_alloc. */
   TDIST_MEM_REGISTER_WINDOW = 1,
 };
 
@@ -69,6 +69,20 @@ int tdist_mem_register(tdist_group_t *group, void *ptr, size_t bytes, unsigned f
  *         the same: NCCL keeps nothing for it that a retry could release).
  */
 int tdist_mem_deregister(tdist_group_t *group, tdist_mem_t *mem);
+
+/*
+ * tdist_mem_alloc - `bytes` of device memory on the group's device from the
+ * backend's own allocator: NCCL's ncclMemAlloc (NCCL 2.19; cuMem memory,
+ * rounded up to the allocation granularity), which a symmetric window
+ * needs (cudaMalloc memory is refused by NCCL). Free it with
+ * tdist_mem_free on the same group. Thread: any caller thread.
+ * @return 0; TDIST_ERR_INVALID_ARGUMENT for NULL or 0 bytes;
+ *         TDIST_ERR_NOT_SUPPORTED for a backend without one (CPU) or an
+ *         NCCL older than 2.19; TDIST_ERR_NCCL_ERROR when NCCL fails.
+ */
+int tdist_mem_alloc(tdist_group_t *group, size_t bytes, void **ptr);
+/* tdist_mem_free - release tdist_mem_alloc's memory (NULL: nothing). */
+int tdist_mem_free(tdist_group_t *group, void *ptr);
 
 #ifdef __cplusplus
 }

@@ -132,6 +132,8 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
                                     int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
 
 #ifdef __cplusplus
 }

@@ -30,9 +30,9 @@
  *     offsets then disagree, which it does not check;
  *   - ncclCommWindowDeregister: NULL is success. An unknown window is
  *     ncclInvalidUsage here (NCCL would read through the bad pointer).
- * Not modelled: that NCCL wants window memory from its cuMem allocator
- * (cuMemRetainAllocationHandle fails for other memory); the simulation
- * takes any device allocation. Registrations are freed with the
+ * The window's memory must come from NCCL's cuMem allocator, ncclMemAlloc
+ * (memory.c): cuMemRetainAllocationHandle fails for cudaMalloc memory, a
+ * CUDA error (ncclUnhandledCudaError). Registrations are freed with the
  * communicator (commReclaim). Threads: caller threads and the job thread;
  * the list is guarded by the communicator's mu.
  */
@@ -172,14 +172,19 @@ static ncclResult_t window_job(ncclComm_t c, void *arg) {
   free(arg);
   uintptr_t base = 0;
   size_t asize = 0;
-  int adev = -1;
-  if (gs_dev_alloc_range(j.ptr, &base, &asize, &adev) != 0 || adev != c->dev)
+  int adev = -1, cumem = 0;
+  if (gs_dev_alloc_range(j.ptr, &base, &asize, &adev, &cumem) != 0 || adev != c->dev)
     return gs_fail(ncclUnhandledCudaError,
                    "Cuda failure 'invalid argument' (cuMemGetAddressRange of %p: no allocation "
                    "of device %d)",
                    j.ptr, c->dev);
   if (((uintptr_t)j.ptr - base) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
     return gs_fail(ncclInvalidArgument, "Window address must be suitably aligned.");
+  if (!cumem)
+    return gs_fail(ncclUnhandledCudaError,
+                   "Cuda failure 'invalid argument' (cuMemRetainAllocationHandle of %p: not a "
+                   "cuMem allocation; allocate window memory with ncclMemAlloc)",
+                   j.ptr);
   gs_reg_t *h = NULL;
   ncclResult_t r = do_register(c, j.ptr, j.size, 1, &h);
   if (r != ncclSuccess) return r;

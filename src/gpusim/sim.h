@@ -100,9 +100,10 @@ int gs_ptr_device(const void *p);
 /* stream.c: the priority of stream s (cudaStreamCreateWithPriority's; 0
  * for the special handles and unknown ones). Any thread, gs_lock not held. */
 int gs_stream_priority(cudaStream_t s);
-/* The device allocation holding p (cuMemGetAddressRange): its base, size
- * and device; 0, or -1 when p is no device memory. Any thread. */
-int gs_dev_alloc_range(const void *p, uintptr_t *base, size_t *size, int *dev);
+/* The device allocation holding p (cuMemGetAddressRange): its base, size,
+ * device and whether ncclMemAlloc made it (cuMem); 0, or -1 when p is no
+ * device memory. Any thread. */
+int gs_dev_alloc_range(const void *p, uintptr_t *base, size_t *size, int *dev, int *cumem);
 
 /* ---- stream.c / capture.c ------------------------------------------------------------- */
 

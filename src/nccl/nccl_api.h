@@ -302,6 +302,9 @@ typedef ncclResult_t (*tdist__ncclCommDeregister_fn)(const ncclComm_t comm, void
 typedef ncclResult_t (*tdist__ncclCommWindowRegister_fn)(ncclComm_t comm, void *buff, size_t size,
                                                          ncclWindow_t *win, int winFlags);
 typedef ncclResult_t (*tdist__ncclCommWindowDeregister_fn)(ncclComm_t comm, ncclWindow_t win);
+/* NCCL's cuMem allocator (2.19): the memory windows need. */
+typedef ncclResult_t (*tdist__ncclMemAlloc_fn)(void **ptr, size_t size);
+typedef ncclResult_t (*tdist__ncclMemFree_fn)(void *ptr);
 typedef ncclResult_t (*tdist__ncclSend_fn)(const void *b, size_t n, ncclDataType_t dt, int peer,
                                            ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclRecv_fn)(void *b, size_t n, ncclDataType_t dt, int peer,

@@ -177,7 +177,9 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
   X(ncclCommRegister, 2, 19)         \
   X(ncclCommDeregister, 2, 19)       \
   X(ncclCommWindowRegister, 2, 27)   \
-  X(ncclCommWindowDeregister, 2, 27)
+  X(ncclCommWindowDeregister, 2, 27) \
+  X(ncclMemAlloc, 2, 19)             \
+  X(ncclMemFree, 2, 19)
 
 /* CUDA runtime calls looked up one by one (a runtime without them -- the
  * call recorder -- refuses only the option that needs them). */
@@ -268,6 +270,8 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define ncclCommDeregister(...) tdist__nccl_fn.ncclCommDeregister(__VA_ARGS__)
 #define ncclCommWindowRegister(...) tdist__nccl_fn.ncclCommWindowRegister(__VA_ARGS__)
 #define ncclCommWindowDeregister(...) tdist__nccl_fn.ncclCommWindowDeregister(__VA_ARGS__)
+#define ncclMemAlloc(...) tdist__nccl_fn.ncclMemAlloc(__VA_ARGS__)
+#define ncclMemFree(...) tdist__nccl_fn.ncclMemFree(__VA_ARGS__)
 #define cudaDeviceGetStreamPriorityRange(...) \
   tdist__nccl_fn.cudaDeviceGetStreamPriorityRange(__VA_ARGS__)
 #define cudaStreamCreateWithPriority(...) tdist__nccl_fn.cudaStreamCreateWithPriority(__VA_ARGS__)
@@ -429,6 +433,8 @@ int tdist__nccl_knobs(tdist__nccl_t *nc, const tdist_nccl_opts_t *own,
  * destroy's release of what the user left (`call` not held, comm live). */
 int tdist__nccl_mem_register(void *state, void *ptr, size_t bytes, unsigned flags, void **handle);
 int tdist__nccl_mem_deregister(void *state, void *handle);
+int tdist__nccl_mem_alloc(void *state, size_t bytes, void **ptr);
+int tdist__nccl_mem_free(void *state, void *ptr);
 void tdist__nccl_mem_release_all(tdist__nccl_t *nc);
 /* A zeroed state for a group of p on `device`; no CUDA object yet. */
 int tdist__nccl_state_new(int device, const tdist_backend_params_t *p, tdist__nccl_t **out);

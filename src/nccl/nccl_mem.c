@@ -189,3 +189,30 @@ void tdist__nccl_mem_release_all(tdist__nccl_t *nc) {
     tdist__free(reg);
   }
 }
+
+/* ncclMemAlloc on the group's device (it allocates on the current one),
+ * no `call` needed: it does not touch the communicator. */
+int tdist__nccl_mem_alloc(void *state, size_t bytes, void **ptr) {
+  tdist__nccl_t *nc = state;
+  int rc = 0;
+  tdist__nccl_dev_t dev = {0, 0};
+  TDIST_CHECK(TDIST__NCCL_NEED("tdist_mem_alloc", ncclMemAlloc, 2, 19));
+  TDIST_CHECK(TDIST__NCCL_NEED("tdist_mem_alloc", ncclMemFree, 2, 19));
+  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
+  NCCLCHECKGOTO(ncclMemAlloc(ptr, bytes), NULL, rc, out);
+out:
+  tdist__nccl_dev_leave(&dev);
+  return rc;
+}
+
+int tdist__nccl_mem_free(void *state, void *ptr) {
+  tdist__nccl_t *nc = state;
+  int rc = 0;
+  tdist__nccl_dev_t dev = {0, 0};
+  TDIST_CHECK(TDIST__NCCL_NEED("tdist_mem_free", ncclMemFree, 2, 19));
+  TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
+  NCCLCHECKGOTO(ncclMemFree(ptr), NULL, rc, out);
+out:
+  tdist__nccl_dev_leave(&dev);
+  return rc;
+}

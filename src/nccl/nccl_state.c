@@ -294,6 +294,8 @@ static const tdist_backend_ops_t nccl_ops = {
     .test = tdist__nccl_test,
     .mem_register = tdist__nccl_mem_register,
     .mem_deregister = tdist__nccl_mem_deregister,
+    .mem_alloc = tdist__nccl_mem_alloc,
+    .mem_free = tdist__nccl_mem_free,
 };
 
 #define BIT(x) (1u << (x))

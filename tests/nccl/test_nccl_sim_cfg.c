@@ -28,10 +28,12 @@
  *                      registered buffer checked, deregistered; misuse
  *                      (host memory, another device, 0 bytes, bad flags,
  *                      another group's handle, CPU group) refused
- *   window_n3          a symmetric window registered by 3 ranks (collective),
- *                      an all_reduce in it checked, deregistered; a window
- *                      not 4096-aligned in its allocation: NCCL_ERROR
- *                      naming the alignment
+ *   window_n3          a window on cudaMalloc memory refused (NCCL needs its
+ *                      cuMem allocator); a symmetric window on tdist_mem_alloc
+ *                      memory registered by 3 ranks (collective), an
+ *                      all_reduce in it checked, deregistered; a window not
+ *                      4096-aligned in its allocation: NCCL_ERROR naming the
+ *                      alignment
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -399,6 +401,8 @@ static int cpu_register_child(int rank, int n, void *arg) {
   tdist_mem_t *m = NULL;
   NS_EXPECT(tdist_mem_register(g, buf, sizeof(buf), 0, &m), TDIST_ERR_NOT_SUPPORTED);
   NS_HAS(tdist_last_error(), "backend 'cpu', which has no buffer registration");
+  void *p = NULL;
+  NS_EXPECT(tdist_mem_alloc(g, 64, &p), TDIST_ERR_NOT_SUPPORTED);
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
@@ -412,9 +416,24 @@ static int window_child(int rank, int n, void *arg) {
   (void)arg;
   tdist_group_t *g = NULL;
   MP_CHECK_RC(world_opts(rank, n, NULL, &g));
-  void *d = ns_dev(NULL, 1 << 16);
-  MP_CHECK(d);
+  /* cudaMalloc memory: NCCL's cuMemRetainAllocationHandle refuses it, and
+   * the communicator keeps the error: a group of its own for that. */
+  tdist_group_t *side = NULL;
+  int all[3] = {0, 1, 2};
+  tdist_group_opts_t go = {0};
+  go.mask = TDIST_GROUP_FIELD_NAME;
+  go.name = "side";
+  MP_CHECK_RC(tdist_new_group(g, all, n, &go, &side));
+  void *plain = ns_dev(NULL, 1 << 16);
   tdist_mem_t *w = NULL;
+  NS_EXPECT(tdist_mem_register(side, plain, 1 << 16, TDIST_MEM_REGISTER_WINDOW, &w),
+            TDIST_ERR_NCCL_ERROR);
+  NS_HAS(tdist_last_error(), "ncclMemAlloc");
+  tdist_group_destroy(side);
+  cudaFree(plain);
+  /* NCCL's allocator: a window. */
+  void *d = NULL;
+  MP_CHECK_RC(tdist_mem_alloc(g, 1 << 16, &d));
   MP_CHECK_RC(tdist_mem_register(g, d, 1 << 16, TDIST_MEM_REGISTER_WINDOW, &w));
   MP_CHECK(tdist_gpusim_registrations("world", 1) == 1);
   MP_CHECK(sum_check(g, d) == 0);
@@ -428,8 +447,8 @@ static int window_child(int rank, int n, void *arg) {
   NS_HAS(tdist_last_error(), "aligned");
   NS_WAIT_FOR(tdist_group_is_aborted(g), 20000); /* failed through the progress thread */
   MP_CHECK(tdist_group_is_aborted(g));
+  MP_CHECK_RC(tdist_mem_free(g, d));
   tdist_group_destroy(g);
-  cudaFree(d);
   return 0;
 }
 

@@ -83,3 +83,29 @@ int tdist_mem_deregister(tdist_group_t *g, tdist_mem_t *m) {
   tdist__free(m);
   return rc;
 }
+
+int tdist_mem_alloc(tdist_group_t *g, size_t bytes, void **ptr) {
+  tdist__error_clear();
+  if (!ptr) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_mem_alloc: NULL ptr");
+  *ptr = NULL;
+  TDIST_CHECK(usable(g, "tdist_mem_alloc"));
+  if (!g->bk->ops->mem_alloc || !g->bk->ops->mem_free)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "tdist_mem_alloc: group '%s' is on backend '%s', which has no allocator",
+                        g->name, g->bk->name);
+  if (bytes == 0)
+    return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_mem_alloc on group '%s': 0 bytes",
+                        g->name);
+  return g->bk->ops->mem_alloc(g->bstate, bytes, ptr);
+}
+
+int tdist_mem_free(tdist_group_t *g, void *ptr) {
+  tdist__error_clear();
+  if (!ptr) return 0;
+  TDIST_CHECK(usable(g, "tdist_mem_free"));
+  if (!g->bk->ops->mem_free)
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "tdist_mem_free: group '%s' is on backend '%s', which has no allocator",
+                        g->name, g->bk->name);
+  return g->bk->ops->mem_free(g->bstate, ptr);
+}
