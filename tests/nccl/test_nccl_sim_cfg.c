@@ -15,7 +15,8 @@
  *   scalable_sim_rules the simulated NCCL alone: nId out of 1..nranks and an
  *                      id not from ncclGetUniqueId refused; ranks given
  *                      different id arrays never finish init (NCCL's
- *                      bootstrap would wait forever), the mismatch counted
+ *                      bootstrap would wait forever), the mismatch counted;
+ *                      ncclCommRegister's reference counts and unknown handles
  *   config             tdist_nccl_opts_t reaches NCCL's config (min/max CTAs,
  *                      cgaClusterSize, netName, trafficClass), high_priority
  *                      puts the kernels on a stream of the greatest priority;
@@ -174,6 +175,21 @@ static int rules_child(int rank, int n, void *arg) {
   NS_WAIT_FOR(ncclCommGetAsyncError(c, &st) == ncclSuccess && st != ncclInProgress, 30000);
   MP_CHECK(st == ncclSuccess);
   MP_CHECK(tdist_gpusim_comm_roots("rules") == 2);
+  /* ncclCommRegister's cache (register.cc): a range inside a registered one
+   * is the same handle, one more reference; an unknown handle is
+   * ncclInvalidUsage; NULL is success. */
+  void *d = ns_dev(NULL, 1 << 16), *h1 = NULL, *h2 = NULL;
+  MP_CHECK(ncclCommRegister(c, d, 1 << 16, &h1) == ncclSuccess && h1);
+  MP_CHECK(ncclCommRegister(c, (char *)d + 128, 512, &h2) == ncclSuccess && h2 == h1);
+  MP_CHECK(tdist_gpusim_registrations("rules", 0) == 2);
+  int bogus;
+  MP_CHECK(ncclCommDeregister(c, &bogus) == ncclInvalidUsage);
+  MP_CHECK(strstr(ncclGetLastError(NULL), "Could not find handle"));
+  MP_CHECK(ncclCommDeregister(c, NULL) == ncclSuccess);
+  MP_CHECK(ncclCommDeregister(c, h1) == ncclSuccess && ncclCommDeregister(c, h2) == ncclSuccess);
+  MP_CHECK(tdist_gpusim_registrations("rules", 0) == 0);
+  MP_CHECK(ncclCommDeregister(c, h1) == ncclInvalidUsage); /* gone with its last reference */
+  cudaFree(d);
   MP_CHECK(ncclCommDestroy(c) == ncclSuccess);
   return 0;
 }
