@@ -70,7 +70,7 @@ extern "C" {
 
 /* Bumped on any change of the structs, the vtable or the services below
  * that a plug-in built before it would misread. */
-#define TDIST_BACKEND_ABI_VERSION 1
+#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_* entries */
 /* The function a plug-in exports (see above). */
 #define TDIST_BACKEND_PLUGIN_SYMBOL "tdist_backend_plugin"
 
@@ -219,6 +219,7 @@ typedef struct tdist_backend_params {
   int color;                          /* split: TDIST_BACKEND_NOCOLOR for non-members */
   const int *exclude;                 /* shrink: parent ranks left out (dead) */
   int nexclude;
+  const tdist_group_opts_t *group_opts; /* split, shrink: the caller's options, or NULL */
 } tdist_backend_params_t;
 
 /* What the backend made. */
@@ -308,6 +309,20 @@ typedef struct tdist_backend_ops {
    * no doorbell); after on = 0 the waiter tests once more before it
    * sleeps, so a backend that stops counting then misses nothing. */
   void (*drive_mark)(void *state, int on);
+
+  /* Caller thread, optional (NULL: tdist_mem_register answers
+   * TDIST_ERR_NOT_SUPPORTED): register [ptr, ptr + bytes) with the group
+   * (tdist/mem.h; flags TDIST_MEM_REGISTER_*), the backend's handle in
+   * *handle. A window is collective and may block within the group's
+   * timeout. deregister undoes it (handle from mem_register of this state).
+   * Both return 0 or a tdist error with its message recorded. */
+  int (*mem_register)(void *state, void *ptr, size_t bytes, unsigned flags, void **handle);
+  int (*mem_deregister)(void *state, void *handle);
+  /* Caller thread, optional (NULL: NOT_SUPPORTED): memory the backend's
+   * registration wants (NCCL: ncclMemAlloc, cuMem, on the group's device),
+   * and its release. 0 or a tdist error with its message recorded. */
+  int (*mem_alloc)(void *state, size_t bytes, void **ptr);
+  int (*mem_free)(void *state, void *ptr);
 } tdist_backend_ops_t;
 
 /* Memory kinds a backend's buffers may be in. */

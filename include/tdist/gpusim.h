@@ -92,6 +92,30 @@ int tdist_gpusim_launch_kernel(void *stream, void (*fn)(void *), void *arg);
  * (tdist_gpusim_launch_kernel) use this view. */
 void *tdist_gpusim_host_view(const void *dev_ptr);
 
+/* The configuration a live communicator of this process named `name` (its
+ * ncclConfig_t.commName: tdist passes the group's name) holds after NCCL's
+ * parseCommConfig -- defaults filled in (cgaClusterSize 4, minCTAs 1,
+ * maxCTAs 64, splitShare 0, trafficClass NCCL_CONFIG_UNDEF_INT, netName
+ * "") -- and the priority of the stream its last kernel was launched on
+ * (cudaStreamCreateWithPriority's; 0 for a default stream). Any out
+ * pointer may be NULL. Returns 0, or -1 when no communicator has that
+ * name. Lets a test see that a tdist option reached NCCL. */
+int tdist_gpusim_comm_config(const char *name, int *min_ctas, int *max_ctas, int *cga_cluster_size,
+                             int *split_share, int *traffic_class, char *net_name,
+                             size_t net_name_len, int *stream_priority);
+
+/* The number of unique ids (bootstrap roots) the init of the live
+ * communicator named `name` was given: ncclCommInitRankScalable's nId, 1
+ * for ncclCommInitRankConfig, 0 for a split or shrink child; -1 when no
+ * communicator has that name. */
+int tdist_gpusim_comm_roots(const char *name);
+
+/* Live buffer registrations (windows = 0: ncclCommRegister; 1: symmetric
+ * windows, ncclCommWindowRegister) of the communicators of this process
+ * named `name`, a range registered twice counted twice (NCCL's reference
+ * count). -1 when no communicator has that name. */
+long tdist_gpusim_registrations(const char *name, int windows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,7 +34,47 @@ enum {
   TDIST_INIT_FIELD_DEVICE = 1u << 6,
   TDIST_INIT_FIELD_NAME = 1u << 7,
   TDIST_INIT_FIELD_HOST_STORE = 1u << 8,
+  TDIST_INIT_FIELD_NCCL = 1u << 9,
 };
+
+/*
+ * NCCL's communicator configuration (ncclConfig_t) and the group's stream,
+ * for tdist_init_opts_t.nccl and tdist_group_opts_t.nccl (docs/nccl-backend.md,
+ * "NCCL's configuration"). Only the fields whose TDIST_NCCL_FIELD_* bit is in
+ * `mask` are passed; the others keep NCCL's default (or, for a subgroup, the
+ * parent's value). Set the same values on every rank of the group.
+ * Checked when the group is made: a value out of NCCL's range is
+ * TDIST_ERR_INVALID_ARGUMENT naming the field; a field the loaded NCCL does not
+ * know (trafficClass before 2.25) is TDIST_ERR_NOT_SUPPORTED naming both
+ * versions. Groups on the CPU backend ignore these options, so one program
+ * runs on either backend.
+ */
+enum {
+  TDIST_NCCL_FIELD_MIN_CTAS = 1u << 0,         /* ncclConfig_t.minCTAs (NCCL 2.17) */
+  TDIST_NCCL_FIELD_MAX_CTAS = 1u << 1,         /* ncclConfig_t.maxCTAs (2.17) */
+  TDIST_NCCL_FIELD_CGA_CLUSTER_SIZE = 1u << 2, /* ncclConfig_t.cgaClusterSize (2.17) */
+  TDIST_NCCL_FIELD_NET_NAME = 1u << 3,         /* ncclConfig_t.netName (2.17) */
+  TDIST_NCCL_FIELD_SPLIT_SHARE = 1u << 4,      /* ncclConfig_t.splitShare (2.18) */
+  TDIST_NCCL_FIELD_TRAFFIC_CLASS = 1u << 5,    /* ncclConfig_t.trafficClass (2.25) */
+  TDIST_NCCL_FIELD_HIGH_PRIORITY = 1u << 6,    /* the group's stream (any NCCL) */
+};
+typedef struct tdist_nccl_opts {
+  uint64_t mask;        /* TDIST_NCCL_FIELD_* bits of the fields set */
+  int min_ctas;         /* 1..64 CTAs per collective at least (NCCL caps at
+                           64); with max_ctas, min_ctas <= max_ctas */
+  int max_ctas;         /* 1..64 at most; setting min_ctas needs max_ctas too
+                           (NCCL 2.28's parseCommConfig compares them) */
+  int cga_cluster_size; /* 0..8 (sm_90 and later; NCCL's default 4) */
+  const char *net_name; /* the network plug-in to use ("IB", "Socket"...):
+                           copied, NCCL fails the init if none has it */
+  int split_share;      /* 0 or 1: subgroups split from this group share its
+                           NCCL resources (a mesh's dimensions); applies to
+                           the communicators split from it */
+  int traffic_class;    /* >= 0: the network's traffic class (QoS) */
+  int high_priority;    /* 0 or 1: the group's internal stream, on which every
+                           NCCL kernel runs, gets the device's greatest stream
+                           priority (torch: TORCH_NCCL_HIGH_PRIORITY) */
+} tdist_nccl_opts_t;
 
 typedef struct tdist_init_opts {
   uint64_t mask;           /* TDIST_INIT_FIELD_* bits of the fields set */
@@ -56,6 +96,9 @@ typedef struct tdist_init_opts {
   int host_store;          /* tcp:// and env://: TDIST_HOST_STORE_* (below).
                               Default: 0 if $TDIST_STORE_HOSTED=1 (set by
                               tdistrun), else 1 */
+  /* NCCL's configuration (tdist_nccl_opts_t above), with
+   * TDIST_INIT_FIELD_NCCL; read during the call only. */
+  const tdist_nccl_opts_t *nccl;
 } tdist_init_opts_t;
 
 /* tdist_init_opts_t.host_store. Rank 0 hosts the store as a process of its
@@ -96,6 +139,7 @@ enum {
   TDIST_GROUP_FIELD_TIMEOUT = 1u << 0,
   TDIST_GROUP_FIELD_NAME = 1u << 1,
   TDIST_GROUP_FIELD_DEVICE = 1u << 2,
+  TDIST_GROUP_FIELD_NCCL = 1u << 3,
 };
 typedef struct tdist_group_opts {
   uint64_t mask;
@@ -108,6 +152,10 @@ typedef struct tdist_group_opts {
    * ncclCommInitRankConfig over the new group's store, not ncclCommSplit
    * (which keeps the parent's device). */
   int device;
+  /* NCCL groups: NCCL's configuration of the new group's communicator
+   * (tdist_nccl_opts_t). Fields not set are the parent's (as ncclCommSplit
+   * without a config inherits its parent's); read during the call only. */
+  const tdist_nccl_opts_t *nccl;
 } tdist_group_opts_t;
 
 /*

@@ -20,5 +20,6 @@
 #include "tdist/debug.h"
 #include "tdist/notify.h"
 #include "tdist/abi.h"
+#include "tdist/mem.h"
 
 #endif /* TDIST_TDIST_H */

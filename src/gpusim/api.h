@@ -50,6 +50,9 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 /* ---- streams, events, host functions, capture and graphs ----------------------------- */
 cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, int priority);
+cudaError_t cudaStreamGetPriority(cudaStream_t s, int *priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
@@ -122,6 +125,15 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nId,
+                                      ncclUniqueId *commIds, ncclConfig_t *config);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
+                                    int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
 
 #ifdef __cplusplus
 }

@@ -373,6 +373,44 @@ void gs_comm_drain(ncclComm_t c) {
 }
 
 /* ---- init --------------------------------------------------------------------------- */
+/* FNV-1a over the ids an init was given (the simulation's own digest). */
+static uint64_t ids_digest(const ncclUniqueId *ids, int n) {
+  uint64_t h = 1469598103934665603ULL;
+  const unsigned char *b = (const unsigned char *)ids;
+  for (size_t i = 0; i < (size_t)n * sizeof(*ids); i++)
+    h = (h ^ b[i]) * 1099511628211ULL;
+  return h ^ (uint64_t)n;
+}
+
+/* Every rank joined: did they pass the same ids? NCCL never compares them:
+ * with ncclCommInitRankScalable each rank contacts the root its rank maps
+ * to (bootstrap.cc rootIdFromRank) at the address in that id, so a rank
+ * given another array reaches a root that does not expect it, or none, and
+ * the bootstrap ring never closes -- every rank waits until the
+ * communicator is aborted. The simulation does the same wait, but first
+ * counts the mismatch (tdist_gpusim_mismatches) and says why. Split and
+ * shrink children (nids 0) are keyed by their parent: nothing to check. */
+static ncclResult_t ids_agree(ncclComm_t c) {
+  if (c->nids == 0) return ncclSuccess;
+  int bad = -1;
+  for (int j = 0; j < c->nranks && bad < 0; j++) {
+    gs_slot_t *o = gs_slot(&c->seg, j);
+    if (o->nids != c->nids || o->ids_digest != c->ids_digest) bad = j;
+  }
+  if (bad < 0) return ncclSuccess;
+  atomic_fetch_add(&gs_mismatches, 1);
+  gs_warn("comm %p rank %d: rank %d passed other unique ids to its init (%u ids here, %u there): "
+          "NCCL's bootstrap would never complete; waiting for the abort",
+          (void *)c, c->rank, bad, c->nids, gs_slot(&c->seg, bad)->nids);
+  while (!atomic_load(&c->abort_flag) &&
+         !(c->init_parent && atomic_load(&c->init_parent->abort_flag))) {
+    uint32_t w = gs_seg_word(&c->seg);
+    gs_seg_sleep(&c->seg, w);
+  }
+  gs_seg_unlink(&c->seg);
+  return ncclInternalError;
+}
+
 /* Job: map the segment, take the rank's slot, wait for every rank (the
  * bootstrap's all-gather of ranks' info; it waits as long as a rank is
  * missing, until the communicator is aborted). */
@@ -380,6 +418,8 @@ ncclResult_t gs_comm_init_job(ncclComm_t c, void *arg) {
   (void)arg;
   ncclResult_t r = gs_seg_attach(&c->seg, c->key, c->nranks);
   if (r != ncclSuccess) return r;
+  gs_slot(&c->seg, c->rank)->nids = c->nids; /* published by the claim's store */
+  gs_slot(&c->seg, c->rank)->ids_digest = c->ids_digest;
   r = gs_slot_claim(&c->seg, c->rank, c->dev, gs_device_cc(c->dev));
   if (r != ncclSuccess) return r;
   int min_cc = 1000;
@@ -400,6 +440,8 @@ ncclResult_t gs_comm_init_job(ncclComm_t c, void *arg) {
     int cc = gs_slot(&c->seg, j)->cc;
     if (cc < min_cc) min_cc = cc;
   }
+  r = ids_agree(c);
+  if (r != ncclSuccess) return r;
   gs_seg_unlink(&c->seg); /* every rank has it open: the name is no longer needed */
   pthread_mutex_lock(&c->mu);
   c->min_cc = min_cc;
@@ -413,8 +455,12 @@ ncclResult_t gs_comm_init_job(ncclComm_t c, void *arg) {
 ncclResult_t gs_comm_create(ncclComm_t *out, const unsigned char key[16], int rank, int nranks,
                             int dev, const ncclConfig_t *cfg, int blocking_default,
                             const char *name, int run_init) {
+  gs_config_t parsed;
+  ncclResult_t r = gs_config_parse(cfg, &parsed);
+  if (r != ncclSuccess) return r;
   ncclComm_t c = comm_new(key, rank, nranks, dev, cfg, blocking_default, name);
   if (!c) return gs_fail(ncclSystemError, "out of host memory for a communicator");
+  c->cfg = parsed;
   *out = c;
   if (!run_init) return ncclSuccess;
   return gs_comm_init_job(c, NULL);
@@ -428,10 +474,54 @@ static ncclResult_t check_config(const ncclConfig_t *cfg) {
   return ncclSuccess;
 }
 
-GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, ncclUniqueId id,
-                                           int rank, ncclConfig_t *config) {
-  if (!newcomm) return gs_fail(ncclInvalidArgument, "CommInitRank : newcomm argument is NULL");
-  *newcomm = NULL;
+/* parseCommConfig, NCCL 2.28.9 init.cc: a layout older than a field's
+ * release gets that field's default; then the checks (an error is
+ * ncclInvalidArgument with NCCL's WARN text), the defaults
+ * (NCCL_CONFIG_DEFAULT: cgaClusterSize 4, minCTAs 1, maxCTAs MAXCHANNELS = 64,
+ * netName NULL, splitShare 0, trafficClass undefined) and envConfigOverride's
+ * caps (minCTAs and maxCTAs above MAXCHANNELS become 64, then minCTAs above
+ * maxCTAs becomes maxCTAs). The NCCL_* environment overrides are not
+ * modelled. */
+ncclResult_t gs_config_parse(const ncclConfig_t *in, gs_config_t *out) {
+  const int U = NCCL_CONFIG_UNDEF_INT;
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  if (in) {
+    size_t n = in->size < sizeof(c) ? in->size : sizeof(c); /* realSize */
+    memcpy(&c, in, n);
+    if (c.version < TDIST__NCCL_VERSION(2, 17, 0)) {
+      c.cgaClusterSize = c.minCTAs = c.maxCTAs = U;
+      c.netName = NULL;
+    }
+    if (c.version < TDIST__NCCL_VERSION(2, 25, 0)) c.trafficClass = U;
+  }
+  if (c.cgaClusterSize != U && c.cgaClusterSize < 0)
+    return gs_fail(ncclInvalidArgument, "Invalid config cgaClusterSize attribute value %d",
+                   c.cgaClusterSize);
+  if ((c.minCTAs != U && c.minCTAs <= 0) || (c.maxCTAs != U && c.maxCTAs <= 0) ||
+      (c.minCTAs > c.maxCTAs))
+    return gs_fail(ncclInvalidArgument, "Invalid config min/max channels attribute value %d/%d",
+                   c.minCTAs, c.maxCTAs);
+  if (c.splitShare != U && c.splitShare != 0 && c.splitShare != 1)
+    return gs_fail(ncclInvalidArgument, "Invalid config splitShare attribute value %d",
+                   c.splitShare);
+  memset(out, 0, sizeof(*out));
+  out->cgaClusterSize = c.cgaClusterSize == U ? 4 : c.cgaClusterSize;
+  out->minCTAs = c.minCTAs == U ? 1 : c.minCTAs;
+  out->maxCTAs = c.maxCTAs == U ? 64 : c.maxCTAs;
+  out->splitShare = c.splitShare == U ? 0 : c.splitShare;
+  out->trafficClass = c.trafficClass;
+  if (c.netName) snprintf(out->netName, sizeof(out->netName), "%s", c.netName);
+  if (out->minCTAs > 64) out->minCTAs = 64;
+  if (out->maxCTAs > 64) out->maxCTAs = 64;
+  if (out->minCTAs > out->maxCTAs) out->minCTAs = out->maxCTAs;
+  return ncclSuccess;
+}
+
+/* Both inits: the checks, then a communicator keyed by the first id (the
+ * bootstrap ring's magic is handle 0's, bootstrap.cc bootstrapInit), with
+ * the digest of all `nids` ids to compare with the other ranks'. */
+static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, int rank, int nids,
+                              const ncclUniqueId *ids, ncclConfig_t *config) {
   ncclResult_t r = check_config(config);
   if (r != ncclSuccess) return r;
   if (nranks < 1 || rank < 0 || rank >= nranks)
@@ -439,8 +529,10 @@ GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, nccl
   if (nranks > GS_MAX_RANKS)
     return gs_fail(ncclSystemError, "the simulated NCCL supports at most %d ranks, asked %d",
                    GS_MAX_RANKS, nranks);
-  if (memcmp(id.internal, GS_ID_MAGIC, 8) != 0)
-    return gs_fail(ncclInvalidArgument, "unique id was not made by this library's ncclGetUniqueId");
+  for (int i = 0; i < nids; i++)
+    if (memcmp(ids[i].internal, GS_ID_MAGIC, 8) != 0)
+      return gs_fail(ncclInvalidArgument,
+                     "unique id %d was not made by this library's ncclGetUniqueId", i);
   /* The communicator's device is the caller's current one (init.cc
    * ncclCommInitRankConfig: cudaGetDevice), and init uses its context. */
   int dev = gs_current_device();
@@ -448,9 +540,11 @@ GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, nccl
   if (ce != cudaSuccess)
     return gs_fail(ncclUnhandledCudaError, "Cuda failure '%s'", cudaGetErrorString(ce));
   ncclComm_t c = NULL;
-  r = gs_comm_create(&c, (const unsigned char *)id.internal + 8, rank, nranks, dev, config, 1, "",
-                     0);
+  r = gs_comm_create(&c, (const unsigned char *)ids[0].internal + 8, rank, nranks, dev, config, 1,
+                     "", 0);
   if (r != ncclSuccess) return r;
+  c->nids = (uint32_t)nids;
+  c->ids_digest = ids_digest(ids, nids);
   /* Non-blocking: *newcomm is written before the job starts, so the
    * caller can poll it (init.cc ncclCommInitRankDev). */
   if (!c->blocking) *newcomm = c;
@@ -464,6 +558,27 @@ GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, nccl
     *newcomm = c;
   }
   return r;
+}
+
+/* init.cc ncclCommInitRankScalable -> ncclCommInitRankDev (2.23+): nId ids,
+ * one per bootstrap root, the same array on every rank; 1 <= nId <= nranks
+ * ("improper usage of ncclCommInitRank"). */
+GS_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                             ncclUniqueId *commId, ncclConfig_t *config) {
+  if (nId <= 0 || nId > nranks)
+    return gs_fail(ncclInvalidArgument, "improper usage of ncclCommInitRank: nId = %d, nranks=%d",
+                   nId, nranks);
+  if (!newcomm) return gs_fail(ncclInvalidArgument, "CommInitRank : newcomm argument is NULL");
+  *newcomm = NULL;
+  if (!commId) return gs_fail(ncclInvalidArgument, "CommInitRank : commId argument is NULL");
+  return init_rank(newcomm, nranks, myrank, nId, commId, config);
+}
+
+GS_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *newcomm, int nranks, ncclUniqueId id,
+                                           int rank, ncclConfig_t *config) {
+  if (!newcomm) return gs_fail(ncclInvalidArgument, "CommInitRank : newcomm argument is NULL");
+  *newcomm = NULL;
+  return init_rank(newcomm, nranks, rank, 1, &id, config);
 }
 
 GS_API ncclResult_t ncclCommInitRank(ncclComm_t *newcomm, int nranks, ncclUniqueId id, int rank) {
@@ -512,6 +627,7 @@ static void comm_free(ncclComm_t c) {
   reg_del(c);
   job_join(c);
   gs_comm_drain(c);
+  gs_reg_free_all(c); /* commReclaim frees the registration cache */
   pthread_mutex_lock(&c->mu);
   c->destroyed = 1;
   pthread_mutex_unlock(&c->mu);
@@ -615,3 +731,58 @@ GS_API ncclResult_t ncclCommUserRank(const ncclComm_t c, int *rank) {
 GS_API long tdist_gpusim_comm_violations(void) { return atomic_load(&gs_comm_violations); }
 GS_API long tdist_gpusim_mismatches(void) { return atomic_load(&gs_mismatches); }
 GS_API long tdist_gpusim_use_after_free(void) { return atomic_load(&gs_use_after_free); }
+
+/* Inspection (tdist/gpusim.h): the configuration a live communicator of
+ * this process named `name` (its commName) got from parseCommConfig, and
+ * the priority of the stream its last kernel was launched on. */
+GS_API int tdist_gpusim_comm_config(const char *name, int *min_ctas, int *max_ctas,
+                                    int *cga_cluster_size, int *split_share, int *traffic_class,
+                                    char *net_name, size_t net_name_len, int *stream_priority) {
+  int found = -1;
+  if (!name) return -1;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg && found < 0; i++) {
+    ncclComm_t c = reg[i];
+    if (strcmp(c->name, name) != 0) continue;
+    found = 0;
+    if (min_ctas) *min_ctas = c->cfg.minCTAs;
+    if (max_ctas) *max_ctas = c->cfg.maxCTAs;
+    if (cga_cluster_size) *cga_cluster_size = c->cfg.cgaClusterSize;
+    if (split_share) *split_share = c->cfg.splitShare;
+    if (traffic_class) *traffic_class = c->cfg.trafficClass;
+    if (net_name && net_name_len) snprintf(net_name, net_name_len, "%s", c->cfg.netName);
+    if (stream_priority) {
+      pthread_mutex_lock(&c->mu);
+      *stream_priority = c->last_prio;
+      pthread_mutex_unlock(&c->mu);
+    }
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return found;
+}
+
+/* Inspection (tdist/gpusim.h): live registrations of the communicators of
+ * this process named `name`; -1 when none has that name. */
+GS_API long tdist_gpusim_registrations(const char *name, int windows) {
+  long n = -1;
+  if (!name) return -1;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg; i++)
+    if (strcmp(reg[i]->name, name) == 0) n = (n < 0 ? 0 : n) + gs_reg_count(reg[i], windows);
+  pthread_mutex_unlock(&reg_mu);
+  return n;
+}
+
+/* Inspection (tdist/gpusim.h): the unique ids the init of the live
+ * communicator named `name` was given (ncclCommInitRankScalable's nId; 1
+ * for ncclCommInitRankConfig; 0 for a split or shrink child); -1 when none
+ * has that name. */
+GS_API int tdist_gpusim_comm_roots(const char *name) {
+  int n = -1;
+  if (!name) return -1;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < nreg && n < 0; i++)
+    if (strcmp(reg[i]->name, name) == 0) n = (int)reg[i]->nids;
+  pthread_mutex_unlock(&reg_mu);
+  return n;
+}

@@ -283,6 +283,10 @@ static ncclResult_t launch_plan(ncclComm_t c, void *arg) {
   r = fifo_room(c);
   if (r != ncclSuccess) goto out;
   cudaStream_t s0 = p->tasks[0].stream;
+  int prio = gs_stream_priority(s0); /* what tdist_gpusim_comm_config reports */
+  pthread_mutex_lock(&c->mu);
+  c->last_prio = prio;
+  pthread_mutex_unlock(&c->mu);
   for (int i = 1; i < p->n; i++)
     if (p->tasks[i].stream != s0) gs_stream_join(s0, p->tasks[i].stream);
   gs_kernel_t *k = gs_kernel_new(c, p->tasks, p->n);

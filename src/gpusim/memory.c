@@ -32,6 +32,7 @@ typedef struct {
   int pins;   /* workers copying through the view right now */
   bool dead;  /* freed: out of the array, unmapped when pins is 0 */
   bool freeing; /* a cudaFreeAsync is queued */
+  bool cumem;   /* made by ncclMemAlloc (cuMemCreate + cuMemMap) */
 } alloc_t;
 
 typedef struct {
@@ -186,12 +187,53 @@ int gs_ptr_device(const void *p) {
   return dev;
 }
 
+int gs_dev_alloc_range(const void *p, uintptr_t *base, size_t *size, int *dev, int *cumem) {
+  pthread_mutex_lock(&g_mlock);
+  ssize_t i = aset_find(&g_dev, p);
+  if (i >= 0) {
+    *base = g_dev.v[i]->base;
+    *size = g_dev.v[i]->size;
+    *dev = g_dev.v[i]->dev;
+    *cumem = g_dev.v[i]->cumem;
+  }
+  pthread_mutex_unlock(&g_mlock);
+  return i >= 0 ? 0 : -1;
+}
+
 GS_API void *tdist_gpusim_host_view(const void *dev_ptr) {
   pthread_mutex_lock(&g_mlock);
   ssize_t i = aset_find(&g_dev, dev_ptr);
   void *v = i >= 0 ? g_dev.v[i]->view + ((uintptr_t)dev_ptr - g_dev.v[i]->base) : NULL;
   pthread_mutex_unlock(&g_mlock);
   return v;
+}
+
+/* NCCL's ncclMemAlloc (allocator.cc, 2.19): with cuMem enabled, physical
+ * memory from cuMemCreate mapped at a reserved range, the size rounded up
+ * to the allocation granularity (2 MiB, an H100's recommended); NULL ptr or
+ * 0 bytes fall back to cudaMalloc, whose error comes back as
+ * ncclUnhandledCudaError. The block is marked cuMem: ncclCommWindowRegister
+ * (register.c) needs that. */
+GS_API ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
+  if (ptr == NULL || size == 0)
+    return cudaMalloc(ptr, size) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return ncclUnhandledCudaError;
+  const size_t gran = 2u << 20;
+  size_t n = (size + gran - 1) / gran * gran;
+  e = dev_alloc(ptr, n, gs_current_device());
+  if (e != cudaSuccess) return ncclUnhandledCudaError;
+  pthread_mutex_lock(&g_mlock);
+  ssize_t i = aset_find(&g_dev, *ptr);
+  if (i >= 0) g_dev.v[i]->cumem = true;
+  pthread_mutex_unlock(&g_mlock);
+  return ncclSuccess;
+}
+
+/* ncclMemFree: unmap and release (cuMem), or cudaFree. */
+GS_API ncclResult_t ncclMemFree(void *ptr) {
+  if (ptr == NULL) return ncclSuccess;
+  return dev_free(ptr, false) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
 }
 
 /* CUDA Runtime API, cudaMalloc: n == 0 gives NULL and cudaSuccess; a

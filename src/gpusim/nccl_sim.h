@@ -82,6 +82,11 @@ typedef struct gs_slot {
   gs_desc_t desc[2]; /* by step parity */
   unsigned char boot[2][GS_BOOT_BYTES];
   _Atomic uint8_t peer_connected[GS_MAX_RANKS]; /* p2p connection to each peer */
+  /* What this rank passed to its init: the number of unique ids and a
+   * digest of them all (ncclCommInitRankScalable; 1 id for the others).
+   * Written before the slot is claimed. */
+  uint32_t nids;
+  uint64_t ids_digest;
 } __attribute__((aligned(64))) gs_slot_t;
 
 typedef struct gs_seg_hdr {
@@ -154,6 +159,16 @@ typedef struct gs_premul {
   const void *dev_scalar; /* read by the kernel (device residence) */
 } gs_premul_t;
 
+/* The communicator's configuration as parseCommConfig (init.cc, 2.28.9)
+ * leaves it: defaults applied, ranges checked (comm.c gs_config_parse). */
+typedef struct gs_config {
+  int cgaClusterSize, minCTAs, maxCTAs, splitShare, trafficClass;
+  char netName[64]; /* "" for NULL (NCCL picks the network) */
+} gs_config_t;
+
+/* User buffer registrations of a communicator (register.c). */
+typedef struct gs_reg gs_reg_t;
+
 struct ncclComm {
   uint32_t magic; /* GS_COMM_MAGIC while registered (NCCL's CommCheck) */
   pthread_mutex_t mu;
@@ -199,6 +214,13 @@ struct ncclComm {
   _Atomic unsigned char *p2p_connected; /* per peer */
 
   gs_premul_t premul[GS_MAX_PREMUL]; /* (mu) */
+
+  /* Scalable init, NCCL's configuration, registrations (comm.c, register.c). */
+  uint32_t nids;       /* unique ids the init was given */
+  uint64_t ids_digest; /* their digest, checked against every rank's */
+  gs_config_t cfg;     /* fixed once created */
+  gs_reg_t *regs;      /* (mu) live ncclCommRegister / window registrations */
+  int last_prio;       /* (mu) priority of the stream of the last launch */
 };
 
 #define GS_COMM_MAGIC 0x6e63636cu
@@ -255,6 +277,13 @@ ncclResult_t gs_comm_create(ncclComm_t *out, const unsigned char key[16], int ra
                             const char *name, int run_init);
 /* The init job: join the segment and wait for every rank. */
 ncclResult_t gs_comm_init_job(ncclComm_t c, void *arg);
+/* parseCommConfig (init.cc): `cfg` (NULL: NCCL's defaults) checked and
+ * completed into *out; ncclInvalidArgument with NCCL's WARN text. */
+ncclResult_t gs_config_parse(const ncclConfig_t *cfg, gs_config_t *out);
+/* register.c: forget a communicator's registrations (destroy, abort). */
+void gs_reg_free_all(ncclComm_t c);
+/* register.c: live registrations (windows != 0: windows), references counted. */
+long gs_reg_count(ncclComm_t c, int windows);
 /* Throw away a communicator the user never received (failed split). */
 void gs_comm_discard(ncclComm_t c);
 /* Bootstrap all-gather of GS_BOOT_BYTES per rank over the parent (split). */

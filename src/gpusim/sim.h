@@ -97,6 +97,13 @@ cudaError_t gs_err(cudaError_t e);
 void *gs_dev_access(int dev, const void *p, size_t len);
 /* The device of the live allocation containing p, or -1 (host memory). */
 int gs_ptr_device(const void *p);
+/* stream.c: the priority of stream s (cudaStreamCreateWithPriority's; 0
+ * for the special handles and unknown ones). Any thread, gs_lock not held. */
+int gs_stream_priority(cudaStream_t s);
+/* The device allocation holding p (cuMemGetAddressRange): its base, size,
+ * device and whether ncclMemAlloc made it (cuMem); 0, or -1 when p is no
+ * device memory. Any thread. */
+int gs_dev_alloc_range(const void *p, uintptr_t *base, size_t *size, int *dev, int *cumem);
 
 /* ---- stream.c / capture.c ------------------------------------------------------------- */
 

@@ -122,6 +122,7 @@ static ncclResult_t child_job(ncclComm_t p, void *arg) {
   r = gs_comm_create(&child, key, crank, cn, p->dev, j->has_cfg ? &j->cfg : NULL, p->blocking,
                      p->name, 0);
   if (r != ncclSuccess) goto out;
+  if (!j->has_cfg) child->cfg = p->cfg; /* init.cc copyCommConfig: a NULL config inherits */
   child->init_parent = p; /* the parent's abort stops this init */
   r = gs_comm_init_job(child, NULL);
   child->init_parent = NULL;

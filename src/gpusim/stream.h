@@ -69,6 +69,7 @@ enum { GS_SK_USER, GS_SK_LEGACY, GS_SK_PERTHREAD };
 struct CUstream_st {
   int dev;
   unsigned flags; /* cudaStreamNonBlocking */
+  int priority;   /* cudaStreamCreateWithPriority's, clamped; 0 otherwise */
   int kind;       /* GS_SK_* */
   int refs;       /* user handle, worker, fences, marks, capture membership */
   bool dead;      /* destroyed by the user (or its thread exited): drain, exit */

@@ -134,6 +134,11 @@ typedef cudaError_t (*tdist__cudaStreamIsCapturing_fn)(cudaStream_t s,
                                                        enum cudaStreamCaptureStatus *status);
 typedef cudaError_t (*tdist__cudaThreadExchangeStreamCaptureMode_fn)(
     enum cudaStreamCaptureMode *mode);
+/* Stream priorities (CUDA 5.5 and later): lower numbers are greater
+ * priorities; the range is [greatest, least], e.g. [-5, 0] on an H100. */
+typedef cudaError_t (*tdist__cudaDeviceGetStreamPriorityRange_fn)(int *least, int *greatest);
+typedef cudaError_t (*tdist__cudaStreamCreateWithPriority_fn)(cudaStream_t *s, unsigned int flags,
+                                                              int priority);
 
 /* ---- CUDA driver (libcuda.so.1): one optional call ---------------------------------- */
 /* CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active):
@@ -204,24 +209,27 @@ typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarRes
 #define TDIST__NCCL_CONFIG_MAGIC 0xcafebeefu
 #define TDIST__NCCL_VERSION(x, y, z) ((x)*10000 + (y)*100 + (z))
 
+/* Field by field against NCCL 2.28.9's nccl.h.in (ncclConfig_v22800 order);
+ * the release that added each, as parseCommConfig's version checks (init.cc)
+ * and the headers' history tell: */
 typedef struct {
   size_t size;
   unsigned int magic;
   unsigned int version;
-  int blocking;
-  int cgaClusterSize;
-  int minCTAs;
-  int maxCTAs;
-  const char *netName;
-  int splitShare;
-  int trafficClass;
-  const char *commName;
-  int collnetEnable;
-  int CTAPolicy;
-  int shrinkShare;
-  int nvlsCTAs;
-  int nChannelsPerNetPeer;
-  int nvlinkCentricSched;
+  int blocking;            /* 2.14 */
+  int cgaClusterSize;      /* 2.17 (reset to the default for an older layout) */
+  int minCTAs;             /* 2.17 */
+  int maxCTAs;             /* 2.17 */
+  const char *netName;     /* 2.17 */
+  int splitShare;          /* 2.18 */
+  int trafficClass;        /* 2.25 */
+  const char *commName;    /* 2.27 (ignored by older releases) */
+  int collnetEnable;       /* 2.27 */
+  int CTAPolicy;           /* 2.27 */
+  int shrinkShare;         /* 2.27 */
+  int nvlsCTAs;            /* 2.27 */
+  int nChannelsPerNetPeer; /* 2.28 */
+  int nvlinkCentricSched;  /* 2.28 */
 } ncclConfig_t;
 
 /* What NCCL_CONFIG_INITIALIZER of NCCL 2.28 gives: the layout's size, the
@@ -279,6 +287,24 @@ typedef ncclResult_t (*tdist__ncclGather_fn)(const void *sb, void *rb, size_t n,
                                              int root, ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclScatter_fn)(const void *sb, void *rb, size_t n, ncclDataType_t dt,
                                               int root, ncclComm_t c, cudaStream_t s);
+/* Scalable init (NCCL 2.23): nId unique ids, one per bootstrap root. */
+typedef ncclResult_t (*tdist__ncclCommInitRankScalable_fn)(ncclComm_t *comm, int nranks, int rank,
+                                                           int nId, ncclUniqueId *ids,
+                                                           ncclConfig_t *cfg);
+/* User buffer registration (2.19) and symmetric windows (2.27). */
+typedef struct ncclWindow_vidmem *ncclWindow_t; /* opaque */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+typedef ncclResult_t (*tdist__ncclCommRegister_fn)(const ncclComm_t comm, void *buff, size_t size,
+                                                   void **handle);
+typedef ncclResult_t (*tdist__ncclCommDeregister_fn)(const ncclComm_t comm, void *handle);
+typedef ncclResult_t (*tdist__ncclCommWindowRegister_fn)(ncclComm_t comm, void *buff, size_t size,
+                                                         ncclWindow_t *win, int winFlags);
+typedef ncclResult_t (*tdist__ncclCommWindowDeregister_fn)(ncclComm_t comm, ncclWindow_t win);
+/* NCCL's cuMem allocator (2.19): the memory windows need. */
+typedef ncclResult_t (*tdist__ncclMemAlloc_fn)(void **ptr, size_t size);
+typedef ncclResult_t (*tdist__ncclMemFree_fn)(void *ptr);
 typedef ncclResult_t (*tdist__ncclSend_fn)(const void *b, size_t n, ncclDataType_t dt, int peer,
                                            ncclComm_t c, cudaStream_t s);
 typedef ncclResult_t (*tdist__ncclRecv_fn)(void *b, size_t n, ncclDataType_t dt, int peer,

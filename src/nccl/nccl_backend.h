@@ -107,6 +107,15 @@ typedef struct tdist__nccl {
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
+  /* NCCL's configuration (nccl_comm.c, set at creation, then read-only):
+   * the options in force -- the group's own over its parent's -- which its
+   * splits inherit. net_name points into net_name_buf. */
+  tdist_nccl_opts_t knobs;
+  char net_name_buf[64];
+  /* (call) Registrations made and not undone (nccl_mem.c): destroy
+   * releases what the user left. */
+  struct tdist__nccl_reg *regs;
+
   /* (mu) Launched ops (tdist_backend_op_t.link), in launch order = stream order. */
   tdist__list_t inflight;
 
@@ -160,10 +169,23 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
 
 /* Newer calls, looked up one by one: a missing one (NULL) fails only the
  * call that needs it. X(name, major, minor): the release that added it. */
-#define TDIST__NCCL_OPTIONAL(X) \
-  X(ncclAlltoAll, 2, 28)        \
-  X(ncclGather, 2, 28)          \
-  X(ncclScatter, 2, 28)
+#define TDIST__NCCL_OPTIONAL(X)      \
+  X(ncclAlltoAll, 2, 28)             \
+  X(ncclGather, 2, 28)               \
+  X(ncclScatter, 2, 28)              \
+  X(ncclCommInitRankScalable, 2, 23) \
+  X(ncclCommRegister, 2, 19)         \
+  X(ncclCommDeregister, 2, 19)       \
+  X(ncclCommWindowRegister, 2, 27)   \
+  X(ncclCommWindowDeregister, 2, 27) \
+  X(ncclMemAlloc, 2, 19)             \
+  X(ncclMemFree, 2, 19)
+
+/* CUDA runtime calls looked up one by one (a runtime without them -- the
+ * call recorder -- refuses only the option that needs them). */
+#define TDIST__CUDART_OPTIONAL(X)     \
+  X(cudaDeviceGetStreamPriorityRange) \
+  X(cudaStreamCreateWithPriority)
 
 /* The CUDA runtime calls (all in CUDA 11.2 and later). */
 #define TDIST__CUDART_REQUIRED(X)        \
@@ -206,6 +228,7 @@ typedef struct tdist__nccl_api {
   TDIST__NCCL_REQUIRED(TDIST__NCCL_FIELD_)
   TDIST__NCCL_OPTIONAL(TDIST__NCCL_FIELD_OPT_)
   TDIST__CUDART_REQUIRED(TDIST__NCCL_FIELD_)
+  TDIST__CUDART_OPTIONAL(TDIST__NCCL_FIELD_)
   /* The driver's, optional: NULL without libcuda (then a caller's device is
    * always put back, even one without a context). */
   tdist__cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;
@@ -242,6 +265,16 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define ncclAlltoAll(...) tdist__nccl_fn.ncclAlltoAll(__VA_ARGS__)
 #define ncclGather(...) tdist__nccl_fn.ncclGather(__VA_ARGS__)
 #define ncclScatter(...) tdist__nccl_fn.ncclScatter(__VA_ARGS__)
+#define ncclCommInitRankScalable(...) tdist__nccl_fn.ncclCommInitRankScalable(__VA_ARGS__)
+#define ncclCommRegister(...) tdist__nccl_fn.ncclCommRegister(__VA_ARGS__)
+#define ncclCommDeregister(...) tdist__nccl_fn.ncclCommDeregister(__VA_ARGS__)
+#define ncclCommWindowRegister(...) tdist__nccl_fn.ncclCommWindowRegister(__VA_ARGS__)
+#define ncclCommWindowDeregister(...) tdist__nccl_fn.ncclCommWindowDeregister(__VA_ARGS__)
+#define ncclMemAlloc(...) tdist__nccl_fn.ncclMemAlloc(__VA_ARGS__)
+#define ncclMemFree(...) tdist__nccl_fn.ncclMemFree(__VA_ARGS__)
+#define cudaDeviceGetStreamPriorityRange(...) \
+  tdist__nccl_fn.cudaDeviceGetStreamPriorityRange(__VA_ARGS__)
+#define cudaStreamCreateWithPriority(...) tdist__nccl_fn.cudaStreamCreateWithPriority(__VA_ARGS__)
 #define cudaGetErrorString(...) tdist__nccl_fn.cudaGetErrorString(__VA_ARGS__)
 #define cudaGetErrorName(...) tdist__nccl_fn.cudaGetErrorName(__VA_ARGS__)
 #define cudaGetLastError(...) tdist__nccl_fn.cudaGetLastError(__VA_ARGS__)
@@ -264,6 +297,11 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define cudaStreamIsCapturing(...) tdist__nccl_fn.cudaStreamIsCapturing(__VA_ARGS__)
 #define cudaThreadExchangeStreamCaptureMode(...) \
   tdist__nccl_fn.cudaThreadExchangeStreamCaptureMode(__VA_ARGS__)
+
+/* Ranks per bootstrap root of a scalable init (ncclCommInitRankScalable,
+ * NCCL 2.23+): a group of more ranks makes ceil(size / this) unique ids,
+ * torch's TORCH_NCCL_RANKS_PER_ROOT (default 128). */
+TDIST_PARAM(NcclRanksPerRoot, "TDIST_NCCL_RANKS_PER_ROOT", 128)
 
 /* Caller thread: open NCCL and the CUDA runtime (once per process; later
  * calls return the first outcome). 0, or TDIST_ERR_NOT_SUPPORTED with a
@@ -385,6 +423,19 @@ int tdist__nccl_settle_launch(tdist__nccl_t *nc);
 /* ---- a group's state (nccl_state.c), caller thread --------------------------------- */
 /* A non-blocking config named `name` (copied by NCCL during init). */
 void tdist__nccl_config(ncclConfig_t *cfg, const char *name);
+/* nccl_comm.c: the options of a new group -- `own` (its caller's, may be
+ * NULL) over `inherited` (its parent's, NULL for a world) -- checked
+ * (INVALID_ARGUMENT / NOT_SUPPORTED naming the field) into nc->knobs,
+ * and written into cfg. */
+int tdist__nccl_knobs(tdist__nccl_t *nc, const tdist_nccl_opts_t *own,
+                      const tdist_nccl_opts_t *inherited, ncclConfig_t *cfg);
+/* nccl_mem.c, caller thread: the vtable's mem_register/mem_deregister, and
+ * destroy's release of what the user left (`call` not held, comm live). */
+int tdist__nccl_mem_register(void *state, void *ptr, size_t bytes, unsigned flags, void **handle);
+int tdist__nccl_mem_deregister(void *state, void *handle);
+int tdist__nccl_mem_alloc(void *state, size_t bytes, void **ptr);
+int tdist__nccl_mem_free(void *state, void *ptr);
+void tdist__nccl_mem_release_all(tdist__nccl_t *nc);
 /* A zeroed state for a group of p on `device`; no CUDA object yet. */
 int tdist__nccl_state_new(int device, const tdist_backend_params_t *p, tdist__nccl_t **out);
 /* The device current: create the streams, the start event and the scratch. */

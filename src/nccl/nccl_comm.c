@@ -14,6 +14,7 @@
  * hands its ncclCommAbort to the worker (nccl_progress.c).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,38 +110,182 @@ out:
   return rc;
 }
 
-/* Rank 0 makes the unique id; everyone reads rank 0's through the group's
- * store (rank 0 waits for nobody: its `from` list is empty). */
-static int exchange_id(const tdist_backend_params_t *p, const char *gname, ncclUniqueId *id) {
-  int rc = 0;
-  static const int from[1] = {0};
+/*
+ * The unique ids of a new communicator, through the group's store. `n`
+ * roots (1: rank 0 makes the only id, as ever). For a scalable init
+ * (ncclCommInitRankScalable, NCCL 2.23) root k's id is made by the first
+ * rank that root serves -- NCCL's bootstrap.cc firstRankFromRoot(k) =
+ * k * (size / n) + min(k, size % n), so each root's ranks sit next to it --
+ * and every rank reads all n ids, in root order (NCCL wants the same array
+ * on every rank). A root waits for nobody but the other roots.
+ */
+static int first_rank_of_root(int k, int size, int n) {
+  return k * (size / n) + (k < size % n ? k : size % n);
+}
+
+static int exchange_ids(const tdist_backend_params_t *p, const char *gname, int n,
+                        ncclUniqueId *ids) {
+  int rc = 0, mine = -1;
+  int *from = NULL;
   void **vals = NULL;
   size_t *lens = NULL;
-  if (p->rank == 0) NCCLCHECKGOTO(ncclGetUniqueId(id), NULL, rc, out);
+  for (int k = 0; k < n; k++)
+    if (first_rank_of_root(k, p->size, n) == p->rank) mine = k;
+  if (mine >= 0) NCCLCHECKGOTO(ncclGetUniqueId(&ids[mine]), NULL, rc, out);
   if (p->size == 1) return 0;
+  from = tdist__calloc((size_t)n, sizeof(*from));
   vals = tdist__calloc((size_t)p->size, sizeof(*vals));
   lens = tdist__calloc((size_t)p->size, sizeof(*lens));
-  if (!vals || !lens) {
+  if (!from || !vals || !lens) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': NCCL id exchange: out of memory", gname);
     goto out;
   }
-  TDIST_CHECKGOTO(tdist_backend_allgather(p->store, "nccl_id", p->rank, p->size,
-                                          p->rank == 0 ? id : NULL, sizeof(*id), from,
-                                          p->rank == 0 ? 0 : 1, vals, lens, p->timeout_ms),
+  for (int k = 0; k < n; k++)
+    from[k] = first_rank_of_root(k, p->size, n);
+  TDIST_CHECKGOTO(tdist_backend_allgather(p->store, n == 1 ? "nccl_id" : "nccl_ids", p->rank,
+                                          p->size, mine >= 0 ? &ids[mine] : NULL, sizeof(*ids),
+                                          from, n, vals, lens, p->timeout_ms),
                   rc, out);
-  if (p->rank != 0) {
-    if (!vals[0] || lens[0] != sizeof(*id)) {
-      rc = tdist__error(TDIST_ERR_PROTOCOL, "group '%s': NCCL unique id of %zu bytes (want %zu)",
-                        gname, lens[0], sizeof(*id));
+  for (int k = 0; k < n; k++) {
+    int r = from[k];
+    if (r == p->rank) continue;
+    if (!vals[r] || lens[r] != sizeof(*ids)) {
+      rc = tdist__error(TDIST_ERR_PROTOCOL,
+                        "group '%s': NCCL unique id of root %d (rank %d): %zu bytes (want %zu)",
+                        gname, k, r, lens[r], sizeof(*ids));
       goto out;
     }
-    memcpy(id, vals[0], sizeof(*id));
+    memcpy(&ids[k], vals[r], sizeof(*ids));
   }
 out:
-  if (vals) tdist_store_free(vals[0]);
+  for (int i = 0; vals && i < p->size; i++)
+    tdist_store_free(vals[i]);
   tdist__free(vals);
   tdist__free(lens);
+  tdist__free(from);
   return rc;
+}
+
+/* How many roots an init of `size` ranks uses: ceil(size /
+ * TDIST_NCCL_RANKS_PER_ROOT) when the loaded NCCL has
+ * ncclCommInitRankScalable, else 1. As torch (ProcessGroupNCCL
+ * useScalableInit), one root -- the classic ncclCommInitRankConfig -- while
+ * the group fits under one. */
+static int root_count(int size) {
+  int64_t per = tdist__param_NcclRanksPerRoot();
+  if (per < 1) per = 1;
+  int64_t n = ((int64_t)size + per - 1) / per;
+  if (n <= 1) return 1;
+  if (!NC.ncclCommInitRankScalable) {
+    static atomic_int told;
+    if (atomic_fetch_add(&told, 1) == 0)
+      TDIST_INFO(NCCL,
+                 "NCCL %s has no ncclCommInitRankScalable (2.23): %d ranks start from one root",
+                 NC.version_str, size);
+    return 1;
+  }
+  return (int)n;
+}
+
+/* ---- NCCL's configuration (tdist_nccl_opts_t) ----------------------------------------- */
+
+#define KNOB_BAD(...) tdist__error(TDIST_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+int tdist__nccl_knobs(tdist__nccl_t *nc, const tdist_nccl_opts_t *own,
+                      const tdist_nccl_opts_t *inherited, ncclConfig_t *cfg) {
+  const uint64_t known = TDIST_NCCL_FIELD_MIN_CTAS | TDIST_NCCL_FIELD_MAX_CTAS |
+                         TDIST_NCCL_FIELD_CGA_CLUSTER_SIZE | TDIST_NCCL_FIELD_NET_NAME |
+                         TDIST_NCCL_FIELD_SPLIT_SHARE | TDIST_NCCL_FIELD_TRAFFIC_CLASS |
+                         TDIST_NCCL_FIELD_HIGH_PRIORITY;
+  tdist_nccl_opts_t k;
+  memset(&k, 0, sizeof(k));
+  if (inherited) k = *inherited;
+  if (own) {
+    if (own->mask & ~known)
+      return KNOB_BAD("group '%s': tdist_nccl_opts_t.mask has unknown bits 0x%llx", nc->name,
+                      (unsigned long long)(own->mask & ~known));
+#define TAKE(bit, f) \
+  if (own->mask & (bit)) k.f = own->f
+    TAKE(TDIST_NCCL_FIELD_MIN_CTAS, min_ctas);
+    TAKE(TDIST_NCCL_FIELD_MAX_CTAS, max_ctas);
+    TAKE(TDIST_NCCL_FIELD_CGA_CLUSTER_SIZE, cga_cluster_size);
+    TAKE(TDIST_NCCL_FIELD_NET_NAME, net_name);
+    TAKE(TDIST_NCCL_FIELD_SPLIT_SHARE, split_share);
+    TAKE(TDIST_NCCL_FIELD_TRAFFIC_CLASS, traffic_class);
+    TAKE(TDIST_NCCL_FIELD_HIGH_PRIORITY, high_priority);
+#undef TAKE
+    k.mask |= own->mask;
+  }
+  /* The ranges of NCCL's documentation and parseCommConfig (init.cc, 2.28):
+   * minCTAs/maxCTAs > 0 and at most MAXCHANNELS (64; NCCL caps larger
+   * values), cgaClusterSize 0..8 (NCCL_MAX_CGA_CLUSTER_SIZE), splitShare 0/1.
+   * parseCommConfig compares minCTAs with maxCTAs even when maxCTAs is left
+   * undefined (INT_MIN), so a lone minCTAs is an error there: say so here. */
+  if ((k.mask & TDIST_NCCL_FIELD_MIN_CTAS) && (k.min_ctas < 1 || k.min_ctas > 64))
+    return KNOB_BAD("group '%s': NCCL min_ctas %d out of range 1..64", nc->name, k.min_ctas);
+  if ((k.mask & TDIST_NCCL_FIELD_MAX_CTAS) && (k.max_ctas < 1 || k.max_ctas > 64))
+    return KNOB_BAD("group '%s': NCCL max_ctas %d out of range 1..64", nc->name, k.max_ctas);
+  if ((k.mask & TDIST_NCCL_FIELD_MIN_CTAS) && !(k.mask & TDIST_NCCL_FIELD_MAX_CTAS))
+    return KNOB_BAD("group '%s': NCCL min_ctas %d needs max_ctas too (NCCL 2.28's "
+                    "parseCommConfig refuses minCTAs above an undefined maxCTAs)",
+                    nc->name, k.min_ctas);
+  if ((k.mask & TDIST_NCCL_FIELD_MIN_CTAS) && k.min_ctas > k.max_ctas)
+    return KNOB_BAD("group '%s': NCCL min_ctas %d above max_ctas %d", nc->name, k.min_ctas,
+                    k.max_ctas);
+  if ((k.mask & TDIST_NCCL_FIELD_CGA_CLUSTER_SIZE) &&
+      (k.cga_cluster_size < 0 || k.cga_cluster_size > 8))
+    return KNOB_BAD("group '%s': NCCL cga_cluster_size %d out of range 0..8", nc->name,
+                    k.cga_cluster_size);
+  if (k.mask & TDIST_NCCL_FIELD_NET_NAME) {
+    size_t len = k.net_name ? strlen(k.net_name) : 0;
+    if (len == 0 || len >= sizeof(nc->net_name_buf))
+      return KNOB_BAD("group '%s': NCCL net_name %s", nc->name,
+                      len ? "longer than 63 characters" : "empty or NULL");
+    memcpy(nc->net_name_buf, k.net_name, len + 1);
+    k.net_name = nc->net_name_buf;
+  }
+  if ((k.mask & TDIST_NCCL_FIELD_SPLIT_SHARE) && k.split_share != 0 && k.split_share != 1)
+    return KNOB_BAD("group '%s': NCCL split_share %d is not 0 or 1", nc->name, k.split_share);
+  if ((k.mask & TDIST_NCCL_FIELD_HIGH_PRIORITY) && k.high_priority != 0 && k.high_priority != 1)
+    return KNOB_BAD("group '%s': high_priority %d is not 0 or 1", nc->name, k.high_priority);
+  if (k.mask & TDIST_NCCL_FIELD_TRAFFIC_CLASS) {
+    if (k.traffic_class < 0)
+      return KNOB_BAD("group '%s': NCCL traffic_class %d is negative", nc->name, k.traffic_class);
+    /* An older NCCL resets the field to its default (parseCommConfig's
+     * version check): refuse rather than drop the user's value. */
+    if (NC.version < TDIST__NCCL_VERSION(2, 25, 0))
+      return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                          "group '%s': NCCL traffic_class needs NCCL 2.25.0 (ncclConfig_t."
+                          "trafficClass); the loaded NCCL is %s",
+                          nc->name, NC.version_str);
+  }
+  if ((k.mask & TDIST_NCCL_FIELD_HIGH_PRIORITY) && k.high_priority &&
+      (!NC.cudaDeviceGetStreamPriorityRange || !NC.cudaStreamCreateWithPriority))
+    return tdist__error(TDIST_ERR_NOT_SUPPORTED,
+                        "group '%s': high_priority needs cudaStreamCreateWithPriority, which the "
+                        "loaded CUDA runtime lacks",
+                        nc->name);
+  if (k.mask & TDIST_NCCL_FIELD_MIN_CTAS) cfg->minCTAs = k.min_ctas;
+  if (k.mask & TDIST_NCCL_FIELD_MAX_CTAS) cfg->maxCTAs = k.max_ctas;
+  if (k.mask & TDIST_NCCL_FIELD_CGA_CLUSTER_SIZE) cfg->cgaClusterSize = k.cga_cluster_size;
+  if (k.mask & TDIST_NCCL_FIELD_NET_NAME) cfg->netName = k.net_name;
+  if (k.mask & TDIST_NCCL_FIELD_SPLIT_SHARE) cfg->splitShare = k.split_share;
+  if (k.mask & TDIST_NCCL_FIELD_TRAFFIC_CLASS) cfg->trafficClass = k.traffic_class;
+  nc->knobs = k;
+  return 0;
+}
+
+/* The caller's own options for a new group (init: tdist_init_opts_t; split,
+ * shrink: tdist_group_opts_t), or NULL. */
+static const tdist_nccl_opts_t *own_knobs(const tdist_backend_params_t *p) {
+  if (p->group_opts && (p->group_opts->mask & TDIST_GROUP_FIELD_NCCL)) return p->group_opts->nccl;
+  if (p->init_opts && (p->init_opts->mask & TDIST_INIT_FIELD_NCCL)) return p->init_opts->nccl;
+  return NULL;
+}
+
+/* The parent's options (split, shrink), or NULL for a world. */
+static const tdist_nccl_opts_t *parent_knobs(const tdist_backend_params_t *p) {
+  return p->parent ? &((const tdist__nccl_t *)p->parent)->knobs : NULL;
 }
 
 /* Poll a freshly created communicator (init, split, shrink) to readiness. On
@@ -171,27 +316,41 @@ int tdist__nccl_init(const tdist_backend_params_t *p, tdist_backend_out_t *out) 
 static int init_on(const tdist_backend_params_t *p, int device, tdist_backend_out_t *out) {
   int rc = 0;
   tdist__nccl_t *nc = NULL;
-  ncclUniqueId id;
+  ncclUniqueId *ids = NULL;
   ncclConfig_t cfg;
   ncclComm_t comm = NULL;
   tdist__nccl_dev_t dev = {0, 0};
+  int nroots = root_count(p->size);
+  const char *how = nroots > 1 ? "ncclCommInitRankScalable" : "ncclCommInitRankConfig";
   TDIST_CHECKGOTO(tdist__nccl_state_new(device, p, &nc), rc, fail);
-  TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, fail);
-  TDIST_CHECKGOTO(exchange_id(p, nc->name, &id), rc, fail);
   tdist__nccl_config(&cfg, nc->name);
-  NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, p->size, id, p->rank, &cfg), comm, rc, fail);
-  TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, "ncclCommInitRankConfig", p->timeout_ms), rc,
+  TDIST_CHECKGOTO(tdist__nccl_knobs(nc, own_knobs(p), parent_knobs(p), &cfg), rc, fail);
+  ids = tdist__calloc((size_t)nroots, sizeof(*ids));
+  if (!ids) {
+    rc = tdist__error(TDIST_ERR_NO_MEMORY, "group '%s': out of memory", nc->name);
+    goto fail;
+  }
+  TDIST_CHECKGOTO(tdist__nccl_dev_enter(nc->device, &dev), rc, fail);
+  TDIST_CHECKGOTO(exchange_ids(p, nc->name, nroots, ids), rc, fail);
+  if (nroots > 1)
+    NCCLCHECKGOTO(ncclCommInitRankScalable(&comm, p->size, p->rank, nroots, ids, &cfg), comm, rc,
                   fail);
+  else
+    NCCLCHECKGOTO(ncclCommInitRankConfig(&comm, p->size, ids[0], p->rank, &cfg), comm, rc, fail);
+  TDIST_CHECKGOTO(comm_ready(comm, p->group, nc->name, how, p->timeout_ms), rc, fail);
+  tdist__free(ids);
+  ids = NULL;
   /* Every rank is there now (NCCL's init waited for them all). */
   TDIST_CHECKGOTO(exchange_cc(p, nc->device, &nc->min_cc), rc, fail);
   TDIST_CHECKGOTO(tdist__nccl_state_setup(nc), rc, fail);
   TDIST_CHECKGOTO(tdist__nccl_connect_now(nc, comm), rc, fail);
   tdist__nccl_dev_leave(&dev);
   tdist__nccl_state_publish(nc, comm, out);
-  TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d", nc->name,
-             p->rank, p->size, nc->device);
+  TDIST_INFO(NCCL, "group '%s': NCCL communicator ready, rank %d/%d on device %d (%s, %d root%s)",
+             nc->name, p->rank, p->size, nc->device, how, nroots, nroots > 1 ? "s" : "");
   return 0;
 fail:
+  tdist__free(ids);
   if (comm) ncclCommAbort(comm);
   tdist__nccl_dev_leave(&dev);
   tdist__nccl_state_free(nc);
@@ -318,6 +477,9 @@ int tdist__nccl_split(const tdist_backend_params_t *p, tdist_backend_out_t *out)
   }
   if (member) TDIST_CHECKGOTO(tdist__nccl_state_new(child_device(p, pn), p, &nc), rc, fail);
   tdist__nccl_config(&cfg, member ? nc->name : pn->name);
+  /* The child's configuration: its own options over the parent's (what
+   * ncclCommSplit with a NULL config would inherit, init.cc copyCommConfig). */
+  if (member) TDIST_CHECKGOTO(tdist__nccl_knobs(nc, own_knobs(p), &pn->knobs, &cfg), rc, fail);
   TDIST_CHECKGOTO(drain_parent(pn, "split", p->timeout_ms), rc, fail);
   slot = tdist__calloc(1, sizeof(*slot));
   if (!slot) {

@@ -142,13 +142,17 @@ static int load_locked(void) {
 #define REQ_NCCL_(name) LOOKUP_(nc, nc_name, name)
 #define REQ_CUDA_(name) LOOKUP_(cu, cu_name, name)
 #define OPT_NCCL_(name, maj, min) *(void **)(&a.name) = dlsym(nc, #name);
+#define OPT_CUDA_(name) *(void **)(&a.name) = dlsym(cu, #name);
   TDIST__NCCL_REQUIRED(REQ_NCCL_)
   TDIST__CUDART_REQUIRED(REQ_CUDA_)
   TDIST__NCCL_OPTIONAL(OPT_NCCL_)
+  TDIST__CUDART_OPTIONAL(OPT_CUDA_)
+  dlerror(); /* a missing optional call is no error */
   a.cuDevicePrimaryCtxGetState = open_driver_call(cu);
 #undef REQ_NCCL_
 #undef REQ_CUDA_
 #undef OPT_NCCL_
+#undef OPT_CUDA_
 #undef LOOKUP_
   tdist__nccl_fn = a;
   TDIST_INFO(NCCL, "loaded NCCL %s from %s and the CUDA runtime from %s", a.version_str, nc_name,

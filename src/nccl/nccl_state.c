@@ -85,7 +85,17 @@ void tdist__nccl_config(ncclConfig_t *cfg, const char *name) {
 /* Create the stream, start event and barrier scratch on nc->device. */
 int tdist__nccl_state_setup(tdist__nccl_t *nc) {
   int rc = 0; /* the caller made nc->device current */
-  CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking), rc, fail);
+  if (nc->knobs.mask & TDIST_NCCL_FIELD_HIGH_PRIORITY && nc->knobs.high_priority) {
+    /* torch's TORCH_NCCL_HIGH_PRIORITY: the device's greatest priority
+     * (the lowest number of cudaDeviceGetStreamPriorityRange). The
+     * functions were checked present by tdist__nccl_knobs. */
+    int least = 0, greatest = 0;
+    CUDACHECKGOTO(cudaDeviceGetStreamPriorityRange(&least, &greatest), rc, fail);
+    CUDACHECKGOTO(cudaStreamCreateWithPriority(&nc->stream, cudaStreamNonBlocking, greatest), rc,
+                  fail);
+  } else {
+    CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking), rc, fail);
+  }
   CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->notify, cudaStreamNonBlocking), rc, fail);
   CUDACHECKGOTO(cudaEventCreateWithFlags(&nc->start_ev, cudaEventDisableTiming), rc, fail);
   /* Stream-ordered, so freeing it at destroy never synchronises the device. */
@@ -130,6 +140,7 @@ void tdist__nccl_state_free(tdist__nccl_t *nc) {
   if (nc->stream) cudaStreamDestroy(nc->stream);
   if (nc->notify) cudaStreamDestroy(nc->notify);
   tdist__nccl_dev_leave(&dev);
+  tdist__nccl_mem_release_all(nc); /* comm gone: our records only */
   tdist__free(nc->all);
   tdist__free(nc->free);
   pthread_cond_destroy(&nc->idle);
@@ -239,6 +250,7 @@ int tdist__nccl_destroy(void *state) {
   pthread_mutex_unlock(&nc->mu);
   tdist__nccl_dev_t dev = {0, 0};
   if (comm) tdist__nccl_dev_enter(nc->device, &dev);
+  if (comm && !dead) tdist__nccl_mem_release_all(nc); /* what the user left registered */
   if (comm && !dead) {
     ncclResult_t r = ncclCommFinalize(comm);
     if (r != ncclSuccess && r != ncclInProgress)
@@ -280,6 +292,10 @@ static const tdist_backend_ops_t nccl_ops = {
     .destroy = tdist__nccl_destroy,
     .wait_stream = tdist__nccl_wait_stream,
     .test = tdist__nccl_test,
+    .mem_register = tdist__nccl_mem_register,
+    .mem_deregister = tdist__nccl_mem_deregister,
+    .mem_alloc = tdist__nccl_mem_alloc,
+    .mem_free = tdist__nccl_mem_free,
 };
 
 #define BIT(x) (1u << (x))

@@ -213,6 +213,8 @@ plan (budget ${budget} s, build $build, logs -> $out):
   one         tdist_gpu_nccl one PORT                                   (~10 s, at most 120)
   tdistrun_nN tdistrun -n N --backend nccl tdist_gpu_rank, N = 1 2 4      (~10-30 s each, at most 90)
               ranks > GPUs: each rank its own NCCL_HOSTID (socket transport)
+  cfg         TDIST_NCCL_RANKS_PER_ROOT=1 tdistrun -n 2 tdist_gpu_cfg: scalable init, NCCL's
+              config + high-priority stream, registration, a window  (~10 s, at most 90)
   soak        soak --backend nccl --seconds $soak_s [--nccl-hostid-per-rank]  (${soak_s} s + the last trial)
   bench       tdist_bench_nccl PORT 256 20000 (tdist beside raw NCCL)   (~20 s, at most 90)
   bench_submit tdist_bench_submit_gpu -T 3 (beside the same work by hand) (~10 s, at most 60)
@@ -229,7 +231,8 @@ if [ $dry -eq 1 ]; then
       if [ -x "$build/$p" ]; then echo "found:        $build/$p"
       else echo "run.sh --dry: $build/$p missing"; dry_fail=1; fi
     done
-    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank bench/nccl/tdist_bench_nccl \
+    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_cfg \
+      bench/nccl/tdist_bench_nccl \
       bench/nccl/tdist_bench_submit_gpu; do
       [ -x "$build/$p" ] && echo "found:        $build/$p" ||
         echo "not built:    $build/$p (needs -DTDIST_BUILD_GPU_TESTS=ON and nvcc)"
@@ -267,7 +270,7 @@ export TDIST_TIMEOUT_MS=${TDIST_TIMEOUT_MS:-60000}
 
 # ---- build --------------------------------------------------------------------------------
 targets="tdist tdistrun tdist-store tdist_gpu_nccl tdist_gpu_rank soak_short soak_rank"
-targets="$targets tdist_bench_submit_gpu"
+targets="$targets tdist_bench_submit_gpu tdist_gpu_cfg"
 # A given build that has the programs is taken as it is (a bundle from another machine has
 # no CMake cache); the default build-gpu is always brought up to date (incremental).
 if [ -z "$given_build" ] || [ ! -x "$build/tests/gpu/tdist_gpu_nccl" ]; then
@@ -318,6 +321,15 @@ for n in 1 2 4; do
       --backend nccl "$rankprog"
   fi
 done
+
+# ---- issue 42 items 3-5: scalable init (a root per rank), NCCL's config, registration --------
+cfgprog=$build/tests/gpu/tdist_gpu_cfg
+hostid=""
+# shellcheck disable=SC2016 # $RANK is the rank's, set by tdistrun
+[ "$ngpu" -lt 2 ] && hostid='NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; '
+# shellcheck disable=SC2046 # with_libs gives words
+step cfg 90 cfg.log env $(with_libs "$cfgprog") TDIST_NCCL_RANKS_PER_ROOT=1 "$tdistrun" -n 2 \
+  --backend nccl /bin/sh -c "$hostid"'exec "$0"' "$cfgprog"
 
 # ---- the fault soak on real NCCL ----------------------------------------------------------
 soak=$build/tests/failures/soak

@@ -10,6 +10,9 @@
  *            and all_to_all fail with NOT_SUPPORTED naming the call, the
  *            version that added it and the version found;
  *   tooold   (FAKE_NCCL_VERSION=21703) init refused: 2.17.3 < 2.18.0;
+ *   cfgold   (FAKE_NCCL_VERSION=22300) tdist_nccl_opts_t.traffic_class refused
+ *            naming 2.25, high_priority without the runtime's priority calls,
+ *            a window refused naming 2.27; the 2.17 fields accepted;
  *   missing  (TDIST_NCCL_LIBRARY names no file) init fails with the clear
  *            message; a CPU group in the same process still works.
  */
@@ -139,6 +142,49 @@ static void test_old_nccl(void **state) {
   assert_int_equal(fake_violations(), 0);
 }
 
+/* ---- cfgold: issue 42's options on NCCL 2.23 ------------------------------------------ */
+
+static int world_knobs(const tdist_nccl_opts_t *k, tdist_group_t **g) {
+  char url[64];
+  snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tdist_mp_free_port());
+  tdist_init_opts_t o = {0};
+  o.mask = TDIST_INIT_FIELD_BACKEND | TDIST_INIT_FIELD_INIT_METHOD | TDIST_INIT_FIELD_RANK |
+           TDIST_INIT_FIELD_WORLD_SIZE | TDIST_INIT_FIELD_HOST_STORE | TDIST_INIT_FIELD_NCCL;
+  o.backend = "nccl";
+  o.init_method = url;
+  o.world_size = 1;
+  o.host_store = 1;
+  o.nccl = k;
+  return tdist_init_process_group(&o, g);
+}
+
+static void test_cfg_old(void **state) {
+  fake_reset();
+  tdist_group_t *g = NULL;
+  tdist_nccl_opts_t k = {0};
+  k.mask = TDIST_NCCL_FIELD_TRAFFIC_CLASS;
+  k.traffic_class = 1;
+  assert_int_equal(world_knobs(&k, &g), TDIST_ERR_NOT_SUPPORTED);
+  has(tdist_last_error(), "traffic_class needs NCCL 2.25.0");
+  has(tdist_last_error(), "the loaded NCCL is 2.23.0");
+  k.mask = TDIST_NCCL_FIELD_HIGH_PRIORITY;
+  k.high_priority = 1;
+  assert_int_equal(world_knobs(&k, &g), TDIST_ERR_NOT_SUPPORTED);
+  has(tdist_last_error(), "cudaStreamCreateWithPriority");
+  k.mask = TDIST_NCCL_FIELD_MIN_CTAS | TDIST_NCCL_FIELD_MAX_CTAS | TDIST_NCCL_FIELD_NET_NAME;
+  k.min_ctas = 2;
+  k.max_ctas = 4;
+  k.net_name = "IB";
+  assert_int_equal(world_knobs(&k, &g), 0);
+  tdist_mem_t *m = NULL;
+  assert_int_equal(tdist_mem_register(g, buf, 256, TDIST_MEM_REGISTER_WINDOW, &m),
+                   TDIST_ERR_NOT_SUPPORTED);
+  has(tdist_last_error(), "needs ncclCommWindowRegister, which NCCL 2.27.0 added; the loaded "
+                          "NCCL is 2.23.0");
+  assert_null(m);
+  assert_int_equal(tdist_group_destroy(g), 0);
+}
+
 /* ---- tooold, missing ------------------------------------------------------------------- */
 
 static void test_too_old(void **state) {
@@ -180,6 +226,10 @@ int main(int argc, char **argv) {
     const struct CMUnitTest t[] = {cmocka_unit_test(test_old_nccl)};
     return cmocka_run_group_tests(t, NULL, NULL);
   }
+  if (!strcmp(c, "cfgold")) {
+    const struct CMUnitTest t[] = {cmocka_unit_test(test_cfg_old)};
+    return cmocka_run_group_tests(t, NULL, NULL);
+  }
   if (!strcmp(c, "tooold")) {
     const struct CMUnitTest t[] = {cmocka_unit_test(test_too_old)};
     return cmocka_run_group_tests(t, NULL, NULL);
@@ -188,6 +238,6 @@ int main(int argc, char **argv) {
     const struct CMUnitTest t[] = {cmocka_unit_test(test_missing)};
     return cmocka_run_group_tests(t, NULL, NULL);
   }
-  fprintf(stderr, "usage: %s checks|old|tooold|missing\n", argv[0]);
+  fprintf(stderr, "usage: %s checks|old|cfgold|tooold|missing\n", argv[0]);
   return 2;
 }

@@ -329,6 +329,7 @@ static int split(tdist_group_t *parent, int color, const int *members, int n,
     p.color = color;
     p.own_device = own_device;
     if (own_device) p.device = opts->device;
+    p.group_opts = opts;
   } else {
     memset(&p, 0, sizeof(p));
     p.progress = parent->ctx->progress;
@@ -339,6 +340,7 @@ static int split(tdist_group_t *parent, int color, const int *members, int n,
     p.color = TDIST_BACKEND_NOCOLOR;
     p.own_device = own_device;
     p.rank = -1;
+    p.group_opts = opts;
   }
   TDIST_CHECKGOTO(tdist__inject("split.backend"), rc, fail);
   TDIST_CHECKGOTO(parent->bk->ops->split(&p, &bo), rc, fail);

@@ -153,6 +153,7 @@ int tdist_group_shrink(tdist_group_t *g, const tdist_group_opts_t *opts, tdist_g
   tdist__group_params(child, &p);
   p.exclude = excl;
   p.nexclude = nexcl;
+  p.group_opts = opts;
   TDIST_CHECKGOTO(tdist__inject("shrink.backend"), rc, fail);
   TDIST_CHECKGOTO(g->bk->ops->shrink(&p, &bo), rc, fail);
   TDIST_CHECKGOTO(tdist__group_adopt(child, &bo), rc, fail);
