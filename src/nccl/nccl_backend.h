@@ -107,6 +107,18 @@ typedef struct tdist__nccl {
   cudaEvent_t start_ev; /* (mu) recorded on the caller's stream, waited by `stream` */
   void *scratch;        /* one float of device memory for barrier */
 
+  /* CUDA graph capture (nccl_capture.c). The graphs that captured ops of
+   * this group hold it through a CUDA user object each: destroy while one
+   * exists only marks it orphaned, and the last graph's release destroys
+   * it (on the worker thread). */
+  int graphs;                     /* (mu) user objects of this state not yet released */
+  int orphaned;                   /* (mu) destroy ran while graphs > 0 */
+  int held;                       /* (call) held_id's graph holds a user object already */
+  unsigned long long held_id;     /* (call) */
+  cudaStream_t capst[4];          /* (call) streams forked from captures, made on demand */
+  int ncap;                       /* (call) */
+  cudaEvent_t cap_fork, cap_join; /* (call) fork from / join back to the caller's stream */
+
   /* (mu) Launched ops (tdist_backend_op_t.link), in launch order = stream order. */
   tdist__list_t inflight;
 
@@ -188,6 +200,13 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
   X(cudaStreamIsCapturing)               \
   X(cudaThreadExchangeStreamCaptureMode) \
   X(cudaLaunchHostFunc)
+
+/* CUDA calls only graph capture needs (CUDA 11.3+), looked up one by one:
+ * a missing one refuses capture, naming it (nccl_capture.c). X(name) */
+#define TDIST__CUDART_OPTIONAL(X) \
+  X(cudaUserObjectCreate)         \
+  X(cudaUserObjectRelease)        \
+  X(cudaGraphRetainUserObject)
 // clang-format on
 
 /*
@@ -206,6 +225,12 @@ typedef struct tdist__nccl_api {
   TDIST__NCCL_REQUIRED(TDIST__NCCL_FIELD_)
   TDIST__NCCL_OPTIONAL(TDIST__NCCL_FIELD_OPT_)
   TDIST__CUDART_REQUIRED(TDIST__NCCL_FIELD_)
+  TDIST__CUDART_OPTIONAL(TDIST__NCCL_FIELD_)
+  /* The capture query, optional: _v3 (CUDA 12.3+; CUDA 13's plain name has
+   * its signature) when the runtime has it, else the CUDA 12 signature
+   * (cudaStreamGetCaptureInfo_v2, or the plain name). */
+  tdist__cudaStreamGetCaptureInfo_v3_fn cudaStreamGetCaptureInfo_v3;
+  tdist__cudaStreamGetCaptureInfo_fn cudaStreamGetCaptureInfo;
   /* The driver's, optional: NULL without libcuda (then a caller's device is
    * always put back, even one without a context). */
   tdist__cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;
@@ -264,6 +289,9 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define cudaStreamIsCapturing(...) tdist__nccl_fn.cudaStreamIsCapturing(__VA_ARGS__)
 #define cudaThreadExchangeStreamCaptureMode(...) \
   tdist__nccl_fn.cudaThreadExchangeStreamCaptureMode(__VA_ARGS__)
+#define cudaUserObjectCreate(...) tdist__nccl_fn.cudaUserObjectCreate(__VA_ARGS__)
+#define cudaUserObjectRelease(...) tdist__nccl_fn.cudaUserObjectRelease(__VA_ARGS__)
+#define cudaGraphRetainUserObject(...) tdist__nccl_fn.cudaGraphRetainUserObject(__VA_ARGS__)
 
 /* Caller thread: open NCCL and the CUDA runtime (once per process; later
  * calls return the first outcome). 0, or TDIST_ERR_NOT_SUPPORTED with a
@@ -406,7 +434,7 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 /* Vtable entries (tdist/backend.h), by file:
  *   nccl_comm.c     init, split, shrink                (caller thread)
  *   nccl_state.c    destroy                            (caller thread)
- *   nccl_ops.c      submit                             (caller thread)
+ *   nccl_ops.c      submit (nccl_capture.c under capture) (caller thread)
  *   nccl_progress.c post, poll, abort                  (progress thread)
  *                   wait_stream                        (caller thread)
  *                   test                               (any caller thread) */
@@ -422,9 +450,32 @@ int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
 int tdist__nccl_test(void *state, tdist_backend_op_t *op);
 
 /* ---- variable-size collectives (nccl_ops_v.c), caller thread, `call` held ---------- */
-/* The NCCL calls of a v-op (tdist_backend_op_is_v) on nc->stream, in one NCCL group. */
+/* The NCCL calls of a v-op (tdist_backend_op_is_v) on stream s, in one NCCL group. */
 ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
-                                  ncclDataType_t dt, ncclRedOp_t op);
+                                  ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s);
+/* nccl_ops.c, `call` held: the op's NCCL calls on stream s, inside an NCCL
+ * group (one of ours, or the v-op's and batch's own). */
+ncclResult_t tdist__nccl_launch_on(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                   ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s);
+/* nccl_ops.c: the PREMUL_SUM factor in the op's own type (8 bytes at most). */
+void tdist__nccl_premul_scalar(tdist_dtype_t dt, double s, void *out);
+
+/* ---- CUDA graph capture (nccl_capture.c), caller thread ---------------------------- */
+/* The device current: is the op's stream capturing? *capturing = 1 for an
+ * active capture that this backend can capture into; 0 when not capturing.
+ * TDIST_ERR_NOT_SUPPORTED for an op kind that cannot be captured or a CUDA
+ * runtime without the capture calls; TDIST_ERR_CUDA_ERROR for an
+ * invalidated capture. */
+int tdist__nccl_capture_check(const tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                              int *capturing);
+/* `call` held, the device current, no enqueue in progress: capture the op's
+ * NCCL calls into the caller's graph (fork from its stream, join back),
+ * the graph holding nc. TDIST_BACKEND_CAPTURED, or an error; *doomed as
+ * for an enqueue (the caller fails the group). */
+int tdist__nccl_capture_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataType_t dt,
+                               ncclRedOp_t rop, int *doomed);
+/* nccl_state.c: destroy's work, now (nc no longer held by any graph). */
+int tdist__nccl_destroy_now(tdist__nccl_t *nc);
 /* submit's buffer check for a v-op: every non-empty block's buffer is device
  * memory (tdist__nccl_check_ptr, nccl_ops.c). */
 int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist_backend_args_t *a);
