@@ -24,6 +24,10 @@
  *                      a message naming tdist_batch_isend_irecv, the
  *                      capture and the group stay good; a batch exchange
  *                      captured instead replays correctly;
+ *   two_graphs         two captures in progress at once on one group
+ *                      (interleaved ops, a fork stream each), both graphs
+ *                      checked; the group destroyed, the communicator
+ *                      stays until the second graph goes;
  *   abort_then_replay  after an abort the graph's launch fails
  *                      (cudaErrorLaunchFailure on the simulation: the
  *                      communicator was aborted), the group's state is
@@ -330,6 +334,65 @@ static int abort_child(int rank, int n, void *arg) {
   return 0;
 }
 
+/* ---- two captures in progress at once; the communicator goes with the last graph ------- */
+static int two_graphs_child(int rank, int n, void *arg) {
+  (void)arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(ns_world(rank, n, port, 20000, &g));
+  float *a = ns_dev(NULL, 4 * C), *b = ns_dev(NULL, 4 * C);
+  MP_CHECK(a && b);
+  cudaStream_t s1, s2;
+  NS_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  NS_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  tdist_op_opts_t o1 = {.mask = TDIST_OP_FIELD_STREAM, .stream = s1};
+  tdist_op_opts_t o2 = {.mask = TDIST_OP_FIELD_STREAM, .stream = s2};
+  /* Interleaved: each op forks onto the fork stream of its own capture. */
+  NS_CUDA(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+  NS_CUDA(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
+  NS_EXPECT(tdist_all_reduce(g, a, a, C, TDIST_FLOAT32, TDIST_SUM, &o1, NULL), 0);
+  NS_EXPECT(tdist_all_reduce(g, b, b, C, TDIST_FLOAT32, TDIST_MAX, &o2, NULL), 0);
+  NS_EXPECT(tdist_barrier(g, &o1, NULL), 0);
+  cudaGraph_t g1 = NULL, g2 = NULL;
+  NS_CUDA(cudaStreamEndCapture(s2, &g2));
+  NS_CUDA(cudaStreamEndCapture(s1, &g1));
+  cudaGraphExec_t x1 = NULL, x2 = NULL;
+  NS_CUDA(cudaGraphInstantiate(&x1, g1, 0));
+  NS_CUDA(cudaGraphInstantiate(&x2, g2, 0));
+  for (int k = 0; k < 2; k++) {
+    float h[C], got[C], want[C];
+    for (int i = 0; i < C; i++)
+      h[i] = (float)(rank + i + k);
+    MP_CHECK_RC(ns_put(a, h, sizeof(h)));
+    MP_CHECK_RC(ns_put(b, h, sizeof(h)));
+    /* Every rank launches them in the same order: g2, then g1. */
+    NS_CUDA(cudaGraphLaunch(x2, s2));
+    NS_CUDA(cudaStreamSynchronize(s2));
+    NS_CUDA(cudaGraphLaunch(x1, s1));
+    NS_CUDA(cudaStreamSynchronize(s1));
+    for (int i = 0; i < C; i++)
+      want[i] = (float)(n * (i + k) + n * (n - 1) / 2);
+    MP_CHECK_RC(ns_get(got, a, sizeof(got)));
+    if (check_floats("all_reduce SUM, graph 1", got, want, C, k)) return 1;
+    for (int i = 0; i < C; i++)
+      want[i] = (float)(n - 1 + i + k);
+    MP_CHECK_RC(ns_get(got, b, sizeof(got)));
+    if (check_floats("all_reduce MAX, graph 2", got, want, C, k)) return 1;
+  }
+  int live = tdist_gpusim_live_comms();
+  NS_EXPECT(tdist_group_destroy(g), 0);
+  NS_CUDA(cudaGraphExecDestroy(x1));
+  NS_CUDA(cudaGraphDestroy(g1));
+  /* g2 still holds the communicator. */
+  NS_CUDA(cudaGraphLaunch(x2, s2));
+  NS_CUDA(cudaStreamSynchronize(s2));
+  MP_CHECK(tdist_gpusim_live_comms() == live);
+  NS_CUDA(cudaGraphExecDestroy(x2));
+  NS_CUDA(cudaGraphDestroy(g2));
+  NS_WAIT_FOR(tdist_gpusim_live_comms() == live - 1, 20000);
+  MP_CHECK(tdist_gpusim_live_comms() == live - 1);
+  return 0;
+}
+
 static void run_n(int n, tdist_mp_fn fn, int timeout_s) {
   port = tdist_mp_free_port();
   assert_int_equal(tdist_mp_run(n, fn, NULL, timeout_s), 0);
@@ -350,6 +413,10 @@ static void refused_and_batch(void **st) {
   (void)st;
   run_n(2, refused_child, 60);
 }
+static void two_graphs(void **st) {
+  (void)st;
+  run_n(2, two_graphs_child, 60);
+}
 static void abort_then_replay(void **st) {
   (void)st;
   run_n(1, abort_child, 60);
@@ -359,7 +426,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(replay_n3),          cmocka_unit_test(no_watchdog),
       cmocka_unit_test(destroy_with_graph), cmocka_unit_test(refused_and_batch),
-      cmocka_unit_test(abort_then_replay),
+      cmocka_unit_test(two_graphs),         cmocka_unit_test(abort_then_replay),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
