@@ -22,6 +22,10 @@
  *                    make none), then ncclCommAbort, holding no lock, so a
  *                    kernel stuck behind a user's spinning kernel delays
  *                    nothing but this thread.
+ *   CUDA's thread    a graph's user object destructor (nccl_capture.c):
+ *                    takes `mu` only, makes no CUDA call, and hands the
+ *                    deferred destroy of an orphaned state to the worker
+ *                    thread (tdist_backend_worker_run).
  *
  * Two locks, taken in this order: call, then mu.
  *   - `call` serialises the NCCL calls on `comm` (NCCL is not thread-safe per
