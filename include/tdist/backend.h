@@ -70,7 +70,7 @@ extern "C" {
 
 /* Bumped on any change of the structs, the vtable or the services below
  * that a plug-in built before it would misread. */
-#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_* entries */
+#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_* entries, TDIST_BACKEND_CAPTURED */
 /* The function a plug-in exports (see above). */
 #define TDIST_BACKEND_PLUGIN_SYMBOL "tdist_backend_plugin"
 
@@ -253,7 +253,10 @@ typedef struct tdist_backend_ops {
    * op (quiet) it never posts it at all when the caller's test claims its
    * success within that spin: the core then finishes the op on the
    * caller's thread. So once test returned 1 for an op the core has not
-   * posted, the backend must keep nothing that only a post would clear. */
+   * posted, the backend must keep nothing that only a post would clear.
+   * TDIST_BACKEND_CAPTURED (below): the op was captured into a CUDA graph
+   * the caller's stream is capturing; it runs at each launch of the graph,
+   * and the backend keeps nothing of it that the core must finish. */
   int (*submit)(void *state, tdist_backend_op_t *op);
 
   /* Progress thread. Start the op. A negative return fails the op with that
@@ -324,6 +327,12 @@ typedef struct tdist_backend_ops {
   int (*mem_alloc)(void *state, size_t bytes, void **ptr);
   int (*mem_free)(void *state, void *ptr);
 } tdist_backend_ops_t;
+
+/* submit's answer for an op captured into a CUDA graph (since ABI 2): the
+ * core never posts, polls or times it out; its work is finished at once as
+ * COMPLETED and marked captured (tdist_work_is_captured). The backend must
+ * not touch op after returning it. */
+#define TDIST_BACKEND_CAPTURED 3
 
 /* Memory kinds a backend's buffers may be in. */
 enum { TDIST_BACKEND_MEM_HOST = 1u << 0, TDIST_BACKEND_MEM_DEVICE = 1u << 1 };

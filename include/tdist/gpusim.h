@@ -47,6 +47,11 @@ extern "C" {
  * a stray context on device 0 (about 0.5 GiB of GPU memory on an H100). */
 int tdist_gpusim_context_count(int device);
 
+/* Communicators of this process that are initialised (or initialising) and
+ * not yet destroyed or aborted (ncclCommDestroy, ncclCommAbort). A test
+ * checks with it when a communicator's end came. */
+int tdist_gpusim_live_comms(void);
+
 /* Calls that entered a communicator while another thread was inside a call
  * on the same communicator (NCCL forbids it). Counted: the collectives,
  * send/recv, split, shrink, revoke, finalize, destroy, the PreMulSum calls

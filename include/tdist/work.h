@@ -27,6 +27,14 @@
  * tdist_work_is_completed/wait/wait_all/wait_any or a completion callback
  * (tdist/group.h, tdist_group_on_abort, gives the whole order).
  *
+ * A work submitted on a CUDA stream that is being captured into a graph
+ * (NCCL backend) is a captured work: its op runs at each launch of the
+ * graph, not now, and the handle does not follow those launches. It is
+ * COMPLETED with status 0 as soon as the call returns (is_completed 1, wait
+ * returns 0 at once, a callback runs at registration), is never timed out,
+ * and tdist_work_is_captured says so; tdist_work_error_message then says it
+ * was captured. Order later work after a launch on the graph's stream.
+ *
  * Thread safety: every function here may be called from any thread, at the
  * same time as the runtime completes the work. A handle must not be used after
  * the caller's tdist_work_release().
@@ -106,8 +114,10 @@ tdist_work_state_t tdist_work_state(const tdist_work_t *work);
 /*
  * tdist_work_error_message - why the work failed, naming the op, group,
  * sequence number and cause, e.g. "all_reduce seq 12 of group 'world'
- * (rank 1/4): timed out after 1000 ms". "" while running or after success.
- * The string lives as long as the handle.
+ * (rank 1/4): timed out after 1000 ms". "" while running or after success,
+ * except for a captured work (tdist_work_is_captured), whose message says
+ * that it was captured into a CUDA graph. The string lives as long as the
+ * handle.
  */
 const char *tdist_work_error_message(const tdist_work_t *work);
 
@@ -115,6 +125,13 @@ const char *tdist_work_error_message(const tdist_work_t *work);
  * in its group (the same on every rank for the same collective). */
 tdist_optype_t tdist_work_optype(const tdist_work_t *work);
 uint64_t tdist_work_seq(const tdist_work_t *work);
+
+/*
+ * tdist_work_is_captured - whether the work's op was captured into a CUDA
+ * graph (its stream was capturing when it was submitted: see above).
+ * @return 1 for a captured work, 0 otherwise (and for NULL). Any thread.
+ */
+int tdist_work_is_captured(const tdist_work_t *work);
 
 /*
  * tdist_work_status_info - what a completed receive got (MPI_Status): the

@@ -145,6 +145,7 @@ _FUNCS = {
     "tdist_work_error_message": (S, [P]),
     "tdist_work_optype": (I, [P]),
     "tdist_work_seq": (c_uint64, [P]),
+    "tdist_work_is_captured": (I, [P]),
     "tdist_work_status_info": (I, [P, POINTER(c_int), POINTER(c_int), POINTER(c_size_t)]),
     "tdist_work_release": (I, [P]),
     "tdist_wait_all": (I, [PP, Z, I64]),

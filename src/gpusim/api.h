@@ -61,6 +61,15 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *status,
+                                     unsigned long long *id, cudaGraph_t *graph,
+                                     const cudaGraphNode_t **deps, size_t *ndeps);
+cudaError_t cudaUserObjectCreate(cudaUserObject_t *obj, void *ptr, cudaHostFn_t destroy,
+                                 unsigned int refs, unsigned int flags);
+cudaError_t cudaUserObjectRetain(cudaUserObject_t obj, unsigned int count);
+cudaError_t cudaUserObjectRelease(cudaUserObject_t obj, unsigned int count);
+cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t obj, unsigned int count,
+                                      unsigned int flags);
 cudaError_t cudaEventCreate(cudaEvent_t *ev);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t ev);

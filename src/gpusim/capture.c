@@ -15,7 +15,18 @@
  * CUDA Runtime API, cudaThreadExchangeStreamCaptureMode. All state is
  * under gs_lock; gs_capture_count lets calls skip the lock when no capture
  * exists.
+ *
+ * User objects (CUDA Programming Guide, Graph Memory Nodes / "User Objects";
+ * Runtime API cudaUserObjectCreate, cudaUserObjectRelease,
+ * cudaGraphRetainUserObject): a reference count with a destructor. A graph
+ * owns the references it was given until it is freed (the last of the
+ * graph handle and its executable graphs); references a graph launch would
+ * release are held until the launch has finished executing. The destructor
+ * runs when the count reaches zero, on a thread of the simulation (never
+ * the releasing caller's), and may not call CUDA: every call there is
+ * cudaErrorNotPermitted, as in a host function.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +34,15 @@
 #include "gpusim/stream.h"
 
 atomic_int gs_capture_count;
-static gs_capture_t *g_captures; /* not yet ended */
+static gs_capture_t *g_captures;         /* not yet ended */
+static unsigned long long g_capture_ids; /* (gs_lock) the last capture id given */
+
+struct CUuserObject_st {
+  void *ptr;
+  cudaHostFn_t fn;
+  long refs; /* (gs_lock) */
+};
+static gs_hset_t g_uobjs; /* (gs_lock) live user objects */
 static _Thread_local int tl_mode = cudaStreamCaptureModeGlobal;
 
 void gs_capture_invalidate_locked(gs_capture_t *c) {
@@ -186,6 +205,7 @@ GS_API cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCapture
   if (e == cudaSuccess) {
     g->refs = 1;
     c->refs = 1; /* the capture list's, dropped at the end */
+    c->id = ++g_capture_ids;
     c->status = GS_CAP_ACTIVE;
     c->mode = mode;
     c->owner = pthread_self();
@@ -285,9 +305,195 @@ GS_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMod
   return cudaSuccess;
 }
 
+/* ---- user objects ----------------------------------------------------------------- */
+
+static void *destructor_main(void *arg) {
+  struct CUuserObject_st *o = arg;
+  gs_run_no_cuda(o->fn, o->ptr);
+  free(o);
+  return NULL;
+}
+
+/* gs_lock held: drop n references; at zero the destructor runs on a thread
+ * of its own (CUDA runs it on an internal thread, asynchronously: with
+ * cudaUserObjectNoDestructorSync nothing may wait for it). */
+static void uobj_unref_locked(struct CUuserObject_st *o, unsigned n) {
+  o->refs -= (long)n;
+  if (o->refs > 0) return;
+  if (o->refs < 0) gs_warn("user object %p: more references released than owned", (void *)o);
+  gs_hset_del(&g_uobjs, o);
+  pthread_attr_t at;
+  pthread_t t;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &at, destructor_main, o);
+  pthread_attr_destroy(&at);
+  if (rc != 0) {
+    gs_warn("no thread for a user object's destructor: run on the releasing thread");
+    destructor_main(o);
+  }
+}
+
+static void urefs_release_locked(gs_uref_t *u, int n) {
+  for (int i = 0; i < n; i++)
+    uobj_unref_locked(u[i].obj, u[i].count);
+}
+
+/* A launch's hold on its graph's user objects, released by a host item
+ * queued after the launch's nodes (it runs once they have run). */
+typedef struct {
+  int n;
+  gs_uref_t u[];
+} launch_hold_t;
+
+static void launch_hold_release(void *arg) {
+  launch_hold_t *h = arg;
+  pthread_mutex_lock(&gs_lock);
+  urefs_release_locked(h->u, h->n);
+  pthread_mutex_unlock(&gs_lock);
+  free(h);
+}
+
+/* CUDA Runtime API, cudaUserObjectCreate: flags must be
+ * cudaUserObjectNoDestructorSync (the only one defined, and required); the
+ * initial references (nonzero) belong to the caller; a destructor is
+ * required. */
+GS_API cudaError_t cudaUserObjectCreate(cudaUserObject_t *obj, void *ptr, cudaHostFn_t destroy,
+                                        unsigned int refs, unsigned int flags) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return gs_err(e);
+  if (!obj || !destroy || refs == 0 || refs > INT_MAX || flags != cudaUserObjectNoDestructorSync)
+    return gs_err(cudaErrorInvalidValue);
+  struct CUuserObject_st *o = calloc(1, sizeof(*o));
+  if (!o) return gs_err(cudaErrorMemoryAllocation);
+  o->ptr = ptr;
+  o->fn = destroy;
+  o->refs = refs;
+  pthread_mutex_lock(&gs_lock);
+  if (gs_hset_add(&g_uobjs, o) != 0) e = cudaErrorMemoryAllocation;
+  pthread_mutex_unlock(&gs_lock);
+  if (e != cudaSuccess) {
+    free(o);
+    return gs_err(e);
+  }
+  *obj = o;
+  return cudaSuccess;
+}
+
+/* CUDA Runtime API, cudaUserObjectRetain: count nonzero, at most INT_MAX. */
+GS_API cudaError_t cudaUserObjectRetain(cudaUserObject_t obj, unsigned int count) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return gs_err(e);
+  if (count == 0 || count > INT_MAX) return gs_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&gs_lock);
+  if (!gs_hset_has(&g_uobjs, obj))
+    e = cudaErrorInvalidResourceHandle;
+  else
+    obj->refs += count;
+  pthread_mutex_unlock(&gs_lock);
+  return gs_err(e);
+}
+
+/* CUDA Runtime API, cudaUserObjectRelease: releases references the caller
+ * owns; the destructor runs when the count reaches zero (releasing more
+ * than owned is undefined: the simulation warns). */
+GS_API cudaError_t cudaUserObjectRelease(cudaUserObject_t obj, unsigned int count) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return gs_err(e);
+  if (count == 0 || count > INT_MAX) return gs_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&gs_lock);
+  if (!gs_hset_has(&g_uobjs, obj))
+    e = cudaErrorInvalidResourceHandle;
+  else
+    uobj_unref_locked(obj, count);
+  pthread_mutex_unlock(&gs_lock);
+  return gs_err(e);
+}
+
+/* gs_lock held: a graph a handle may name: one returned by
+ * cudaStreamEndCapture, or the graph of a capture in progress
+ * (cudaStreamGetCaptureInfo's graph_out: "All operations other than destroy
+ * and node removal are permitted on the graph while the capture sequence is
+ * in progress"). */
+static int graph_live_locked(struct CUgraph_st *g) {
+  if (gs_hset_has(&gs_graphs, g)) return 1;
+  for (gs_capture_t *c = g_captures; c; c = c->next)
+    if (c->graph == g && c->status == GS_CAP_ACTIVE) return 1;
+  return 0;
+}
+
+/* CUDA Runtime API, cudaGraphRetainUserObject: count nonzero and at most
+ * INT_MAX; flags 0 (new references) or cudaGraphUserObjectMove (the
+ * caller's references move to the graph). */
+GS_API cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t obj,
+                                             unsigned int count, unsigned int flags) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return gs_err(e);
+  if (count == 0 || count > INT_MAX || (flags & ~(unsigned)cudaGraphUserObjectMove))
+    return gs_err(cudaErrorInvalidValue);
+  pthread_mutex_lock(&gs_lock);
+  if (!graph_live_locked(graph) || !gs_hset_has(&g_uobjs, obj)) {
+    e = cudaErrorInvalidResourceHandle;
+  } else if (graph->nurefs == graph->capurefs) {
+    int cap = graph->capurefs ? graph->capurefs * 2 : 4;
+    gs_uref_t *u = realloc(graph->urefs, sizeof(*u) * (size_t)cap);
+    if (!u) {
+      e = cudaErrorMemoryAllocation;
+    } else {
+      graph->urefs = u;
+      graph->capurefs = cap;
+    }
+  }
+  if (e == cudaSuccess) {
+    graph->urefs[graph->nurefs++] = (gs_uref_t){obj, count};
+    if (!(flags & cudaGraphUserObjectMove)) obj->refs += count;
+  }
+  pthread_mutex_unlock(&gs_lock);
+  return gs_err(e);
+}
+
+/* CUDA Runtime API, cudaStreamGetCaptureInfo (CUDA 12's signature): the
+ * status; while capturing, the capture's id (unique in the process) and its
+ * graph (NULL once the capture is invalidated: "the graph handle may be
+ * invalidated before end of capture"). The dependency set is not simulated
+ * (the simulation linearises captures): asking for it is refused with a
+ * warning rather than answered wrongly. */
+GS_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *status,
+                                            unsigned long long *id, cudaGraph_t *graph,
+                                            const cudaGraphNode_t **deps, size_t *ndeps) {
+  cudaError_t e = gs_context_current();
+  if (e != cudaSuccess) return gs_err(e);
+  if (!status) return gs_err(cudaErrorInvalidValue);
+  if (deps || ndeps) {
+    gs_warn("cudaStreamGetCaptureInfo: the dependency set is not simulated");
+    return gs_err(cudaErrorInvalidValue);
+  }
+  pthread_mutex_lock(&gs_lock);
+  struct CUstream_st *st = gs_stream_get_locked(s);
+  if (!st) {
+    e = cudaErrorInvalidResourceHandle;
+  } else if (st->kind == GS_SK_LEGACY) {
+    *status = cudaStreamCaptureStatusNone;
+    for (struct CUstream_st *b = gs_streams; b; b = b->next)
+      if (b->dev == st->dev && b->cap && !(b->flags & cudaStreamNonBlocking))
+        e = cudaErrorStreamCaptureImplicit;
+  } else if (!st->cap) {
+    *status = cudaStreamCaptureStatusNone;
+  } else {
+    int active = st->cap->status == GS_CAP_ACTIVE;
+    *status = active ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusInvalidated;
+    if (id) *id = st->cap->id;
+    if (graph) *graph = active ? st->cap->graph : NULL;
+  }
+  pthread_mutex_unlock(&gs_lock);
+  return gs_err(e);
+}
+
 void gs_graph_unref_locked(struct CUgraph_st *g) {
   if (--g->refs > 0) return;
   gs_defer_locked(g->head);
+  urefs_release_locked(g->urefs, g->nurefs);
+  free(g->urefs);
   free(g);
 }
 
@@ -356,6 +562,28 @@ GS_API cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     e = gs_submit_locked(st, it, &captured);
   }
   gs_defer_locked(head); /* what was not queued */
+  if (e == cudaSuccess && g->nurefs > 0 && !st->cap) {
+    /* Programming Guide, User Objects: references a graph would release
+     * are held until its launches have finished executing. */
+    launch_hold_t *h = malloc(sizeof(*h) + sizeof(gs_uref_t) * (size_t)g->nurefs);
+    gs_item_t *it = h ? gs_item_new(GS_IT_HOST) : NULL;
+    if (it) {
+      h->n = g->nurefs;
+      memcpy(h->u, g->urefs, sizeof(gs_uref_t) * (size_t)g->nurefs);
+      for (int i = 0; i < h->n; i++)
+        h->u[i].obj->refs += h->u[i].count;
+      it->fn = launch_hold_release;
+      it->arg = h;
+      int captured;
+      if (gs_submit_locked(st, it, &captured) != cudaSuccess) {
+        urefs_release_locked(h->u, h->n); /* sticky device: nothing runs */
+        free(h);
+      }
+    } else {
+      free(h);
+      e = cudaErrorMemoryAllocation;
+    }
+  }
   gs_graph_unref_locked(g);
   gs_unlock();
   return gs_err(e);

@@ -728,6 +728,12 @@ GS_API ncclResult_t ncclCommUserRank(const ncclComm_t c, int *rank) {
   return ncclSuccess;
 }
 
+GS_API int tdist_gpusim_live_comms(void) {
+  pthread_mutex_lock(&reg_mu);
+  int n = nreg;
+  pthread_mutex_unlock(&reg_mu);
+  return n;
+}
 GS_API long tdist_gpusim_comm_violations(void) { return atomic_load(&gs_comm_violations); }
 GS_API long tdist_gpusim_mismatches(void) { return atomic_load(&gs_mismatches); }
 GS_API long tdist_gpusim_use_after_free(void) { return atomic_load(&gs_use_after_free); }

@@ -78,8 +78,8 @@ void gs_set_sticky(int dev, cudaError_t e);
 cudaError_t gs_sticky(int dev);
 
 /* cudaErrorNotPermitted (driver_types.h, 800): what a CUDA call made from
- * a host function returns (the backend's nccl_api.h does not list it). */
-#define GS_ERR_NOT_PERMITTED ((cudaError_t)800)
+ * a host function or a user object's destructor returns. */
+#define GS_ERR_NOT_PERMITTED cudaErrorNotPermitted
 /* 1 on the process's host-function thread while a host function runs
  * (stream.c). */
 int gs_in_host_fn(void);

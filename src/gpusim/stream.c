@@ -154,6 +154,12 @@ static _Thread_local int tl_in_host_fn;
 
 int gs_in_host_fn(void) { return tl_in_host_fn; }
 
+void gs_run_no_cuda(cudaHostFn_t fn, void *arg) {
+  tl_in_host_fn = 1;
+  fn(arg);
+  tl_in_host_fn = 0;
+}
+
 /* The host-function thread. */
 static void *hf_main(void *unused) {
   (void)unused;

@@ -95,7 +95,8 @@ struct CUevent_st {
 enum { GS_CAP_ACTIVE, GS_CAP_INVALIDATED, GS_CAP_ENDED };
 
 struct gs_capture {
-  int refs; /* active list, marks */
+  int refs;              /* active list, marks */
+  unsigned long long id; /* unique over the process (cudaStreamGetCaptureInfo) */
   int status;
   int mode;
   pthread_t owner;
@@ -105,9 +106,17 @@ struct gs_capture {
   gs_capture_t *next; /* gs_captures list while not ended */
 };
 
+/* A graph's references to a user object (cudaGraphRetainUserObject). */
+typedef struct gs_uref {
+  struct CUuserObject_st *obj;
+  unsigned count;
+} gs_uref_t;
+
 struct CUgraph_st {
   int refs; /* user handle, execs */
   gs_item_t *head, *tail;
+  gs_uref_t *urefs; /* released when the graph goes (capture.c) */
+  int nurefs, capurefs;
 };
 struct CUgraphExec_st {
   struct CUgraph_st *g;
@@ -171,6 +180,9 @@ cudaError_t gs_wait_mark_locked(struct CUstream_st *st, const gs_mark_t *m, unsi
                                 struct CUevent_st *ev);
 /* gs_lock held: drop a ref; the last one defers the nodes' disposal. */
 void gs_graph_unref_locked(struct CUgraph_st *g);
+/* Run fn(arg) with every CUDA call refused (cudaErrorNotPermitted), as on
+ * CUDA's own threads: host functions, user object destructors (stream.c). */
+void gs_run_no_cuda(cudaHostFn_t fn, void *arg);
 
 /* ---- memory.c ---- */
 /* On a worker: run a COPY, SET or FREE item. Returns cudaSuccess or

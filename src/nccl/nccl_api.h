@@ -41,6 +41,7 @@ typedef enum cudaError_enum_tdist {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotPermitted = 800,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureMerge = 902,
@@ -82,6 +83,12 @@ enum cudaDeviceAttr {
 typedef struct CUgraph_st *cudaGraph_t;         /* opaque */
 typedef struct CUgraphExec_st *cudaGraphExec_t; /* opaque */
 typedef void (*cudaHostFn_t)(void *userData);
+/* Graph user objects (CUDA 11.3+): a reference-counted destructor that a
+ * graph can own (cudaUserObjectCreate, cudaGraphRetainUserObject). */
+typedef struct CUuserObject_st *cudaUserObject_t; /* opaque */
+typedef struct CUgraphNode_st *cudaGraphNode_t;   /* opaque */
+enum cudaUserObjectFlags { cudaUserObjectNoDestructorSync = 0x1 };
+enum cudaUserObjectRetainFlags { cudaGraphUserObjectMove = 0x1 };
 
 enum {
   cudaStreamDefault = 0x00, /* cudaStreamCreateWithFlags */
@@ -139,6 +146,23 @@ typedef cudaError_t (*tdist__cudaThreadExchangeStreamCaptureMode_fn)(
 typedef cudaError_t (*tdist__cudaDeviceGetStreamPriorityRange_fn)(int *least, int *greatest);
 typedef cudaError_t (*tdist__cudaStreamCreateWithPriority_fn)(cudaStream_t *s, unsigned int flags,
                                                               int priority);
+/* Capture support (optional in the backend: nccl_capture.c). The CUDA 12
+ * signature of cudaStreamGetCaptureInfo (also exported as
+ * cudaStreamGetCaptureInfo_v2 from 11.3 to 12.x); CUDA 12.3 added _v3,
+ * whose extra edgeData_out comes before numDependencies_out, and CUDA 13's
+ * plain cudaStreamGetCaptureInfo is that one. */
+typedef cudaError_t (*tdist__cudaStreamGetCaptureInfo_fn)(
+    cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+    cudaGraph_t *graph, const cudaGraphNode_t **deps, size_t *ndeps);
+typedef cudaError_t (*tdist__cudaStreamGetCaptureInfo_v3_fn)(
+    cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+    cudaGraph_t *graph, const cudaGraphNode_t **deps, const void **edges, size_t *ndeps);
+typedef cudaError_t (*tdist__cudaUserObjectCreate_fn)(cudaUserObject_t *obj, void *ptr,
+                                                      cudaHostFn_t destroy, unsigned int refs,
+                                                      unsigned int flags);
+typedef cudaError_t (*tdist__cudaUserObjectRelease_fn)(cudaUserObject_t obj, unsigned int count);
+typedef cudaError_t (*tdist__cudaGraphRetainUserObject_fn)(cudaGraph_t g, cudaUserObject_t obj,
+                                                           unsigned int count, unsigned int flags);
 
 /* ---- CUDA driver (libcuda.so.1): one optional call ---------------------------------- */
 /* CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active):

@@ -22,6 +22,10 @@
  *                    make none), then ncclCommAbort, holding no lock, so a
  *                    kernel stuck behind a user's spinning kernel delays
  *                    nothing but this thread.
+ *   CUDA's thread    a graph's user object destructor (nccl_capture.c):
+ *                    takes `mu` only, makes no CUDA call, and hands the
+ *                    deferred destroy of an orphaned state to the worker
+ *                    thread (tdist_backend_worker_run).
  *
  * Two locks, taken in this order: call, then mu.
  *   - `call` serialises the NCCL calls on `comm` (NCCL is not thread-safe per
@@ -115,6 +119,17 @@ typedef struct tdist__nccl {
   /* (call) Registrations made and not undone (nccl_mem.c): destroy
    * releases what the user left. */
   struct tdist__nccl_reg *regs;
+  /* CUDA graph capture (nccl_capture.c). The graphs that captured ops of
+   * this group hold it through a CUDA user object each: destroy while one
+   * exists only marks it orphaned, and the last graph's release destroys
+   * it (on the worker thread). */
+  int graphs;                     /* (mu) user objects of this state not yet released */
+  int orphaned;                   /* (mu) destroy ran while graphs > 0 */
+  int held;                       /* (call) held_id's graph holds a user object already */
+  unsigned long long held_id;     /* (call) */
+  cudaStream_t capst[4];          /* (call) streams forked from captures, made on demand */
+  int ncap;                       /* (call) */
+  cudaEvent_t cap_fork, cap_join; /* (call) fork from / join back to the caller's stream */
 
   /* (mu) Launched ops (tdist_backend_op_t.link), in launch order = stream order. */
   tdist__list_t inflight;
@@ -181,12 +196,6 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
   X(ncclMemAlloc, 2, 19)             \
   X(ncclMemFree, 2, 19)
 
-/* CUDA runtime calls looked up one by one (a runtime without them -- the
- * call recorder -- refuses only the option that needs them). */
-#define TDIST__CUDART_OPTIONAL(X)     \
-  X(cudaDeviceGetStreamPriorityRange) \
-  X(cudaStreamCreateWithPriority)
-
 /* The CUDA runtime calls (all in CUDA 11.2 and later). */
 #define TDIST__CUDART_REQUIRED(X)        \
   X(cudaGetErrorString)                  \
@@ -210,6 +219,17 @@ static inline tdist__nccl_op_t *tdist__nccl_op(tdist_backend_op_t *op) {
   X(cudaStreamIsCapturing)               \
   X(cudaThreadExchangeStreamCaptureMode) \
   X(cudaLaunchHostFunc)
+
+/* CUDA runtime calls looked up one by one: a runtime without them (the
+ * call recorder) refuses only what needs them. The stream priorities: the
+ * high-priority stream (nccl_comm.c); the user objects (CUDA 11.3+): graph
+ * capture, which names the missing call (nccl_capture.c). X(name) */
+#define TDIST__CUDART_OPTIONAL(X)     \
+  X(cudaDeviceGetStreamPriorityRange) \
+  X(cudaStreamCreateWithPriority)     \
+  X(cudaUserObjectCreate)             \
+  X(cudaUserObjectRelease)            \
+  X(cudaGraphRetainUserObject)
 // clang-format on
 
 /*
@@ -229,6 +249,11 @@ typedef struct tdist__nccl_api {
   TDIST__NCCL_OPTIONAL(TDIST__NCCL_FIELD_OPT_)
   TDIST__CUDART_REQUIRED(TDIST__NCCL_FIELD_)
   TDIST__CUDART_OPTIONAL(TDIST__NCCL_FIELD_)
+  /* The capture query, optional: _v3 (CUDA 12.3+; CUDA 13's plain name has
+   * its signature) when the runtime has it, else the CUDA 12 signature
+   * (cudaStreamGetCaptureInfo_v2, or the plain name). */
+  tdist__cudaStreamGetCaptureInfo_v3_fn cudaStreamGetCaptureInfo_v3;
+  tdist__cudaStreamGetCaptureInfo_fn cudaStreamGetCaptureInfo;
   /* The driver's, optional: NULL without libcuda (then a caller's device is
    * always put back, even one without a context). */
   tdist__cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;
@@ -297,6 +322,9 @@ extern tdist__nccl_api_t tdist__nccl_fn;
 #define cudaStreamIsCapturing(...) tdist__nccl_fn.cudaStreamIsCapturing(__VA_ARGS__)
 #define cudaThreadExchangeStreamCaptureMode(...) \
   tdist__nccl_fn.cudaThreadExchangeStreamCaptureMode(__VA_ARGS__)
+#define cudaUserObjectCreate(...) tdist__nccl_fn.cudaUserObjectCreate(__VA_ARGS__)
+#define cudaUserObjectRelease(...) tdist__nccl_fn.cudaUserObjectRelease(__VA_ARGS__)
+#define cudaGraphRetainUserObject(...) tdist__nccl_fn.cudaGraphRetainUserObject(__VA_ARGS__)
 
 /* Ranks per bootstrap root of a scalable init (ncclCommInitRankScalable,
  * NCCL 2.23+): a group of more ranks makes ceil(size / this) unique ids,
@@ -457,7 +485,7 @@ void tdist__nccl_event_put(tdist__nccl_t *nc, cudaEvent_t ev);
 /* Vtable entries (tdist/backend.h), by file:
  *   nccl_comm.c     init, split, shrink                (caller thread)
  *   nccl_state.c    destroy                            (caller thread)
- *   nccl_ops.c      submit                             (caller thread)
+ *   nccl_ops.c      submit (nccl_capture.c under capture) (caller thread)
  *   nccl_progress.c post, poll, abort                  (progress thread)
  *                   wait_stream                        (caller thread)
  *                   test                               (any caller thread) */
@@ -473,9 +501,32 @@ int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
 int tdist__nccl_test(void *state, tdist_backend_op_t *op);
 
 /* ---- variable-size collectives (nccl_ops_v.c), caller thread, `call` held ---------- */
-/* The NCCL calls of a v-op (tdist_backend_op_is_v) on nc->stream, in one NCCL group. */
+/* The NCCL calls of a v-op (tdist_backend_op_is_v) on stream s, in one NCCL group. */
 ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
-                                  ncclDataType_t dt, ncclRedOp_t op);
+                                  ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s);
+/* nccl_ops.c, `call` held: the op's NCCL calls on stream s, inside an NCCL
+ * group (one of ours, or the v-op's and batch's own). */
+ncclResult_t tdist__nccl_launch_on(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                   ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s);
+/* nccl_ops.c: the PREMUL_SUM factor in the op's own type (8 bytes at most). */
+void tdist__nccl_premul_scalar(tdist_dtype_t dt, double s, void *out);
+
+/* ---- CUDA graph capture (nccl_capture.c), caller thread ---------------------------- */
+/* The device current: is the op's stream capturing? *capturing = 1 for an
+ * active capture that this backend can capture into; 0 when not capturing.
+ * TDIST_ERR_NOT_SUPPORTED for an op kind that cannot be captured or a CUDA
+ * runtime without the capture calls; TDIST_ERR_CUDA_ERROR for an
+ * invalidated capture. */
+int tdist__nccl_capture_check(const tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                              int *capturing);
+/* `call` held, the device current, no enqueue in progress: capture the op's
+ * NCCL calls into the caller's graph (fork from its stream, join back),
+ * the graph holding nc. TDIST_BACKEND_CAPTURED, or an error; *doomed as
+ * for an enqueue (the caller fails the group). */
+int tdist__nccl_capture_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataType_t dt,
+                               ncclRedOp_t rop, int *doomed);
+/* nccl_state.c: destroy's work, now (nc no longer held by any graph). */
+int tdist__nccl_destroy_now(tdist__nccl_t *nc);
 /* submit's buffer check for a v-op: every non-empty block's buffer is device
  * memory (tdist__nccl_check_ptr, nccl_ops.c). */
 int tdist__nccl_check_v(const tdist__nccl_t *nc, const tdist_backend_args_t *a);

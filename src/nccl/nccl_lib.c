@@ -147,6 +147,14 @@ static int load_locked(void) {
   TDIST__CUDART_REQUIRED(REQ_CUDA_)
   TDIST__NCCL_OPTIONAL(OPT_NCCL_)
   TDIST__CUDART_OPTIONAL(OPT_CUDA_)
+  /* One capture query by its signature (nccl_api.h): _v3 where the runtime
+   * has it (12.3+, and 13, whose plain name is _v3's), else 12's. */
+  *(void **)(&a.cudaStreamGetCaptureInfo_v3) = dlsym(cu, "cudaStreamGetCaptureInfo_v3");
+  if (!a.cudaStreamGetCaptureInfo_v3) {
+    *(void **)(&a.cudaStreamGetCaptureInfo) = dlsym(cu, "cudaStreamGetCaptureInfo_v2");
+    if (!a.cudaStreamGetCaptureInfo)
+      *(void **)(&a.cudaStreamGetCaptureInfo) = dlsym(cu, "cudaStreamGetCaptureInfo");
+  }
   dlerror(); /* a missing optional call is no error */
   a.cuDevicePrimaryCtxGetState = open_driver_call(cu);
 #undef REQ_NCCL_

@@ -29,8 +29,10 @@
  *
  * The caller's current device is the group's only within submit
  * (tdist__nccl_dev_enter/leave), and every buffer must be memory of that
- * device. Captured streams and float8 reductions below sm_90 are refused
- * here, before NCCL could make them the communicator's permanent error.
+ * device. Float8 reductions below sm_90 are refused here, before NCCL
+ * could make them the communicator's permanent error. An op on a stream
+ * under CUDA graph capture is captured instead (nccl_capture.c): its NCCL
+ * calls go into the caller's graph, and it never goes on the FIFO.
  */
 #include <errno.h>
 #include <sched.h>
@@ -144,7 +146,7 @@ static double clampd(double s, double lo, double hi) {
 
 /* The PREMUL_SUM factor in the op's own type (NCCL reads it as datatype).
  * Integer types truncate and saturate. */
-static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
+void tdist__nccl_premul_scalar(tdist_dtype_t dt, double s, void *out) {
   switch (dt) {
   case TDIST_INT8: *(int8_t *)out = (int8_t)clampd(s, INT8_MIN, INT8_MAX); break;
   case TDIST_UINT8: *(uint8_t *)out = (uint8_t)clampd(s, 0, UINT8_MAX); break;
@@ -162,11 +164,11 @@ static void premul_scalar(tdist_dtype_t dt, double s, void *out) {
   }
 }
 
-/* The NCCL call(s) of one op on nc->stream; `call` held. */
+/* The NCCL call(s) of one op on stream s (nc->stream, or a capture's fork
+ * of the caller's stream: nccl_capture.c); `call` held. */
 static ncclResult_t launch_calls(tdist__nccl_t *nc, const tdist_backend_args_t *a,
-                                 ncclDataType_t dt, ncclRedOp_t op) {
+                                 ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s) {
   ncclComm_t c = nc->comm;
-  cudaStream_t s = nc->stream;
   switch (a->type) {
   case TDIST_OP_ALL_REDUCE: return ncclAllReduce(a->sendbuf, a->recvbuf, a->count, dt, op, c, s);
   case TDIST_OP_BROADCAST:
@@ -199,7 +201,7 @@ static ncclResult_t launch_calls(tdist__nccl_t *nc, const tdist_backend_args_t *
   }
   default:
     /* the variable-size collectives: grouped calls (nccl_ops_v.c) */
-    if (tdist_backend_op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op);
+    if (tdist_backend_op_is_v(a->type)) return tdist__nccl_launch_v(nc, a, dt, op, s);
     return ncclInvalidArgument;
   }
 }
@@ -209,13 +211,13 @@ static ncclResult_t launch_calls(tdist__nccl_t *nc, const tdist_backend_args_t *
  * call's own answer cannot: on a non-blocking communicator NCCL replaces it
  * with ncclCommGetAsyncError's (enqueue.cc ncclEnqueueCheck), which is
  * ncclSuccess whenever the launch job already ended. */
-static ncclResult_t launch(tdist__nccl_t *nc, const tdist_backend_args_t *a, ncclDataType_t dt,
-                           ncclRedOp_t op) {
+ncclResult_t tdist__nccl_launch_on(tdist__nccl_t *nc, const tdist_backend_args_t *a,
+                                   ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s) {
   if (a->type == TDIST_OP_BATCH_P2P || tdist_backend_op_is_v(a->type))
-    return launch_calls(nc, a, dt, op); /* grouped already */
+    return launch_calls(nc, a, dt, op, s); /* grouped already */
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return r;
-  r = launch_calls(nc, a, dt, op);
+  r = launch_calls(nc, a, dt, op, s);
   ncclResult_t e = ncclGroupEnd(); /* always closes the group, even after an error */
   return r != ncclSuccess ? r : e;
 }
@@ -333,25 +335,6 @@ static int check_fp8_cc(const tdist__nccl_t *nc, const tdist_backend_args_t *a) 
                       nc->min_cc % 10);
 }
 
-/* A stream being captured into a CUDA graph: tdist does not capture NCCL
- * ops (their end events could not be polled: cudaEventQuery of an event
- * recorded during capture is cudaErrorCapturedEvent, and the core would
- * fail the group). Refused at submit with a clear error instead. */
-static int check_capture(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
-  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)a->stream, &st);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return tdist__cuda_err(e, "cudaStreamIsCapturing");
-  }
-  if (st == cudaStreamCaptureStatusNone) return 0;
-  return tdist__error(TDIST_ERR_NOT_SUPPORTED,
-                      "backend 'nccl': %s on group '%s': the stream is being captured into a "
-                      "CUDA graph; tdist does not capture NCCL ops (submit them outside the "
-                      "capture)",
-                      tdist_op_name(a->type), nc->name);
-}
-
 /* No lock held (the progress thread's abort and the abort thread take them):
  * fail the group for a doomed enqueue, and return once the group reads as
  * aborted, so the caller never sees its failed submit on a live group. */
@@ -440,12 +423,12 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
      * destroyed once the last call using it has returned and, on a
      * non-blocking communicator, its enqueue finished (launch_done). */
     _Alignas(8) unsigned char scalar[8] = {0};
-    premul_scalar(a->dtype, a->scalar, scalar);
+    tdist__nccl_premul_scalar(a->dtype, a->scalar, scalar);
     NCCLCHECKGOTO(ncclRedOpCreatePreMulSum(&rop, scalar, dt, ncclScalarHostImmediate, nc->comm),
                   nc->comm, rc, fail);
     premul = 1;
   }
-  ncclResult_t r = launch(nc, a, dt, rop);
+  ncclResult_t r = tdist__nccl_launch_on(nc, a, dt, rop, nc->stream);
   if (r != ncclSuccess && r != ncclInProgress) {
     rc = tdist__nccl_err(nc->comm, r, tdist_op_name(a->type));
     *doomed = 1; /* a non-blocking communicator keeps the error */
@@ -535,8 +518,9 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   TDIST_CHECK(map_op(nc, a, &dt, &rop));
 
   tdist__nccl_dev_t dev;
+  int capturing = 0; /* the caller's stream is capturing: nccl_capture.c */
   TDIST_CHECK(tdist__nccl_dev_enter(nc->device, &dev));
-  rc = check_capture(nc, a);
+  rc = tdist__nccl_capture_check(nc, a, &capturing);
   if (rc == 0) rc = check_buffers(nc, a);
   if (rc != 0) {
     tdist__nccl_dev_leave(&dev);
@@ -558,7 +542,10 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
    * in progress. */
   rc = tdist__nccl_settle_launch(nc);
   if (rc != 0 && rc != TDIST_ERR_ABORTED) doomed = 1;
-  if (rc == 0) rc = enqueue_locked(nc, op, dt, rop, &doomed);
+  if (rc == 0 && capturing)
+    rc = tdist__nccl_capture_locked(nc, op, dt, rop, &doomed);
+  else if (rc == 0)
+    rc = enqueue_locked(nc, op, dt, rop, &doomed);
   pthread_mutex_unlock(&nc->call);
   tdist__nccl_dev_leave(&dev);
   if (doomed) {

@@ -43,9 +43,8 @@ static void p2p(ncclResult_t *r, int send, const void *buf, size_t count, ncclDa
 }
 
 ncclResult_t tdist__nccl_launch_v(tdist__nccl_t *nc, const tdist_backend_args_t *a,
-                                  ncclDataType_t dt, ncclRedOp_t op) {
+                                  ncclDataType_t dt, ncclRedOp_t op, cudaStream_t s) {
   ncclComm_t c = nc->comm;
-  cudaStream_t s = nc->stream;
   int n = nc->size, me = nc->rank;
   size_t es = tdist_dtype_size(a->dtype), so = 0, ro = 0;
   ncclResult_t r = ncclGroupStart();

@@ -135,6 +135,11 @@ void tdist__nccl_state_free(tdist__nccl_t *nc) {
   for (int i = 0; i < nc->nall; i++)
     cudaEventDestroy(nc->all[i]);
   if (nc->start_ev) cudaEventDestroy(nc->start_ev);
+  /* Capture's (nccl_capture.c): no capture uses them once no graph holds nc. */
+  if (nc->cap_fork) cudaEventDestroy(nc->cap_fork);
+  if (nc->cap_join) cudaEventDestroy(nc->cap_join);
+  for (int i = 0; i < nc->ncap; i++)
+    cudaStreamDestroy(nc->capst[i]);
   /* Destroying a stream with work pending is allowed: CUDA releases it once
    * the work is done (or never, for a kernel that never ends). */
   if (nc->stream) cudaStreamDestroy(nc->stream);
@@ -227,10 +232,30 @@ int tdist__nccl_wait_jobs(tdist__nccl_t *nc) {
   return 0;
 }
 
+/* A group whose ops CUDA graphs captured (nccl_capture.c) is destroyed for
+ * tdist at once, but its state -- the communicator above all, which the
+ * graphs' kernels use at every launch -- is destroyed only when the last of
+ * those graphs is released (tdist__nccl_destroy_now, then, on the worker
+ * thread). */
 int tdist__nccl_destroy(void *state) {
-  int rc = 0;
   tdist__nccl_t *nc = state;
   if (!nc) return 0;
+  pthread_mutex_lock(&nc->mu);
+  int graphs = nc->graphs;
+  if (graphs > 0) nc->orphaned = 1;
+  pthread_mutex_unlock(&nc->mu);
+  if (graphs > 0) {
+    TDIST_INFO(NCCL,
+               "group '%s' destroyed while %d CUDA graph%s that captured its ops exist: its "
+               "communicator is destroyed with the last of them",
+               nc->name, graphs, graphs > 1 ? "s" : "");
+    return 0;
+  }
+  return tdist__nccl_destroy_now(nc);
+}
+
+int tdist__nccl_destroy_now(tdist__nccl_t *nc) {
+  int rc = 0;
   pthread_mutex_lock(&nc->mu);
   rc = tdist__nccl_wait_jobs(nc);
   pthread_mutex_unlock(&nc->mu);

@@ -215,6 +215,8 @@ plan (budget ${budget} s, build $build, logs -> $out):
               ranks > GPUs: each rank its own NCCL_HOSTID (socket transport)
   cfg         TDIST_NCCL_RANKS_PER_ROOT=1 tdistrun -n 2 tdist_gpu_cfg: scalable init, NCCL's
               config + high-priority stream, registration, a window  (~10 s, at most 90)
+  graph       tdistrun -n 2 --backend nccl tdist_gpu_graph: CUDA graph capture, 10 checked
+              launches, group destroyed with the graph alive          (~10 s, at most 90)
   soak        soak --backend nccl --seconds $soak_s [--nccl-hostid-per-rank]  (${soak_s} s + the last trial)
   bench       tdist_bench_nccl PORT 256 20000 (tdist beside raw NCCL)   (~20 s, at most 90)
   bench_submit tdist_bench_submit_gpu -T 3 (beside the same work by hand) (~10 s, at most 60)
@@ -231,7 +233,7 @@ if [ $dry -eq 1 ]; then
       if [ -x "$build/$p" ]; then echo "found:        $build/$p"
       else echo "run.sh --dry: $build/$p missing"; dry_fail=1; fi
     done
-    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_cfg \
+    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_cfg tests/gpu/tdist_gpu_graph \
       bench/nccl/tdist_bench_nccl \
       bench/nccl/tdist_bench_submit_gpu; do
       [ -x "$build/$p" ] && echo "found:        $build/$p" ||
@@ -249,7 +251,8 @@ if [ $dry -eq 1 ]; then
   fi
   [ -n "$missing" ] && echo "missing for a GPU run:$missing"
   bash -n "$0" || dry_fail=1
-  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 soak bench bench_submit bench_torch python; do
+  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 graph soak bench bench_submit bench_torch \
+    python; do
     record "$s" SKIP 0 "dry run"
   done
   if [ $dry_fail -ne 0 ]; then
@@ -270,7 +273,7 @@ export TDIST_TIMEOUT_MS=${TDIST_TIMEOUT_MS:-60000}
 
 # ---- build --------------------------------------------------------------------------------
 targets="tdist tdistrun tdist-store tdist_gpu_nccl tdist_gpu_rank soak_short soak_rank"
-targets="$targets tdist_bench_submit_gpu tdist_gpu_cfg"
+targets="$targets tdist_bench_submit_gpu tdist_gpu_cfg tdist_gpu_graph"
 # A given build that has the programs is taken as it is (a bundle from another machine has
 # no CMake cache); the default build-gpu is always brought up to date (incremental).
 if [ -z "$given_build" ] || [ ! -x "$build/tests/gpu/tdist_gpu_nccl" ]; then
@@ -330,6 +333,12 @@ hostid=""
 # shellcheck disable=SC2046 # with_libs gives words
 step cfg 90 cfg.log env $(with_libs "$cfgprog") TDIST_NCCL_RANKS_PER_ROOT=1 "$tdistrun" -n 2 \
   --backend nccl /bin/sh -c "$hostid"'exec "$0"' "$cfgprog"
+# ---- CUDA graph capture (issue 42 #1): two ranks, one per GPU or each its own NCCL_HOSTID ----
+graphprog=$build/tests/gpu/tdist_gpu_graph
+# shellcheck disable=SC2016,SC2046 # $RANK is the rank's, set by tdistrun
+step graph 90 graph.log env $(with_libs "$graphprog") "$tdistrun" -n 2 --backend nccl \
+  /bin/sh -c '[ "$0" -ge 2 ] || { NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; }; exec "$1"' \
+  "$ngpu" "$graphprog"
 
 # ---- the fault soak on real NCCL ----------------------------------------------------------
 soak=$build/tests/failures/soak

@@ -901,6 +901,134 @@ static void capture_fork_join(void **state) {
   cudaStreamDestroy(s2);
 }
 
+/* ---- user objects and the capture query ------------------------------------------ */
+
+/* A user object's destructor: records that it ran, on which thread, and
+ * what a CUDA call made there answered. */
+typedef struct {
+  atomic_int ran;
+  atomic_int cuda_rc;
+  pthread_t thread;
+} dtor_t;
+static void dtor_fn(void *p) {
+  dtor_t *d = p;
+  d->thread = pthread_self();
+  void *m = NULL;
+  atomic_store(&d->cuda_rc, (int)cudaMalloc(&m, 16));
+  atomic_store(&d->ran, 1);
+}
+/* Bounded wait for a destructor (it runs on a thread of its own). */
+static int dtor_wait(dtor_t *d) {
+  for (int i = 0; i < 20000 && !atomic_load(&d->ran); i++)
+    usleep(500);
+  return atomic_load(&d->ran);
+}
+
+/* CUDA Runtime API, cudaUserObjectCreate / cudaUserObjectRetain /
+ * cudaUserObjectRelease / cudaGraphRetainUserObject, cudaStreamGetCaptureInfo;
+ * CUDA Programming Guide, User Objects: the destructor runs when the last
+ * reference goes, not on the releasing thread, and may not call CUDA; a
+ * graph owns the references it was given until it is freed (graph handle
+ * and executable graphs), and those a pending launch needs are held until it
+ * finished executing; a capture that ends invalidated drops its graph's. */
+static void user_objects(void **state) {
+  (void)state;
+  cudaUserObject_t o = NULL;
+  dtor_t d1 = {0}, d2 = {0}, d3 = {0};
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  /* flags must be cudaUserObjectNoDestructorSync; refs nonzero; a destructor */
+  assert_int_equal(cudaUserObjectCreate(&o, &d1, dtor_fn, 1, 0), cudaErrorInvalidValue);
+  assert_int_equal(cudaUserObjectCreate(&o, &d1, dtor_fn, 0, cudaUserObjectNoDestructorSync),
+                   cudaErrorInvalidValue);
+  assert_int_equal(cudaUserObjectCreate(&o, &d1, NULL, 1, cudaUserObjectNoDestructorSync),
+                   cudaErrorInvalidValue);
+  cudaGetLastError();
+  /* references: the last release runs the destructor, elsewhere, without CUDA */
+  assert_int_equal(cudaUserObjectCreate(&o, &d1, dtor_fn, 1, cudaUserObjectNoDestructorSync),
+                   cudaSuccess);
+  assert_int_equal(cudaUserObjectRetain(o, 2), cudaSuccess);
+  assert_int_equal(cudaUserObjectRelease(o, 2), cudaSuccess);
+  usleep(10000);
+  assert_int_equal(atomic_load(&d1.ran), 0);
+  assert_int_equal(cudaUserObjectRelease(o, 1), cudaSuccess);
+  assert_true(dtor_wait(&d1));
+  assert_false(pthread_equal(d1.thread, pthread_self()));
+  assert_int_equal(atomic_load(&d1.cuda_rc), cudaErrorNotPermitted);
+
+  /* the capture query */
+  cudaStream_t s, s2;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+  unsigned long long id = 0, id2 = 0;
+  cudaGraph_t g = NULL, g2 = NULL, ended = NULL;
+  const cudaGraphNode_t *deps = NULL;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamGetCaptureInfo(s, &st, NULL, NULL, NULL, NULL), cudaSuccess);
+  assert_int_equal(st, cudaStreamCaptureStatusNone);
+  assert_int_equal(cudaStreamGetCaptureInfo(s, NULL, NULL, NULL, NULL, NULL),
+                   cudaErrorInvalidValue);
+  cudaGetLastError();
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  /* Relaxed: the synchronisation below must not touch it */
+  assert_int_equal(cudaStreamBeginCapture(s2, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  assert_int_equal(cudaStreamGetCaptureInfo(s, &st, &id, &g, NULL, NULL), cudaSuccess);
+  assert_int_equal(st, cudaStreamCaptureStatusActive);
+  assert_non_null(g);
+  assert_int_equal(cudaStreamGetCaptureInfo(s2, &st, &id2, &g2, NULL, NULL), cudaSuccess);
+  assert_true(id != id2); /* unique over the process */
+  assert_true(g != g2);
+  /* the simulation does not model the dependency set: refused, not faked */
+  assert_int_equal(cudaStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL),
+                   cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  /* a graph owns moved references until it and its executable graph go,
+   * and a pending launch holds them until it ran */
+  assert_int_equal(cudaUserObjectCreate(&o, &d2, dtor_fn, 1, cudaUserObjectNoDestructorSync),
+                   cudaSuccess);
+  assert_int_equal(cudaGraphRetainUserObject(g, o, 0, cudaGraphUserObjectMove),
+                   cudaErrorInvalidValue);
+  assert_int_equal(cudaGraphRetainUserObject(g, o, 1, 2), cudaErrorInvalidValue);
+  cudaGetLastError();
+  assert_int_equal(cudaGraphRetainUserObject(g, o, 1, cudaGraphUserObjectMove), cudaSuccess);
+  gate_t gate;
+  gate_init(&gate);
+  assert_int_equal(tdist_gpusim_launch_kernel(s, gate_fn, &gate), cudaSuccess);
+  assert_int_equal(cudaStreamEndCapture(s, &ended), cudaSuccess);
+  assert_ptr_equal(ended, g); /* the graph the query named */
+  cudaGraphExec_t ex;
+  assert_int_equal(cudaGraphInstantiate(&ex, g, 0), cudaSuccess);
+  assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+  assert_int_equal(cudaGraphLaunch(ex, s), cudaSuccess);
+  gate_wait_entered(&gate);
+  assert_int_equal(cudaGraphExecDestroy(ex), cudaSuccess); /* the launch still runs */
+  usleep(10000);
+  assert_int_equal(atomic_load(&d2.ran), 0);
+  gate_open(&gate);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_true(dtor_wait(&d2));
+
+  /* an invalidated capture's graph is dropped with its references (new
+   * ones here: the caller keeps its own) */
+  assert_int_equal(cudaUserObjectCreate(&o, &d3, dtor_fn, 1, cudaUserObjectNoDestructorSync),
+                   cudaSuccess);
+  assert_int_equal(cudaGraphRetainUserObject(g2, o, 2, 0), cudaSuccess);
+  assert_int_equal(cudaStreamQuery(s2), cudaErrorStreamCaptureUnsupported); /* invalidates */
+  assert_int_equal(cudaStreamGetCaptureInfo(s2, &st, &id, &g, NULL, NULL), cudaSuccess);
+  assert_int_equal(st, cudaStreamCaptureStatusInvalidated);
+  assert_null(g);
+  assert_int_equal(cudaStreamEndCapture(s2, &ended), cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  assert_int_equal(cudaGraphRetainUserObject(g2, o, 1, 0), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  usleep(10000);
+  assert_int_equal(atomic_load(&d3.ran), 0); /* the caller's reference is left */
+  assert_int_equal(cudaUserObjectRelease(o, 1), cudaSuccess);
+  assert_true(dtor_wait(&d3));
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(s2);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2]);
   const struct CMUnitTest tests[] = {
@@ -911,6 +1039,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(legacy_sync),    cmocka_unit_test(host_functions_one_thread),
       cmocka_unit_test(capture_replay), cmocka_unit_test(capture_invalid_ops),
       cmocka_unit_test(capture_modes),  cmocka_unit_test(capture_fork_join),
+      cmocka_unit_test(user_objects),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

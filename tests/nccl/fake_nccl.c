@@ -618,8 +618,10 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev) {
   *v = a == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
   return cudaSuccess;
 }
+/* FAKE_CAPTURING_STREAM: the stream handle that reports an active capture
+ * (a runtime without the capture calls: capture refused, naming them). */
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st) {
-  *st = cudaStreamCaptureStatusNone;
+  *st = s == FAKE_CAPTURING_STREAM ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) { return cudaSuccess; }

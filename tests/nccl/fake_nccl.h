@@ -30,6 +30,7 @@
 #define TDIST_TEST_FAKE_NCCL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nccl/nccl_api.h" /* the backend's own declarations of the types */
 
@@ -51,6 +52,10 @@ typedef struct fake_script {
 
 /* Reset log, counters, objects and script (all zero: no InProgress, events
  * complete at once). */
+/* A stream handle cudaStreamIsCapturing reports as capturing. The fake has
+ * none of the capture calls (cudaStreamGetCaptureInfo, user objects). */
+#define FAKE_CAPTURING_STREAM ((cudaStream_t)(uintptr_t)0xca97)
+
 void fake_reset(void);
 void fake_set_script(const fake_script_t *s);
 

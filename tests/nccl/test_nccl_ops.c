@@ -5,6 +5,8 @@
  * at submit naming the version, and no NCCL call is made. The fake reports
  * 2.28 when run without FAKE_NCCL_VERSION: the call then goes through.
  *
+ * Also a runtime without the CUDA graph capture calls: capture refused.
+ *
  * What an op does and moves runs on the simulated GPU instead
  * (test_nccl_sim.c): the fake is kept only for what the simulation cannot
  * be, an NCCL that lacks something. One rank over a real TCP store.
@@ -60,10 +62,24 @@ static void test_fp8_version(void **state) {
   }
 }
 
+/* A CUDA runtime without the capture calls (the fake has none): an op on a
+ * capturing stream is refused, naming the first call missing, and no NCCL
+ * call is made; the group stays good. */
+static void test_capture_without_calls(void **state) {
+  int from = fake_log_size();
+  tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_STREAM, .stream = FAKE_CAPTURING_STREAM};
+  int rc = tdist_all_reduce(world, hostbuf, hostbuf, 4, TDIST_FLOAT32, TDIST_SUM, &o, NULL);
+  assert_int_equal(rc, TDIST_ERR_NOT_SUPPORTED);
+  assert_non_null(strstr(tdist_last_error(), "has no cudaStreamGetCaptureInfo"));
+  assert_int_equal(fake_find("ncclAllReduce", from), -1);
+  assert_int_equal(tdist_group_is_aborted(world), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_fp8_version, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_capture_without_calls, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,8 +29,10 @@
  *                                    (was: NCCL's permanent error, group lost)
  *   local_rank_visible_devices       #10: LOCAL_RANK % device count under
  *                                    CUDA_VISIBLE_DEVICES (was: out of range)
- *   capture_does_not_fail_group      #9: a capturing stream is refused at submit
- *                                    (was: the op captured, the group aborted)
+ *   capture_does_not_fail_group      #9: an op on a capturing stream does not fail
+ *                                    the group (was: the op captured, the group
+ *                                    aborted; then refused; now captured: issue
+ *                                    42, test_nccl_sim_graph.c)
  *   abort_stalls_no_other_group      #11: an abort stuck behind a user's kernel
  *                                    delays no other group (was: 2.9 s on the
  *                                    single worker)

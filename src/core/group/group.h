@@ -171,6 +171,13 @@ void tdist__group_start_work(tdist__qnode_t *node);
  * flight recorder, the waiter's polling mark dropped, both references
  * released. Never on the progress thread's lists. Returns 0. */
 int tdist__group_finish_inline(tdist_work_t *w);
+/* Caller thread: finish a work whose op the backend captured into a CUDA
+ * graph (submit answered TDIST_BACKEND_CAPTURED): COMPLETED at once, marked
+ * captured, its message saying so, recorded in the flight recorder; the
+ * runtime's reference released (and the caller's too when out is NULL: a
+ * synchronous op), else the work goes to *out. Never on the progress
+ * thread's lists: no deadline, no watchdog. Returns 0. */
+int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out);
 /* Abort g because of `status`: mark it, call the backend's abort, spread the
  * cause (`spread`: 1 the backend tells the members, 2 an abort record is
  * published, 3 both: a cause found on this rank), finish every work in

@@ -167,6 +167,32 @@ int tdist__group_finish_inline(tdist_work_t *w) {
   return 0;
 }
 
+int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
+  tdist_group_t *g = w->group;
+  int64_t now = tdist__now_ns();
+  w->captured = 1;
+  w->t_start_ns = w->t_end_ns = now;
+  atomic_store_explicit(&w->t_claimed_ns, now, memory_order_relaxed);
+  snprintf(w->msg, sizeof(w->msg),
+           "%s seq %" PRIu64 " of group '%s' (rank %d/%d): captured into a CUDA graph; it runs "
+           "at each launch of the graph, which this handle does not follow (order work after "
+           "a launch on the graph's stream)",
+           tdist_op_name(w->args.type), w->bop.seq, g->name, g->rank, g->size);
+  /* Nobody else holds the work yet: no CAS, no lock, no wake-up. */
+  atomic_store_explicit(&w->claim, TDIST__CLAIM_CALLER, memory_order_relaxed);
+  w->status = 0;
+  atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
+  tdist__trace_whole(g->trace, w);
+  if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0);
+  w->marked = 0;
+  tdist__work_unref(w); /* the runtime's */
+  if (out)
+    *out = w;
+  else
+    tdist__work_unref(w); /* the caller's: a synchronous op is done */
+  return 0;
+}
+
 /* ---- aborting ------------------------------------------------------------------ */
 
 void tdist__group_trace_meta(const tdist_group_t *g, tdist__trace_meta_t *m) {

@@ -59,10 +59,12 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
     w->marked = 1;
   }
   w->bop.quiet = !out;
-  int started = 0; /* the backend started the op in submit (backend.h) */
+  int started = 0;  /* the backend started the op in submit (backend.h) */
+  int captured = 0; /* ... into a CUDA graph: finished here (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
-    started = rc > 0;
+    captured = rc == TDIST_BACKEND_CAPTURED;
+    started = rc > 0 && !captured;
     if (rc < 0) {
       if (w->marked) mark(g->bstate, 0);
       w->marked = 0;
@@ -79,6 +81,9 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   /* Numbered only once it is certain to run: a refused op takes no number,
    * so every rank's sequence stays in step (work.h). */
   w->bop.seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  /* Every rank captures the same ops in the same order, so a captured op
+   * takes its number once, here; its launches are the graph's. */
+  if (captured) return tdist__group_finish_captured(w, out);
   /* Waiters may test it themselves (backend.h, vtable->test; work.c). */
   w->test = g->bk->ops->test;
   w->test_state = g->bstate;

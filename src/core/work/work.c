@@ -179,6 +179,7 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   atomic_store_explicit(&w->state, TDIST_WORK_QUEUED, memory_order_relaxed);
   w->status = TDIST_ERR_IN_PROGRESS;
   w->completing = 0;
+  w->captured = 0;
   w->test = NULL;
   w->test_state = NULL;
   w->drives = 0;
@@ -373,6 +374,9 @@ tdist_optype_t tdist_work_optype(const tdist_work_t *w) {
 }
 
 uint64_t tdist_work_seq(const tdist_work_t *w) { return w ? w->bop.seq : 0; }
+
+/* Written by the submitting thread before the handle was returned. */
+int tdist_work_is_captured(const tdist_work_t *w) { return w ? w->captured : 0; }
 
 /* Any thread: the fields are written before the completion is published
  * (release) and read after tdist__work_done (acquire); backend.h, rx_*. */

@@ -42,6 +42,8 @@ struct tdist_work {
   _Atomic int state; /* tdist_work_state_t, release-stored */
   int status;        /* valid once state is terminal */
   int completing;    /* (progress) a completion is queued: status and msg are set */
+  int captured;      /* (caller) captured into a CUDA graph (TDIST_BACKEND_CAPTURED):
+                        finished at submission, never seen by the progress thread */
   /* Caller-observed completion (backend.h, vtable->test; work.c): the
    * backend's test and its state, set at submission (caller), NULL when the
    * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
@@ -71,7 +73,7 @@ struct tdist_work {
   int cb_state; /* 0 none, 1 registered, 2 ran */
 
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
-  char msg[312];
+  char msg[304];
 };
 /* A work is a whole number of cache lines, so every work of a slab (work.c)
  * sits the same way across its lines and the hot words of neighbours (a
