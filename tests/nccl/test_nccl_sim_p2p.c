@@ -14,11 +14,11 @@
  *                           with REMOTE_FAILED naming rank 2; the shrunk group's
  *                           separate isend/irecv carry checked data (was: the
  *                           first ring deadlocked)
- *   pairs_destroyed         every rank with a pair communicator to every other
- *                           (separate isend then irecv), then destroy, twice in
+ *   pairs_destroyed         every rank with pair communicators to every other
+ *                           (separate irecvs, then isends), then destroy, twice in
  *                           a process: destroy returns 0, no NCCL call raced
- *                           another on a communicator (was: the sends
- *                           deadlocked until their timeout)
+ *                           another on a communicator (was: the receives
+ *                           held the sends until their timeout)
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -170,14 +170,16 @@ static int destroy_child(int rank, int n, void *arg) {
     tdist_work_t *ws[8] = {0}, *wr[8] = {0};
     fill(h, rank, 9, round);
     MP_CHECK(ns_put(sb, h, sizeof(h)) == 0);
-    for (int p = 0; p < n; p++)
-      if (p != rank) MP_CHECK_RC(tdist_isend(g, sb, N, TDIST_FLOAT32, p, &o, &ws[p]));
+    /* Every receive first, then every send: on one stream per group (or
+     * per pair) each rank's receives would hold its sends. */
     for (int p = 0; p < n; p++) {
       if (p == rank) continue;
       rb[p] = ns_dev(NULL, sizeof(h));
       MP_CHECK(rb[p]);
       MP_CHECK_RC(tdist_irecv(g, rb[p], N, TDIST_FLOAT32, p, &o, &wr[p]));
     }
+    for (int p = 0; p < n; p++)
+      if (p != rank) MP_CHECK_RC(tdist_isend(g, sb, N, TDIST_FLOAT32, p, &o, &ws[p]));
     for (int p = 0; p < n; p++) {
       if (p == rank) continue;
       MP_CHECK_RC(tdist_work_wait(ws[p], 0));
