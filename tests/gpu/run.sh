@@ -213,6 +213,8 @@ plan (budget ${budget} s, build $build, logs -> $out):
   one         tdist_gpu_nccl one PORT                                   (~10 s, at most 120)
   tdistrun_nN tdistrun -n N --backend nccl tdist_gpu_rank, N = 1 2 4      (~10-30 s each, at most 90)
               ranks > GPUs: each rank its own NCCL_HOSTID (socket transport)
+  p2p_nN      tdistrun -n N --backend nccl tdist_gpu_p2p, N = 2 4: separate isend/irecv
+              on per-pair communicators (rings, mixed orders, cross-wait) (~10 s each, at most 90)
   soak        soak --backend nccl --seconds $soak_s [--nccl-hostid-per-rank]  (${soak_s} s + the last trial)
   bench       tdist_bench_nccl PORT 256 20000 (tdist beside raw NCCL)   (~20 s, at most 90)
   bench_submit tdist_bench_submit_gpu -T 3 (beside the same work by hand) (~10 s, at most 60)
@@ -229,7 +231,7 @@ if [ $dry -eq 1 ]; then
       if [ -x "$build/$p" ]; then echo "found:        $build/$p"
       else echo "run.sh --dry: $build/$p missing"; dry_fail=1; fi
     done
-    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank bench/nccl/tdist_bench_nccl \
+    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_p2p bench/nccl/tdist_bench_nccl \
       bench/nccl/tdist_bench_submit_gpu; do
       [ -x "$build/$p" ] && echo "found:        $build/$p" ||
         echo "not built:    $build/$p (needs -DTDIST_BUILD_GPU_TESTS=ON and nvcc)"
@@ -246,7 +248,7 @@ if [ $dry -eq 1 ]; then
   fi
   [ -n "$missing" ] && echo "missing for a GPU run:$missing"
   bash -n "$0" || dry_fail=1
-  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 soak bench bench_submit bench_torch python; do
+  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 p2p_n2 p2p_n4 soak bench bench_submit bench_torch python; do
     record "$s" SKIP 0 "dry run"
   done
   if [ $dry_fail -ne 0 ]; then
@@ -268,6 +270,7 @@ export TDIST_TIMEOUT_MS=${TDIST_TIMEOUT_MS:-60000}
 # ---- build --------------------------------------------------------------------------------
 targets="tdist tdistrun tdist-store tdist_gpu_nccl tdist_gpu_rank soak_short soak_rank"
 targets="$targets tdist_bench_submit_gpu"
+targets="$targets tdist_gpu_p2p" # step p2p_nN
 # A given build that has the programs is taken as it is (a bundle from another machine has
 # no CMake cache); the default build-gpu is always brought up to date (incremental).
 if [ -z "$given_build" ] || [ ! -x "$build/tests/gpu/tdist_gpu_nccl" ]; then
@@ -317,6 +320,17 @@ for n in 1 2 4; do
     step "tdistrun_n$n" 90 "tdistrun-n$n.log" env $(with_libs "$rankprog") "$tdistrun" -n "$n" \
       --backend nccl "$rankprog"
   fi
+done
+
+# ---- separate isend/irecv (per-pair communicators: src/nccl/nccl_p2p.c) ---------------------
+p2pprog=$build/tests/gpu/tdist_gpu_p2p
+for n in 2 4; do
+  hostid=()
+  # shellcheck disable=SC2016 # $RANK is the rank's, set by tdistrun
+  [ "$n" -gt "$ngpu" ] && hostid=(/bin/sh -c 'NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; exec "$0"')
+  # shellcheck disable=SC2046 # with_libs gives words
+  step "p2p_n$n" 90 "p2p-n$n.log" env $(with_libs "$p2pprog") "$tdistrun" -n "$n" \
+    --backend nccl ${hostid[@]+"${hostid[@]}"} "$p2pprog"
 done
 
 # ---- the fault soak on real NCCL ----------------------------------------------------------
