@@ -78,6 +78,7 @@ static int never_child(int rank, int n, void *arg) {
     int rc = tdist_work_wait(w1, 0);
     MP_CHECK(rc == TDIST_ERR_TIMEOUT);
     NS_HAS(tdist_work_error_message(w1), "rank 1");
+    fprintf(stderr, "never_posted_named: %s\n", tdist_work_error_message(w1));
     tdist_work_release(w1);
     tdist_work_release(ws);
     tdist_work_release(wr);
