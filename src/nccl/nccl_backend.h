@@ -5,7 +5,9 @@
  * core's group or work structs. One tdist__nccl_t per group (the `state` the
  * core hands back to every vtable entry). It owns the group's communicator,
  * an internal CUDA stream on which every NCCL call of the group is enqueued,
- * a pool of end events, and the FIFO of launched ops.
+ * a pool of end events, and the FIFO of launched ops. Sends and receives to
+ * other ranks run on communicators of their own, one per direction of each
+ * pair of peers, each state a tdist__nccl_t like the group's (nccl_p2p.c).
  *
  * Threads (who runs what):
  *   caller threads   init, split, shrink (nccl_comm.c), destroy (nccl_state.c), submit
@@ -133,7 +135,7 @@ typedef struct tdist__nccl {
   int stop;                   /* pair (mu): destroy runs: the setup thread gives up */
   tdist__list_t pending;      /* pair (mu): ops submitted before `ready`, in submit order */
   pthread_t setup;            /* pair: the setup thread (nccl_p2p.c), joined by destroy */
-  int has_setup;              /* pair: `setup` was started */
+  int has_setup;              /* pair (mu): `setup` was started */
 } tdist__nccl_t;
 
 /* What an op keeps in op->scratch (initialised by submit, under mu). */

@@ -1,24 +1,32 @@
 /*
- * nccl_p2p.c - point-to-point on a communicator per pair of peers.
+ * nccl_p2p.c - point-to-point on a communicator per direction of each pair
+ * of peers (docs/nccl-backend.md, "Point-to-point on NCCL").
  *
  * A group's communicator has one internal stream, so separate sends and
  * receives on it are kernels in stream order: a ring in which every rank
  * first posts its isend and then its irecv deadlocks (each send waits for a
  * receive queued behind the peer's own send). PyTorch's ProcessGroupNCCL
- * avoids it with a communicator of two ranks per pair of peers, made on the
- * first send/recv between them, with a stream of its own (getNCCLComm with
- * the key "lowRank:highRank", the lower rank making the unique id). tdist
- * does the same, with one difference: torch makes the communicator inside
- * the first send/recv call, which blocks the caller until the peer makes its
- * own first call to this rank. That can deadlock a program that completes on
- * the CPU backend: rank 0 isend(1) then send(2); rank 1 recv(2) then
- * recv(0); rank 2 recv(0) then send(1) -- rank 0 waits in isend(1) for rank
- * 1, which waits in recv(2) for rank 2, which waits in recv(0) for rank 0.
- * Here submit never waits for the peer:
+ * avoids most of it with a 2-rank communicator per pair of peers, made on
+ * the first send/recv between them, with a stream of its own
+ * (pointToPoint/getNCCLComm, key "lowRank:highRank"). tdist differs twice:
  *
+ *   - One communicator per DIRECTION (a -> b: a is its rank 0 and only
+ *     sends, b only receives). On torch's one stream per pair, two ranks
+ *     that both post a receive from each other before their sends still
+ *     deadlock; per direction, sends and receives each run in posting order
+ *     and never hold each other, as on the CPU backend.
+ *   - The first call never waits for the peer. Torch makes the communicator
+ *     inside the first send/recv, blocking the caller until the peer's own
+ *     first call to it (broadcastUniqueNCCLID reads the store). That
+ *     deadlocks a program that completes on the CPU backend: rank 0
+ *     isend(1) then send(2); rank 1 recv(2) then recv(0); rank 2 recv(0)
+ *     then send(1) -- 0 waits in isend(1) for 1, 1 in recv(2) for 2, 2 in
+ *     recv(0) for 0.
+ *
+ * How (a direction's state is a tdist__nccl_t of its own: locks,
+ * communicator, stream, event pool, FIFO; "pair" below means one direction):
  *   - tdist__nccl_pair_get (submit, caller thread) makes the pair's state
- *     (a tdist__nccl_t of its own: locks, stream, event pool, FIFO) and
- *     starts its setup thread, then returns.
+ *     and starts its setup thread, then returns.
  *   - Until the pair is `ready`, submit queues its ops on the pair's
  *     `pending` list, each with a start event recorded on the caller's
  *     stream at submit (so the launch orders after what the caller had
@@ -26,30 +34,31 @@
  *     core numbers and watches them like any op in flight.
  *   - The setup thread (pair_main, one per pair, never the progress thread:
  *     it does store I/O and NCCL calls that wait) gets the unique id through
- *     the group's store (the lower rank makes it and sets
- *     "nccl_p2p/<uid>/<low>:<high>"; the higher rank reads it, then deletes
- *     it), makes the non-blocking 2-rank communicator, sets up its stream,
- *     connects the pair (a send and a receive of one float each way, in one
- *     NCCL group: NCCL 2.22+ connects p2p at the first use, and that launch
- *     waits for the peer; made here, no later launch waits), then, holding
- *     the pair's `call`, launches the pending ops in submit order and marks
- *     the pair ready. Each step is bounded by the group's timeout; an abort
- *     of the group or destroy ends it. A peer that never makes its first
- *     send/recv to us: our ops on the pair time out through the watchdog
- *     (its diagnosis names the ranks that never reached the op), and the
- *     setup thread, at the group's timeout, fails the group naming the peer.
+ *     the group's store (the sender makes it and sets
+ *     "nccl_p2p/<uid>/<src>><dst>"; the receiver reads it, then deletes it),
+ *     makes the non-blocking 2-rank communicator, sets up its stream,
+ *     connects it (a one-float send/recv: NCCL 2.22+ connects p2p at the
+ *     first use, and that launch waits for the peer; made here, no later
+ *     launch waits), then, holding the pair's `call`, launches the pending
+ *     ops in submit order and marks the pair ready. Each wait is in slices
+ *     that end on the group's abort or destroy, bounded by the group's
+ *     timeout. A peer that never comes: our ops on the pair time out
+ *     through the watchdog (its diagnosis names the ranks that never
+ *     reached the op), or the setup thread, at the group's timeout, fails
+ *     the group naming the peer.
  *
- * NCCL matches sends and receives per communicator in call order, so with
- * a communicator per pair, messages between two ranks match in the order
- * each posted them, whatever happens with other peers: tags are not matched
- * (as before). Batched p2p (tdist_batch_isend_irecv) stays one NCCL group on
- * the group's own communicator: a group over several communicators would
- * need every pair ready first (an NCCL group waits for every peer's setup).
+ * NCCL matches sends and receives per communicator in call order, so the
+ * messages from one rank to another match in the order each side posted
+ * them, whatever happens with other peers: tags are not matched (as
+ * before). Batched p2p (tdist_batch_isend_irecv) stays one NCCL group on the
+ * group's own communicator: a group over several communicators would need
+ * every pair ready first.
  *
  * Threads and locks: a pair's `call` and `mu` as the main state's
- * (nccl_backend.h). The main state's `mu` guards its `pairs` array; no pair
- * lock is taken while holding it. poll (progress thread) polls every pair
- * with tdist__nccl_poll_one (trylock `call`); abort (progress thread) marks
+ * (nccl_backend.h). The main state's `mu` guards its `pairs` array; the
+ * order is main mu, then a pair's mu (abort only); no path holds a pair's
+ * lock while taking main mu. poll (progress thread) polls every pair with
+ * tdist__nccl_poll_one (trylock `call`); abort (progress thread) marks
  * every pair dead and forgets its ops under the pair's mu; the group's abort
  * thread aborts the pairs' communicators after the main one, so the group's
  * held failures are released once every kernel of it stopped. destroy stops
@@ -278,7 +287,9 @@ int tdist__nccl_pair_get(tdist__nccl_t *nc, int peer, int send, tdist__nccl_t **
     tdist__nccl_fail_group(nc, rc, "%s", tdist_last_error());
     return rc;
   }
+  pthread_mutex_lock(&pc->mu);
   pc->has_setup = 1;
+  pthread_mutex_unlock(&pc->mu);
   *out = pc;
   TDIST_INFO(NCCL, "%s: making the pair's communicator", pc->name);
   return 0;
@@ -365,9 +376,10 @@ int tdist__nccl_pairs_destroy(tdist__nccl_t *nc) {
     if (!pc) continue;
     pthread_mutex_lock(&pc->mu);
     pc->stop = 1;
+    int joinable = pc->has_setup;
     pthread_mutex_unlock(&pc->mu);
     /* Gives up within one slice (SLICE_MS) of a wait. */
-    if (pc->has_setup) pthread_join(pc->setup, NULL);
+    if (joinable) pthread_join(pc->setup, NULL);
     int r = tdist__nccl_destroy(pc); /* as the group's own: finalize, or abort */
     if (r != 0 && rc == 0) rc = r;
     pthread_mutex_lock(&nc->mu);
