@@ -14,6 +14,9 @@
  * against host-computed values:
  *   ring_send_first   every rank isend(next) then irecv(prev), then waits
  *   ring_recv_first   irecv(prev) then isend(next)
+ *   ring_big          the first ring with 4 MiB messages (more than NCCL's
+ *                     and the simulation's buffers hold: no send completes
+ *                     before its receive runs)
  *   mixed             8 messages each way with every peer, posted in an
  *                     order that differs per rank and message (receive or
  *                     send first), all waited at the end: the k-th receive
@@ -41,7 +44,7 @@
     }                                                                                          \
   } while (0)
 
-enum { N = 2048, MSGS = 8 };
+enum { N = 2048, MSGS = 8, BIG = 1 << 20 };
 static int rank, size;
 static tdist_op_opts_t opts = {TDIST_OP_FIELD_TIMEOUT, 20000, 1.0, NULL, 0};
 
@@ -50,42 +53,45 @@ static int32_t val(int src, int dst, int k, int i) {
   return (int32_t)(src * 1000003 + dst * 10007 + k * 101 + i % 89);
 }
 
-static int32_t *dev_msg(int src, int dst, int k) {
-  static int32_t h[N];
-  for (int i = 0; i < N; i++)
-    h[i] = val(src, dst, k, i);
+static int32_t host[BIG];
+
+/* Device memory holding n elements of message (src -> dst, k). */
+static int32_t *dev_msg_n(int src, int dst, int k, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    host[i] = val(src, dst, k, (int)i);
   void *d = NULL;
-  if (cudaMalloc(&d, N * sizeof(int32_t)) != cudaSuccess) return NULL;
-  if (cudaMemcpy(d, h, N * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+  if (cudaMalloc(&d, n * sizeof(int32_t)) != cudaSuccess) return NULL;
+  if (cudaMemcpy(d, host, n * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
   return d;
 }
+static int32_t *dev_msg(int src, int dst, int k) { return dev_msg_n(src, dst, k, N); }
 
-/* The device buffer holds message (src -> dst, k). */
-static int is_msg(const int32_t *d, int src, int dst, int k) {
-  static int32_t h[N];
-  if (cudaMemcpy(h, d, N * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
-  for (int i = 0; i < N; i++)
-    if (h[i] != val(src, dst, k, i)) return 0;
+/* The device buffer holds the n elements of message (src -> dst, k). */
+static int is_msg_n(const int32_t *d, int src, int dst, int k, size_t n) {
+  if (cudaMemcpy(host, d, n * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (host[i] != val(src, dst, k, (int)i)) return 0;
   return 1;
 }
+static int is_msg(const int32_t *d, int src, int dst, int k) { return is_msg_n(d, src, dst, k, N); }
 
-static int ring(tdist_group_t *w, int send_first, int k) {
+static int ring(tdist_group_t *w, int send_first, int k, size_t n) {
   int next = (rank + 1) % size, prev = (rank + size - 1) % size;
-  int32_t *s = dev_msg(rank, next, k), *r = dev_msg(-1, -1, 0);
+  int32_t *s = dev_msg_n(rank, next, k, n), *r = dev_msg_n(-1, -1, 0, n);
   CHECK(s && r);
   tdist_work_t *ws = NULL, *wr = NULL;
   if (send_first) {
-    CHECK(tdist_isend(w, s, N, TDIST_INT32, next, &opts, &ws) == 0);
-    CHECK(tdist_irecv(w, r, N, TDIST_INT32, prev, &opts, &wr) == 0);
+    CHECK(tdist_isend(w, s, n, TDIST_INT32, next, &opts, &ws) == 0);
+    CHECK(tdist_irecv(w, r, n, TDIST_INT32, prev, &opts, &wr) == 0);
   } else {
-    CHECK(tdist_irecv(w, r, N, TDIST_INT32, prev, &opts, &wr) == 0);
-    CHECK(tdist_isend(w, s, N, TDIST_INT32, next, &opts, &ws) == 0);
+    CHECK(tdist_irecv(w, r, n, TDIST_INT32, prev, &opts, &wr) == 0);
+    CHECK(tdist_isend(w, s, n, TDIST_INT32, next, &opts, &ws) == 0);
   }
   CHECK(tdist_work_wait(ws, 0) == 0);
   CHECK(tdist_work_wait(wr, 0) == 0);
   tdist_work_release(ws);
   tdist_work_release(wr);
-  CHECK(is_msg(r, prev, rank, k));
+  CHECK(is_msg_n(r, prev, rank, k, n));
   cudaFree(s);
   cudaFree(r);
   return 0;
@@ -181,7 +187,8 @@ int main(void) {
   size = tdist_group_size(w);
   int rc = 0;
   if (size > 1) {
-    rc = ring(w, 1, 1) || ring(w, 0, 2) || mixed(w) || (size >= 3 && cross(w));
+    rc = ring(w, 1, 1, N) || ring(w, 0, 2, N) || ring(w, 1, 3, BIG) || mixed(w) ||
+         (size >= 3 && cross(w));
     /* Each part on its own: a rank done early must not destroy the group
      * under a peer's ops (destroy waits only for this rank's). */
     if (!rc) rc = tdist_barrier(w, NULL, NULL) != 0;
