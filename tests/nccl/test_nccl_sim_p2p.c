@@ -16,7 +16,9 @@
  *                           separate isend/irecv carry checked data (was: the
  *                           first ring deadlocked)
  *   pairs_destroyed         every rank with pair communicators to every other
- *                           (separate irecvs, then isends), then destroy, twice in
+ *                           (separate irecvs, then isends; the second time a
+ *                           stream made to wait for the receives with
+ *                           wait_stream holds the data), then destroy, twice in
  *                           a process: destroy returns 0, no NCCL call raced
  *                           another on a communicator (was: the receives
  *                           held the sends until their timeout)
@@ -187,6 +189,19 @@ static int destroy_child(int rank, int n, void *arg) {
     }
     for (int p = 0; p < n; p++)
       if (p != rank) MP_CHECK_RC(tdist_isend(g, sb, N, TDIST_FLOAT32, p, &o, &ws[p]));
+    if (round == 1) {
+      /* Stream-ordered: a stream made to wait for each receive (launched by
+       * its direction's setup thread, or still pending: wait_stream then
+       * waits for the launch), synchronized, holds every message. */
+      cudaStream_t st = NULL;
+      NS_CUDA(cudaStreamCreate(&st));
+      for (int p = 0; p < n; p++)
+        if (p != rank) MP_CHECK_RC(tdist_work_wait_stream(wr[p], st));
+      NS_CUDA(cudaStreamSynchronize(st));
+      for (int p = 0; p < n; p++)
+        if (p != rank) MP_CHECK(holds(rb[p], p, 9, round));
+      NS_CUDA(cudaStreamDestroy(st));
+    }
     for (int p = 0; p < n; p++) {
       if (p == rank) continue;
       MP_CHECK_RC(tdist_work_wait(ws[p], 0));
