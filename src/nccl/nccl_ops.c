@@ -571,8 +571,12 @@ static int park_if_not_ready(tdist__nccl_t *pc, tdist_backend_op_t *op, int *rc)
   if (*rc != 0) return 1;
   cudaError_t e = cudaEventRecord(ev, (cudaStream_t)op->args->stream);
   pthread_mutex_lock(&pc->mu);
-  if (e != cudaSuccess) {
-    *rc = tdist__cuda_err(e, "cudaEventRecord");
+  if (e != cudaSuccess || pc->dead) {
+    /* Recording failed, or an abort came meanwhile: nobody would launch it. */
+    *rc = e != cudaSuccess
+              ? tdist__cuda_err(e, "cudaEventRecord")
+              : tdist__error(TDIST_ERR_ABORTED, "nccl: %s: the group's communicators were aborted",
+                             pc->name);
     tdist__nccl_event_put(pc, ev);
   } else {
     no->start = ev;
@@ -611,9 +615,10 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   no->pending = 0;
   no->start = NULL;
   if (tdist__nccl_is_pair_op(nc, a)) {
-    /* A send/recv to another rank: on the communicator of this pair of
-     * ranks (nccl_p2p.c), with its own stream and FIFO, so separate isend
-     * and irecv to any peers in any order cannot deadlock each other. */
+    /* A send/recv to another rank: on the communicator of this direction
+     * (this rank -> peer, or peer -> this rank: nccl_p2p.c), with its own
+     * stream and FIFO, so separate isend and irecv to any peers in any
+     * order cannot hold each other. */
     tdist__nccl_t *pc = NULL;
     rc = tdist__nccl_pair_get(nc, a->root, a->type == TDIST_OP_SEND, &pc);
     if (rc != 0) {
