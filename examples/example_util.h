@@ -52,6 +52,74 @@ static inline tdist_group_t *ex_init(void) {
   return ex_world;
 }
 
+/* ---- buffers a group's backend can move -----------------------------------------
+ * A CPU group moves host memory; an NCCL group moves CUDA device memory of
+ * its device (the backend's default: LOCAL_RANK modulo the devices seen).
+ * The examples stay buildable and runnable without CUDA: the runtime is
+ * opened only when the group's backend is "nccl", from TDIST_CUDART_LIBRARY
+ * (the simulated GPU in tests) or libcudart.so, as tdist itself does. Only
+ * the few calls below are used, declared here by their documented
+ * signatures (int for cudaError_t, 1 and 2 for cudaMemcpyHostToDevice and
+ * cudaMemcpyDeviceToHost). */
+#include <dlfcn.h>
+#include <string.h>
+
+static struct {
+  int on; /* 1: device memory through the runtime below */
+  int (*malloc_)(void **, size_t);
+  int (*free_)(void *);
+  int (*memcpy_)(void *, const void *, size_t, int);
+} ex_mem;
+
+/* Call once after ex_init: device buffers when `g` is an NCCL group. */
+static inline void ex_mem_init(tdist_group_t *g) {
+  const char *b = tdist_group_backend(g);
+  if (!b || strcmp(b, "nccl") != 0) return;
+  const char *path = getenv("TDIST_CUDART_LIBRARY");
+  void *h = dlopen(path && *path ? path : "libcudart.so", RTLD_NOW | RTLD_GLOBAL);
+  if (!h && !(path && *path)) h = dlopen("libcudart.so.12", RTLD_NOW | RTLD_GLOBAL);
+  if (!h) ex_die("dlopen(CUDA runtime)", TDIST_ERR_NOT_SUPPORTED, dlerror());
+  int (*count)(int *) = (int (*)(int *))dlsym(h, "cudaGetDeviceCount");
+  int (*set)(int) = (int (*)(int))dlsym(h, "cudaSetDevice");
+  ex_mem.malloc_ = (int (*)(void **, size_t))dlsym(h, "cudaMalloc");
+  ex_mem.free_ = (int (*)(void *))dlsym(h, "cudaFree");
+  ex_mem.memcpy_ = (int (*)(void *, const void *, size_t, int))dlsym(h, "cudaMemcpy");
+  if (!count || !set || !ex_mem.malloc_ || !ex_mem.free_ || !ex_mem.memcpy_)
+    ex_die("dlsym(CUDA runtime)", TDIST_ERR_NOT_SUPPORTED, "a runtime call is missing");
+  /* The group's device, as the backend picked it (LOCAL_RANK modulo the
+   * devices), current for this thread's allocations. */
+  int n = 0;
+  const char *lr = getenv("LOCAL_RANK");
+  if (count(&n) != 0 || n < 1 || set(lr ? atoi(lr) % n : 0) != 0)
+    ex_die("cudaSetDevice", TDIST_ERR_CUDA_ERROR, "no CUDA device");
+  ex_mem.on = 1;
+}
+
+/* n bytes the group can move (dies on failure). */
+static inline void *ex_alloc(size_t n) {
+  void *p = NULL;
+  if (ex_mem.on ? ex_mem.malloc_(&p, n) != 0 : (p = malloc(n)) == NULL)
+    ex_die("allocating a buffer", TDIST_ERR_NO_MEMORY, ex_mem.on ? "cudaMalloc" : "malloc");
+  return p;
+}
+
+static inline void ex_free(void *p) {
+  if (ex_mem.on)
+    ex_mem.free_(p);
+  else
+    free(p);
+}
+
+/* Copy between host memory and a buffer of ex_alloc (dir 1: to it, 2: from it). */
+static inline void ex_copy(void *dst, const void *src, size_t n, int dir) {
+  if (!ex_mem.on) {
+    if (dst != src) memcpy(dst, src, n);
+  } else if (ex_mem.memcpy_(dst, src, n, dir) != 0)
+    ex_die("cudaMemcpy", TDIST_ERR_CUDA_ERROR, "copy failed");
+}
+#define EX_TO_DEV 1
+#define EX_TO_HOST 2
+
 static inline double ex_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

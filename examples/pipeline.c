@@ -11,6 +11,13 @@
  * sends the previous micro-batch's gradient down and receives the next one
  * from above (the send_backward/recv_backward pair of a 1F1B schedule);
  * every stage checks what it gets element by element.
+ *
+ * On the NCCL backend (tdistrun --backend nccl) the messages move CUDA
+ * device memory (example_util.h's ex_alloc) and the "compute" runs on host
+ * copies; the forward's separate isend/irecv need the backend's
+ * communicator per pair of peers (docs/nccl-backend.md). NCCL has no tags:
+ * messages between two stages match in the order posted, which here is the
+ * micro-batch order the tags name.
  */
 #include <string.h>
 
@@ -33,10 +40,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   tdist_group_t *world = ex_init();
+  ex_mem_init(world); /* device buffers on an NCCL group */
   int stage = tdist_group_rank(world), P = tdist_group_size(world);
   int prev = stage - 1, next = stage + 1 < P ? stage + 1 : -1;
-  float *act = malloc((size_t)nm * n * sizeof(float));  /* activations, per micro-batch */
-  float *grad = malloc((size_t)nm * n * sizeof(float)); /* gradients, per micro-batch */
+  size_t bytes = (size_t)nm * n * sizeof(float);
+  /* What the group moves (device memory on NCCL), and the host copies the
+   * stage computes on (the same memory on a CPU group). */
+  float *act_buf = ex_alloc(bytes), *grad_buf = ex_alloc(bytes);
+  float *act = ex_mem.on ? malloc(bytes) : act_buf;   /* activations, per micro-batch */
+  float *grad = ex_mem.on ? malloc(bytes) : grad_buf; /* gradients, per micro-batch */
   tdist_work_t **recv_w = calloc((size_t)nm, sizeof(*recv_w));
   tdist_work_t **send_w = calloc((size_t)nm, sizeof(*send_w));
   if (!act || !grad || !recv_w || !send_w) ex_die("malloc", TDIST_ERR_NO_MEMORY, "buffers");
@@ -44,7 +56,7 @@ int main(int argc, char **argv) {
   /* ---- forward ---- */
   for (int m = 0; m < nm && prev >= 0; m++) { /* pre-post every receive */
     tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TAG, .tag = m};
-    EX_CHECK(tdist_irecv(world, act + (size_t)m * n, n, TDIST_FLOAT32, prev, &o, &recv_w[m]));
+    EX_CHECK(tdist_irecv(world, act_buf + (size_t)m * n, n, TDIST_FLOAT32, prev, &o, &recv_w[m]));
   }
   for (int m = 0; m < nm; m++) {
     float *a = act + (size_t)m * n;
@@ -53,11 +65,13 @@ int main(int argc, char **argv) {
         a[i] = input(m, i);
     else
       ex_wait(recv_w[m], "forward irecv");
+    if (prev >= 0) ex_copy(a, act_buf + (size_t)m * n, n * sizeof(float), EX_TO_HOST);
     for (size_t i = 0; i < n; i++)
       a[i] += (float)(stage + 1); /* this stage's "layer" */
+    ex_copy(act_buf + (size_t)m * n, a, n * sizeof(float), EX_TO_DEV);
     if (next >= 0) {
       tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TAG, .tag = m};
-      EX_CHECK(tdist_isend(world, a, n, TDIST_FLOAT32, next, &o, &send_w[m]));
+      EX_CHECK(tdist_isend(world, act_buf + (size_t)m * n, n, TDIST_FLOAT32, next, &o, &send_w[m]));
     }
   }
   /* A send buffer is ours again only once its work completed. */
@@ -71,10 +85,11 @@ int main(int argc, char **argv) {
     tdist_p2p_op_t ops[2];
     int k = 0;
     if (next >= 0 && m < nm) /* gradient of micro-batch m from the stage above */
-      ops[k++] = (tdist_p2p_op_t){TDIST_P2P_RECV, grad + (size_t)m * n, n, TDIST_FLOAT32, next, m};
+      ops[k++] =
+          (tdist_p2p_op_t){TDIST_P2P_RECV, grad_buf + (size_t)m * n, n, TDIST_FLOAT32, next, m};
     if (prev >= 0 && m > 0) /* gradient of micro-batch m-1, computed last step */
       ops[k++] = (tdist_p2p_op_t){
-          TDIST_P2P_SEND, grad + (size_t)(m - 1) * n, n, TDIST_FLOAT32, prev, m - 1};
+          TDIST_P2P_SEND, grad_buf + (size_t)(m - 1) * n, n, TDIST_FLOAT32, prev, m - 1};
     if (k > 0) {
       tdist_work_t *w;
       EX_CHECK(tdist_batch_isend_irecv(world, ops, k, NULL, &w));
@@ -84,6 +99,8 @@ int main(int argc, char **argv) {
     float *g = grad + (size_t)m * n, *a = act + (size_t)m * n;
     if (next < 0) /* last stage: the "loss gradient" is the forward output */
       memcpy(g, a, n * sizeof(float));
+    else
+      ex_copy(g, grad_buf + (size_t)m * n, n * sizeof(float), EX_TO_HOST);
     /* Check: the last stage's output plus 1 per stage above this one. */
     for (size_t i = 0; i < n; i++)
       bad += g[i] != input(m, i) + through_all + (float)(P - 1 - stage);
@@ -92,16 +109,23 @@ int main(int argc, char **argv) {
         bad += a[i] != input(m, i) + through_all;
     for (size_t i = 0; i < n; i++)
       g[i] += 1.0f; /* this stage's contribution */
+    ex_copy(grad_buf + (size_t)m * n, g, n * sizeof(float), EX_TO_DEV); /* sent next step */
   }
   printf("rank %d: stage %d of %d: %s: %d micro-batches x %zu floats checked\n", stage, stage, P,
          bad ? "FAILED" : "OK", nm, n);
   int64_t badsum = bad;
-  EX_CHECK(tdist_all_reduce(world, &badsum, &badsum, 1, TDIST_INT64, TDIST_SUM, NULL, NULL));
+  int64_t *badbuf = ex_alloc(sizeof(badsum));
+  ex_copy(badbuf, &badsum, sizeof(badsum), EX_TO_DEV);
+  EX_CHECK(tdist_all_reduce(world, badbuf, badbuf, 1, TDIST_INT64, TDIST_SUM, NULL, NULL));
+  ex_copy(&badsum, badbuf, sizeof(badsum), EX_TO_HOST);
+  ex_free(badbuf);
   if (stage == 0)
     printf("pipeline: %d stages, %d micro-batches forward (isend/irecv) and backward "
            "(batch_isend_irecv): results %s\n",
            P, nm, badsum ? "WRONG" : "checked: OK");
-  free(act), free(grad), free(recv_w), free(send_w);
+  if (ex_mem.on) free(act), free(grad);
+  ex_free(act_buf), ex_free(grad_buf);
+  free(recv_w), free(send_w);
   EX_CHECK(tdist_group_destroy(world));
   return badsum ? 1 : 0;
 }

@@ -5,7 +5,9 @@
  * core's group or work structs. One tdist__nccl_t per group (the `state` the
  * core hands back to every vtable entry). It owns the group's communicator,
  * an internal CUDA stream on which every NCCL call of the group is enqueued,
- * a pool of end events, and the FIFO of launched ops.
+ * a pool of end events, and the FIFO of launched ops. Sends and receives to
+ * other ranks run on communicators of their own, one per direction of each
+ * pair of peers, each state a tdist__nccl_t like the group's (nccl_p2p.c).
  *
  * Threads (who runs what):
  *   caller threads   init, split, shrink (nccl_comm.c), destroy (nccl_state.c), submit
@@ -139,6 +141,25 @@ typedef struct tdist__nccl {
    * steady state allocates nothing. */
   cudaEvent_t *all, *free;
   int nall, nfree, cap;
+
+  /* Point-to-point on communicators of two ranks, one per pair of peers
+   * (nccl_p2p.c). A pair's state is a tdist__nccl_t of its own (its own
+   * `call` and `mu`, communicator, internal stream, event pool and FIFO),
+   * made on the first send/recv between the two ranks; the group's own
+   * state (the "main" one) lists them. Lock order: main mu, then a pair's
+   * mu (abort only); no pair lock is held while taking main mu. Entries of
+   * `pairs` only go from NULL to a state while the group lives (freed at
+   * destroy). A pair's `rank` and `size` are its own (0 or 1, of 2). */
+  tdist_store_t *store;       /* main: the group's store view (pair ids); set at creation */
+  uint64_t uid;               /* the group's uid (the pairs' store keys) */
+  struct tdist__nccl **pairs; /* main (mu): [2 * size]: [2p] sends to p, [2p+1] receives from p */
+  struct tdist__nccl *owner;  /* pair: the group's main state (NULL on main) */
+  int peer;                   /* pair: the peer's rank in the group; `rank` 0: we send */
+  int ready;                  /* pair (mu; written with call and mu): comm made, pending drained */
+  int stop;                   /* pair (mu): destroy runs: the setup thread gives up */
+  tdist__list_t pending;      /* pair (mu): ops submitted before `ready`, in submit order */
+  pthread_t setup;            /* pair: the setup thread (nccl_p2p.c), joined by destroy */
+  int has_setup;              /* pair (mu): `setup` was started */
 } tdist__nccl_t;
 
 /* What an op keeps in op->scratch (initialised by submit, under mu). */
@@ -147,6 +168,12 @@ typedef struct tdist__nccl_op {
   int posted;      /* (progress) post ran: poll may complete the op */
   int completed;   /* (mu) poll completed it (unlinked, not forgotten by abort) */
   int recorded;    /* (mu) its end event is recorded (the enqueue finished) */
+  /* A send/recv submitted before its pair's communicator was ready
+   * (nccl_p2p.c): on the pair's `pending` list until the setup thread
+   * launches it; `start` was recorded on the caller's stream at submit, so
+   * the launch orders after what the caller had queued then, not later. */
+  int pending;       /* (pair mu) on `pending` */
+  cudaEvent_t start; /* (pair mu) from the pair's pool, or NULL: use start_ev */
 } tdist__nccl_op_t;
 
 _Static_assert(sizeof(tdist__nccl_op_t) <= TDIST_BACKEND_SCRATCH, "op scratch too small");
@@ -499,6 +526,31 @@ int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
 int tdist__nccl_test(void *state, tdist_backend_op_t *op);
+
+/* ---- point-to-point communicators per pair of peers (nccl_p2p.c) ------------------- */
+/* Caller thread (submit): the state of the direction this rank -> `peer`
+ * (send) or `peer` -> this rank (!send), made on first use,
+ * whose setup thread then makes its communicator. 0 and *out, or the
+ * error (group aborted, no memory, no thread). */
+int tdist__nccl_pair_get(tdist__nccl_t *nc, int peer, int send, tdist__nccl_t **out);
+/* Caller thread (destroy), no lock held: stop and join every pair's setup
+ * thread, finalize or abort its communicator, free it. 0 or the first error. */
+int tdist__nccl_pairs_destroy(tdist__nccl_t *nc);
+/* Progress thread (abort): the pairs dead, their ops forgotten, under each
+ * pair's mu. Returns how many have a communicator for the abort thread. */
+int tdist__nccl_pairs_forget(tdist__nccl_t *nc);
+/* Abort thread: ncclCommAbort every pair's communicator (a barrier on its
+ * `call` first, as for the main one). */
+void tdist__nccl_pairs_abort(tdist__nccl_t *nc);
+/* Progress thread: poll every pair (tdist__nccl_poll on each). */
+int tdist__nccl_pairs_poll(tdist__nccl_t *nc);
+/* Setup thread, the pair's `call` held, its device current: launch `op`
+ * (pending until now) on the pair (nccl_ops.c). *doomed as submit's. */
+int tdist__nccl_launch_pending(tdist__nccl_t *pc, tdist_backend_op_t *op, int *doomed);
+/* Does the op go on a pair communicator? (a send or recv to another rank) */
+int tdist__nccl_is_pair_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a);
+/* Poll one state (main or pair): tdist__nccl_poll's body. */
+int tdist__nccl_poll_one(tdist__nccl_t *nc);
 
 /* ---- variable-size collectives (nccl_ops_v.c), caller thread, `call` held ---------- */
 /* The NCCL calls of a v-op (tdist_backend_op_is_v) on stream s, in one NCCL group. */

@@ -183,8 +183,11 @@ static ncclResult_t launch_calls(tdist__nccl_t *nc, const tdist_backend_args_t *
   case TDIST_OP_BARRIER:
     /* A one-element all_reduce: completes only once every rank entered. */
     return ncclAllReduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum, c, s);
-  case TDIST_OP_SEND: return ncclSend(a->sendbuf, a->count, dt, a->root, c, s);
-  case TDIST_OP_RECV: return ncclRecv(a->recvbuf, a->count, dt, a->root, c, s);
+  /* On a pair's communicator (nccl_p2p.c) the peer is the pair's other rank. */
+  case TDIST_OP_SEND:
+    return ncclSend(a->sendbuf, a->count, dt, nc->owner ? 1 - nc->rank : a->root, c, s);
+  case TDIST_OP_RECV:
+    return ncclRecv(a->recvbuf, a->count, dt, nc->owner ? 1 - nc->rank : a->root, c, s);
   case TDIST_OP_BATCH_P2P: {
     /* One group: sends and receives of the batch progress together. */
     ncclResult_t r = ncclGroupStart();
@@ -416,8 +419,21 @@ static int enqueue_locked(tdist__nccl_t *nc, tdist_backend_op_t *op, ncclDataTyp
   rc = tdist__nccl_event_get(nc, &end);
   pthread_mutex_unlock(&nc->mu);
   if (rc != 0) return rc;
-  CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
-  CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
+  if (no->start) {
+    /* A pair's op that waited for its communicator (nccl_p2p.c): ordered
+     * after what the caller's stream held at submit, recorded then. Once
+     * the wait is enqueued the event may be recorded again (CUDA:
+     * cudaStreamWaitEvent waits for the record current at the call). */
+    cudaError_t e = cudaStreamWaitEvent(nc->stream, no->start, 0);
+    pthread_mutex_lock(&nc->mu);
+    tdist__nccl_event_put(nc, no->start);
+    no->start = NULL;
+    pthread_mutex_unlock(&nc->mu);
+    CUDACHECKGOTO(e, rc, fail);
+  } else {
+    CUDACHECKGOTO(cudaEventRecord(nc->start_ev, (cudaStream_t)a->stream), rc, fail);
+    CUDACHECKGOTO(cudaStreamWaitEvent(nc->stream, nc->start_ev, 0), rc, fail);
+  }
   if (tdist_backend_op_is_reducing(a->type) && a->redop == TDIST_PREMUL_SUM) {
     /* Host-immediate scalar: read before the call returns. The handle may be
      * destroyed once the last call using it has returned and, on a
@@ -507,6 +523,53 @@ fail:
   return rc;
 }
 
+int tdist__nccl_is_pair_op(const tdist__nccl_t *nc, const tdist_backend_args_t *a) {
+  return (a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV) && nc->owner == NULL &&
+         nc->size > 1 && a->root != nc->rank;
+}
+
+int tdist__nccl_launch_pending(tdist__nccl_t *pc, tdist_backend_op_t *op, int *doomed) {
+  ncclDataType_t dt = ncclFloat32;
+  ncclRedOp_t rop = ncclSum;
+  int rc = map_op(pc, op->args, &dt, &rop); /* checked at submit: cannot fail now */
+  if (rc == 0) rc = tdist__nccl_settle_launch(pc);
+  if (rc != 0 && rc != TDIST_ERR_ABORTED) *doomed = 1;
+  if (rc == 0) rc = enqueue_locked(pc, op, dt, rop, doomed);
+  return rc;
+}
+
+/* `call` of the pair pc held, the group's device current: if pc's
+ * communicator is not made yet, queue op on pc's `pending` (launched by the
+ * setup thread, in submit order) with a start event recorded on the
+ * caller's stream now, and return 1; 0 when pc is ready (launch it now).
+ * The caller never waits here for the peer (nccl_p2p.c). */
+static int park_if_not_ready(tdist__nccl_t *pc, tdist_backend_op_t *op, int *rc) {
+  tdist__nccl_op_t *no = tdist__nccl_op(op);
+  cudaEvent_t ev = NULL;
+  pthread_mutex_lock(&pc->mu);
+  int ready = pc->ready;
+  if (!ready) *rc = tdist__nccl_event_get(pc, &ev);
+  pthread_mutex_unlock(&pc->mu);
+  if (ready) return 0;
+  if (*rc != 0) return 1;
+  cudaError_t e = cudaEventRecord(ev, (cudaStream_t)op->args->stream);
+  pthread_mutex_lock(&pc->mu);
+  if (e != cudaSuccess || pc->dead) {
+    /* Recording failed, or an abort came meanwhile: nobody would launch it. */
+    *rc = e != cudaSuccess
+              ? tdist__cuda_err(e, "cudaEventRecord")
+              : tdist__error(TDIST_ERR_ABORTED, "nccl: %s: the group's communicators were aborted",
+                             pc->name);
+    tdist__nccl_event_put(pc, ev);
+  } else {
+    no->start = ev;
+    no->pending = 1;
+    tdist__list_push_back(&pc->pending, &op->link);
+  }
+  pthread_mutex_unlock(&pc->mu);
+  return 1;
+}
+
 int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   int rc = 0, doomed = 0;
   tdist__nccl_t *nc = state;
@@ -533,8 +596,29 @@ int tdist__nccl_submit(void *state, tdist_backend_op_t *op) {
   no->posted = 0;
   no->completed = 0;
   no->recorded = 0;
+  no->pending = 0;
+  no->start = NULL;
+  if (tdist__nccl_is_pair_op(nc, a)) {
+    /* A send/recv to another rank: on the communicator of this direction
+     * (this rank -> peer, or peer -> this rank: nccl_p2p.c), with its own
+     * stream and FIFO, so separate isend and irecv to any peers in any
+     * order cannot hold each other. */
+    tdist__nccl_t *pc = NULL;
+    rc = tdist__nccl_pair_get(nc, a->root, a->type == TDIST_OP_SEND, &pc);
+    if (rc != 0) {
+      tdist__nccl_dev_leave(&dev);
+      return rc;
+    }
+    nc = pc;
+    op->priv = pc;
+  }
   rc = tdist__nccl_call_enter(nc, tdist_op_name(a->type));
   if (rc != 0) {
+    tdist__nccl_dev_leave(&dev);
+    return rc;
+  }
+  if (nc->owner && park_if_not_ready(nc, op, &rc)) {
+    pthread_mutex_unlock(&nc->call);
     tdist__nccl_dev_leave(&dev);
     return rc;
   }

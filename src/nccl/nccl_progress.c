@@ -140,8 +140,15 @@ int tdist__nccl_call_enter(tdist__nccl_t *nc, const char *what) {
                       what, nc->name);
 }
 
+/* Every communicator of the group: the main one, then each pair's (its own
+ * stream, so its own FIFO: each completes in its own order). */
 int tdist__nccl_poll(void *state) {
   tdist__nccl_t *nc = state;
+  int n = tdist__nccl_poll_one(nc);
+  return n + tdist__nccl_pairs_poll(nc);
+}
+
+int tdist__nccl_poll_one(tdist__nccl_t *nc) {
   tdist_backend_op_t *done[BATCH];
   int n = 0;
   ncclResult_t st = ncclSuccess;
@@ -257,6 +264,15 @@ void tdist__nccl_forget_locked(tdist__nccl_t *nc) {
   tdist__list_t *l;
   while ((l = tdist__list_first(&nc->inflight)) != NULL)
     tdist__list_remove(l);
+  /* A pair's ops not launched yet: their start events back to the pool. */
+  while ((l = tdist__list_first(&nc->pending)) != NULL) {
+    tdist_backend_op_t *op = tdist__list_entry(l, tdist_backend_op_t, link);
+    tdist__nccl_op_t *no = tdist__nccl_op(op);
+    tdist__list_remove(l);
+    no->pending = 0;
+    if (no->start) tdist__nccl_event_put(nc, no->start);
+    no->start = NULL;
+  }
 }
 
 /* Abort thread (one per abort, detached). nc stays allocated until `jobs`
@@ -281,6 +297,9 @@ static void *abort_main(void *arg) {
     if (r != ncclSuccess && r != ncclInProgress)
       TDIST_WARN(NCCL, "group '%s': ncclCommAbort: %s", nc->name, ncclGetErrorString(r));
   }
+  /* Then the pairs' communicators (nccl_p2p.c), on this same thread: the
+   * group's failures are released once every kernel of it stopped. */
+  tdist__nccl_pairs_abort(nc);
   /* NCCL's kernels and job thread are done: the aborted ops' buffers are
    * the callers' again, and their failures may be published. */
   tdist_backend_released(nc->group);
@@ -318,7 +337,9 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
   if (!nc->dead) {
     /* Forget every launched op: the core finishes them after we return. */
     tdist__nccl_forget_locked(nc);
-    if (nc->comm) {
+    /* The pairs' ops too; their communicators go with the abort thread's. */
+    int pairs = tdist__nccl_pairs_forget(nc);
+    if (nc->comm || pairs > 0) {
       nc->jobs++;
       start = 1;
       /* Until ncclCommAbort returns, NCCL's kernels (and a launch still in
@@ -345,7 +366,8 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
  * caller's device and capture mode come back as they were; a busy `call`
  * (poll, a submit, an abort's barrier) answers "not yet" rather than wait. */
 int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
-  tdist__nccl_t *nc = state;
+  /* A send/recv lives on its pair's state (op->priv, set by submit). */
+  tdist__nccl_t *nc = op->priv ? op->priv : state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   int done = 0;
   if (pthread_mutex_trylock(&nc->call) != 0) return 0;
@@ -382,8 +404,22 @@ out:
 
 int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream) {
   int rc = 0, failed = 0;
-  tdist__nccl_t *nc = state;
+  tdist__nccl_t *nc = op->priv ? op->priv : state; /* a send/recv: its pair's */
   tdist__nccl_op_t *no = tdist__nccl_op(op);
+  /* A send/recv whose pair communicator is still being made has no end
+   * event yet: wait until the pair's setup thread launched it (the setup
+   * is bounded by the group's timeout, and an abort ends it). */
+  for (;;) {
+    pthread_mutex_lock(&nc->mu);
+    int pending = no->pending && !nc->dead;
+    pthread_mutex_unlock(&nc->mu);
+    if (!pending) break;
+    if (tdist_backend_aborted(nc->group))
+      return tdist__error(TDIST_ERR_ABORTED, "tdist_work_wait_stream: group '%s' was aborted",
+                          nc->name);
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
   pthread_mutex_lock(&nc->mu);
   int completed = no->completed;
   pthread_mutex_unlock(&nc->mu);

@@ -99,8 +99,10 @@ int tdist__nccl_state_setup(tdist__nccl_t *nc) {
   CUDACHECKGOTO(cudaStreamCreateWithFlags(&nc->notify, cudaStreamNonBlocking), rc, fail);
   CUDACHECKGOTO(cudaEventCreateWithFlags(&nc->start_ev, cudaEventDisableTiming), rc, fail);
   /* Stream-ordered, so freeing it at destroy never synchronises the device. */
-  CUDACHECKGOTO(cudaMallocAsync(&nc->scratch, sizeof(float), nc->stream), rc, fail);
-  CUDACHECKGOTO(cudaMemsetAsync(nc->scratch, 0, sizeof(float), nc->stream), rc, fail);
+  /* Two floats: barrier's all_reduce uses the first; a pair's connecting
+   * send and receive (nccl_p2p.c) one each. */
+  CUDACHECKGOTO(cudaMallocAsync(&nc->scratch, 2 * sizeof(float), nc->stream), rc, fail);
+  CUDACHECKGOTO(cudaMemsetAsync(nc->scratch, 0, 2 * sizeof(float), nc->stream), rc, fail);
 fail:
   return rc;
 }
@@ -148,6 +150,7 @@ void tdist__nccl_state_free(tdist__nccl_t *nc) {
   tdist__nccl_mem_release_all(nc); /* comm gone: our records only */
   tdist__free(nc->all);
   tdist__free(nc->free);
+  tdist__free(nc->pairs);
   pthread_cond_destroy(&nc->idle);
   pthread_mutex_destroy(&nc->mu);
   pthread_mutex_destroy(&nc->call);
@@ -165,6 +168,9 @@ int tdist__nccl_state_new(int device, const tdist_backend_params_t *p, tdist__nc
   pthread_mutex_init(&nc->mu, NULL);
   pthread_mutex_init(&nc->call, NULL);
   tdist__list_init(&nc->inflight);
+  tdist__list_init(&nc->pending);
+  nc->store = p->store; /* the pairs' ids (nccl_p2p.c) */
+  nc->uid = p->uid;
   nc->device = device;
   nc->group = p->group;
   nc->progress = p->progress;
@@ -265,6 +271,9 @@ int tdist__nccl_destroy_now(tdist__nccl_t *nc) {
     TDIST_WARN(NCCL, "%s", tdist_last_error());
     return rc;
   }
+  /* The pairs' communicators first (nccl_p2p.c): their setup threads
+   * stopped and joined, each finalized like the group's own. */
+  int prc = tdist__nccl_pairs_destroy(nc);
   /* No abort thread any more and no op in flight: `call` is free but for a
    * caller's test, which holds it for a moment. */
   pthread_mutex_lock(&nc->call);
@@ -301,7 +310,7 @@ int tdist__nccl_destroy_now(tdist__nccl_t *nc) {
   pthread_mutex_unlock(&nc->mu);
   pthread_mutex_unlock(&nc->call);
   tdist__nccl_state_free(nc);
-  return rc;
+  return rc != 0 ? rc : prc;
 }
 
 /* ---- the backend ------------------------------------------------------------------ */

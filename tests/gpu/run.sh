@@ -217,6 +217,8 @@ plan (budget ${budget} s, build $build, logs -> $out):
               config + high-priority stream, registration, a window  (~10 s, at most 90)
   graph       tdistrun -n 2 --backend nccl tdist_gpu_graph: CUDA graph capture, 10 checked
               launches, group destroyed with the graph alive          (~10 s, at most 90)
+  p2p_nN      tdistrun -n N --backend nccl tdist_gpu_p2p, N = 2 4: separate isend/irecv
+              on per-pair communicators (rings, mixed orders, cross-wait) (~10 s each, at most 90)
   soak        soak --backend nccl --seconds $soak_s [--nccl-hostid-per-rank]  (${soak_s} s + the last trial)
   bench       tdist_bench_nccl PORT 256 20000 (tdist beside raw NCCL)   (~20 s, at most 90)
   bench_submit tdist_bench_submit_gpu -T 3 (beside the same work by hand) (~10 s, at most 60)
@@ -233,7 +235,8 @@ if [ $dry -eq 1 ]; then
       if [ -x "$build/$p" ]; then echo "found:        $build/$p"
       else echo "run.sh --dry: $build/$p missing"; dry_fail=1; fi
     done
-    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_cfg tests/gpu/tdist_gpu_graph \
+    for p in tests/gpu/tdist_gpu_nccl tests/gpu/tdist_gpu_rank tests/gpu/tdist_gpu_cfg \
+      tests/gpu/tdist_gpu_graph tests/gpu/tdist_gpu_p2p \
       bench/nccl/tdist_bench_nccl \
       bench/nccl/tdist_bench_submit_gpu; do
       [ -x "$build/$p" ] && echo "found:        $build/$p" ||
@@ -251,8 +254,8 @@ if [ $dry -eq 1 ]; then
   fi
   [ -n "$missing" ] && echo "missing for a GPU run:$missing"
   bash -n "$0" || dry_fail=1
-  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 graph soak bench bench_submit bench_torch \
-    python; do
+  for s in build one tdistrun_n1 tdistrun_n2 tdistrun_n4 cfg graph p2p_n2 p2p_n4 soak \
+    bench bench_submit bench_torch python; do
     record "$s" SKIP 0 "dry run"
   done
   if [ $dry_fail -ne 0 ]; then
@@ -273,7 +276,7 @@ export TDIST_TIMEOUT_MS=${TDIST_TIMEOUT_MS:-60000}
 
 # ---- build --------------------------------------------------------------------------------
 targets="tdist tdistrun tdist-store tdist_gpu_nccl tdist_gpu_rank soak_short soak_rank"
-targets="$targets tdist_bench_submit_gpu tdist_gpu_cfg tdist_gpu_graph"
+targets="$targets tdist_bench_submit_gpu tdist_gpu_cfg tdist_gpu_graph tdist_gpu_p2p"
 # A given build that has the programs is taken as it is (a bundle from another machine has
 # no CMake cache); the default build-gpu is always brought up to date (incremental).
 if [ -z "$given_build" ] || [ ! -x "$build/tests/gpu/tdist_gpu_nccl" ]; then
@@ -330,7 +333,7 @@ cfgprog=$build/tests/gpu/tdist_gpu_cfg
 hostid=""
 # shellcheck disable=SC2016 # $RANK is the rank's, set by tdistrun
 [ "$ngpu" -lt 2 ] && hostid='NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; '
-# shellcheck disable=SC2046 # with_libs gives words
+# shellcheck disable=SC2016,SC2046 # "$0" is the shell's; with_libs gives words
 step cfg 90 cfg.log env $(with_libs "$cfgprog") TDIST_NCCL_RANKS_PER_ROOT=1 "$tdistrun" -n 2 \
   --backend nccl /bin/sh -c "$hostid"'exec "$0"' "$cfgprog"
 # ---- CUDA graph capture (issue 42 #1): two ranks, one per GPU or each its own NCCL_HOSTID ----
@@ -339,6 +342,16 @@ graphprog=$build/tests/gpu/tdist_gpu_graph
 step graph 90 graph.log env $(with_libs "$graphprog") "$tdistrun" -n 2 --backend nccl \
   /bin/sh -c '[ "$0" -ge 2 ] || { NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; }; exec "$1"' \
   "$ngpu" "$graphprog"
+# ---- separate isend/irecv (per-pair communicators: src/nccl/nccl_p2p.c) ---------------------
+p2pprog=$build/tests/gpu/tdist_gpu_p2p
+for n in 2 4; do
+  hostid=()
+  # shellcheck disable=SC2016 # $RANK is the rank's, set by tdistrun
+  [ "$n" -gt "$ngpu" ] && hostid=(/bin/sh -c 'NCCL_HOSTID=gpucheck-h$RANK; export NCCL_HOSTID; exec "$0"')
+  # shellcheck disable=SC2046 # with_libs gives words
+  step "p2p_n$n" 90 "p2p-n$n.log" env $(with_libs "$p2pprog") "$tdistrun" -n "$n" \
+    --backend nccl ${hostid[@]+"${hostid[@]}"} "$p2pprog"
+done
 
 # ---- the fault soak on real NCCL ----------------------------------------------------------
 soak=$build/tests/failures/soak
