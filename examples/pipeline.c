@@ -4,20 +4,22 @@
  *
  *   tdistrun -n 4 ./pipeline [--micro M] [--elems E]
  *
- * Forward: each stage pre-posts an irecv per micro-batch (tag = micro-batch),
- * "computes" (adds stage + 1) as each one arrives, and isends it on, so
- * receiving the next micro-batch overlaps the compute of this one.
- * Backward: gradients flow back; each step is one batch_isend_irecv that
- * sends the previous micro-batch's gradient down and receives the next one
- * from above (the send_backward/recv_backward pair of a 1F1B schedule);
- * every stage checks what it gets element by element.
+ * Every stage posts all its receives first -- the activations of every
+ * micro-batch from the stage below and their gradients from the stage above
+ * (tag = micro-batch) -- so that receiving always overlaps computing.
+ * Forward: as each activation arrives the stage "computes" (adds stage + 1)
+ * and isends it up. Backward: as each gradient arrives from above the stage
+ * checks it element by element, adds its own contribution and isends it
+ * down. Each stage thus has receives outstanding from both neighbours
+ * while it sends to both, all with separate isend/irecv.
  *
  * On the NCCL backend (tdistrun --backend nccl) the messages move CUDA
  * device memory (example_util.h's ex_alloc) and the "compute" runs on host
- * copies; the forward's separate isend/irecv need the backend's
- * communicator per pair of peers (docs/nccl-backend.md). NCCL has no tags:
- * messages between two stages match in the order posted, which here is the
- * micro-batch order the tags name.
+ * copies. The schedule needs the backend's communicator per direction of
+ * each pair of peers (docs/nccl-backend.md): on one stream per group, stage
+ * 0's gradient receives would sit ahead of its activation sends, which the
+ * gradients wait for. NCCL has no tags: messages between two stages match
+ * in the order posted, which here is the micro-batch order the tags name.
  */
 #include <string.h>
 
@@ -51,13 +53,22 @@ int main(int argc, char **argv) {
   float *grad = ex_mem.on ? malloc(bytes) : grad_buf; /* gradients, per micro-batch */
   tdist_work_t **recv_w = calloc((size_t)nm, sizeof(*recv_w));
   tdist_work_t **send_w = calloc((size_t)nm, sizeof(*send_w));
-  if (!act || !grad || !recv_w || !send_w) ex_die("malloc", TDIST_ERR_NO_MEMORY, "buffers");
+  tdist_work_t **grecv_w = calloc((size_t)nm, sizeof(*grecv_w));
+  tdist_work_t **gsend_w = calloc((size_t)nm, sizeof(*gsend_w));
+  if (!act || !grad || !recv_w || !send_w || !grecv_w || !gsend_w)
+    ex_die("malloc", TDIST_ERR_NO_MEMORY, "buffers");
+
+  /* ---- every receive, from both neighbours, before any send ---- */
+  for (int m = 0; m < nm; m++) {
+    tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TAG, .tag = m};
+    if (prev >= 0) /* activation of micro-batch m from below */
+      EX_CHECK(tdist_irecv(world, act_buf + (size_t)m * n, n, TDIST_FLOAT32, prev, &o, &recv_w[m]));
+    if (next >= 0) /* its gradient from above */
+      EX_CHECK(
+          tdist_irecv(world, grad_buf + (size_t)m * n, n, TDIST_FLOAT32, next, &o, &grecv_w[m]));
+  }
 
   /* ---- forward ---- */
-  for (int m = 0; m < nm && prev >= 0; m++) { /* pre-post every receive */
-    tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TAG, .tag = m};
-    EX_CHECK(tdist_irecv(world, act_buf + (size_t)m * n, n, TDIST_FLOAT32, prev, &o, &recv_w[m]));
-  }
   for (int m = 0; m < nm; m++) {
     float *a = act + (size_t)m * n;
     if (prev < 0)
@@ -81,26 +92,14 @@ int main(int argc, char **argv) {
   /* ---- backward ---- */
   long bad = 0;
   const float through_all = (float)(P * (P + 1) / 2); /* what the forward adds */
-  for (int m = 0; m <= nm; m++) {
-    tdist_p2p_op_t ops[2];
-    int k = 0;
-    if (next >= 0 && m < nm) /* gradient of micro-batch m from the stage above */
-      ops[k++] =
-          (tdist_p2p_op_t){TDIST_P2P_RECV, grad_buf + (size_t)m * n, n, TDIST_FLOAT32, next, m};
-    if (prev >= 0 && m > 0) /* gradient of micro-batch m-1, computed last step */
-      ops[k++] = (tdist_p2p_op_t){
-          TDIST_P2P_SEND, grad_buf + (size_t)(m - 1) * n, n, TDIST_FLOAT32, prev, m - 1};
-    if (k > 0) {
-      tdist_work_t *w;
-      EX_CHECK(tdist_batch_isend_irecv(world, ops, k, NULL, &w));
-      ex_wait(w, "backward batch_isend_irecv");
-    }
-    if (m == nm) break;
+  for (int m = 0; m < nm; m++) {
     float *g = grad + (size_t)m * n, *a = act + (size_t)m * n;
-    if (next < 0) /* last stage: the "loss gradient" is the forward output */
+    if (next < 0) { /* last stage: the "loss gradient" is the forward output */
       memcpy(g, a, n * sizeof(float));
-    else
+    } else {
+      ex_wait(grecv_w[m], "backward irecv");
       ex_copy(g, grad_buf + (size_t)m * n, n * sizeof(float), EX_TO_HOST);
+    }
     /* Check: the last stage's output plus 1 per stage above this one. */
     for (size_t i = 0; i < n; i++)
       bad += g[i] != input(m, i) + through_all + (float)(P - 1 - stage);
@@ -109,8 +108,15 @@ int main(int argc, char **argv) {
         bad += a[i] != input(m, i) + through_all;
     for (size_t i = 0; i < n; i++)
       g[i] += 1.0f; /* this stage's contribution */
-    ex_copy(grad_buf + (size_t)m * n, g, n * sizeof(float), EX_TO_DEV); /* sent next step */
+    if (prev >= 0) {
+      tdist_op_opts_t o = {.mask = TDIST_OP_FIELD_TAG, .tag = m};
+      ex_copy(grad_buf + (size_t)m * n, g, n * sizeof(float), EX_TO_DEV);
+      EX_CHECK(
+          tdist_isend(world, grad_buf + (size_t)m * n, n, TDIST_FLOAT32, prev, &o, &gsend_w[m]));
+    }
   }
+  for (int m = 0; m < nm && prev >= 0; m++)
+    ex_wait(gsend_w[m], "backward isend");
   printf("rank %d: stage %d of %d: %s: %d micro-batches x %zu floats checked\n", stage, stage, P,
          bad ? "FAILED" : "OK", nm, n);
   int64_t badsum = bad;
@@ -120,12 +126,12 @@ int main(int argc, char **argv) {
   ex_copy(&badsum, badbuf, sizeof(badsum), EX_TO_HOST);
   ex_free(badbuf);
   if (stage == 0)
-    printf("pipeline: %d stages, %d micro-batches forward (isend/irecv) and backward "
-           "(batch_isend_irecv): results %s\n",
+    printf("pipeline: %d stages, %d micro-batches forward and backward (isend/irecv, every "
+           "receive posted first): results %s\n",
            P, nm, badsum ? "WRONG" : "checked: OK");
   if (ex_mem.on) free(act), free(grad);
   ex_free(act_buf), ex_free(grad_buf);
-  free(recv_w), free(send_w);
+  free(recv_w), free(send_w), free(grecv_w), free(gsend_w);
   EX_CHECK(tdist_group_destroy(world));
   return badsum ? 1 : 0;
 }
