@@ -91,8 +91,14 @@ static int gone(tdist__nccl_t *pc) {
 static int past(int64_t deadline_ns) { return deadline_ns > 0 && tdist__now_ns() >= deadline_ns; }
 
 /* The unique id of the pair: the lower rank makes and publishes it, the
- * higher reads it (waiting for the peer's first send/recv to us, in slices,
- * so an abort or destroy ends the wait). */
+ * higher reads it, waiting for the peer's first send/recv to us. The wait
+ * polls (tdist_store_check, then naps from 1 ms growing to SLICE_MS) rather
+ * than making the store wait: a store call that times out on the client's
+ * side closes its connection, and this is the group's own store view, so a
+ * short server-side wait whose answer came late on a loaded machine broke
+ * every later store call of the group ("closed by an earlier failure":
+ * nccl_sim_p2p_tdistrun_n4 under stress-ng). Checks and reads here use the
+ * view's own timeout, as the group's other store calls do. */
 static int pair_id(tdist__nccl_t *pc, int64_t deadline_ns, ncclUniqueId *id) {
   tdist__nccl_t *nc = pc->owner;
   int rc = 0;
@@ -104,11 +110,15 @@ static int pair_id(tdist__nccl_t *pc, int64_t deadline_ns, ncclUniqueId *id) {
     TDIST_CHECKGOTO(tdist_store_set(nc->store, key, id, sizeof(*id)), rc, out);
     return 0;
   }
+  long nap_us = 1000;
   for (;;) {
-    void *val = NULL;
-    size_t len = 0;
-    rc = tdist_store_get(nc->store, key, &val, &len, SLICE_MS);
-    if (rc == 0) {
+    const char *k = key;
+    int there = 0;
+    TDIST_CHECKGOTO(tdist_store_check(nc->store, &k, 1, &there), rc, out);
+    if (there) {
+      void *val = NULL;
+      size_t len = 0;
+      TDIST_CHECKGOTO(tdist_store_get(nc->store, key, &val, &len, 0), rc, out);
       if (len != sizeof(*id))
         rc = tdist__error(TDIST_ERR_PROTOCOL, "%s: unique id of %zu bytes (want %zu)", pc->name,
                           len, sizeof(*id));
@@ -119,7 +129,6 @@ static int pair_id(tdist__nccl_t *pc, int64_t deadline_ns, ncclUniqueId *id) {
       if (rc == 0) tdist_store_delete(nc->store, key, &deleted); /* read once: leave no key */
       return rc;
     }
-    if (rc != TDIST_ERR_TIMEOUT) return rc;
     if (gone(pc))
       return tdist__error(TDIST_ERR_ABORTED, "%s: group '%s' aborted", pc->name, nc->name);
     if (past(deadline_ns))
@@ -127,6 +136,9 @@ static int pair_id(tdist__nccl_t *pc, int64_t deadline_ns, ncclUniqueId *id) {
                           "point-to-point from rank %d of group '%s': rank %d never sent to rank "
                           "%d (its first send makes the pair's id) within %lld ms",
                           pc->peer, nc->name, pc->peer, nc->rank, (long long)nc->timeout_ms);
+    struct timespec ts = {0, nap_us * 1000};
+    nanosleep(&ts, NULL);
+    if (nap_us < SLICE_MS * 1000L) nap_us *= 2;
   }
 out:
   return rc;

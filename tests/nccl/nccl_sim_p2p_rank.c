@@ -126,7 +126,11 @@ static int mixed(tdist_group_t *w) {
     }
   }
   for (int i = n - 1; i >= 0; i--) { /* waited in reverse: completion order is free */
-    CHECK(tdist_work_wait(works[i], 0) == 0);
+    int rc = tdist_work_wait(works[i], 0);
+    if (rc != 0)
+      fprintf(stderr, "rank %d: %s of op %d (peer %d) failed: %d: %s\n", rank,
+              src[i] >= 0 ? "irecv" : "isend", i, src[i], rc, tdist_work_error_message(works[i]));
+    CHECK(rc == 0);
     tdist_work_release(works[i]);
   }
   for (int i = 0; i < n; i++) {

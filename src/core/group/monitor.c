@@ -397,8 +397,13 @@ int tdist__monitor_start(tdist_store_t *store, int world_rank, int agent,
   } else {
     /* No lock is held here: connecting may take a while. */
     TDIST_CHECKGOTO(tdist__store_reconnect(store, STORE_CALL_MS * 10, &m->conn), rc, fail);
-    m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
+    /* The first read is part of the caller's init: it may take as long as
+     * the caller's own store calls (64 ranks starting at once on two loaded
+     * cores got their answer after STORE_CALL_MS, failed init, and left the
+     * others waiting in NCCL's init: nccl_sim_cfg_n64 under stress-ng). */
+    m->conn->timeout_ms = store->timeout_ms > STORE_CALL_MS ? store->timeout_ms : STORE_CALL_MS;
     TDIST_CHECKGOTO(tdist_store_add(m->conn, COUNT_KEY, 0, &count), rc, fail);
+    m->conn->timeout_ms = STORE_CALL_MS; /* bounds the calls that do not wait */
   }
   m->next = count + 1; /* records of earlier jobs on this store are history */
   if (agent) tdist__mon_agent_open(m);
