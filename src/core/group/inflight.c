@@ -28,7 +28,10 @@
 #include "util/error.h"
 #include "util/param.h"
 
-TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 2000)
+/* How long a timed-out op waits for the monitor's verdict naming the ranks
+ * that never reached it: the diagnosis takes a second look one heartbeat
+ * period (1.2 s by default) after the first (monitor.c diagnose). */
+TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 3000)
 /* How long failures an abort made wait for the backend's device to let go
  * of their buffers (tdist_backend_hold_failures); 0: the group's timeout. */
 TDIST_PARAM(ReleaseWaitMs, "TDIST_ABORT_RELEASE_MS", 0)

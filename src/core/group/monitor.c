@@ -227,31 +227,58 @@ struct members {
 };
 
 /* Which members of the group never submitted op `seq`? Learnt from their
- * heartbeats (at most one heartbeat interval old). */
+ * heartbeats, which are at most one heartbeat period old: a rank that
+ * submitted the op just before the deadline may not have beaten since. So
+ * the ranks found behind are read once more after one period (the
+ * monitor's thread may wait; nobody else does): only a rank still behind
+ * then is named. Without the second look a loaded machine named a rank
+ * that was waiting in the op itself (cpu_failures stopped under stress-ng
+ * and two builds: "ranks 0, 2 had not reached seq 1", rank 0 had). */
 static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
-  if (!mb) return;
+  int *late = tdist__calloc(4096, sizeof(int));
+  if (!mb || !late) {
+    tdist__free(mb);
+    tdist__free(late);
+    return;
+  }
   int found = m->h.members(m->h.arg, uid, &mb->rank, &mb->size, mb->ranks, 4096, mb->name,
                            sizeof(mb->name));
   char text[256] = "";
   size_t tl = 0;
   int behind = 0;
   struct host_cache hc = {-1, NULL, 0};
-  for (int i = 0; found && i < mb->size; i++) {
-    if (i == mb->rank) continue;
-    int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
-    for (int again = 0; next == PEER_UNREAD && again < 3; again++) {
-      struct timespec ts = {0, 50 * 1000000}; /* a loaded store: read it again */
+  for (int look = 0; found && look < 2; look++) {
+    if (look == 1) {
+      if (behind == 0) break;
+      int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
+      struct timespec ts = {period / 1000, (period % 1000) * 1000000L};
       nanosleep(&ts, NULL);
-      next = peer_seq(m, mb->ranks[i], uid, &hc);
+      tdist_store_free(hc.val); /* read the hosts' beats afresh */
+      hc.val = NULL;
+      hc.host = -1;
     }
-    if (next > (int64_t)seq) continue; /* it submitted this op */
-    /* Still unread, or read without the group (a rank whose last beat
-     * predates the group's creation, or one that destroyed it): it cannot
-     * be vouched for, and counts as not having reached the op. */
-    int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", behind ? ", " : "", i);
+    int n = look == 0 ? mb->size : behind, still = 0;
+    for (int j = 0; j < n; j++) {
+      int i = look == 0 ? j : late[j];
+      if (i == mb->rank) continue;
+      int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
+      for (int again = 0; next == PEER_UNREAD && again < 3; again++) {
+        struct timespec ts = {0, 50 * 1000000}; /* a loaded store: read it again */
+        nanosleep(&ts, NULL);
+        next = peer_seq(m, mb->ranks[i], uid, &hc);
+      }
+      if (next > (int64_t)seq) continue; /* it submitted this op */
+      /* Still unread, or read without the group (a rank whose last beat
+       * predates the group's creation, or one that destroyed it): it cannot
+       * be vouched for, and counts as not having reached the op. */
+      late[still++] = i;
+    }
+    behind = still;
+  }
+  for (int j = 0; j < behind; j++) {
+    int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", j ? ", " : "", late[j]);
     if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
-    behind++;
   }
   char verdict[480];
   if (!found)
@@ -267,6 +294,7 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   m->h.on_verdict(m->h.arg, uid, seq, verdict[0] ? verdict : NULL);
   tdist_store_free(hc.val);
   tdist__free(mb);
+  tdist__free(late);
 }
 
 static void run_diagnoses(tdist__monitor_t *m) {
