@@ -12,9 +12,15 @@
  * Backpressure: requests run only while the connection's unsent replies are
  * below SRV_PIPE_OUT_BYTES, and the socket is read only while they may run,
  * so a client that sends requests and never reads holds at most one large
- * reply and the frames the kernel buffered. The read buffer grows only to
- * the frame at its head, charged to the budget as it grows; a frame that
- * does not fit is read and dropped, then answered FULL.
+ * reply and the frames the kernel buffered. The read buffer is sized to the
+ * frame at its head once its length is known, and charged to the budget
+ * then (wanted_cap); a frame that does not fit is read and dropped, then
+ * answered FULL. A large SET keeps that buffer as its value (run_frame).
+ *
+ * Deadlines (the sweep, tdist__srv_conn_sweep): the handshake within the
+ * I/O timeout of the accept; an incomplete frame and a reply in flight
+ * within the I/O timeout of their last byte moved, so a slow but steady
+ * peer is never cut off, one that moves nothing is.
  *
  * Half-close: at the end of input the requests already received still run
  * and their replies are written before the connection closes, unless a
