@@ -9,6 +9,9 @@
 #   - connect + handshake + one request every 5 ms for $STORE_LARGE_PING_S
 #     seconds (default 6) while 8 clients SET 64 MiB values, idle, and with
 #     STORE_LARGE_STRESS=1 also beside `stress-ng --cpu 2` (the loaded case).
+# STORE_LARGE_ATTACK_NICE=k (default 0) runs the 8 attacking clients k nice
+# levels below the bystander, for both servers: on 2 shared cores the
+# bystander's own client otherwise waits for the CPU as much as for the server.
 # tdist-store runs with its default budget (1 GiB); redis-server with
 # --save '' --appendonly no. Uses the build in $TDIST_BENCH_BUILD (default:
 # build/test next to this repository's root).
