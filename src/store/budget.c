@@ -19,12 +19,17 @@
  * The heap: freed memory stays with the allocator for reuse. jemalloc
  * (default build) returns its dirty pages only as it allocates and frees
  * again, so a server that went quiet after a burst kept them resident. When
- * the charge has fallen SRV_PURGE_MIN below its peak, the sweep timer purges
- * every arena (tdist__alloc_purge: jemalloc's "arena.<ALL>.purge", or
- * glibc's malloc_trim) and logs the
- * numbers at INFO (docs/store-protocol.md, "Limits", has the measurement).
+ * the charge has fallen SRV_PURGE_MIN below its peak, the sweep timer hands
+ * a purge to libuv's thread pool (a purge of hundreds of MiB takes long
+ * enough to stall every client if the loop ran it): it asks the allocator
+ * how much freed memory it holds (tdist__alloc_unused) and purges every
+ * arena (tdist__alloc_purge: jemalloc's "arena.<ALL>.purge", or glibc's
+ * malloc_trim) only when that is at least SRV_PURGE_MIN, and logs at INFO
+ * only when the resident set fell (docs/store-protocol.md, "Limits").
  *
- * Thread: the server's loop thread.
+ * Thread: the server's loop thread, except purge_work (a thread of libuv's
+ * pool, one purge at a time: srv->purging; it writes only the purge_*
+ * fields, which the loop reads after purge_after).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -119,19 +124,44 @@ static uint64_t rss_bytes(void) {
   return res * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-void tdist__srv_maybe_purge(struct tdist_store_server *srv) {
-  uint64_t used = tdist__srv_used(srv);
-  if (used + SRV_PURGE_MIN > srv->peak) return;
+/* (libuv's thread pool) Purge only when the allocator holds at least
+ * SRV_PURGE_MIN of freed pages: jemalloc gives the extents of large values
+ * (its oversize arena) back as they are freed, so after a burst of large
+ * SETs there is often nothing to purge, and a purge then only costs time.
+ * The line is logged only when the resident set fell. */
+static void purge_work(uv_work_t *w) {
+  struct tdist_store_server *srv = w->data;
+  srv->purge_unused = tdist__alloc_unused();
+  if (srv->purge_unused < SRV_PURGE_MIN) return;
   uint64_t before = rss_bytes();
-  char heap[160] = "";
   size_t allocated = 0, resident = 0;
   tdist__alloc_purge(&allocated, &resident);
+  uint64_t after = rss_bytes();
+  if (after + (1 << 20) > before) return; /* less than 1 MiB came back: nothing to say */
+  char heap[160] = "";
   if (resident)
     snprintf(heap, sizeof(heap), "; jemalloc: %.1f MiB allocated, %.1f MiB resident",
              MIB(allocated), MIB(resident));
   TDIST_INFO(STORE,
-             "store server: charge fell from %.1f to %.1f MiB, heap purged: resident "
-             "%.1f -> %.1f MiB%s",
-             MIB(srv->peak), MIB(used), MIB(before), MIB(rss_bytes()), heap);
-  srv->peak = used;
+             "store server: charge fell from %.1f to %.1f MiB, heap purged (%.1f MiB unused): "
+             "resident %.1f -> %.1f MiB%s",
+             MIB(srv->purge_peak), MIB(srv->purge_used), MIB(srv->purge_unused), MIB(before),
+             MIB(after), heap);
+}
+
+/* (loop) The purge ended; the next fall of the charge may start another. */
+static void purge_after(uv_work_t *w, int status) {
+  struct tdist_store_server *srv = w->data;
+  (void)status;
+  srv->purging = 0;
+}
+
+void tdist__srv_maybe_purge(struct tdist_store_server *srv) {
+  uint64_t used = tdist__srv_used(srv);
+  if (srv->purging || srv->stopping || used + SRV_PURGE_MIN > srv->peak) return;
+  srv->purge_peak = srv->peak;
+  srv->purge_used = used;
+  srv->peak = used; /* this fall is handled, whether or not the purge finds anything */
+  srv->purge_req.data = srv;
+  if (uv_queue_work(&srv->loop, &srv->purge_req, purge_work, purge_after) == 0) srv->purging = 1;
 }

@@ -73,7 +73,7 @@ void tdist__kv_destroy(tdist__kv_t *kv) {
     tdist__kv_entry_t *e = kv->buckets[i];
     while (e) {
       tdist__kv_entry_t *next = e->next;
-      tdist__free(e->val);
+      if (e->val) tdist__free(e->val - e->voff);
       tdist__free(e);
       e = next;
     }
@@ -139,8 +139,8 @@ static void unlink_entry(tdist__kv_t *kv, tdist__kv_entry_t *e) {
     pp = &(*pp)->next;
   *pp = e->next;
   kv->nentries--;
-  kv->bytes -= ENTRY_BYTES(e->klen) + e->vcap;
-  tdist__free(e->val);
+  kv->bytes -= ENTRY_BYTES(e->klen) + e->vcap + e->voff;
+  if (e->val) tdist__free(e->val - e->voff);
   tdist__free(e);
 }
 
@@ -174,7 +174,16 @@ static int write_entry(tdist__kv_t *kv, tdist__kv_entry_t *e, const void *v, uin
   if ((uint64_t)base + n > TDIST_STORE_MAX_VALUE) return -2;
   uint32_t need = base + n;
   uint32_t cap = value_cap(e, n, append);
-  if (cap != e->vcap) {
+  if (cap != e->vcap && e->voff) { /* a taken-over block: a plain one replaces it */
+    uint8_t *p = tdist__malloc(cap);
+    if (!p) return -1;
+    if (base) memcpy(p, e->val, base);
+    tdist__free(e->val - e->voff);
+    kv->bytes = kv->bytes + cap - e->vcap - e->voff;
+    e->val = p;
+    e->vcap = cap;
+    e->voff = 0;
+  } else if (cap != e->vcap) {
     uint8_t *p = tdist__realloc(e->val, cap);
     if (!p) return -1;
     kv->bytes += (uint64_t)cap - e->vcap;
@@ -366,6 +375,32 @@ static int exec_waiting(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_
   return reply_values(kv, r, keys_off, n, total, out, x);
 }
 
+/* A large SET whose value ends the caller's block (x->take): the entry takes
+ * the block over, the value where it is. Its cost to the budget is only a
+ * new entry: the block was already charged to the caller, who stops
+ * counting it once it is taken. */
+static int take_value(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, const uint8_t *v, uint32_t vl,
+                      tdist__buf_t *out, tdist__exec_t *x) {
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  const char *no = refused(x, e ? 0 : ENTRY_BYTES(kl), 5);
+  if (no) return reply_msg(out, TDIST__ST_FULL, no);
+  RESERVE(5); /* before the entry changes: a NOMEM must leave it as it was */
+  if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
+  uint8_t *blk = *x->take;
+  if (e->val) tdist__free(e->val - e->voff);
+  kv->bytes = kv->bytes - e->vcap - e->voff + x->take_cap;
+  e->voff = (uint32_t)(v - blk);
+  e->val = (uint8_t *)v;
+  e->vcap = vl;
+  e->vlen = vl;
+  *x->take = NULL;
+  if (!e->present) kv->npresent++;
+  e->present = 1;
+  kv->version++;
+  if (kv->on_write) kv->on_write(kv->ctx, e);
+  return reply_simple(out, TDIST__ST_OK);
+}
+
 /* set, append: key, value. */
 static int exec_set(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *out,
                     tdist__exec_t *x) {
@@ -376,6 +411,9 @@ static int exec_set(tdist__kv_t *kv, uint8_t op, tdist__rd_t *r, tdist__buf_t *o
   if (tdist__get_key(r, &k, &kl) || tdist__get_bytes(r, &v, &vl, TDIST_STORE_MAX_VALUE))
     BAD("bad key or value");
   if (r->off != r->n) BAD("trailing bytes");
+  if (op == TDIST__OP_SET && x->take && *x->take && vl >= TDIST__KV_TAKE_MIN &&
+      v + vl == *x->take + x->take_cap)
+    return take_value(kv, k, kl, v, vl, out, x);
   if ((no = refused(x, write_cost(kv, k, kl, vl, op == TDIST__OP_APPEND), 5)))
     return reply_msg(out, TDIST__ST_FULL, no);
   if (!(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;

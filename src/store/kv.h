@@ -29,6 +29,11 @@ typedef struct tdist__kv_entry {
   uint64_t hash;
   uint8_t *val; /* owned; NULL while empty */
   uint32_t vlen, vcap;
+  /* val's offset in its allocation (whose base, val - voff, is what is
+   * freed): 0, except for a value taken over with the request's read buffer
+   * (tdist__exec_t.take), which starts past the frame's head. The entry's
+   * value costs vcap + voff bytes (kv->bytes). */
+  uint32_t voff;
   int present;   /* 0: placeholder kept alive by waiters */
   void *waiters; /* server: head of this key's waiter list */
   uint32_t klen;
@@ -63,6 +68,13 @@ typedef struct tdist__exec {
    * TDIST__ST_FULL with that message and changes nothing. */
   const char *(*admit)(void *ctx, uint64_t store, uint64_t reply);
   void *ctx;
+  /* Optional: the body is the whole tail of a heap block of take_cap bytes
+   * (tdist__malloc) at *take, which the caller gives up for a SET of at
+   * least TDIST__KV_TAKE_MIN bytes: the value stays where it arrived and the
+   * entry owns the block (no copy of a large value). kv sets *take to NULL
+   * when it took it. */
+  uint8_t **take;
+  size_t take_cap;
   /* in/out: where a blocked get/wait/multi_get goes on. A BLOCKED run with
    * on_missing sets them (resume = 1, the index of the key it waits on and
    * its byte offset in the body); the caller passes them back unchanged
@@ -75,6 +87,9 @@ typedef struct tdist__exec {
   uint64_t timeout_ms; /* of a blocked request */
   const char *why;     /* what was malformed (TDIST__EXEC_BAD) */
 } tdist__exec_t;
+
+/* A SET value at least this large is taken over rather than copied (take). */
+#define TDIST__KV_TAKE_MIN (64u * 1024)
 
 int tdist__kv_init(tdist__kv_t *kv);
 void tdist__kv_destroy(tdist__kv_t *kv);

@@ -6,8 +6,9 @@
  * overview of the three is server_impl.h).
  *
  * The sweep timer (every io_timeout/4, 50..1000 ms) closes connections past a
- * deadline (no handshake, a frame or a reply stuck for TDIST_STORE_IO_TIMEOUT_MS)
- * and purges the heap once the charge fell well below its peak.
+ * deadline (no handshake, or a frame or a reply that moved no byte for
+ * TDIST_STORE_IO_TIMEOUT_MS) and starts a heap purge (on libuv's thread pool,
+ * budget.c) once the charge fell well below its peak.
  *
  * Threads: start/stop/port/num_keys on any thread; everything else on the
  * server thread. stop wakes the loop with a uv_async.

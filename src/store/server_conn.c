@@ -12,9 +12,15 @@
  * Backpressure: requests run only while the connection's unsent replies are
  * below SRV_PIPE_OUT_BYTES, and the socket is read only while they may run,
  * so a client that sends requests and never reads holds at most one large
- * reply and the frames the kernel buffered. The read buffer grows only to
- * the frame at its head, charged to the budget as it grows; a frame that
- * does not fit is read and dropped, then answered FULL.
+ * reply and the frames the kernel buffered. The read buffer is sized to the
+ * frame at its head once its length is known, and charged to the budget
+ * then (wanted_cap); a frame that does not fit is read and dropped, then
+ * answered FULL. A large SET keeps that buffer as its value (run_frame).
+ *
+ * Deadlines (the sweep, tdist__srv_conn_sweep): the handshake within the
+ * I/O timeout of the accept; an incomplete frame and a reply in flight
+ * within the I/O timeout of their last byte moved, so a slow but steady
+ * peer is never cut off, one that moves nothing is.
  *
  * Half-close: at the end of input the requests already received still run
  * and their replies are written before the connection closes, unless a
@@ -188,19 +194,33 @@ void tdist__srv_conn_close(conn_t *c, const char *why) {
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
 }
 
+/* The deadline of a reply counts from the last byte the peer took, not from
+ * the start of the write: a reader that takes a 64 MiB reply slowly but
+ * steadily is not cut off; one that takes nothing is. libuv's write queue
+ * size is what the kernel has not taken yet; when it fell since the last
+ * look, that is progress (seen at the sweep's granularity). */
+static void note_progress(conn_t *c, uint64_t now) {
+  size_t left = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+  if (left < c->wleft) {
+    c->wleft = left;
+    c->t_write = now;
+  }
+}
+
 void tdist__srv_conn_sweep(conn_t *c, uint64_t now) {
   struct tdist_store_server *srv = c->srv;
   uint64_t t = srv->io_timeout_ms;
   char why[160];
   if (!t || c->closing) return;
+  if (c->writing) note_progress(c, now);
   if (!c->authed && now - c->t_open >= t) {
     snprintf(why, sizeof(why), "no handshake within %llu ms", (unsigned long long)t);
   } else if (c->t_frame && now - c->t_frame >= t) {
-    snprintf(why, sizeof(why), "a request begun %llu ms ago is still incomplete (%u bytes)",
-             (unsigned long long)(now - c->t_frame), c->discard ? c->discard_len : head_len(c));
+    snprintf(why, sizeof(why), "no byte of an incomplete request (%u bytes) in %llu ms",
+             c->discard ? c->discard_len : head_len(c), (unsigned long long)(now - c->t_frame));
   } else if (c->writing && now - c->t_write >= t) {
-    snprintf(why, sizeof(why), "a reply of %zu bytes has not been taken in %llu ms", c->wbuf.len,
-             (unsigned long long)(now - c->t_write));
+    snprintf(why, sizeof(why), "a reply of %zu bytes (%zu left) has taken no byte in %llu ms",
+             c->wbuf.len, c->wleft, (unsigned long long)(now - c->t_write));
   } else {
     return;
   }
@@ -263,6 +283,7 @@ static void conn_flush(conn_t *c) {
   }
   c->writing = 1;
   c->t_write = uv_now(&c->srv->loop);
+  c->wleft = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
   tdist__srv_charge(c);
 }
 
@@ -349,9 +370,19 @@ static int run_frame(conn_t *c, const uint8_t *body, uint32_t len) {
                      .resume = c->resume,
                      .resume_idx = c->resume_idx,
                      .resume_off = c->resume_off};
+  /* A large frame that ends the read buffer (it was sized to the frame:
+   * wanted_cap): a SET may keep the buffer as its value (kv.h, take). */
+  if (len >= TDIST__KV_TAKE_MIN && body + len == c->rbuf + c->rcap && c->rlen == c->rcap) {
+    x.take = &c->rbuf;
+    x.take_cap = c->rcap;
+  }
   srv->current = c;
   int rc = tdist__kv_exec(&srv->kv, body, len, &c->out, &x);
   srv->current = NULL;
+  if (x.take && !c->rbuf) { /* the table took the buffer, this frame with it */
+    c->rcap = c->rlen = c->rpos = 0;
+    tdist__srv_charge(c);
+  }
   /* kept only while this frame stays parked at the head */
   c->resume = rc == TDIST__EXEC_BLOCKED ? x.resume : 0;
   c->resume_idx = x.resume_idx;
@@ -397,7 +428,7 @@ static void conn_process(conn_t *c) {
     int rc = run_frame(c, c->rbuf + c->rpos + 4, len);
     if (rc < 0) return;
     if (rc > 0) break;
-    c->rpos += 4 + (size_t)len;
+    if (c->rbuf) c->rpos += 4 + (size_t)len; /* else taken with the buffer */
   }
   if (c->closing) return;
   if (c->rpos == c->rlen) {
@@ -426,17 +457,22 @@ static void conn_process(conn_t *c) {
 /* ---- reading -------------------------------------------------------------------- */
 
 /* The capacity the read buffer should have now (>= c->rcap unless it is
- * unallocated): the head frame, grown in steps as its bytes arrive. */
+ * unallocated): the whole head frame once its length is known, in one
+ * allocation, charged at once. Grown in steps, a 64 MiB frame cost a
+ * realloc copy per doubling on the loop thread (tens of ms each while other
+ * clients waited) and fresh pages each time; sized exactly, the frame ends
+ * the buffer, so a large SET keeps it as its value (run_frame). A client
+ * that declares a large frame and sends nothing holds its charge until
+ * TDIST_STORE_IO_TIMEOUT_MS passes without a byte (the sweep), and only
+ * the pages that arrived are resident. */
 static size_t wanted_cap(const conn_t *c) {
   size_t base = SRV_RBUF_PREAUTH;
   if (c->rcap < base) return base;
-  if (c->blocked || c->discard || c->rcap - c->rlen >= 4096) return c->rcap;
+  if (c->blocked || c->discard) return c->rcap;
   size_t avail = c->rlen - c->rpos;
   if (avail < 4) return c->rcap;
   size_t end = c->rpos + 4 + (size_t)head_len(c); /* validated by conn_process */
-  if (end <= c->rcap) return c->rcap;
-  size_t cap = c->rcap * 2 > c->rlen + SRV_READ_CHUNK ? c->rcap * 2 : c->rlen + SRV_READ_CHUNK;
-  return cap < end ? cap : end;
+  return end > c->rcap ? end : c->rcap;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -466,7 +502,9 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   }
   /* len 0 (a blocked connection's buffer is full, or no memory): on_read
    * gets UV_ENOBUFS and stops reading until the connection runs again. */
-  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+  size_t room = c->rcap - c->rlen;
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen,
+                     (unsigned)(room > SRV_READ_SLICE ? SRV_READ_SLICE : room));
 }
 
 /* The end of input: see the half-close note in the header. */
@@ -506,6 +544,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
       }
     }
     c->rlen += (size_t)n;
+    c->t_frame = 0; /* bytes came: an incomplete frame's deadline starts again */
     conn_process(c);
   }
   tdist__srv_drain_ready(c->srv);

@@ -32,8 +32,12 @@
 /* Read buffer of a connection that has not authenticated: a maximal HELLO
  * (TDIST__STORE_MAX_HELLO + 4) fits; nothing larger is ever allocated for it. */
 #define SRV_RBUF_PREAUTH 2048
-/* Growth step of a read buffer holding part of a large frame. */
-#define SRV_READ_CHUNK (64 * 1024)
+/* The most one read takes. libuv reads a connection again (up to 32 times
+ * per loop iteration) while a read fills what it was given, so this bounds
+ * what one connection moves per iteration (32 slices, 2 MiB): 8 clients
+ * sending 64 MiB values each could otherwise make every iteration copy
+ * (and fault in) tens of MiB while another client's request waits. */
+#define SRV_READ_SLICE (64 * 1024)
 /* Buffers above this are freed once empty, so an idle connection that once
  * moved a large value keeps no large buffer. */
 #define SRV_KEEP_BYTES (64 * 1024)
@@ -76,8 +80,9 @@ struct tdist__srv_conn {
   uint64_t discard;     /* bytes still to drop of a frame the budget refused */
   uint32_t discard_len; /* that frame's length (for its FULL answer) */
   uint64_t t_open;      /* uv_now at accept (the handshake deadline) */
-  uint64_t t_frame;     /* uv_now when the incomplete head frame began; 0: none */
-  uint64_t t_write;     /* uv_now when the uv_write in flight began */
+  uint64_t t_frame;     /* uv_now of the last byte of an incomplete head frame; 0: none */
+  uint64_t t_write;     /* uv_now of the last progress of the uv_write in flight */
+  size_t wleft;         /* bytes of that write the kernel had not taken then */
   uint64_t charged;     /* bytes of this connection in srv->conn_bytes */
   size_t nwaiters;      /* 0 or 1: a parked request waits on one key at a time */
   tdist__srv_waiter_t *waiters;
@@ -121,6 +126,11 @@ struct tdist_store_server {
   uint64_t full_window_start;
   int full_warned, full_held; /* refusals logged / held back in the window */
   char full_msg[320];         /* the message of the last FULL answer */
+  /* the heap purge (budget.c): one at a time on libuv's thread pool */
+  uv_work_t purge_req;
+  int purging;                     /* (loop) purge_req is queued or running */
+  uint64_t purge_peak, purge_used; /* (loop, then the pool) the fall that started it */
+  uint64_t purge_unused;           /* (pool) what the allocator held unused */
 };
 
 /* ---- server.c ---- */
@@ -158,7 +168,8 @@ const char *tdist__srv_admit(void *ctx, uint64_t store, uint64_t reply);
  * the warning. */
 const char *tdist__srv_refuse_frame(tdist__srv_conn_t *c, uint32_t len);
 /* After memory was given back (the charge fell well below its peak): return
- * the allocator's free pages to the system (INFO line with the numbers). */
+ * the allocator's free pages to the system, on libuv's thread pool, when it
+ * holds enough of them (INFO line with the numbers when resident fell). */
 void tdist__srv_maybe_purge(struct tdist_store_server *srv);
 
 #endif

@@ -126,3 +126,24 @@ void tdist__alloc_purge(size_t *allocated, size_t *resident) {
   malloc_trim(0);
 #endif
 }
+
+size_t tdist__alloc_unused(void) {
+#ifdef TDIST_HAVE_JEMALLOC
+  uint64_t epoch = 1;
+  size_t sz = sizeof(epoch), dirty = 0, muzzy = 0, page = 4096;
+  tdist__je_mallctl("epoch", &epoch, &sz, &epoch, sz);
+  char cmd[64];
+  sz = sizeof(size_t);
+  snprintf(cmd, sizeof(cmd), "stats.arenas.%u.pdirty", (unsigned)MALLCTL_ARENAS_ALL);
+  if (tdist__je_mallctl(cmd, &dirty, &sz, NULL, 0) != 0) return 0;
+  snprintf(cmd, sizeof(cmd), "stats.arenas.%u.pmuzzy", (unsigned)MALLCTL_ARENAS_ALL);
+  if (tdist__je_mallctl(cmd, &muzzy, &sz, NULL, 0) != 0) muzzy = 0;
+  if (tdist__je_mallctl("arenas.page", &page, &sz, NULL, 0) != 0) page = 4096;
+  return (dirty + muzzy) * page;
+#elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  struct mallinfo2 mi = mallinfo2();
+  return mi.fordblks;
+#else
+  return 0;
+#endif
+}

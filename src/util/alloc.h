@@ -31,5 +31,11 @@ const char *tdist__alloc_backend(void);
  * holds: *allocated and *resident bytes (jemalloc's stats), both 0 when not
  * known. Slow (walks every arena): for an idle moment, not a hot path. */
 void tdist__alloc_purge(size_t *allocated, size_t *resident);
+/* Bytes freed to the allocator that it still holds, resident or lazily
+ * given back (jemalloc: the dirty and muzzy pages of every arena; glibc: the
+ * free bytes of the heap): what tdist__alloc_purge could give back. 0 when
+ * not known. Refreshes the statistics (cheaper than a purge, not free).
+ * Thread: any. */
+size_t tdist__alloc_unused(void);
 
 #endif

@@ -26,7 +26,7 @@
  *                       "STORE <pid> <start time>" of the tdist-store it
  *                       started, if any; then destroy and exit 0 - except
  *                       rank R (if given), which _exit(0)s without destroying
- *                       anything
+ *                       anything (with a third argument "kill": raise(SIGKILL))
  *   stop-self R         every rank prints "PID <pid>", joins the tdist job
  *                       (tdist_init_process_group: heartbeats to the store)
  *                       and waits in a barrier; then rank R stops itself
@@ -204,7 +204,7 @@ static void print_store_child(void) {
   if (d) closedir(d);
 }
 
-static int do_init(int rank, int exiter) {
+static int do_init(int rank, int exiter, int kill_self) {
   tdist_group_t *g = NULL;
   if (tdist_init_process_group(NULL, &g) || tdist_barrier(g, NULL, NULL)) {
     fprintf(stderr, "init: %s\n", tdist_last_error());
@@ -213,6 +213,7 @@ static int do_init(int rank, int exiter) {
   if (rank == 0) print_store_child();
   printf("INIT %s\n", tdist_group_backend(g));
   fflush(stdout);
+  if (rank == exiter && kill_self) raise(SIGKILL);
   if (rank == exiter) _exit(0);
   return tdist_group_destroy(g) ? 1 : 0;
 }
@@ -310,7 +311,8 @@ int main(int argc, char **argv) {
     tdist_store_release(s);
     return 1;
   }
-  if (!strcmp(mode, "init")) return do_init(rank, argc > 2 ? atoi(argv[2]) : -1);
+  if (!strcmp(mode, "init"))
+    return do_init(rank, argc > 2 ? atoi(argv[2]) : -1, argc > 3 && !strcmp(argv[3], "kill"));
   if (!strcmp(mode, "watch-death") && argc > 3) return watch_death(rank, argv[2], argv[3]);
   if (!strcmp(mode, "stop-self") && argc > 2) {
     tdist_group_t *g = NULL;

@@ -12,6 +12,9 @@
  *     (it _exit()s), the store ends by itself when the others left and is
  *     reaped by whoever adopted it: this test, a child subreaper (bounded
  *     wait).
+ *   - Under tdistrun, a rank 0 that hosts its own store is killed: tdistrun
+ *     (a child subreaper) adopts the store, which ends with the job, and
+ *     reaps it before it returns.
  *   - Backend names are case-insensitive; an unknown one is named as such,
  *     with the known ones.
  *
@@ -178,6 +181,50 @@ static void test_store_gone_after_rank0_vanished(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* Under tdistrun, rank 0 hosts its own store (the program's rendezvous on
+ * MASTER_PORT, as torch's would be: env -u TDIST_STORE_URL,
+ * TDIST_STORE_HOSTED=0) and is killed (SIGKILL) after the barrier. Its
+ * tdist-store outlives it, ends once the job is over, and is reaped by
+ * tdistrun, which adopted it (a child subreaper): when tdistrun returns,
+ * /proc has no trace of it, not even a zombie. (Before, the orphan went to
+ * the next subreaper up - this test - or to PID 1, and stayed a zombie.) */
+static void test_store_reaped_by_launcher_after_rank0_killed(void **state) {
+  char bin[4200];
+  snprintf(bin, sizeof(bin), "TDIST_STORE_BIN=%s", STORE_BIN);
+  char *env[] = {bin, "TDIST_HEARTBEAT_TIMEOUT_MS=1500", "TDIST_HEARTBEAT_INTERVAL_MS=250", NULL};
+  char *argv[] = {TDISTRUN,
+                  "-n",
+                  "3",
+                  "env",
+                  "-u",
+                  "TDIST_STORE_URL",
+                  "-u",
+                  "TDIST_HOST_AGENT",
+                  "TDIST_STORE_HOSTED=0",
+                  PROBE,
+                  "init",
+                  "0",
+                  "kill",
+                  NULL};
+  ru_proc_t p;
+  ru_run(&p, argv, env, RUN_TIMEOUT);
+  int pid = 0;
+  unsigned long long start = 0;
+  const char *l = strstr(p.out, "STORE ");
+  if (!l || sscanf(l, "STORE %d %llu", &pid, &start) != 2 || p.code != 128 + SIGKILL)
+    dump("rank 0 killed", &p);
+  assert_non_null(l);
+  assert_true(pid > 0);
+  assert_int_equal(p.code, 128 + SIGKILL);
+  ru_free(&p);
+  char s = 0;
+  if (still_there((pid_t)pid, "tdist-store", start, &s)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("tdist-store %d is still there after tdistrun returned (state %c)", pid, s);
+  }
+}
+
 /* "CPU", "NCCL", "Gloo" name the built-in backends; "foo" is unknown, and
  * the error says which names are known. */
 static void test_backend_names(void **state) {
@@ -225,6 +272,7 @@ int main(void) {
       cmocka_unit_test(test_stopped_rank_fail_fast),
       cmocka_unit_test(test_store_reaped_with_job),
       cmocka_unit_test(test_store_gone_after_rank0_vanished),
+      cmocka_unit_test(test_store_reaped_by_launcher_after_rank0_killed),
       cmocka_unit_test(test_backend_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

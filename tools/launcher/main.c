@@ -34,6 +34,16 @@
  * relays the store's abort and death records to them; the ranks find it
  * through TDIST_HOST_AGENT. Without it each rank beats and watches itself.
  *
+ * Orphans: tdistrun is a child subreaper (PR_SET_CHILD_SUBREAPER), so what
+ * a rank leaves running when it dies - the tdist-store a rank 0 hosting its
+ * own store started (src/store/spawn.c), which outlives a killed rank 0 on
+ * purpose and ends by itself once the job is over - is adopted by tdistrun,
+ * not by PID 1, and reaped before tdistrun returns (reap_adopted). The
+ * launcher is the right owner: it is the one process that outlives every
+ * rank and knows when the job ends; rank 0 cannot reap after its own death,
+ * and a double fork would hand the store to PID 1, which in a container is
+ * often a program that never reaps (the zombies of issue 44).
+ *
  * Threads: main thread, the store server's thread when hosting, the host
  * agent's two threads.
  */
@@ -47,7 +57,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -457,9 +470,38 @@ static void coord_finish(coord_t *c, const trun_job_t *job, int hosting, int nno
   fprintf(stderr, "tdistrun: stopping the store before every node finished\n");
 }
 
+/* How long tdistrun waits, once its ranks ended, for what it adopted. */
+#define ADOPTED_MS 10000
+
+/* Reap every process this launcher adopted (see "Orphans" above), waiting
+ * at most ADOPTED_MS for those still running; the rest are named and left
+ * (PID 1 adopts them when tdistrun exits). Main thread, after every rank was
+ * reaped, so nothing reaped here is a rank. */
+static void reap_adopted(void) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int st = 0;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) continue;
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) return; /* ECHILD: nothing left */
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= ADOPTED_MS) break;
+    struct timespec nap = {0, 10 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+  }
+  fprintf(stderr,
+          "tdistrun: processes left behind by the ranks still run %d s after the job ended; "
+          "not waiting for them\n",
+          ADOPTED_MS / 1000);
+}
+
 int main(int argc, char **argv) {
   opts_t o;
   if (parse_args(argc, argv, &o)) return 2;
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    fprintf(stderr, "tdistrun: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
   int rc = 1, nenv = 0;
   tdist_store_server_t *srv = NULL;
   trun_agent_t *agent = NULL;
@@ -587,5 +629,6 @@ done:
   tdist_store_server_stop(srv);
   free(run_url);
   if (job.sigfd >= 0) close(job.sigfd);
+  reap_adopted();
   return rc;
 }
