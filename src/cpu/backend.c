@@ -23,7 +23,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 /* ---- groups -------------------------------------------------------------------- */
 

@@ -67,7 +67,7 @@
 #include "util/list.h"
 #include "util/log.h"
 #include "util/param.h"
-#include "cpu/shm.h"
+#include "cpu/base/shm.h"
 
 #define CPU_MAGIC 0x31434454u  /* "TDC1" */
 #define CPU_RX_CAP (64u << 10) /* a connection's receive staging buffer */

@@ -48,7 +48,7 @@
 
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 /* Quiet completions held at most (tdist__cpu_op_done): the loop is woken
  * for the last. */

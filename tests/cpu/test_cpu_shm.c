@@ -52,7 +52,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu.h"
-#include "cpu/shm.h"
+#include "cpu/base/shm.h"
 #include "tdist/errors.h"
 
 #define STREAM_BYTES (8u << 20)

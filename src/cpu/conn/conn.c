@@ -36,7 +36,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 void tdist__cpu_tune_socket(int fd) {
   int one = 1, buf = (int)tdist__param_CpuSockBuf();

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 _Atomic uint64_t tdist__cpu_sc_ops;
 

@@ -25,7 +25,7 @@
 #include <stdio.h>
 
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 static uint64_t period_ms(void) {
   int64_t v = tdist__param_CpuProbeMs();

@@ -38,7 +38,7 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)

@@ -23,7 +23,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/lazy.h"
+#include "cpu/conn/lazy.h"
 
 /* ---- a handshake's socket, its end and the handoff (any of the threads) --------- */
 

@@ -71,7 +71,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...) {
   char text[400];

@@ -68,7 +68,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/lazy.h"
+#include "cpu/conn/lazy.h"
 
 _Atomic uint64_t tdist__cpu_connects;
 

@@ -35,7 +35,7 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 #define OVF_MAGIC 0x4f465354u /* "TSFO" */
 

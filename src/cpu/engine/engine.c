@@ -24,7 +24,7 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/segment/sc.h"
 
 cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
   tdist__list_t *n;
