@@ -91,7 +91,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
 
 #define SC_H 64u        /* signature entries per member */
 #define SC_INLINE 40u   /* step data that fits in the step line */

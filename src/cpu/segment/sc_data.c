@@ -37,6 +37,9 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 #include "cpu/segment/sc.h"
 
 /* base + el elements, without arithmetic on a NULL buffer (an empty one). */

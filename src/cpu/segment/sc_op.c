@@ -30,6 +30,9 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 #include "cpu/segment/sc.h"
 
 _Atomic uint64_t tdist__cpu_sc_ops;

@@ -50,7 +50,8 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
 
 /* What a pair trades at setup (host byte order: both are on one host). */
 typedef struct shm_hello {
