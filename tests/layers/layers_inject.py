@@ -32,6 +32,9 @@ def run(check, src, objs):
 
 def main():
     check, src, objs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    # The injections are includes of src/cpu: its objects suffice for the
+    # symbol half of the check, and keep each run short.
+    objs = [o for o in objs if "/src/cpu/" in o.replace("\\", "/")] or objs
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "src")
