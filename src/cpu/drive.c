@@ -1,5 +1,8 @@
 /*
- * drive.c - the engine lock, and a waiting caller that drives its own op.
+ * drive.c - a waiting caller that drives its own op (the backend's entry,
+ * above every sub-layer), and the hooks the entry registers for them
+ * (tdist__cpu_hooks: the engine lock's release and loop phases, lazy
+ * connect, the shared segment's engine entries, the context's free).
  *
  * Why: a small op that only the progress thread may run crosses four thread
  * hand-offs (the caller's submission wakes the progress thread, the peer's
@@ -13,17 +16,19 @@
  * complete while the caller computes.
  *
  * One writer at a time: everything the engine and its transports own
- * (cpu.h: ctx, conns, groups, ops) is written under ctx->mu. The progress
- * thread takes it in each of its entries (tdist__cpu_enter/leave: the poll
- * and timer callbacks, post, abort, poll, the setup tasks) and may wait for
- * it, briefly: a caller holds it for one pass. A caller only ever tries it
- * (trylock) and goes back to waiting when it is taken.
+ * (base/base.h: ctx, conns, groups, ops) is written under ctx->mu, the
+ * engine lock (base/lock.c). The progress thread takes it in each of its
+ * entries (tdist__cpu_enter/leave: the poll and timer callbacks, post,
+ * abort, poll, the setup tasks) and may wait for it, briefly: a caller
+ * holds it for one pass. A caller only ever tries it (trylock) and goes
+ * back to waiting when it is taken.
  *
  * What a caller may not do while it holds the lock, and what replaces it:
  *   - touch the libuv loop (only the progress thread does): code that would
  *     start a watch or a timer calls cpu_off_loop(), which marks ctx->loop_stale;
  *     the progress thread's next entry brings the loop up to date
- *     (loop_sync: the same watches and timers, recomputed from the state);
+ *     (base/lock.c's loop_sync, then hook_sync here: the same watches and
+ *     timers, recomputed from the state);
  *   - report to the core (tdist_backend_complete, tdist_backend_fail are the
  *     progress thread's): a completion is held on ctx->held and its op's
  *     cpu_bop_t.ok is set, so test lets the core claim the success at once

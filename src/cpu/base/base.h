@@ -39,9 +39,9 @@
  * run on the caller thread inside init/split/shrink/destroy, and reach the
  * progress thread with tdist_backend_call; lazy connections are made on
  * lazy_hs.c's dialer and acceptor threads and handed over through a uv_async. Everything else runs
- * under the engine lock (ctx->mu, drive.c): on the progress thread, which never blocks but for that
- * lock, or on a caller thread that starts its op in submit or drives it while it waits (test); such
- * a caller never touches the loop and leaves completions and failures to the progress thread.
+ * under the engine lock (ctx->mu, base/lock.c): on the progress thread, which never blocks but for
+ * that lock, or on a caller thread that starts its op in submit or drives it while it waits (test);
+ * such a caller never touches the loop and leaves completions and failures to the progress thread.
  *
  * Transport and engine (no re-entry). The transport is the I/O call chains
  * of io.c, dispatch.c and cma.c: parse -> on_header / on_payload, flush, the
@@ -359,7 +359,7 @@ struct cpu_group {
   int poisoned;
   uint64_t poison_at;
   char poison_why[200];
-  /* drive.c: the first failure found by a driving caller, reported to the
+  /* lock.c: the first failure found by a driving caller, reported to the
    * core by the progress thread (tdist_backend_fail is its alone). */
   int pf_set, pf_status, pf_remote;
   char pf_why[256];
@@ -475,7 +475,7 @@ struct cpu_ctx {
   uv_idle_t copy_idle;
   int copy_idle_on;
   tdist__list_t copies;
-  /* The engine lock (drive.c). Whoever runs the backend's code for this
+  /* The engine lock (base/lock.c). Whoever runs the backend's code for this
    * ctx holds it: the progress thread in every entry (poll and timer
    * callbacks, post, abort, poll, the setup tasks), or a caller thread
    * that drives its own op (submit, test), which only ever tries it. Every
@@ -493,7 +493,7 @@ struct cpu_ctx {
    * ring attached later (lazy.c) starts with their poll marks */
   pthread_mutex_t mark_mu;
   int nmarks;
-  int nquiet; /* of them, quiet ones held without a wake (drive.c) */
+  int nquiet; /* of them, quiet ones held without a wake (lock.c) */
   /* sc_chan.c: this process's bell (an abstract unix datagram socket the
    * progress thread watches: members of an sc group ring it), and the
    * socket bells are sent from; -1 when none (sc is off here) */

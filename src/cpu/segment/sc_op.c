@@ -21,7 +21,7 @@
  * it is read; the second read makes a violation of that a wait, not a
  * wrong answer.
  *
- * Threads: engine lock (the progress thread or a driving caller: drive.c).
+ * Threads: engine lock (base/lock.c; the progress thread or a driving caller: drive.c).
  * Completion and failures go through the engine's deferred services
  * (tdist__cpu_op_complete, tdist__cpu_mismatch).
  */

@@ -40,7 +40,7 @@
  * process dies.
  *
  * Threads: setup on the caller thread; everything else under the engine
- * lock (drive.c): the progress thread, or a caller driving its op.
+ * lock (base/lock.c): the progress thread, or a caller driving its op.
  */
 #include <errno.h>
 #include <stdio.h>
