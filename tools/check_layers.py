@@ -23,6 +23,15 @@ above it. A layer may call and include its own rank and lower ranks:
 So a new layer folder, or a third backend, is a folder with a LAYER file;
 this script does not change (docs/architecture.md has the tree).
 
+Sub-layers: a LAYER file in a folder below another layer's folder (src/cpu/
+engine/LAYER inside src/cpu/LAYER's backend) makes a sub-layer of it. Seen
+from outside, a sub-layer is its enclosing layer (the rules above apply to
+that one). Inside, its rank orders it against its siblings only: a sub-layer
+may call and include its own folder and lower-ranked siblings, never a
+higher or equal-ranked sibling nor the files directly in the enclosing folder
+(the layer's entry, which sits above all its sub-layers and may use them
+all). One level of nesting.
+
 Three checks:
   0. every global symbol the library defines starts with tdist_ (public) or
      tdist__ (internal), so a static link cannot collide with user code;
@@ -52,6 +61,7 @@ class Layer:
         self.separate = "separate" in flags
         self.sees = set(filter(None, flags.get("sees", "").split(","))) if "sees" in flags else None
         self.may_include = set(filter(None, flags.get("may-include", "").split(",")))
+        self.parent = None  # the enclosing layer of a sub-layer (read_layers)
 
     def __repr__(self):
         return f"{self.name} ({self.folder}/)"
@@ -68,7 +78,31 @@ def read_layers(srcdir):
             if len(lines) != 1:
                 raise SystemExit(f"{rel}/LAYER: one line expected")
             layers[rel] = Layer(rel, lines[0])
+    for rel, l in layers.items():
+        d = os.path.dirname(rel)
+        while d and d not in layers:
+            d = os.path.dirname(d)
+        if d:
+            l.parent = layers[d]
+            if l.parent.parent is not None:
+                raise SystemExit(f"{rel}/LAYER: sub-layers nest one level deep")
     return layers
+
+
+def top(layer):
+    return layer.parent or layer
+
+
+def check_sub(me, them, what):
+    """me and them share an enclosing layer: the violation of me using them, or None."""
+    if me is them or me is top(me):
+        return None  # its own folder, or the entry, which uses every sub-layer
+    if them is top(them):
+        return f"{what} of the entry of {them.folder}/, above its sub-layer {me.name}"
+    if them.rank >= me.rank:
+        return (f"{what} ({them.name}, sub-layer {them.rank}) from sub-layer {me.name} "
+                f"({me.rank}): only lower sub-layers, else a hook the higher one registered")
+    return None
 
 
 def layer_of(layers, path):
@@ -100,6 +134,10 @@ def is_public(sym):
 
 def check_call(me, them, rel, other, sym):
     """The violation of `rel` (layer me) calling `sym` of `other` (them), or None."""
+    if top(me) is top(them):
+        v = check_sub(me, them, f"calls {sym} of {other}")
+        return f"{rel} {v}" if v else None
+    me, them = top(me), top(them)
     if them.rank > me.rank:
         return f"{rel} ({me.name}) calls {sym} of {other} ({them.name}), a higher layer"
     if them is me:
@@ -157,6 +195,10 @@ def check_include(layers, srcdir, rel, me, inc):
     them = layer_of(layers, inc)
     if them is None:
         return f"{rel} includes {inc}, which is in no layer"
+    if top(me) is top(them) and not me.separate:
+        v = check_sub(me, them, f"includes {inc}")
+        return f"{rel} {v}" if v else None
+    me, them = top(me), top(them)
     if me.separate:
         if them is me or inc in me.may_include:
             return None

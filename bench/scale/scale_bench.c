@@ -21,9 +21,9 @@
  *      etcd: add "arrivals/<r>", set "in/0/<r>", count "in/0/"),
  *      compare_set "job/0", the last one sets "go/0", all wait for "go/0";
  *   2. the store part of the world group's creation by the CPU backend
- *      (cpu/conn.c get_addrs, store/bootstrap.c): set "cpu/addr/<r>", then a
+ *      (cpu/conn/conn.c get_addrs, store/bootstrap.c): set "cpu/addr/<r>", then a
  *      multi_get of all n addresses (the TCP mesh itself is not opened here);
- *      with --lazy-addr, what lazy connections (cpu/lazy.c, TDIST_CPU_CONNECT=lazy)
+ *      with --lazy-addr, what lazy connections (cpu/conn/lazy.c, TDIST_CPU_CONNECT=lazy)
  *      do instead: the set, then one get per peer used, here the log2(n)
  *      partners of a recursive-doubling all_reduce;
  *   3. the monitor (monitor.c): add "tdist/aborts/count" 0, a first

@@ -155,7 +155,7 @@ int lazy_peers(int r, int n, int *out) {
 }
 
 /* (rank thread) --lazy-addr: the store part of lazy connections
- * (cpu/lazy.c): one set of "cpu/addr/<r>" at creation, then one get
+ * (cpu/conn/lazy.c): one set of "cpu/addr/<r>" at creation, then one get
  * (waiting for the key) per peer an op uses, here the log2(n) peers of a
  * recursive-doubling all_reduce. */
 static int rank_group_lazy(int r) {

@@ -57,7 +57,7 @@ int hosts_rdzv_listen(int idx) {
  * through the agent (tdist__store_connect_agent), the monitor's first
  * record read on it (add "tdist/aborts/count" 0: the monitor's own
  * connection is opened only when it first publishes, monitor.c), the CPU
- * backend's lazy address (cpu/lazy.c: set "cpu/addr/<r>" under the group's
+ * backend's lazy address (cpu/conn/lazy.c: set "cpu/addr/<r>" under the group's
  * prefix); the job id came with the rendezvous (core/group/context.c asks
  * the store only without one). The monitor's hello to the agent is
  * --hosts-agg's. The handle stays open, as a rank keeps it. 0, or -1

@@ -1,6 +1,6 @@
 /*
  * backend.c - the CPU backend as the core sees it (tdist__cpu_backend, the
- * contract of core/backend.h): groups (init, split, shrink, destroy) over
+ * contract of tdist/backend.h): groups (init, split, shrink, destroy) over
  * the process's connections, posting an op to the engine (engine.c), and
  * abort.
  *
@@ -23,7 +23,10 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
 
 /* ---- groups -------------------------------------------------------------------- */
 
@@ -116,7 +119,7 @@ static int attach(const tdist_backend_params_t *p, cpu_ctx_t *ctx, tdist_backend
 
 static int cpu_init(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
   cpu_ctx_t *ctx = NULL;
-  TDIST_CHECK(tdist__cpu_ctx_create(p, &tdist__cpu_engine_events, &ctx));
+  TDIST_CHECK(tdist__cpu_ctx_create(p, &tdist__cpu_engine_events, &tdist__cpu_hooks, &ctx));
   int rc = attach(p, ctx, out);
   if (rc) tdist__cpu_ctx_release(ctx);
   return rc;

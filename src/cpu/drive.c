@@ -1,5 +1,8 @@
 /*
- * drive.c - the engine lock, and a waiting caller that drives its own op.
+ * drive.c - a waiting caller that drives its own op (the backend's entry,
+ * above every sub-layer), and the hooks the entry registers for them
+ * (tdist__cpu_hooks: the engine lock's release and loop phases, lazy
+ * connect, the shared segment's engine entries, the context's free).
  *
  * Why: a small op that only the progress thread may run crosses four thread
  * hand-offs (the caller's submission wakes the progress thread, the peer's
@@ -13,17 +16,19 @@
  * complete while the caller computes.
  *
  * One writer at a time: everything the engine and its transports own
- * (cpu.h: ctx, conns, groups, ops) is written under ctx->mu. The progress
- * thread takes it in each of its entries (tdist__cpu_enter/leave: the poll
- * and timer callbacks, post, abort, poll, the setup tasks) and may wait for
- * it, briefly: a caller holds it for one pass. A caller only ever tries it
- * (trylock) and goes back to waiting when it is taken.
+ * (base/base.h: ctx, conns, groups, ops) is written under ctx->mu, the
+ * engine lock (base/lock.c). The progress thread takes it in each of its
+ * entries (tdist__cpu_enter/leave: the poll and timer callbacks, post,
+ * abort, poll, the setup tasks) and may wait for it, briefly: a caller
+ * holds it for one pass. A caller only ever tries it (trylock) and goes
+ * back to waiting when it is taken.
  *
  * What a caller may not do while it holds the lock, and what replaces it:
  *   - touch the libuv loop (only the progress thread does): code that would
  *     start a watch or a timer calls cpu_off_loop(), which marks ctx->loop_stale;
  *     the progress thread's next entry brings the loop up to date
- *     (loop_sync: the same watches and timers, recomputed from the state);
+ *     (base/lock.c's loop_sync, then hook_sync here: the same watches and
+ *     timers, recomputed from the state);
  *   - report to the core (tdist_backend_complete, tdist_backend_fail are the
  *     progress thread's): a completion is held on ctx->held and its op's
  *     cpu_bop_t.ok is set, so test lets the core claim the success at once
@@ -48,142 +53,10 @@
 
 #include "util/error.h"
 #include "cpu/cpu.h"
-#include "cpu/sc.h"
-
-/* Quiet completions held at most (tdist__cpu_op_done): the loop is woken
- * for the last. */
-#define QUIET_MAX 64
-
-/* backend.c */
-int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop);
-
-/* ---- the loop, brought up to date (progress thread, lock held) ---------------- */
-
-static void deliver_held(cpu_ctx_t *ctx) {
-  tdist__list_t *n, *next;
-  ctx->nquiet = 0;
-  tdist__list_foreach_safe(n, next, &ctx->held) {
-    tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
-    cpu_bop_t *b = cpu_bop(bop);
-    tdist__list_remove(n);
-    b->held = 0;
-    tdist_backend_complete(bop, 0, "ok");
-  }
-}
-
-static void loop_sync(cpu_ctx_t *ctx) {
-  ctx->loop_stale = 0;
-  tdist__list_t *n;
-  tdist__list_foreach(n, &ctx->groups) {
-    cpu_group_t *cg = tdist__list_entry(n, cpu_group_t, link);
-    if (!cg->pf_set) continue;
-    cg->pf_set = 0;
-    if (cg->pf_remote)
-      tdist_backend_fail_remote(cg->bk, cg->pf_status, "%s", cg->pf_why);
-    else
-      tdist_backend_fail(cg->bk, cg->pf_status, "%s", cg->pf_why);
-  }
-  deliver_held(ctx);
-  for (int i = 0; i < ctx->size; i++)
-    if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_watch(ctx->conns[i]);
-  tdist__cpu_park_sync(ctx);
-  tdist__cpu_cma_sync(ctx);
-  tdist__cpu_probe_sync(ctx);
-  tdist__cpu_copy_sync(ctx);
-  tdist__cpu_shm_sync(ctx);
-}
-
-/* What a caller left is handed over first: its completions and failures
- * came before anything this entry finds. */
-void tdist__cpu_enter(cpu_ctx_t *ctx) {
-  pthread_mutex_lock(&ctx->mu);
-  if (ctx->loop_stale)
-    loop_sync(ctx);
-  else if (ctx->nquiet)
-    deliver_held(ctx);
-}
-
-void tdist__cpu_leave(cpu_ctx_t *ctx) {
-  /* Shared-memory collectives left to this thread: members must ring it
-   * (want_bell, sc_chan.c); a flag just set is followed by one more pass,
-   * the sleeping side of the Dekker pair. */
-  while (tdist__cpu_sc_sleep(ctx)) {
-    tdist__cpu_sc_progress(ctx);
-    tdist__cpu_run_ready(ctx);
-  }
-  if (ctx->loop_stale) loop_sync(ctx);
-  pthread_mutex_unlock(&ctx->mu);
-}
-
-/* ---- reports the progress thread makes for a driving caller ------------------- */
-
-void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (!cg->ctx->caller) {
-    char why[256];
-    vsnprintf(why, sizeof(why), fmt, ap);
-    if (remote)
-      tdist_backend_fail_remote(cg->bk, status, "%s", why);
-    else
-      tdist_backend_fail(cg->bk, status, "%s", why);
-  } else if (!cg->pf_set) {
-    /* The first cause wins, as in the core. */
-    cg->pf_set = 1;
-    cg->pf_status = status;
-    cg->pf_remote = remote;
-    vsnprintf(cg->pf_why, sizeof(cg->pf_why), fmt, ap);
-    cg->ctx->loop_stale = 1;
-  }
-  va_end(ap);
-}
-
-void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop) {
-  cpu_bop_t *b = cpu_bop(bop);
-  /* An op the core has not posted yet is handed over by that post
-   * (tdist__cpu_post_early), or never: a synchronous op its caller claims
-   * before handing it over is finished by the core on that thread
-   * (backend.h, submit). Either way ok is all it needs, and bop is not
-   * touched after the store: the caller may reuse it at once. */
-  if (b->early && !b->posted) {
-    atomic_store_explicit(&b->ok, 1, memory_order_release);
-    return;
-  }
-  atomic_store_explicit(&b->ok, 1, memory_order_release);
-  if (!ctx->caller) {
-    tdist_backend_complete(bop, 0, "ok");
-    return;
-  }
-  b->held = 1;
-  tdist__list_push_back(&ctx->held, &bop->link);
-  /* A quiet one (backend.h: a synchronous op its caller claims now) waits
-   * for the progress thread's next entry, up to QUIET_MAX of them: waking
-   * the loop for each would keep the progress thread busy beside the
-   * callers, taking their cores and the engine lock. */
-  if (!bop->quiet || ++ctx->nquiet >= QUIET_MAX) ctx->loop_stale = 1;
-}
-
-void tdist__cpu_drop_held(cpu_group_t *cg) {
-  tdist__list_t *n, *next;
-  tdist__list_foreach_safe(n, next, &cg->ctx->held) {
-    tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
-    if (cpu_bop(bop)->cg != cg) continue;
-    tdist__list_remove(n);
-    cpu_bop(bop)->held = 0;
-  }
-}
-
-int tdist__cpu_post_early(cpu_group_t *cg, tdist_backend_op_t *bop) {
-  cpu_bop_t *b = cpu_bop(bop);
-  if (!b->early) {
-    atomic_fetch_sub(&cg->queued, 1);
-    return 0;
-  }
-  b->posted = 1;
-  /* Completed before this post (engine lock: no race with op_done). */
-  if (atomic_load_explicit(&b->ok, memory_order_acquire)) tdist_backend_complete(bop, 0, "ok");
-  return 1;
-}
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
 
 /* ---- the caller's side ------------------------------------------------------- */
 
@@ -280,3 +153,38 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop) {
    * (backend.h, test). */
   return atomic_load_explicit(&b->ok, memory_order_acquire) ? 1 : moves ? 2 : 0;
 }
+
+/* ---- the hooks the entry registers for the sub-layers (cpu_hooks_t) ----------- */
+
+/* (lock held; base/lock.c's tdist__cpu_leave) Shared-memory collectives left
+ * to this thread: members must ring it (want_bell, segment/sc_chan.c); a
+ * flag just set is followed by one more pass, the sleeping side of the
+ * Dekker pair. */
+static void hook_leave(cpu_ctx_t *ctx) {
+  while (tdist__cpu_sc_sleep(ctx)) {
+    tdist__cpu_sc_progress(ctx);
+    tdist__cpu_run_ready(ctx);
+  }
+}
+
+/* (progress, lock held; base/lock.c's loop_sync) Each subsystem's watches
+ * and timers, recomputed from the state a driving caller left. */
+static void hook_sync(cpu_ctx_t *ctx) {
+  for (int i = 0; i < ctx->size; i++)
+    if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_watch(ctx->conns[i]);
+  tdist__cpu_park_sync(ctx);
+  tdist__cpu_cma_sync(ctx);
+  tdist__cpu_probe_sync(ctx);
+  tdist__cpu_copy_sync(ctx);
+  tdist__cpu_shm_sync(ctx);
+}
+
+const cpu_hooks_t tdist__cpu_hooks = {
+    .leave = hook_leave,
+    .sync = hook_sync,
+    .want = tdist__cpu_conn_want,
+    .maybe_free = tdist__cpu_ctx_maybe_free,
+    .sc_forget = tdist__cpu_sc_forget,
+    .sc_engine_msg = tdist__cpu_sc_engine_msg,
+    .sc_needs = tdist__cpu_sc_needs,
+};

@@ -1,7 +1,7 @@
 /*
  * nccl_backend.h - the NCCL backend's private state (internal to src/nccl/).
  *
- * The backend follows the contract of core/backend.h: it never sees the
+ * The backend follows the contract of tdist/backend.h: it never sees the
  * core's group or work structs. One tdist__nccl_t per group (the `state` the
  * core hands back to every vtable entry). It owns the group's communicator,
  * an internal CUDA stream on which every NCCL call of the group is enqueued,

@@ -1,7 +1,7 @@
 /*
  * nccl_ops.c - launching ops on the NCCL backend (caller thread).
  *
- * submit (core/backend.h) runs on the thread that called the op, after the
+ * submit (tdist/backend.h) runs on the thread that called the op, after the
  * core validated it against the capabilities, holding the group's `call`
  * lock for every CUDA/NCCL call (nccl_backend.h):
  *

@@ -22,7 +22,7 @@
  * backend, NCCL sends no header that could show a disagreement, and a
  * disagreement hangs until the op's timeout, as in NCCL itself.
  *
- * The counts are the caller's arrays (core/backend.h), read here only, on
+ * The counts are the caller's arrays (tdist/backend.h), read here only, on
  * the submitting thread, before submit returns.
  */
 #include "nccl/nccl_backend.h"

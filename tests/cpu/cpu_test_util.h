@@ -14,7 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
 #include "mp.h"
 #include "tdist/tdist.h"
 

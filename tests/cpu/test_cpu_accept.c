@@ -2,7 +2,7 @@
  * test_cpu_accept.c - the full mesh forms when accept4 fails on the way
  * (issue 29).
  *
- * Every rank accepts one connection from each lower rank (src/cpu/conn.c).
+ * Every rank accepts one connection from each lower rank (src/cpu/conn/conn.c).
  * accept4 can fail with nothing to show for it: Linux hands back errors
  * pending on the new connection (ECONNABORTED for one reset before it was
  * taken, the protocol errors of accept(2) NOTES), EINTR, and EAGAIN on a

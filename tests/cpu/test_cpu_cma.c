@@ -1,6 +1,6 @@
 /*
  * test_cpu_cma.c - single-copy transfers between ranks of one host
- * (src/cpu/cma.c, docs/cpu-backend.md), each case in its own world:
+ * (src/cpu/engine/cma.c, docs/cpu-backend.md), each case in its own world:
  *
  *   engaged     large collectives and p2p at n=3 are read across processes
  *               (the cross-process read counter moves) and match a local

@@ -1,6 +1,6 @@
 /*
  * test_cpu_cma_read.c - what a failed single-copy read names
- * (tdist__cpu_cma_read, src/cpu/cma.c). A child process plays the sender:
+ * (tdist__cpu_cma_read, src/cpu/engine/cma.c). A child process plays the sender:
  * it maps a payload and holds a live word, and the parent reads it across
  * processes as a receiver would. Cases, each with a fresh child:
  *
@@ -29,7 +29,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
 
 #define LEN (256u * 1024u)
 #define TOKEN 0x1234567887654321ULL

@@ -182,7 +182,7 @@ static int stopped(int rank, int n, void *arg) {
 /* roots: the ranks disagree on the root of a rooted op (rank 2 says 1, the
  * others 0). Broadcast and scatter move data that shows it; reduce and
  * gather may move none (each "root" waits to receive), which the stall
- * probes (src/cpu/probe.c) catch: MISMATCH everywhere, never the timeout. */
+ * probes (src/cpu/engine/probe.c) catch: MISMATCH everywhere, never the timeout. */
 static int roots(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
@@ -221,7 +221,7 @@ static int roots(int rank, int n, void *arg) {
   return 0;
 }
 
-enum { AHEAD_OPS = 40, LAG_MAX = 16 /* src/cpu/cpu.h CPU_LAG_MAX */ };
+enum { AHEAD_OPS = 40, LAG_MAX = 16 /* src/cpu/engine/engine.h CPU_LAG_MAX */ };
 
 static int root_ahead(int rank, int n, void *arg) {
   struct shared *sh = arg;

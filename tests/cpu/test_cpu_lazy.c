@@ -1,5 +1,5 @@
 /*
- * test_cpu_lazy.c - connections made on first use (src/cpu/lazy.c,
+ * test_cpu_lazy.c - connections made on first use (src/cpu/conn/lazy.c,
  * TDIST_CPU_CONNECT=lazy, set explicitly here: the default is lazy only from 64 ranks), each case
  * in its own world:
  *

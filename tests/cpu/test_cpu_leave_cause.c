@@ -12,7 +12,7 @@
  * world with a cause of its own, destroys it and exits.
  *
  * V's ERR naming the cause is queued behind the rest of the large payload.
- * Before src/cpu/leave.c, leaving dropped that queue and closed the socket,
+ * Before src/cpu/conn/leave.c, leaving dropped that queue and closed the socket,
  * so S read part of the payload, then an EOF without goodbye, and failed
  * with "rank 1 ... closed its connection" whenever that EOF was handled
  * before V's abort record came through the store: 3 of 6 runs (and 4 of 10

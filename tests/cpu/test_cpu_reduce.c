@@ -1,6 +1,6 @@
 /*
  * test_cpu_reduce.c - the CPU backend's conversions and reduction kernels,
- * called directly (one process, no sockets; src/cpu/reduce.c):
+ * called directly (one process, no sockets; src/cpu/base/reduce.c):
  *
  *   - float8 E4M3 / E5M2: every one of the 256 encodings of each format
  *     decodes to the value the format defines (computed here with ldexp) and

@@ -1,5 +1,5 @@
 /*
- * test_cpu_shm.c - the shared-memory SPSC byte rings (src/cpu/shm.c).
+ * test_cpu_shm.c - the shared-memory SPSC byte rings (src/cpu/base/shm.c).
  *
  *   layout        capacities round up to powers of two >= 4096; rings and
  *                 their header lines are 64-byte aligned; sizes add up.
@@ -51,8 +51,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cpu/cpu.h"
-#include "cpu/shm.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/base/shm.h"
 #include "tdist/errors.h"
 
 #define STREAM_BYTES (8u << 20)

@@ -340,7 +340,7 @@ static int store_port_closed(void) {
 }
 
 static int scenario_store(tdist_group_t *g) {
-  /* Lazy connections (src/cpu/lazy.c, TDIST_CPU_CONNECT=lazy) read a peer's address
+  /* Lazy connections (src/cpu/conn/lazy.c, TDIST_CPU_CONNECT=lazy) read a peer's address
    * from the store when a pair is first used: every pair is made before
    * the store goes (an all_to_all needs every pair; a rank enters the
    * barrier only once its all_to_all is done, and the victim's barrier

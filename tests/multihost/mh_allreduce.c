@@ -50,8 +50,10 @@
 
 #include "tdist/tdist.h"
 
-extern _Atomic uint64_t tdist__cpu_cma_reads; /* src/cpu/cma.c: payloads read by single copy */
-extern _Atomic uint64_t tdist__cpu_sc_ops;    /* src/cpu/sc_op.c: collectives in shared memory */
+extern _Atomic uint64_t
+    tdist__cpu_cma_reads; /* src/cpu/engine/cma.c: payloads read by single copy */
+extern _Atomic uint64_t
+    tdist__cpu_sc_ops; /* src/cpu/segment/sc_op.c: collectives in shared memory */
 
 static int g_rank = -1;
 

@@ -1,5 +1,5 @@
 /*
- * group.h - process groups and the runtime context (internal; layer 5,
+ * group.h - process groups and the runtime context (internal;
  * above trace, work, progress and util; the monitor reports to it through
  * handlers it registers).
  *

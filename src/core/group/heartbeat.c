@@ -57,7 +57,7 @@ static void agent_beat(tdist__monitor_t *m, const char *val, size_t len, int bye
 /* (monitor) Wait up to `ms` for what the agent relays: "rec <n> <record>"
  * (applied as a record read from the store) and "ok" (its heartbeat reached
  * the store: the store answers). */
-void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms) {
+void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms, tdist__mon_record_fn apply) {
   struct pollfd p = {.fd = m->agent_fd, .events = POLLIN};
   if (m->agent_gone || poll(&p, 1, (int)ms) <= 0) {
     if (m->agent_gone) {
@@ -83,7 +83,7 @@ void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms) {
       m->last_ok_ms = tdist__now_ms();
     } else if (!strncmp(p0, "rec ", 4)) {
       char *rec = strchr(p0 + 4, ' ');
-      if (rec) tdist__mon_apply_record(m, rec + 1, strlen(rec + 1));
+      if (rec) apply(m, rec + 1, strlen(rec + 1));
     }
     p0 = nl + 1;
   }

@@ -373,7 +373,9 @@ static void *monitor_main(void *arg) {
       m->last_snap_ms = now;
     }
     if (m->agent_fd >= 0) {
-      tdist__mon_agent_poll(m, interval); /* the agent watches the records for this host */
+      /* the agent watches the records for this host; the ones it relays go
+       * to the handler passed down (heartbeat.c never calls up into here) */
+      tdist__mon_agent_poll(m, interval, tdist__mon_apply_record);
       continue;
     }
     char key[64];

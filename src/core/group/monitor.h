@@ -1,5 +1,5 @@
 /*
- * monitor.h - cross-rank failure records and heartbeats (internal; layer 5,
+ * monitor.h - cross-rank failure records and heartbeats (internal;
  * beside the group layer, which it reports to through handlers).
  *
  * When a group aborts on one rank (an op timed out, tdist_group_abort, a

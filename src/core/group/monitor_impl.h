@@ -86,9 +86,12 @@ void tdist__mon_apply_record(tdist__monitor_t *m, const char *rec, size_t len);
  * rank beats to the store itself). */
 void tdist__mon_agent_open(tdist__monitor_t *m);
 
-/* (monitor) Wait up to `ms` for what the agent relays: records (applied)
- * and "ok" (the store answered: m->last_ok_ms). */
-void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms);
+/* (monitor) Wait up to `ms` for what the agent relays: records (each
+ * handed to `apply`, which the monitor thread passes: monitor.c's
+ * tdist__mon_apply_record, so this file calls nothing of monitor.c) and
+ * "ok" (the store answered: m->last_ok_ms). */
+typedef void (*tdist__mon_record_fn)(tdist__monitor_t *m, const char *rec, size_t len);
+void tdist__mon_agent_poll(tdist__monitor_t *m, int64_t ms, tdist__mon_record_fn apply);
 
 /* (heartbeat, or the caller in start/its failure) One heartbeat: the value
  * the monitor thread left, or "bye" (bye != 0); to the agent if there is

@@ -1,12 +1,12 @@
 /*
- * opcheck.c - the one argument checker of the public ops (layer 6; the rules
+ * opcheck.c - the one argument checker of the public ops (the rules
  * and their order are in opcheck.h). ops.c and ops_v.c fill a descriptor
  * and call tdist__op_check; nothing here allocates.
  *
  * What is checked is what one rank can check alone. Agreement between ranks
  * (the same op, count, dtype, reduction and root; rank i's send_counts[j] ==
  * rank j's recv_counts[i]) needs the other ranks' view: the CPU backend
- * compares them in its message headers (cpu/sigcheck.c, cpu/algos_v.c) and
+ * compares them in its message headers (cpu/engine/sigcheck.c, cpu/engine/algos_v.c) and
  * fails TDIST_ERR_MISMATCH.
  */
 #include <stdint.h>

@@ -1,8 +1,8 @@
 /*
- * opcheck.h - the one argument checker of the public ops (layer 6, ops;
+ * opcheck.h - the one argument checker of the public ops (ops;
  * internal). Every public op (ops.c, ops_v.c) fills a descriptor -- the
  * op's arguments as the backend will see them, tdist_backend_args_t
- * (core/backend.h): kind, buffers, count, count and displacement arrays,
+ * (tdist/backend.h): kind, buffers, count, count and displacement arrays,
  * dtype, reduction, root or peer, tag, batch -- and hands it to
  * tdist__op_check, which validates it against the group and its backend's
  * capabilities. A fixed op and its v sibling go through the same checks in

@@ -1,5 +1,5 @@
 /*
- * ops.c - the public collective and point-to-point calls (layer 6).
+ * ops.c - the public collective and point-to-point calls.
  *
  * Caller thread: fill the op's descriptor and validate it (opcheck.c, against
  * the backend's declared capabilities, so an unsupported combination fails

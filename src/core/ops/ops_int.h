@@ -1,5 +1,5 @@
 /*
- * ops_int.h - what the files of the ops layer (layer 6) share (internal).
+ * ops_int.h - what the files of the ops layer share (internal).
  * The public ops (ops.c, ops_v.c) fill a descriptor, validate it with the
  * one checker (opcheck.h) and submit it (ops.c); neither calls the other's
  * checks. Caller thread, like every public op call.

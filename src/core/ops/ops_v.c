@@ -1,6 +1,6 @@
 /*
  * ops_v.c - the variable-size collectives (all_to_all_v, all_gather_v,
- * reduce_scatter_v, gather_v, scatter_v) (layer 6, beside ops.c).
+ * reduce_scatter_v, gather_v, scatter_v) (beside ops.c).
  *
  * Caller thread, like ops.c: fill the op's descriptor, validate it with the
  * same checker as the fixed ops (opcheck.c: capabilities, dtype, reduction,
@@ -9,7 +9,7 @@
  * displacement arrays are NOT copied (tdist/ops.h, MPI's rule for its
  * nonblocking *v calls): the op's arguments point at the caller's arrays,
  * which stay valid until completion, so submission allocates nothing, and
- * the backends read them while the op runs (core/backend.h).
+ * the backends read them while the op runs (tdist/backend.h).
  */
 #include "core/ops/ops_int.h"
 #include "util/error.h"

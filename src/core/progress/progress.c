@@ -1,5 +1,5 @@
 /*
- * progress.c - the progress thread and its libuv loop (layer 2: it calls
+ * progress.c - the progress thread and its libuv loop (it calls
  * only util; see progress.h for what it offers).
  *
  * Submission: producers push onto a lock-free LIFO (one CAS); the progress

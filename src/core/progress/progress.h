@@ -1,5 +1,5 @@
 /*
- * progress.h - the progress thread (internal; layer 2, above util only).
+ * progress.h - the progress thread (internal; above util only).
  *
  * One per process, shared by every group, started with the first reference
  * and joined with the last. It runs a libuv loop and knows nothing of

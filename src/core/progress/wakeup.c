@@ -1,6 +1,6 @@
 /*
  * wakeup.c - the process-wide wake-up for caller threads that drive their
- * own completion (layer 2, beside progress.c: it calls only util).
+ * own completion (beside progress.c: it calls only util).
  *
  * Why: a caller blocked in tdist_work_wait on an op of a backend that can
  * test an op from any thread (backend.h, vtable->test: NCCL's end events)

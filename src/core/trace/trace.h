@@ -1,5 +1,5 @@
 /*
- * trace.h - the flight recorder inside the runtime (internal; layer 4, above
+ * trace.h - the flight recorder inside the runtime (internal; above
  * work, progress and util).
  *
  * A passive ring of the last N ops of a group, written when an op starts

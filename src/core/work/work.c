@@ -1,6 +1,6 @@
 /*
  * work.c - work handles: the pool, reference counting, the state machine and
- * the public tdist_work_* functions (layer 3: calls progress and util only).
+ * the public tdist_work_* functions (calls progress and util only).
  *
  * Pool: works are carved from the heap in slabs and never returned to it;
  * released works go back on a free list, so once the pool has grown to the

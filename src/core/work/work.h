@@ -1,5 +1,5 @@
 /*
- * work.h - work handles inside the runtime (internal; layer 3, above the
+ * work.h - work handles inside the runtime (internal; above the
  * progress layer and util).
  *
  * Ownership: a work is created by the submitting thread with two references,

@@ -23,8 +23,9 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 cpu_group_t *tdist__cpu_group_find(cpu_ctx_t *ctx, uint64_t uid) {
   tdist__list_t *n;
@@ -136,8 +137,8 @@ void tdist__cpu_op_put(cpu_op_t *op) {
       }
     }
   }
-  tdist__cpu_copy_cancel(op); /* before its buffers go back to the caller */
-  tdist__cpu_sc_forget(op);   /* off its channel (sc_op.c) */
+  tdist__cpu_copy_cancel(op);                       /* before its buffers go back to the caller */
+  if (op->sc.on) op->cg->ctx->hooks->sc_forget(op); /* off its channel (segment/sc_op.c) */
   if (tdist__list_linked(&op->link)) tdist__list_remove(&op->link);
   if (tdist__list_linked(&op->rlink)) tdist__list_remove(&op->rlink);
   release_stages(op);
@@ -393,7 +394,8 @@ static void advance(cpu_op_t *op) {
    * (its count never reaches 0) until the core aborts the group. */
   for (int i = 0; i < op->nrecv; i++) {
     cpu_conn_t *pc = cg->conns[op->recvs[i].peer];
-    if (pc) tdist__cpu_conn_want(pc); /* lazy.c: a dead peer is named on connect */
+    /* conn/lazy.c (a hook): a dead peer is named on connect */
+    if (pc && pc->link == CPU_LINK_IDLE) pc->ctx->hooks->want(pc);
     if (pc && pc->dead && !have_ux(cg, op->cseq, k, pc->peer)) {
       tdist__cpu_fail(cg, 0, TDIST_ERR_REMOTE_FAILED, "rank %d (world rank %d, %s) is gone",
                       op->recvs[i].peer, pc->peer, pc->addr);
@@ -530,7 +532,8 @@ int tdist__cpu_post_p2p(cpu_group_t *cg, cpu_op_t *op) {
                    .root = p->tag,
                    .len = len};
     cpu_conn_t *pc = p->peer >= 0 ? cg->conns[p->peer] : NULL; /* -1: any source */
-    if (pc) tdist__cpu_conn_want(pc);                          /* lazy.c: connect on first use */
+    /* conn/lazy.c (a hook): connect on first use */
+    if (pc && pc->link == CPU_LINK_IDLE) pc->ctx->hooks->want(pc);
     if (p->kind == TDIST_P2P_SEND && p->peer == cg->rank) {
       /* To self: a copy queued as if it had arrived. */
       cpu_ux_t *u = tdist__cpu_ux_new(cg->ctx, &h, me, 0);

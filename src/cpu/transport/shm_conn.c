@@ -40,7 +40,7 @@
  * process dies.
  *
  * Threads: setup on the caller thread; everything else under the engine
- * lock (drive.c): the progress thread, or a caller driving its op.
+ * lock (base/lock.c): the progress thread, or a caller driving its op.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -50,7 +50,8 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
 
 /* What a pair trades at setup (host byte order: both are on one host). */
 typedef struct shm_hello {

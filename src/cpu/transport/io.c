@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -37,7 +38,8 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "util/log.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
 
 #define RX_CAP CPU_RX_CAP
 #define DIRECT_MIN 4096 /* payload left at least this: read() into the destination */
@@ -242,7 +244,7 @@ void tdist__cpu_send(cpu_conn_t *c, cpu_msg_t *m) {
   int idle = tdist__list_empty(&c->txq);
   tdist__list_push_back(&c->txq, &m->link);
   if (c->link != CPU_LINK_UP) { /* queued until connected (lazy.c: attach flushes) */
-    tdist__cpu_conn_want(c);
+    c->ctx->hooks->want(c);     /* conn/lazy.c, registered by the entry */
     return;
   }
   /* Only a message at the head may be written now; behind others, the
@@ -596,4 +598,24 @@ void tdist__cpu_conn_start(cpu_conn_t *c) {
   c->poll.data = c;
   c->events = UV_READABLE;
   uv_poll_start(&c->poll, UV_READABLE, on_poll);
+}
+
+/* Blocking I/O with a deadline (setup only). */
+int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns) {
+  uint8_t *p = buf;
+  while (len) {
+    struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+    int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
+    if (left_ms <= 0) return TDIST_ERR_TIMEOUT;
+    if (poll(&pfd, 1, (int)(left_ms > 1000 ? 1000 : left_ms)) <= 0) continue;
+    ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+    if (n == 0) return TDIST_ERR_CLOSED;
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return TDIST_ERR_IO;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
 }

@@ -91,9 +91,9 @@ struct tdist__cpu_ring {
   _Atomic uint64_t tail; /* bytes ever consumed; reader only (release) */
   char pad1_[TDIST_CPU_SHM_ALIGN - sizeof(uint64_t)];
   /* Line 2: rarely written. */
-  _Atomic uint32_t polling;  /* > 0 while a reader thread polls; reader side only */
-  _Atomic uint32_t closed;   /* 1 once the writer left; writer only */
-  uint64_t cap;              /* data bytes, a power of two; creator, before publishing */
+  _Atomic uint32_t polling; /* > 0 while a reader thread polls; reader side only */
+  _Atomic uint32_t closed;  /* 1 once the writer left; writer only */
+  uint64_t cap;             /* data bytes, a power of two; creator, before publishing */
   char pad2_[TDIST_CPU_SHM_ALIGN - 2 * sizeof(uint32_t) - sizeof(uint64_t)];
   /* Line 3: the writer side's mark and wait. Not on line 2: both sides'
    * waiters mark and unmark on every op (drive.c), and with the reader's

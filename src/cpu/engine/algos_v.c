@@ -24,7 +24,7 @@
  * the sender's own count, not a per-peer one: for them only the op, dtype,
  * root and reduction are compared.
  *
- * The count arrays are the caller's (core/backend.h: valid until the op
+ * The count arrays are the caller's (tdist/backend.h: valid until the op
  * completes); they are read here at setup and in the checks, both while the
  * op runs. Progress thread only: setup runs in post, rounds in the engine,
  * checks in the transport (they only report failures, deferred).
@@ -34,7 +34,9 @@
 #include <string.h>
 
 #include "util/error.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 /* base + el elements, without arithmetic on a NULL buffer (an empty one). */
 static uint8_t *elem(const void *base, size_t el, size_t es) {

@@ -35,7 +35,10 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
 
 #define OVF_MAGIC 0x4f465354u /* "TSFO" */
 

@@ -25,7 +25,9 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 int tdist__cpu_op_reserve(cpu_op_t *op, int n) {
   if (n <= op->cap) return 0;

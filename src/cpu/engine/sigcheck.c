@@ -70,8 +70,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 void tdist__cpu_mismatch(cpu_group_t *cg, uint64_t seq, const char *fmt, ...) {
   char text[400];
@@ -191,7 +192,7 @@ void tdist__cpu_on_sig(cpu_conn_t *c) {
   if (cg->aborted || src < 0) return;
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
   if (op && op->sc.on) {
-    tdist__cpu_sc_engine_msg(cg, op, h, src);
+    cg->ctx->hooks->sc_engine_msg(cg, op, h, src); /* segment/sc_op.c */
     return;
   }
   if (op) {

@@ -59,7 +59,9 @@
 #include "util/alloc.h"
 #include "util/error.h"
 #include "util/log.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 /* ---- the probe word and the live words (any thread) ---------------------------- */
 

@@ -14,7 +14,7 @@
 #ifndef TDIST_CPU_LAZY_H
 #define TDIST_CPU_LAZY_H
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
 
 enum { ST_NONE, ST_DIALING, ST_CLAIMED, ST_WAITING, ST_FAILED }; /* per peer, under mu */
 #define STOP_SLICE_MS 200 /* how often a blocked thread looks at `stop` */

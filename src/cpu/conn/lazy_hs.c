@@ -22,8 +22,12 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
-#include "cpu/lazy.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
+#include "cpu/conn/lazy.h"
 
 /* ---- a handshake's socket, its end and the handoff (any of the threads) --------- */
 

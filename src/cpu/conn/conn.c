@@ -35,8 +35,11 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
 
 void tdist__cpu_tune_socket(int fd) {
   int one = 1, buf = (int)tdist__param_CpuSockBuf();
@@ -120,26 +123,6 @@ static int listen_on(const char *host, int backlog, int *fd_out, int *port_out) 
   }
   *fd_out = fd;
   *port_out = ntohs(a.sin_port);
-  return 0;
-}
-
-/* Blocking I/O with a deadline (setup only). */
-int tdist__cpu_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline_ns) {
-  uint8_t *p = buf;
-  while (len) {
-    struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-    int64_t left_ms = (deadline_ns - tdist__now_ns()) / 1000000;
-    if (left_ms <= 0) return TDIST_ERR_TIMEOUT;
-    if (poll(&pfd, 1, (int)(left_ms > 1000 ? 1000 : left_ms)) <= 0) continue;
-    ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-    if (n == 0) return TDIST_ERR_CLOSED;
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return TDIST_ERR_IO;
-    }
-    p += n;
-    len -= (size_t)n;
-  }
   return 0;
 }
 
@@ -273,7 +256,8 @@ static void setup_free(mesh_setup_t *s) {
   tdist__free(s->local);
 }
 
-static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t *ev) {
+static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t *ev,
+                          const cpu_hooks_t *hooks) {
   cpu_ctx_t *ctx = tdist__calloc(1, sizeof(*ctx));
   if (!ctx) return NULL;
   ctx->conns = tdist__calloc((size_t)p->size, sizeof(cpu_conn_t *));
@@ -282,6 +266,7 @@ static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t
     return NULL;
   }
   ctx->ev = ev;
+  ctx->hooks = hooks;
   ctx->shm.fd = -1;
   ctx->bell_fd = ctx->bell_tx = -1;
   ctx->rank = p->rank;
@@ -452,10 +437,10 @@ static int listen_lazy(const tdist_backend_params_t *p, cpu_ctx_t *ctx, mesh_set
 /* (caller) Bounded by p->timeout_ms; on success the progress thread owns
  * the ctx (start_all). */
 int tdist__cpu_ctx_create(const tdist_backend_params_t *p, const cpu_tp_events_t *ev,
-                          cpu_ctx_t **out) {
+                          const cpu_hooks_t *hooks, cpu_ctx_t **out) {
   int rc = 0;
   mesh_setup_t s;
-  cpu_ctx_t *ctx = ctx_new(p, ev);
+  cpu_ctx_t *ctx = ctx_new(p, ev, hooks);
   TDIST_CHECKGOTO(setup_init(&s, p->size, p->timeout_ms), rc, fail);
   if (!ctx) {
     rc = tdist__error(TDIST_ERR_NO_MEMORY, "cpu: out of memory");

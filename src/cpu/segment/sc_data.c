@@ -37,7 +37,10 @@
 #include <string.h>
 
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
 
 /* base + el elements, without arithmetic on a NULL buffer (an empty one). */
 static uint8_t *elem(const void *base, size_t el, size_t es) {

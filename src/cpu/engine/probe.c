@@ -24,8 +24,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 static uint64_t period_ms(void) {
   int64_t v = tdist__param_CpuProbeMs();
@@ -116,7 +117,7 @@ void tdist__cpu_on_probe(cpu_conn_t *c) {
   if (src < 0) return;
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
   if (op && op->sc.on) { /* over shared memory here: the sender disagrees (sc_op.c) */
-    tdist__cpu_sc_engine_msg(cg, op, h, src);
+    cg->ctx->hooks->sc_engine_msg(cg, op, h, src); /* segment/sc_op.c */
     return;
   }
   if (op) {

@@ -21,7 +21,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
 
 /* ---- float16 / bfloat16 ------------------------------------------------------ */
 

@@ -41,7 +41,11 @@
 
 #include "util/alloc.h"
 #include "util/clock.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
+#include "cpu/conn/conn.h"
 
 static void owed_free(tdist__list_t *q) {
   tdist__list_t *n;

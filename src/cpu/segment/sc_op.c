@@ -21,7 +21,7 @@
  * it is read; the second read makes a violation of that a wait, not a
  * wrong answer.
  *
- * Threads: engine lock (the progress thread or a driving caller: drive.c).
+ * Threads: engine lock (base/lock.c; the progress thread or a driving caller: drive.c).
  * Completion and failures go through the engine's deferred services
  * (tdist__cpu_op_complete, tdist__cpu_mismatch).
  */
@@ -30,7 +30,10 @@
 #include <string.h>
 
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
 
 _Atomic uint64_t tdist__cpu_sc_ops;
 

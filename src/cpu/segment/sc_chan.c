@@ -38,7 +38,10 @@
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/error.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
+#include "cpu/segment/sc.h"
 
 TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)
@@ -107,7 +110,7 @@ static void on_bell_closed(uv_handle_t *h) {
   cpu_ctx_t *ctx = h->data;
   bell_fds_close(ctx);
   ctx->open_handles--;
-  tdist__cpu_ctx_maybe_free(ctx);
+  ctx->hooks->maybe_free(ctx); /* conn/conn.c, registered by the entry */
 }
 
 void tdist__cpu_sc_bell_close(cpu_ctx_t *ctx) {

@@ -61,7 +61,9 @@
 
 #include "util/alloc.h"
 #include "util/log.h"
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 enum { COPY_SELF, COPY_DELIVER, COPY_READ, COPY_STAGE };
 

@@ -12,7 +12,7 @@
  *
  * Layer: util only (errors); no libuv, nothing of core/.
  */
-#include "cpu/shm.h"
+#include "cpu/base/shm.h"
 
 #include <assert.h>
 #include <errno.h>

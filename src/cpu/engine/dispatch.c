@@ -18,8 +18,9 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
-#include "cpu/cpu.h"
-#include "cpu/sc.h"
+#include "cpu/base/base.h"
+#include "cpu/transport/transport.h"
+#include "cpu/engine/engine.h"
 
 /* ---- dispatch from io.c ----------------------------------------------------------- */
 
@@ -72,8 +73,8 @@ static int on_conn_header(cpu_conn_t *c, const cpu_hdr_t *h) {
  * in the unexpected list. */
 static int rx_coll(cpu_conn_t *c, cpu_group_t *cg, const cpu_hdr_t *h, int src) {
   cpu_op_t *op = tdist__cpu_op_find(cg, h->seq);
-  if (op && op->sc.on) { /* over shared memory here: read and discarded */
-    tdist__cpu_sc_engine_msg(cg, op, h, src);
+  if (op && op->sc.on) {                           /* over shared memory here: read and discarded */
+    cg->ctx->hooks->sc_engine_msg(cg, op, h, src); /* segment/sc_op.c */
     return 1;
   }
   if (op && tdist__cpu_check_coll(cg, op, h, src)) return 1;
@@ -216,7 +217,7 @@ void tdist__cpu_on_payload(cpu_conn_t *c) {
  * after an orderly goodbye: a peer that finished its part of an op may leave
  * before the others finish theirs. */
 static int needs_peer(cpu_group_t *cg, int r, const cpu_conn_t *c) {
-  if (tdist__cpu_sc_needs(cg, r)) return 1; /* sc_op.c */
+  if (cg->ctx->hooks->sc_needs(cg, r)) return 1; /* segment/sc_op.c */
   tdist__list_t *n;
   tdist__list_foreach(n, &c->txq) {
     const cpu_msg_t *m = tdist__list_entry(n, cpu_msg_t, link);

@@ -80,7 +80,7 @@
  * slots, so an aborted op leaves nothing to read in the caller's memory.
  *
  * Threads: setup and teardown on the caller thread (group creation and
- * destroy); everything else under the engine lock (drive.c), on the
+ * destroy); everything else under the engine lock (base/lock.c), on the
  * progress thread or a caller that drives.
  */
 #ifndef TDIST_CPU_SC_H
@@ -91,7 +91,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "cpu/cpu.h"
+#include "cpu/base/base.h"
 
 #define SC_H 64u        /* signature entries per member */
 #define SC_INLINE 40u   /* step data that fits in the step line */
