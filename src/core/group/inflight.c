@@ -29,7 +29,7 @@
 #include "util/param.h"
 
 /* How long a timed-out op waits for the monitor's verdict naming the ranks
- * that never reached it: the diagnosis takes a second look one heartbeat
+ * that never reached it: the diagnosis may take a second look one heartbeat
  * period (1.2 s by default) after the first (monitor.c diagnose). */
 TDIST_PARAM(DiagGraceMs, "TDIST_TIMEOUT_DIAG_MS", 3000)
 /* How long failures an abort made wait for the backend's device to let go
@@ -415,7 +415,8 @@ int tdist__group_watchdog(tdist__ticker_t *t) {
        * never reached this op (bounded: past the grace, fail without it). */
       int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
       if (g->size > 1 && ctx->monitor && in_grace &&
-          (g->diag_pending || tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq))) {
+          (g->diag_pending ||
+           tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq, w->bop.timeout_ms))) {
         g->diag_pending = 1;
         break;
       }

@@ -39,13 +39,14 @@ void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const
   pthread_mutex_unlock(&m->mu);
 }
 
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms) {
   int queued = 0;
   if (!m) return 0;
   pthread_mutex_lock(&m->mu);
   if (m->ndiag < QUEUE_MAX) {
     m->diag[m->ndiag].uid = uid;
     m->diag[m->ndiag].seq = seq;
+    m->diag[m->ndiag].timeout_ms = timeout_ms;
     m->ndiag++;
     queued = 1;
   }
@@ -230,11 +231,14 @@ struct members {
  * heartbeats, which are at most one heartbeat period old: a rank that
  * submitted the op just before the deadline may not have beaten since. So
  * the ranks found behind are read once more after one period (the
- * monitor's thread may wait; nobody else does): only a rank still behind
- * then is named. Without the second look a loaded machine named a rank
- * that was waiting in the op itself (cpu_failures stopped under stress-ng
+ * monitor's thread may wait; the op waits for the verdict) and only a rank
+ * still behind then is named -- when that period is at most half the op's
+ * timeout: the failure then comes at most half a timeout late, and an op
+ * with a shorter timeout than that is named from one look, as before.
+ * Without the second look a loaded machine named a rank that was waiting
+ * in the op itself (cpu_failures stopped, 1.5 s timeout, under stress-ng
  * and two builds: "ranks 0, 2 had not reached seq 1", rank 0 had). */
-static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
+static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
   int *late = tdist__calloc(4096, sizeof(int));
   if (!mb || !late) {
@@ -248,10 +252,11 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq) {
   size_t tl = 0;
   int behind = 0;
   struct host_cache hc = {-1, NULL, 0};
-  for (int look = 0; found && look < 2; look++) {
+  int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
+  int looks = period * 2 <= timeout_ms ? 2 : 1;
+  for (int look = 0; found && look < looks; look++) {
     if (look == 1) {
       if (behind == 0) break;
-      int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
       struct timespec ts = {period / 1000, (period % 1000) * 1000000L};
       nanosleep(&ts, NULL);
       tdist_store_free(hc.val); /* read the hosts' beats afresh */
@@ -306,7 +311,7 @@ static void run_diagnoses(tdist__monitor_t *m) {
   m->ndiag = 0;
   pthread_mutex_unlock(&m->mu);
   for (int i = 0; i < n; i++)
-    diagnose(m, reqs[i].uid, reqs[i].seq);
+    diagnose(m, reqs[i].uid, reqs[i].seq, reqs[i].timeout_ms);
 }
 
 /* Keep the connection usable and notice a store that stopped answering.

@@ -88,8 +88,9 @@ void tdist__monitor_stop(tdist__monitor_t *m);
 
 /* Any thread, never blocks: queue an abort record for group uid. */
 void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason);
-/* Any thread, never blocks: queue a diagnosis of op seq of group uid. 1 if
- * queued. */
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq);
+/* Any thread, never blocks: queue a diagnosis of op seq of group uid, whose
+ * timeout was timeout_ms (it bounds how long the diagnosis may take: see
+ * monitor.c diagnose). 1 if queued. */
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms);
 
 #endif

@@ -43,6 +43,7 @@ struct tdist__monitor {
   int ndiag; /* timeout diagnoses asked for by the progress thread */
   struct diag_req {
     uint64_t uid, seq;
+    int64_t timeout_ms;
   } diag[QUEUE_MAX];
 
   /* monitor thread (and start/stop) */
