@@ -30,8 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpusim/api.h"
-#include "tdist/tdist.h"
+#include "nccl_rank_util.h"
 
 /* The simulation's inspection calls (tdist/gpusim.h), NULL elsewhere. */
 extern int tdist_gpusim_comm_roots(const char *name) __attribute__((weak));
@@ -40,17 +39,7 @@ extern int tdist_gpusim_comm_config(const char *name, int *min_ctas, int *max_ct
                                     char *net_name, size_t net_name_len, int *stream_priority)
     __attribute__((weak));
 
-#define CHECK(c)                                                                               \
-  do {                                                                                         \
-    if (!(c)) {                                                                                \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s (%s)\n", rank, __FILE__, __LINE__, #c, \
-              tdist_last_error());                                                             \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
-
 enum { N = 1024 };
-static int rank, size;
 
 /* all_reduce of int32 (r * 3 + i % 7) in d (N elements), checked. */
 static int sum_in(tdist_group_t *g, int32_t *d) {
@@ -176,13 +165,7 @@ static int window(tdist_group_t *w) {
 
 int main(void) {
   tdist_group_t *w = NULL;
-  rank = -1;
-  if (tdist_init_process_group(NULL, &w) != 0) {
-    fprintf(stderr, "init: %s\n", tdist_last_error());
-    return 1;
-  }
-  rank = tdist_group_rank(w);
-  size = tdist_group_size(w);
+  if (rank_start(&w) != 0) return 1;
   int rc = scalable(w);
   if (rc == 0) rc = knobs(w);
   if (rc == 0) rc = reg(w);

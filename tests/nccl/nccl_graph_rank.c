@@ -19,21 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpusim/api.h"
-#include "tdist/tdist.h"
+#include "nccl_rank_util.h"
 
-#define CHECK(c)                                                                               \
-  do {                                                                                         \
-    if (!(c)) {                                                                                \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s (%s)\n", rank, __FILE__, __LINE__, #c, \
-              tdist_last_error());                                                             \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
 #define CUDA(call) CHECK((call) == cudaSuccess)
 
 enum { N = 1024, REPLAYS = 10 };
-static int rank, size;
 
 /* Input of rank r, element i, launch k: small integers, exact in float. */
 static float in_val(int r, int i, int k) { return (float)((r + 1) * (i % 13 + 1) + 10 * k); }
@@ -126,20 +116,7 @@ static int graph(tdist_group_t *w) {
 
 int main(void) {
   tdist_group_t *w = NULL;
-  rank = -1;
-  int ndev = 0;
-  const char *lr = getenv("LOCAL_RANK");
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 ||
-      cudaSetDevice(lr ? atoi(lr) % ndev : 0) != cudaSuccess) {
-    fprintf(stderr, "no device\n");
-    return 1;
-  }
-  if (tdist_init_process_group(NULL, &w) != 0) {
-    fprintf(stderr, "init: %s\n", tdist_last_error());
-    return 1;
-  }
-  rank = tdist_group_rank(w);
-  size = tdist_group_size(w);
+  if (rank_start(&w) != 0) return 1;
   int rc = graph(w); /* destroys w */
   if (!rc) printf("rank %d: graph ok\n", rank);
   return rc;

@@ -32,20 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpusim/api.h"
-#include "tdist/tdist.h"
-
-#define CHECK(c)                                                                               \
-  do {                                                                                         \
-    if (!(c)) {                                                                                \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s (%s)\n", rank, __FILE__, __LINE__, #c, \
-              tdist_last_error());                                                             \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
+#include "nccl_rank_util.h"
 
 enum { N = 2048, MSGS = 8, BIG = 1 << 20 };
-static int rank, size;
 static tdist_op_opts_t opts = {TDIST_OP_FIELD_TIMEOUT, 20000, 1.0, NULL, 0};
 
 /* Element i of the message from `src` to `dst`, number k. */
@@ -175,20 +164,7 @@ static int cross(tdist_group_t *w) {
 
 int main(void) {
   tdist_group_t *w = NULL;
-  rank = -1;
-  int ndev = 0;
-  const char *lr = getenv("LOCAL_RANK");
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 ||
-      cudaSetDevice(lr ? atoi(lr) % ndev : 0) != cudaSuccess) {
-    fprintf(stderr, "no device\n");
-    return 1;
-  }
-  if (tdist_init_process_group(NULL, &w) != 0) {
-    fprintf(stderr, "init: %s\n", tdist_last_error());
-    return 1;
-  }
-  rank = tdist_group_rank(w);
-  size = tdist_group_size(w);
+  if (rank_start(&w) != 0) return 1;
   int rc = 0;
   if (size > 1) {
     rc = ring(w, 1, 1, N) || ring(w, 0, 2, N) || ring(w, 1, 3, BIG) || mixed(w) ||

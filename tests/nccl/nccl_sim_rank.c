@@ -18,20 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpusim/api.h"
-#include "tdist/tdist.h"
-
-#define CHECK(c)                                                                              \
-  do {                                                                                        \
-    if (!(c)) {                                                                               \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s (%s)\n", rank, __FILE__, __LINE__, #c, \
-              tdist_last_error());                                                            \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
+#include "nccl_rank_util.h"
 
 enum { N = 4096 };
-static int rank, size;
 
 static int32_t *dev_from(const int32_t *h) {
   void *d = NULL;
@@ -47,7 +36,8 @@ static int get(int32_t *h, const int32_t *d, size_t n) {
 static int32_t val(int r, int i) { return (int32_t)(r * 1000 + i % 977); }
 
 static int collectives(tdist_group_t *w) {
-  int32_t *h = malloc(N * sizeof(int32_t) * (size_t)size), *o = malloc(N * sizeof(int32_t) * (size_t)size);
+  int32_t *h = malloc(N * sizeof(int32_t) * (size_t)size),
+          *o = malloc(N * sizeof(int32_t) * (size_t)size);
   CHECK(h && o);
   for (int i = 0; i < N; i++)
     h[i] = val(rank, i);
@@ -60,9 +50,10 @@ static int collectives(tdist_group_t *w) {
       int64_t want = val(0, i);
       for (int r = 1; r < size; r++) {
         int32_t x = val(r, i);
-        want = reds[k] == TDIST_SUM ? (int32_t)(want + x)
+        want = reds[k] == TDIST_SUM    ? (int32_t)(want + x)
                : reds[k] == TDIST_PROD ? (int32_t)((uint32_t)want * (uint32_t)x)
-               : reds[k] == TDIST_MIN ? (x < want ? x : want) : (x > want ? x : want);
+               : reds[k] == TDIST_MIN  ? (x < want ? x : want)
+                                       : (x > want ? x : want);
       }
       CHECK(o[i] == (int32_t)want);
     }
@@ -166,22 +157,7 @@ static int subgroups(tdist_group_t *w) {
 
 int main(void) {
   tdist_group_t *w = NULL;
-  rank = -1;
-  /* As a torch program calls torch.cuda.set_device(local_rank): this
-   * thread's buffers on the device the backend picks for the group. */
-  int ndev = 0;
-  const char *lr = getenv("LOCAL_RANK");
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 ||
-      cudaSetDevice(lr ? atoi(lr) % ndev : 0) != cudaSuccess) {
-    fprintf(stderr, "no device\n");
-    return 1;
-  }
-  if (tdist_init_process_group(NULL, &w) != 0) {
-    fprintf(stderr, "init: %s\n", tdist_last_error());
-    return 1;
-  }
-  rank = tdist_group_rank(w);
-  size = tdist_group_size(w);
+  if (rank_start(&w) != 0) return 1;
   int rc = collectives(w) || p2p_ring(w) || subgroups(w);
   if (tdist_group_destroy(w) != 0) rc = 1;
   if (!rc) printf("rank %d: ok\n", rank);
