@@ -21,20 +21,10 @@ CMake passes $<TARGET_OBJECTS:tdist_obj> (tests/CMakeLists.txt: callgraph).
 """
 import argparse
 import os
-import subprocess
 import sys
 
-
-def nm_symbols(obj):
-    out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
-    defined, undefined = set(), set()
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) == 2 and f[0] == "U":
-            undefined.add(f[1])
-        elif len(f) == 3 and f[1] in "TDBRCVW" and f[1].isupper():
-            defined.add(f[2])
-    return defined, undefined
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_layers import nm_symbols  # noqa: E402  (one reading of nm for both tools)
 
 
 def rel_of(path):
