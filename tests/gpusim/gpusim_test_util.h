@@ -19,23 +19,23 @@
 #include "tdist/gpusim.h"
 
 /* In a child: the NCCL or CUDA call must succeed (NCCL: ncclSuccess). */
-#define GT_NCCL(call)                                                                            \
-  do {                                                                                           \
-    ncclResult_t r__ = (call);                                                                   \
-    if (r__ != ncclSuccess) {                                                                    \
-      fprintf(stderr, "[pid %d] %s:%d: %s = %d (%s; last: %s)\n", (int)getpid(), __FILE__,       \
-              __LINE__, #call, (int)r__, ncclGetErrorString(r__), ncclGetLastError(NULL));       \
-      return 1;                                                                                  \
-    }                                                                                            \
+#define GT_NCCL(call)                                                                      \
+  do {                                                                                     \
+    ncclResult_t r__ = (call);                                                             \
+    if (r__ != ncclSuccess) {                                                              \
+      fprintf(stderr, "[pid %d] %s:%d: %s = %d (%s; last: %s)\n", (int)getpid(), __FILE__, \
+              __LINE__, #call, (int)r__, ncclGetErrorString(r__), ncclGetLastError(NULL)); \
+      return 1;                                                                            \
+    }                                                                                      \
   } while (0)
-#define GT_CUDA(call)                                                                            \
-  do {                                                                                           \
-    cudaError_t e__ = (call);                                                                    \
-    if (e__ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "[pid %d] %s:%d: %s = %s\n", (int)getpid(), __FILE__, __LINE__, #call,     \
-              cudaGetErrorName(e__));                                                            \
-      return 1;                                                                                  \
-    }                                                                                            \
+#define GT_CUDA(call)                                                                        \
+  do {                                                                                       \
+    cudaError_t e__ = (call);                                                                \
+    if (e__ != cudaSuccess) {                                                                \
+      fprintf(stderr, "[pid %d] %s:%d: %s = %s\n", (int)getpid(), __FILE__, __LINE__, #call, \
+              cudaGetErrorName(e__));                                                        \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)
 
 /* A config with `blocking` set (NCCL_CONFIG_INITIALIZER otherwise). */
@@ -44,6 +44,13 @@ ncclConfig_t gt_config(int blocking);
 /* Poll ncclCommGetAsyncError until it leaves ncclInProgress or timeout_ms
  * passes; returns the last state (ncclInProgress at the timeout). */
 ncclResult_t gt_wait_ready(ncclComm_t c, int timeout_ms);
+
+/* An enqueue on a non-blocking communicator answers what
+ * ncclCommGetAsyncError says right after its group end (enqueue.cc
+ * ncclEnqueueCheck): ncclInProgress while the launch job runs, ncclSuccess
+ * when it has already ended (seen under TSan). Strict ncclInProgress only
+ * where a peer is known to be missing. */
+#define GT_LAUNCHED(r) ((r) == ncclInProgress || (r) == ncclSuccess)
 
 /* Device buffer of n bytes holding a copy of host[0, n) (host may be NULL:
  * zeroed). NULL on failure. */
