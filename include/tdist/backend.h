@@ -70,7 +70,8 @@ extern "C" {
 
 /* Bumped on any change of the structs, the vtable or the services below
  * that a plug-in built before it would misread. */
-#define TDIST_BACKEND_ABI_VERSION 2 /* 2: params.group_opts, mem_* entries, TDIST_BACKEND_CAPTURED */
+#define TDIST_BACKEND_ABI_VERSION \
+  2 /* 2: params.group_opts, mem_* entries, TDIST_BACKEND_CAPTURED */
 /* The function a plug-in exports (see above). */
 #define TDIST_BACKEND_PLUGIN_SYMBOL "tdist_backend_plugin"
 

@@ -27,10 +27,10 @@
 typedef struct {
   uintptr_t base; /* the user's address (PROT_NONE) */
   size_t size, maplen;
-  char *view; /* the host view */
-  int dev;    /* the device current at allocation (stream's for Async) */
-  int pins;   /* workers copying through the view right now */
-  bool dead;  /* freed: out of the array, unmapped when pins is 0 */
+  char *view;   /* the host view */
+  int dev;      /* the device current at allocation (stream's for Async) */
+  int pins;     /* workers copying through the view right now */
+  bool dead;    /* freed: out of the array, unmapped when pins is 0 */
   bool freeing; /* a cudaFreeAsync is queued */
   bool cumem;   /* made by ncclMemAlloc (cuMemCreate + cuMemMap) */
 } alloc_t;
@@ -41,7 +41,7 @@ typedef struct {
 } aset_t;
 
 static pthread_mutex_t g_mlock = PTHREAD_MUTEX_INITIALIZER;
-static aset_t g_dev, g_host;   /* sorted by base */
+static aset_t g_dev, g_host;          /* sorted by base */
 static size_t g_used[GS_MAX_DEVICES]; /* bytes mapped per device */
 
 /* Index of the block containing p, or -1. g_mlock held. */
@@ -50,8 +50,10 @@ static ssize_t aset_find(const aset_t *s, const void *p) {
   size_t lo = 0, hi = s->n;
   while (lo < hi) { /* first base > a */
     size_t mid = (lo + hi) / 2;
-    if (s->v[mid]->base <= a) lo = mid + 1;
-    else hi = mid;
+    if (s->v[mid]->base <= a)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   if (lo == 0) return -1;
   alloc_t *b = s->v[lo - 1];
@@ -306,9 +308,12 @@ GS_API cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   int captured = 0;
   pthread_mutex_lock(&gs_lock);
   struct CUstream_st *st = gs_stream_get_locked(s);
-  if (!st) e = cudaErrorInvalidResourceHandle;
-  else if (st->cap) e = cudaErrorStreamCaptureUnsupported; /* as cudaMallocAsync */
-  else e = gs_submit_locked(st, it, &captured);
+  if (!st)
+    e = cudaErrorInvalidResourceHandle;
+  else if (st->cap)
+    e = cudaErrorStreamCaptureUnsupported; /* as cudaMallocAsync */
+  else
+    e = gs_submit_locked(st, it, &captured);
   if (e != cudaSuccess && (!st || st->cap)) free(it);
   pthread_mutex_unlock(&gs_lock);
   if (e == cudaSuccess) return cudaSuccess;

@@ -32,8 +32,10 @@ static void derive_key(const unsigned char parent[16], const void *data, size_t 
                        unsigned char out[16]) {
   uint64_t h[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   for (int k = 0; k < 2; k++) {
-    for (int i = 0; i < 16; i++) h[k] = (h[k] ^ parent[i]) * 0x100000001b3ull;
-    for (size_t i = 0; i < n; i++) h[k] = (h[k] ^ ((const unsigned char *)data)[i]) * 0x100000001b3ull;
+    for (int i = 0; i < 16; i++)
+      h[k] = (h[k] ^ parent[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+      h[k] = (h[k] ^ ((const unsigned char *)data)[i]) * 0x100000001b3ull;
   }
   memcpy(out, h, 16);
 }
@@ -63,8 +65,8 @@ ncclResult_t gs_comm_allgather(ncclComm_t c, const void *mine, void *all) {
 typedef struct child_job {
   int shrink;
   int color, key;
-  int children;       /* the parent's child count for this child */
-  int *exclude;       /* shrink: sorted copy */
+  int children; /* the parent's child count for this child */
+  int *exclude; /* shrink: sorted copy */
   int nexclude;
   ncclComm_t *newcomm; /* the caller's slot, written at the end */
   int has_cfg;
@@ -123,7 +125,7 @@ static ncclResult_t child_job(ncclComm_t p, void *arg) {
                      p->name, 0);
   if (r != ncclSuccess) goto out;
   if (!j->has_cfg) child->cfg = p->cfg; /* init.cc copyCommConfig: a NULL config inherits */
-  child->init_parent = p; /* the parent's abort stops this init */
+  child->init_parent = p;               /* the parent's abort stops this init */
   r = gs_comm_init_job(child, NULL);
   child->init_parent = NULL;
   if (r != ncclSuccess) {
@@ -183,8 +185,8 @@ out:
   return r;
 }
 
-GS_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude,
-                                   ncclComm_t *newcomm, ncclConfig_t *config, int flags) {
+GS_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude, ncclComm_t *newcomm,
+                                   ncclConfig_t *config, int flags) {
   if (!gs_comm_valid(comm)) return gs_fail(ncclInvalidArgument, "CommShrink : comm is not valid");
   if (!newcomm || !exclude || nexclude <= 0)
     return gs_fail(ncclInvalidArgument, "CommShrink : invalid arguments");

@@ -74,8 +74,8 @@ struct CUstream_st {
   int refs;       /* user handle, worker, fences, marks, capture membership */
   bool dead;      /* destroyed by the user (or its thread exited): drain, exit */
   gs_item_t *head, *tail;
-  uint64_t enq, done; /* items queued / completed, ever */
-  pthread_cond_t cv;  /* the worker waits here for work */
+  uint64_t enq, done;       /* items queued / completed, ever */
+  pthread_cond_t cv;        /* the worker waits here for work */
   struct CUstream_st *next; /* all streams, gs_streams list */
   gs_capture_t *cap;        /* the capture it belongs to, or NULL */
   int cap_idx;
@@ -85,9 +85,9 @@ struct CUstream_st {
 struct CUevent_st {
   int dev;
   unsigned flags;
-  int refs; /* user handle, queued records, graph nodes */
-  uint64_t gen; /* records made so far */
-  gs_mark_t mark; /* the last record */
+  int refs;          /* user handle, queued records, graph nodes */
+  uint64_t gen;      /* records made so far */
+  gs_mark_t mark;    /* the last record */
   uint64_t time_gen; /* which record time_ns belongs to (0: none completed) */
   int64_t time_ns;
 };

@@ -265,7 +265,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
-                                           ncclConfig_t *cfg) {
+                                    ncclConfig_t *cfg) {
   not_on_progress("ncclCommInitRankConfig");
   pthread_mutex_lock(&mu);
   int ok = strncmp(id.internal, "FAKEID pid ", 11) == 0;
@@ -278,7 +278,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-                                  ncclConfig_t *cfg) {
+                           ncclConfig_t *cfg) {
   not_on_progress("ncclCommSplit");
   enter(comm, "ncclCommSplit");
   pthread_mutex_lock(&mu);
@@ -291,7 +291,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 }
 
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excl, int nexcl, ncclComm_t *newcomm,
-                                   ncclConfig_t *cfg, int flags) {
+                            ncclConfig_t *cfg, int flags) {
   not_on_progress("ncclCommShrink");
   enter(comm, "ncclCommShrink");
   pthread_mutex_lock(&mu);
@@ -358,7 +358,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) { return end_comm(comm, "ncclCommD
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return end_comm(comm, "ncclCommAbort"); }
 
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t dt,
-                                             ncclScalarResidence_t res, ncclComm_t comm) {
+                                      ncclScalarResidence_t res, ncclComm_t comm) {
   enter(comm, "ncclRedOpCreatePreMulSum");
   double v = 0;
   switch (dt) {
@@ -404,50 +404,50 @@ static ncclResult_t enqueue(const char *name, ncclComm_t comm, cudaStream_t s, l
   return r;
 }
 
-ncclResult_t ncclAllReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt,
-                                  ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+ncclResult_t ncclAllReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclRedOp_t op,
+                           ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclAllReduce", c, s, (long)n, dt, op);
 }
 ncclResult_t ncclBroadcast(const void *sb, void *rb, size_t n, ncclDataType_t dt, int root,
-                                  ncclComm_t c, cudaStream_t s) {
+                           ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclBroadcast", c, s, (long)n, dt, root);
 }
-ncclResult_t ncclReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt,
-                               ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t s) {
+ncclResult_t ncclReduce(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclRedOp_t op,
+                        int root, ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclReduce", c, s, (long)n, dt, op);
 }
-ncclResult_t ncclAllGather(const void *sb, void *rb, size_t n, ncclDataType_t dt,
-                                  ncclComm_t c, cudaStream_t s) {
+ncclResult_t ncclAllGather(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclComm_t c,
+                           cudaStream_t s) {
   return enqueue("ncclAllGather", c, s, (long)n, dt, 0);
 }
 ncclResult_t ncclReduceScatter(const void *sb, void *rb, size_t n, ncclDataType_t dt,
-                                      ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclReduceScatter", c, s, (long)n, dt, op);
 }
 #ifndef FAKE_NCCL_OLD
-ncclResult_t ncclAlltoAll(const void *sb, void *rb, size_t n, ncclDataType_t dt,
-                                 ncclComm_t c, cudaStream_t s) {
+ncclResult_t ncclAlltoAll(const void *sb, void *rb, size_t n, ncclDataType_t dt, ncclComm_t c,
+                          cudaStream_t s) {
   return enqueue("ncclAlltoAll", c, s, (long)n, dt, 0);
 }
 #endif
 #ifndef FAKE_NCCL_OLD
 ncclResult_t ncclGather(const void *sb, void *rb, size_t n, ncclDataType_t dt, int root,
-                               ncclComm_t c, cudaStream_t s) {
+                        ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclGather", c, s, (long)n, dt, root);
 }
 #endif
 #ifndef FAKE_NCCL_OLD
 ncclResult_t ncclScatter(const void *sb, void *rb, size_t n, ncclDataType_t dt, int root,
-                                ncclComm_t c, cudaStream_t s) {
+                         ncclComm_t c, cudaStream_t s) {
   return enqueue("ncclScatter", c, s, (long)n, dt, root);
 }
 #endif
 ncclResult_t ncclSend(const void *b, size_t n, ncclDataType_t dt, int peer, ncclComm_t c,
-                             cudaStream_t s) {
+                      cudaStream_t s) {
   return enqueue("ncclSend", c, s, peer, dt, (double)n);
 }
 ncclResult_t ncclRecv(void *b, size_t n, ncclDataType_t dt, int peer, ncclComm_t c,
-                             cudaStream_t s) {
+                      cudaStream_t s) {
   return enqueue("ncclRecv", c, s, peer, dt, (double)n);
 }
 
@@ -624,7 +624,9 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
   *st = s == FAKE_CAPTURING_STREAM ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
-cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) { return cudaSuccess; }
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) {
+  return cudaSuccess;
+}
 /* The wake after each end event: the fake's events complete when a test
  * says so, and the progress thread polls them; nothing to run. */
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) { return cudaSuccess; }
