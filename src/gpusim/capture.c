@@ -271,6 +271,16 @@ GS_API cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
   return gs_err(e);
 }
 
+/* The legacy stream never captures itself, but while a blocking stream of
+ * its device captures, asking about it is cudaErrorStreamCaptureImplicit
+ * (Runtime API, cudaStreamIsCapturing). gs_lock held. */
+static cudaError_t legacy_capture_check(const struct CUstream_st *st) {
+  for (struct CUstream_st *b = gs_streams; b; b = b->next)
+    if (b->dev == st->dev && b->cap && !(b->flags & cudaStreamNonBlocking))
+      return cudaErrorStreamCaptureImplicit;
+  return cudaSuccess;
+}
+
 /* CUDA Runtime API, cudaStreamIsCapturing: on the legacy stream while a
  * blocking stream of the device captures, cudaErrorStreamCaptureImplicit. */
 GS_API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
@@ -283,9 +293,7 @@ GS_API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureS
     e = cudaErrorInvalidResourceHandle;
   } else if (st->kind == GS_SK_LEGACY) {
     *status = cudaStreamCaptureStatusNone;
-    for (struct CUstream_st *b = gs_streams; b; b = b->next)
-      if (b->dev == st->dev && b->cap && !(b->flags & cudaStreamNonBlocking))
-        e = cudaErrorStreamCaptureImplicit;
+    e = legacy_capture_check(st);
   } else {
     *status = !st->cap                           ? cudaStreamCaptureStatusNone
               : st->cap->status == GS_CAP_ACTIVE ? cudaStreamCaptureStatusActive
@@ -474,9 +482,7 @@ GS_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptu
     e = cudaErrorInvalidResourceHandle;
   } else if (st->kind == GS_SK_LEGACY) {
     *status = cudaStreamCaptureStatusNone;
-    for (struct CUstream_st *b = gs_streams; b; b = b->next)
-      if (b->dev == st->dev && b->cap && !(b->flags & cudaStreamNonBlocking))
-        e = cudaErrorStreamCaptureImplicit;
+    e = legacy_capture_check(st);
   } else if (!st->cap) {
     *status = cudaStreamCaptureStatusNone;
   } else {
