@@ -33,8 +33,7 @@
  *       thread. They may block (store exchanges, device init polling) but
  *       only within the group's timeout. To touch the event loop they use
  *       tdist_backend_call().
- *   test, drive_mark (optional) run on any caller thread, next to the
- *       others.
+ *   test (optional) runs on any caller thread, next to the others.
  *   post, poll, abort run on the PROGRESS thread and must not block (no
  *       file writes, no communicator abort: hand blocking work to
  *       tdist_backend_worker_run). Only the progress thread touches the
@@ -70,8 +69,9 @@ extern "C" {
 
 /* Bumped on any change of the structs, the vtable or the services below
  * that a plug-in built before it would misread. */
-#define TDIST_BACKEND_ABI_VERSION \
-  2 /* 2: params.group_opts, mem_* entries, TDIST_BACKEND_CAPTURED */
+/* 2: params.group_opts, mem_* entries, TDIST_BACKEND_CAPTURED; 3: one caller-
+ * driven path (test's flags; no drive_mark, op.quiet, caps.drives, submit's 1) */
+#define TDIST_BACKEND_ABI_VERSION 3
 /* The function a plug-in exports (see above). */
 #define TDIST_BACKEND_PLUGIN_SYMBOL "tdist_backend_plugin"
 
@@ -191,14 +191,6 @@ typedef struct tdist_backend_op {
    * after the completion is published (tdist_work_status_info). */
   int rx_source, rx_tag;
   size_t rx_count;
-  /* (caller) Set before submit for a synchronous op: only the submitting
-   * thread, which tests it, waits for it, and no callback can be on it. A
-   * backend with caps.drives may then hold a success its caller claimed
-   * and hand it over at the progress thread's next entry instead of waking
-   * the loop for it; the core wakes the loop before a group is destroyed
-   * and whenever such a waiter outlasts its spin, and
-   * the backend bounds how many it holds. */
-  int quiet;
 } tdist_backend_op_t;
 
 /* What a group is made from (init, split, shrink). (caller) thread. */
@@ -246,22 +238,31 @@ typedef struct tdist_backend_ops {
   int (*shrink)(const tdist_backend_params_t *p, tdist_backend_out_t *out);
 
   /* Caller thread, optional. Runs after validation, before the op goes to
-   * the progress thread (NCCL launches here, ordered with the caller's
-   * stream). An error fails the call; the op is not submitted. A backend
-   * with caps.drives returns 1 when it started the op here (its post then
-   * only marks it posted): the core may then delay the progress thread's
-   * post until the caller's wait outlasts its spin, and for a synchronous
-   * op (quiet) it never posts it at all when the caller's test claims its
-   * success within that spin: the core then finishes the op on the
-   * caller's thread. So once test returned 1 for an op the core has not
-   * posted, the backend must keep nothing that only a post would clear.
+   * the progress thread; the backend may start the op here (NCCL launches
+   * here, ordered with the caller's stream; the CPU backend posts it to its
+   * engine). 0, or an error: the call fails and the op is not submitted.
    * TDIST_BACKEND_CAPTURED (below): the op was captured into a CUDA graph
    * the caller's stream is capturing; it runs at each launch of the graph,
-   * and the backend keeps nothing of it that the core must finish. */
+   * and the backend keeps nothing of it that the core must finish.
+   *
+   * The caller-driven path (core/work/work.c, one state machine): right
+   * after submit the submitting thread owns the op and tests it once
+   * (test, flags 0: "progress once inline", as UCC posts a task); a
+   * synchronous op's thread then keeps testing it (TDIST_BACKEND_TEST_SPIN)
+   * for up to TDIST_DRIVE_SPIN_US. An op that succeeds there is finished on
+   * that thread and never handed over: post is never called for it. So a
+   * backend whose op needs post to be forgotten again (NCCL's poll list)
+   * answers 1 from test only for ops it was posted; one that can (the CPU
+   * backend) keeps nothing for a finished op that only a post would clear.
+   * Every other op is handed to the progress thread (post). */
   int (*submit)(void *state, tdist_backend_op_t *op);
 
-  /* Progress thread. Start the op. A negative return fails the op with that
-   * status (the backend must then not keep it). */
+  /* Progress thread. The op is handed over: start it, or take over the op
+   * submit started (complete it at once if it finished meanwhile). A
+   * negative return fails the op with that status (the backend must then
+   * not keep it). Also called for an op handed over after its group was
+   * aborted (abort returned before): the backend completes it only if it
+   * had finished, else keeps nothing of it (the core fails it). */
   int (*post)(void *state, tdist_backend_op_t *op);
 
   /* Progress thread, when out->needs_poll was set and the group has ops in
@@ -287,32 +288,33 @@ typedef struct tdist_backend_ops {
   /* Caller thread, optional: make `stream` wait for op (NCCL). */
   int (*wait_stream)(void *state, tdist_backend_op_t *op, void *stream);
 
-  /* Any caller thread (never the progress thread), optional: 1 when op has
-   * finished successfully and may be reported so now, else 0 (not yet, or
-   * failed: failures are the progress thread's to report). A thread blocked
-   * on the op, or testing it, calls this to see its completion without
-   * waiting for the progress thread ("caller-observed completion");
-   * the progress thread still completes the op through poll as usual, and
-   * the first of the two to claim the work decides its status. Must not
-   * block (trylock, not lock), must not change the thread's visible state
-   * (its CUDA device, its capture mode), and may run at the same time as
-   * poll, abort, submit and another test of the same op. Called only while
-   * the op is posted and not yet finished, and never after destroy began.
-   * A backend whose completions come through tdist_backend_wake_any sets
-   * this, so that the woken caller sees them; with caps.drives
-   * it may also be called on an op submit started that the core has not
-   * posted yet (still QUEUED), and it may move the op forward itself; it
-   * then returns 2 when the op is not finished but moved in this call (a
-   * step of a large op): the waiter keeps driving while its op moves
-   * (TDIST_DRIVE_SPIN_US counts from the last move), where it would hand a
-   * long op to the progress thread after the spin. */
-  int (*test)(void *state, tdist_backend_op_t *op);
-  /* Any caller thread, optional, with caps.drives: a waiter starts (on = 1)
-   * or stops (0) testing its op in a loop. While one does, the
-   * backend may count on being polled (the CPU backend's writers then ring
-   * no doorbell); after on = 0 the waiter tests once more before it
-   * sleeps, so a backend that stops counting then misses nothing. */
-  void (*drive_mark)(void *state, int on);
+  /* Any caller thread (never the progress thread), optional: progress the
+   * op if the backend can from this thread, and say where it is: 1 when it
+   * has finished successfully and may be reported so now; 0 not yet (or
+   * failed: failures are the progress thread's to report); 2 not yet, but
+   * this call moved it (a step of a long op: the waiter keeps driving it,
+   * TDIST_DRIVE_SPIN_US counting from the last move). The submitting
+   * thread and every waiter call it (see submit): a completion is seen
+   * without waiting for the progress thread ("caller-observed
+   * completion"), and a backend that moves the op here (the CPU backend
+   * reads and writes its transport and runs the rounds) needs no thread
+   * hand-off for a small op. The progress thread still completes a
+   * handed-over op through poll as usual; the first of the two to claim
+   * the work decides its status. Must not block (trylock, not lock), must
+   * not change the thread's visible state (its CUDA device, its capture
+   * mode), and may run at the same time as post, poll, abort, submit and
+   * another test of the same op. Called from submit's return until the op
+   * is finished, never after destroy began.
+   *
+   * flags (TDIST_BACKEND_TEST_*) say how the calling thread tests: SPIN,
+   * it tests again in a moment and may be counted on to (the CPU backend's
+   * peers then ring no doorbell for what they write to it); LAST, it stops
+   * after this call (it sleeps, or goes on with other work), so the backend
+   * stops counting on it and then looks once more, missing nothing. Every
+   * run of SPIN tests by one thread ends with one LAST test by that thread.
+   * 0: a single look. A backend whose completions come through
+   * tdist_backend_wake_any sets test, so that the woken caller sees them. */
+  int (*test)(void *state, tdist_backend_op_t *op, unsigned flags);
 
   /* Caller thread, optional (NULL: tdist_mem_register answers
    * TDIST_ERR_NOT_SUPPORTED): register [ptr, ptr + bytes) with the group
@@ -335,6 +337,9 @@ typedef struct tdist_backend_ops {
  * not touch op after returning it. */
 #define TDIST_BACKEND_CAPTURED 3
 
+/* test's flags (see test). */
+enum { TDIST_BACKEND_TEST_SPIN = 1u << 0, TDIST_BACKEND_TEST_LAST = 1u << 1 };
+
 /* Memory kinds a backend's buffers may be in. */
 enum { TDIST_BACKEND_MEM_HOST = 1u << 0, TDIST_BACKEND_MEM_DEVICE = 1u << 1 };
 
@@ -351,11 +356,6 @@ typedef struct tdist_backend_caps {
                       tdist_backend_op_t.rx_*); without it the core refuses them */
   int wakes;       /* an op's completion calls tdist_backend_wake_any: the
                       progress thread need not spin while its ops are in flight */
-  int drives;      /* vtable->test moves the op forward itself (the CPU backend:
-                      it reads and writes the transport on the testing thread),
-                      so a waiter keeps testing for TDIST_DRIVE_SPIN_US rather
-                      than sleeping, and tests an op still QUEUED too (one the
-                      backend started in submit: "caller-driven") */
 } tdist_backend_caps_t;
 
 #define TDIST_BACKEND_ALL_OPS ((1u << TDIST_OPTYPE_COUNT) - 1)

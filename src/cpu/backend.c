@@ -240,6 +240,12 @@ static int cpu_post(void *state, tdist_backend_op_t *bop) {
     tdist__cpu_leave(cg->ctx);
     return 0;
   }
+  /* Handed over after the abort (backend.h, post): it never started, and
+   * the core fails it. */
+  if (cg->aborted) {
+    tdist__cpu_leave(cg->ctx);
+    return 0;
+  }
   int rc = tdist__cpu_post_op(cg, bop);
   /* Round 0 first: its receives are then posted for the parked messages. */
   tdist__cpu_run_ready(cg->ctx);
@@ -391,7 +397,6 @@ static const tdist_backend_ops_t cpu_ops = {
     .abort = cpu_abort,
     .destroy = cpu_destroy,
     .test = tdist__cpu_test,
-    .drive_mark = tdist__cpu_drive_mark,
 };
 
 const tdist_backend_t tdist__cpu_backend = {
@@ -408,7 +413,6 @@ const tdist_backend_t tdist__cpu_backend = {
             .stream_wait = 0,
             .any_source = 1, /* engine.c: wildcard receives */
             .wakes = 1,      /* a driving caller wakes the loop for what it leaves (drive.c) */
-            .drives = 1,     /* a waiter's test runs the engine (drive.c) */
         },
 };
 

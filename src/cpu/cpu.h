@@ -15,9 +15,8 @@ extern const tdist_backend_t tdist__cpu_backend;
 extern const cpu_hooks_t tdist__cpu_hooks;
 /* Backend entries on a caller thread (backend.c's vtable). */
 int tdist__cpu_submit(void *state, tdist_backend_op_t *bop);
-int tdist__cpu_test(void *state, tdist_backend_op_t *bop);
-/* A waiter starts (on = 1) or stops (0) driving (backend.h, drive_mark). */
-void tdist__cpu_drive_mark(void *state, int on);
+/* flags: TDIST_BACKEND_TEST_* (backend.h, test). */
+int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags);
 /* backend.c: start op bop of cg in the engine (the core's post, or submit's
  * early start): 0, or a negative code. Engine lock held. */
 int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop);

@@ -9,11 +9,12 @@
  * progress thread wakes on the bytes, and the completion wakes the caller
  * on both sides); on a loaded 2-core machine each costs tens of
  * microseconds, far more than the op itself. So a caller thread may run the
- * engine itself: submit starts the op at once (tdist__cpu_submit), and a
- * caller waiting on it (core/work.c, caps.drives) keeps calling test, which
- * reads and writes the transport and runs the rounds (tdist__cpu_test). The
- * progress thread stays the owner whenever nobody waits: async ops still
- * complete while the caller computes.
+ * engine itself: submit starts the op at once (tdist__cpu_submit), and the
+ * core's caller-driven path (core/work/work.c) tests it right after and
+ * while a caller waits on it: test reads and writes the transport and runs
+ * the rounds (tdist__cpu_test). The progress thread stays the owner
+ * whenever nobody waits: async ops still complete while the caller
+ * computes.
  *
  * One writer at a time: everything the engine and its transports own
  * (base/base.h: ctx, conns, groups, ops) is written under ctx->mu, the
@@ -39,13 +40,19 @@
  * poll (needs_poll, caps.wakes) runs loop_sync.
  *
  * An op submit started is ahead of the core, which posts it later from its
- * queue, or never (a synchronous op its caller drives to the end is
- * finished by the core on the caller's thread: ops.c); the engine may
- * complete it before that (on either thread), and then only sets its ok
- * flag: the core's post, if it comes, hands the completion over
- * (tdist__cpu_post_early). Submit starts an op only when no earlier op of
- * the group is still in the core's queue (cg->queued), so the backend
- * starts a group's ops in submission order, as the core numbers them.
+ * queue, or never (an op that succeeded on its submitting thread is
+ * finished there: backend.h, submit); the engine may complete it before
+ * that (on either thread), and then only sets its ok flag: the core's
+ * post, if it comes, hands the completion over (tdist__cpu_post_early).
+ * Submit starts an op only when no earlier op of the group is still in the
+ * core's queue (cg->queued), so the backend starts a group's ops in
+ * submission order, as the core numbers them.
+ *
+ * Polling marks (the doorbell protocol, base/shm.h): a thread in a run of
+ * SPIN tests (backend.h, test) is counted as polling this process's rings
+ * from its first SPIN test to the test that ends its run (LAST, or one that
+ * found its op done), so the peers' writers ring no doorbell meanwhile;
+ * the end of the run is the re-check of the protocol (poll_stop).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,20 +105,25 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
   }
   if (rc < 0) return rc;
   if (!b->early) atomic_fetch_add(&cg->queued, 1);
-  return b->early; /* 1: started here (backend.h) */
+  return 0;
 }
 
-/* The re-check of the doorbell protocol (shm.h): bytes written, or room
- * made in a peer's ring our writes wait for, while the waiter polled came
- * without a bell, and its test is over. It reads them itself when the
- * engine lock is free (what the peers sent for the next op is matched at
- * once, without waking the progress thread, which would take a core beside
- * the callers); else the lock's holder may be past its read, so the
- * progress thread is woken to read them (its poll drains). Writes that
- * wait for room it always retries itself (below). */
-void tdist__cpu_drive_mark(void *state, int on) {
-  cpu_ctx_t *ctx = ((cpu_group_t *)state)->ctx;
-  int left = tdist__cpu_shm_mark(ctx, on);
+/* The context this thread is counted as polling (a run of SPIN tests), or
+ * NULL. A thread runs on one context at a time (the core's runs). */
+static _Thread_local cpu_ctx_t *tl_polling;
+
+/* The end of this thread's run, the re-check of the doorbell protocol
+ * (shm.h): bytes written, or room made in a peer's ring our writes wait
+ * for, while the thread polled came without a bell, and its test is over.
+ * It reads them itself when the engine lock is free (what the peers sent
+ * for the next op is matched at once, without waking the progress thread,
+ * which would take a core beside the callers); else the lock's holder may
+ * be past its read, so the progress thread is woken to read them (its
+ * poll drains). Writes that wait for room it always retries itself
+ * (below). */
+static void poll_stop(cpu_ctx_t *ctx) {
+  tl_polling = NULL;
+  int left = tdist__cpu_shm_mark(ctx, 0);
   if (!left) return;
   if (left & CPU_SHM_LEFT_ROOM) {
     /* Writes that wait for room no bell will announce: the progress thread
@@ -131,10 +143,10 @@ void tdist__cpu_drive_mark(void *state, int on) {
   caller_leave(ctx, had);
 }
 
-int tdist__cpu_test(void *state, tdist_backend_op_t *bop) {
-  cpu_group_t *cg = state;
+/* One pass of the engine on the calling thread, if the lock is free: 1 op
+ * done, 2 not done but moved, 0 not done. */
+static int test_pass(cpu_group_t *cg, cpu_bop_t *b) {
   cpu_ctx_t *ctx = cg->ctx;
-  cpu_bop_t *b = cpu_bop(bop);
   if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
   int had = ctx->loop_stale;
@@ -152,6 +164,26 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop) {
   /* 2: not done but moved (a step of a long op): the waiter drives on
    * (backend.h, test). */
   return atomic_load_explicit(&b->ok, memory_order_acquire) ? 1 : moves ? 2 : 0;
+}
+
+int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
+  cpu_group_t *cg = state;
+  cpu_ctx_t *ctx = cg->ctx;
+  cpu_bop_t *b = cpu_bop(bop);
+  int spin = (flags & TDIST_BACKEND_TEST_SPIN) != 0;
+  if (spin && tl_polling != ctx) {
+    if (tl_polling) poll_stop(tl_polling); /* a run elsewhere never ended */
+    /* Counted before the pass: what the peers answer from now on finds
+     * this thread polling. */
+    tdist__cpu_shm_mark(ctx, 1);
+    tl_polling = ctx;
+  }
+  int r = test_pass(cg, b);
+  if (tl_polling == ctx && (!spin || r == 1)) {
+    poll_stop(ctx); /* the run ends: what came without a bell is read */
+    if (r != 1 && atomic_load_explicit(&b->ok, memory_order_acquire)) r = 1;
+  }
+  return r;
 }
 
 /* ---- the hooks the entry registers for the sub-layers (cpu_hooks_t) ----------- */

@@ -75,6 +75,7 @@
 #define TDIST_NCCL_BACKEND_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "tdist/backend.h"
@@ -164,10 +165,11 @@ typedef struct tdist__nccl {
 
 /* What an op keeps in op->scratch (initialised by submit, under mu). */
 typedef struct tdist__nccl_op {
-  cudaEvent_t end; /* (mu) this op's end event, from the pool */
-  int posted;      /* (progress) post ran: poll may complete the op */
-  int completed;   /* (mu) poll completed it (unlinked, not forgotten by abort) */
-  int recorded;    /* (mu) its end event is recorded (the enqueue finished) */
+  cudaEvent_t end;   /* (mu) this op's end event, from the pool */
+  atomic_int posted; /* (atomic) post ran (progress): poll may complete the op,
+                       and test may report it (backend.h, submit) */
+  int completed;     /* (mu) poll completed it (unlinked, not forgotten by abort) */
+  int recorded;      /* (mu) its end event is recorded (the enqueue finished) */
   /* A send/recv submitted before its pair's communicator was ready
    * (nccl_p2p.c): on the pair's `pending` list until the setup thread
    * launches it; `start` was recorded on the caller's stream at submit, so
@@ -525,7 +527,7 @@ int tdist__nccl_post(void *state, tdist_backend_op_t *op);
 int tdist__nccl_poll(void *state);
 void tdist__nccl_abort(void *state, int status, const char *reason, int local);
 int tdist__nccl_wait_stream(void *state, tdist_backend_op_t *op, void *stream);
-int tdist__nccl_test(void *state, tdist_backend_op_t *op);
+int tdist__nccl_test(void *state, tdist_backend_op_t *op, unsigned flags);
 
 /* ---- point-to-point communicators per pair of peers (nccl_p2p.c) ------------------- */
 /* Caller thread (submit): the state of the direction this rank -> `peer`

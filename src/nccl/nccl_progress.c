@@ -55,7 +55,7 @@
 int tdist__nccl_post(void *state, tdist_backend_op_t *op) {
   /* Already launched by submit on the caller's thread; poll completes it.
    * Progress thread, like poll: no lock needed for `posted`. */
-  tdist__nccl_op(op)->posted = 1;
+  atomic_store_explicit(&tdist__nccl_op(op)->posted, 1, memory_order_release);
   return 0;
 }
 
@@ -365,11 +365,17 @@ void tdist__nccl_abort(void *state, int status, const char *reason, int local) {
  * not done: the shrink forgets the ops (dead) before NCCL stops them. The
  * caller's device and capture mode come back as they were; a busy `call`
  * (poll, a submit, an abort's barrier) answers "not yet" rather than wait. */
-int tdist__nccl_test(void *state, tdist_backend_op_t *op) {
+int tdist__nccl_test(void *state, tdist_backend_op_t *op, unsigned flags) {
+  (void)flags; /* nothing here counts on the caller's polling */
   /* A send/recv lives on its pair's state (op->priv, set by submit). */
   tdist__nccl_t *nc = op->priv ? op->priv : state;
   tdist__nccl_op_t *no = tdist__nccl_op(op);
   int done = 0;
+  /* Not posted yet: the core may still finish an op test calls done
+   * without ever posting it (backend.h, submit), and this one is linked on
+   * the poll list, which only poll unlinks. "Not yet" until the progress
+   * thread took it over. */
+  if (!atomic_load_explicit(&no->posted, memory_order_acquire)) return 0;
   if (pthread_mutex_trylock(&nc->call) != 0) return 0;
   pthread_mutex_lock(&nc->mu);
   /* Linked with its event: launched and not yet unlinked by poll or

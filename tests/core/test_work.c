@@ -1,7 +1,10 @@
 /*
  * test_work.c - work handle semantics against the test backend: waiting,
  * completion state, errors and messages, callbacks (once, on the right
- * thread), early release, wait_all/wait_any, synchronous calls.
+ * thread), early release, wait_all/wait_any, synchronous calls; and the
+ * caller-driven path (work.c, backend.h submit and test) on "testcaller":
+ * which ops are finished on their thread and never handed over, which are,
+ * and test's run protocol.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +18,7 @@
 
 #include "util/clock.h"
 #include "core/group/group.h"
+#include "core/init/registry.h"
 #include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
@@ -293,6 +297,115 @@ static void blocking_calls_from_callback_fail_at_once(void **state) {
   assert_true(tdist__now_ms() - t0 < 5000); /* no op was left to time out */
 }
 
+/* ---- the caller-driven path ("testcaller") ---------------------------------------- */
+
+static tdist_group_t *caller_group(void) {
+  tdist_group_t *grp = NULL;
+  tb_register();
+  const tdist_backend_t *bk = tdist__backend_find("testcaller");
+  assert_non_null(bk);
+  assert_int_equal(tdist__group_create(bk, 0, 1, "caller", NULL, 60000, NULL, &grp), 0);
+  tb_set_mode(TB_CALLER);
+  return grp;
+}
+
+/* Posts made so far, once every earlier hand-over reached post: an op of
+ * another mode, handed over after them (the queue keeps their order) and
+ * waited for, is the last. */
+static int posts_after_flush(tdist_group_t *grp) {
+  tb_set_mode(TB_COMPLETE);
+  tdist_work_t *w = NULL;
+  assert_int_equal(tdist_all_reduce(grp, buf, buf, 16, TDIST_FLOAT32, TDIST_SUM, NULL, &w), 0);
+  assert_int_equal(tdist_work_wait(w, 10000), 0);
+  tdist_work_release(w);
+  tb_set_mode(TB_CALLER);
+  return tb_post_count() - 1;
+}
+
+static void caller_done(tdist_group_t *grp) {
+  assert_int_equal(tb_runs_open(), 0); /* every SPIN run ended (backend.h) */
+  assert_int_equal(tb_test_breaches(), 0);
+  tb_set_mode(TB_COMPLETE);
+  tb_set_caller_tests(1);
+  assert_int_equal(tdist_group_destroy(grp), 0);
+}
+
+/* An async op its first look finds done is finished on the submitting
+ * thread: COMPLETED when the call returns, never posted. */
+static void caller_async_done_at_first_look(void **state) {
+  (void)state;
+  tdist_group_t *grp = caller_group();
+  tb_set_caller_tests(1);
+  int posts = tb_post_count(), tests = tb_test_count();
+  tdist_work_t *w = NULL;
+  assert_int_equal(tdist_all_reduce(grp, buf, buf, 16, TDIST_FLOAT32, TDIST_SUM, NULL, &w), 0);
+  assert_int_equal(tdist_work_state(w), TDIST_WORK_COMPLETED);
+  assert_int_equal(tb_test_count() - tests, 1); /* one look, no spin */
+  struct cb_rec r = {0};
+  assert_int_equal(tdist_work_on_complete(w, record_cb, &r), 0); /* runs here, at once */
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(tdist_work_wait(w, 5000), 0);
+  tdist_work_release(w);
+  assert_int_equal(posts_after_flush(grp), posts); /* never handed over */
+  caller_done(grp);
+}
+
+/* A synchronous op that succeeds within its thread's spin: never posted. */
+static void caller_sync_done_within_spin(void **state) {
+  (void)state;
+  tdist_group_t *grp = caller_group();
+  tb_set_caller_tests(50);
+  int posts = tb_post_count(), tests = tb_test_count();
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(tdist_all_reduce(grp, buf, buf, 16, TDIST_FLOAT32, TDIST_SUM, NULL, NULL), 0);
+  assert_true(tb_test_count() - tests >= 150);
+  assert_int_equal(posts_after_flush(grp), posts);
+  caller_done(grp);
+}
+
+/* An async op not done at the first look is handed over; its waiter's
+ * tests see it done and claim it; the progress thread finishes it. */
+static void caller_async_handed_over_then_claimed(void **state) {
+  (void)state;
+  tdist_group_t *grp = caller_group();
+  tb_set_caller_tests(50);
+  int posts = tb_post_count(), tests = tb_test_count();
+  tdist_work_t *w = NULL;
+  assert_int_equal(tdist_all_reduce(grp, buf, buf, 16, TDIST_FLOAT32, TDIST_SUM, NULL, &w), 0);
+  assert_int_equal(tb_test_count() - tests, 1);
+  assert_int_not_equal(tdist_work_state(w), TDIST_WORK_COMPLETED);
+  assert_int_equal(tdist_work_wait(w, 10000), 0);
+  assert_int_equal(tdist_work_status(w), 0);
+  assert_true(tb_test_count() - tests >= 50);
+  tdist_work_release(w);
+  assert_int_equal(posts_after_flush(grp), posts + 1);
+  caller_done(grp);
+}
+
+static void *release_when_posted(void *arg) {
+  int posts = *(int *)arg;
+  int64_t t0 = tdist__now_ms();
+  while (tb_post_count() == posts && tdist__now_ms() - t0 < 20000)
+    usleep(1000);
+  tb_caller_release();
+  return NULL;
+}
+
+/* A synchronous op that outlasts its thread's spin is handed over (its
+ * run ended with a LAST test), and completes once done. */
+static void caller_sync_outlasting_spin(void **state) {
+  (void)state;
+  tdist_group_t *grp = caller_group();
+  tb_set_caller_tests(1 << 30);
+  int posts = tb_post_count();
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, release_when_posted, &posts), 0);
+  assert_int_equal(tdist_all_reduce(grp, buf, buf, 16, TDIST_FLOAT32, TDIST_SUM, NULL, NULL), 0);
+  pthread_join(th, NULL);
+  assert_int_equal(posts_after_flush(grp), posts + 1);
+  caller_done(grp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(complete_now, reset_mode),
@@ -307,6 +420,10 @@ int main(void) {
       cmocka_unit_test_setup(bad_arguments_are_refused, reset_mode),
       cmocka_unit_test_setup(batch_of_many_p2p_ops, reset_mode),
       cmocka_unit_test_setup(blocking_calls_from_callback_fail_at_once, reset_mode),
+      cmocka_unit_test_setup(caller_async_done_at_first_look, reset_mode),
+      cmocka_unit_test_setup(caller_sync_done_within_spin, reset_mode),
+      cmocka_unit_test_setup(caller_async_handed_over_then_claimed, reset_mode),
+      cmocka_unit_test_setup(caller_sync_outlasting_spin, reset_mode),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

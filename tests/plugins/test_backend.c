@@ -55,6 +55,28 @@ static void list_remove(tdist_list_t *n) {
 static atomic_int mode = TB_COMPLETE;
 static atomic_int fail_code = TDIST_ERR_INTERNAL;
 static atomic_int aborts, posts, destroys, inits;
+/* TB_CALLER (testcaller): tests an op needs, the release, what test saw. */
+static atomic_int caller_tests = 1, caller_released, tests, breaches, runs_open;
+static _Thread_local int tl_in_run; /* this thread is in a SPIN run */
+
+void tb_set_caller_tests(int k) {
+  atomic_store(&caller_tests, k);
+  atomic_store(&caller_released, 0);
+}
+void tb_caller_release(void) { atomic_store(&caller_released, 1); }
+int tb_test_count(void) { return atomic_load(&tests); }
+int tb_test_breaches(void) { return atomic_load(&breaches); }
+int tb_runs_open(void) { return atomic_load(&runs_open); }
+
+/* The op's words in its scratch: the mode at submit, then (TB_CALLER) the
+ * tests it needs, the tests made, posted. */
+typedef struct tb_op {
+  int mode;
+  int need;
+  atomic_int made;
+  atomic_int posted;
+} tb_op_t;
+static tb_op_t *tbop(tdist_backend_op_t *op) { return (tb_op_t *)(void *)op->scratch; }
 
 void tb_set_mode(tb_mode_t m) { atomic_store(&mode, (int)m); }
 void tb_set_fail_code(int code) { atomic_store(&fail_code, code); }
@@ -93,15 +115,43 @@ static int make(const tdist_backend_params_t *p, tdist_backend_out_t *out) {
 }
 
 static int tb_submit(void *state, tdist_backend_op_t *op) {
-  int m = atomic_load(&mode);
-  memcpy(op->scratch, &m, sizeof(m));
+  tb_op_t *t = tbop(op);
+  t->mode = atomic_load(&mode);
+  t->need = atomic_load(&caller_tests);
+  atomic_init(&t->made, 0);
+  atomic_init(&t->posted, 0);
   return 0;
 }
 
-static int op_mode(const tdist_backend_op_t *op) {
-  int m;
-  memcpy(&m, op->scratch, sizeof(m));
-  return m;
+static int op_mode(tdist_backend_op_t *op) { return tbop(op)->mode; }
+
+static int caller_done(tdist_backend_op_t *op) {
+  tb_op_t *t = tbop(op);
+  return atomic_load(&caller_released) || atomic_load(&t->made) >= t->need;
+}
+
+/* Any caller thread: TB_CALLER ops are done from their need-th test on;
+ * the run protocol of backend.h is checked on every call. */
+static int tb_test(void *state, tdist_backend_op_t *op, unsigned flags) {
+  (void)state;
+  atomic_fetch_add(&tests, 1);
+  int spin = (flags & TDIST_BACKEND_TEST_SPIN) != 0, last = (flags & TDIST_BACKEND_TEST_LAST) != 0;
+  if (spin && last) atomic_fetch_add(&breaches, 1);
+  if (!spin && !last && tl_in_run) atomic_fetch_add(&breaches, 1); /* a single look mid-run */
+  if (spin && !tl_in_run) {
+    tl_in_run = 1;
+    atomic_fetch_add(&runs_open, 1);
+  }
+  int r = 0;
+  if (op_mode(op) == TB_CALLER) {
+    atomic_fetch_add(&tbop(op)->made, 1);
+    r = caller_done(op);
+  }
+  if (tl_in_run && (last || r == 1)) { /* the run ends */
+    tl_in_run = 0;
+    atomic_fetch_sub(&runs_open, 1);
+  }
+  return r;
 }
 
 static int tb_post(void *state, tdist_backend_op_t *op) {
@@ -109,6 +159,14 @@ static int tb_post(void *state, tdist_backend_op_t *op) {
   atomic_fetch_add(&posts, 1);
   switch (op_mode(op)) {
   case TB_COMPLETE: tdist_backend_complete(op, 0, "ok"); return 0;
+  case TB_CALLER:
+    atomic_store(&tbop(op)->posted, 1);
+    if (caller_done(op)) {
+      tdist_backend_complete(op, 0, "ok");
+      return 0;
+    }
+    list_push_back(&s->ops, &op->link);
+    return 0;
   case TB_FAIL: {
     int code = atomic_load(&fail_code);
     tdist_backend_complete(op, code, "test backend failed the op as told (%s)",
@@ -119,13 +177,13 @@ static int tb_post(void *state, tdist_backend_op_t *op) {
   }
 }
 
-/* Complete every op of s in `which` mode. */
+/* Complete every op of s in `which` mode (TB_CALLER: every done one). */
 static int complete_mode(tb_state_t *s, int which) {
   int n = 0;
   for (tdist_list_t *it = s->ops.next, *next; it != &s->ops; it = next) {
     next = it->next;
     tdist_backend_op_t *op = op_of(it);
-    if (op_mode(op) != which) continue;
+    if (op_mode(op) != which || (which == TB_CALLER && !caller_done(op))) continue;
     list_remove(&op->link);
     tdist_backend_complete(op, 0, "ok");
     n++;
@@ -133,7 +191,9 @@ static int complete_mode(tb_state_t *s, int which) {
   return n;
 }
 
-static int tb_poll(void *state) { return complete_mode(state, TB_POLL); }
+static int tb_poll(void *state) {
+  return complete_mode(state, TB_POLL) + complete_mode(state, TB_CALLER);
+}
 
 static void tb_abort(void *state, int status, const char *reason, int local) {
   tb_state_t *s = state;
@@ -163,6 +223,18 @@ static const tdist_backend_ops_t tb_ops = {
     .destroy = tb_destroy,
 };
 
+static const tdist_backend_ops_t tbc_ops = {
+    .init = make,
+    .split = make,
+    .shrink = make,
+    .submit = tb_submit,
+    .post = tb_post,
+    .poll = tb_poll,
+    .abort = tb_abort,
+    .destroy = tb_destroy,
+    .test = tb_test,
+};
+
 const tdist_backend_t tb_backend = {
     .abi_version = TB_ABI,
     .name = TB_NAME,
@@ -175,12 +247,28 @@ const tdist_backend_t tb_backend = {
              .stream_wait = 0},
 };
 
+const tdist_backend_t tbc_backend = {
+    .abi_version = TB_ABI,
+    .name = TB_NAME "caller",
+    .ops = &tbc_ops,
+    .caps = {.mem = TDIST_BACKEND_MEM_HOST,
+             .ops = TDIST_BACKEND_ALL_OPS,
+             .dtypes = TDIST_BACKEND_ALL_DTYPES,
+             .redops = TDIST_BACKEND_ALL_REDOPS,
+             .shrink = 1,
+             .stream_wait = 0,
+             .wakes = 0},
+};
+
 /* The plug-in's entry (tdist/backend.h): the library calls it when a
  * program names the backend. */
 const tdist_backend_t *tdist_backend_plugin(void) { return &tb_backend; }
 
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
-static void do_register(void) { tdist_backend_register(&tb_backend); }
+static void do_register(void) {
+  tdist_backend_register(&tb_backend);
+  tdist_backend_register(&tbc_backend);
+}
 void tb_register(void) { pthread_once(&reg_once, do_register); }
 
 struct release_req {

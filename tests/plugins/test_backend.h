@@ -26,12 +26,29 @@ typedef enum tb_mode {
   TB_FAIL_AT_INIT, /* init reports a failure (from the progress thread) before
                       it returns, as a CPU backend does when a peer gave up
                       during setup */
+  TB_CALLER,       /* "testcaller" only: done from the tb_set_caller_tests()-th
+                      test on (or once tb_caller_release() was called); post
+                      completes it if done, else poll once it is */
 } tb_mode_t;
 
 extern const tdist_backend_t tb_backend;
+/* The same with vtable->test ("testcaller"): the caller-driven path of the
+ * core (backend.h, submit and test), checked as it is used. */
+extern const tdist_backend_t tbc_backend;
 
-/* Add "test" to the library's backend table (idempotent). */
+/* Add "test" and "testcaller" to the library's backend table (idempotent). */
 void tb_register(void);
+/* TB_CALLER: an op submitted from now on is done from its k-th test on. */
+void tb_set_caller_tests(int k);
+/* TB_CALLER: every op is done from now on (until tb_set_caller_tests). */
+void tb_caller_release(void);
+/* Tests made, and breaches of test's run protocol seen (backend.h, test:
+ * a single look inside a SPIN run, SPIN and LAST at once). Since process
+ * start. */
+int tb_test_count(void);
+int tb_test_breaches(void);
+/* Threads in a SPIN run right now (0 whenever no op is being waited for). */
+int tb_runs_open(void);
 void tb_set_mode(tb_mode_t mode);
 void tb_set_fail_code(int code);
 /* Finish every held work of group g successfully (runs on the progress thread). */

@@ -166,11 +166,12 @@ uint64_t tdist__mix64(uint64_t h, uint64_t v);
 
 /* Queue node run for a submitted work: start it on its backend. */
 void tdist__group_start_work(tdist__qnode_t *node);
-/* Caller thread: finish a synchronous op its thread drove to success
- * before handing it over (tdist__work_drive_inline): recorded in the
- * flight recorder, the waiter's polling mark dropped, both references
- * released. Never on the progress thread's lists. Returns 0. */
-int tdist__group_finish_inline(tdist_work_t *w);
+/* Caller thread: finish a work that succeeded on its submitting thread
+ * before it was handed over (tdist__work_start): recorded in the flight
+ * recorder, the runtime's reference released (and the caller's too when
+ * out is NULL: a synchronous op), else the work goes to *out. Never on the
+ * progress thread's lists. Returns 0. */
+int tdist__group_finish_inline(tdist_work_t *w, tdist_work_t **out);
 /* Caller thread: finish a work whose op the backend captured into a CUDA
  * graph (submit answered TDIST_BACKEND_CAPTURED): COMPLETED at once, marked
  * captured, its message saying so, recorded in the flight recorder; the

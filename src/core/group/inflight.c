@@ -7,8 +7,8 @@
  * Threads: everything here runs on the progress thread, except the monitor
  * handlers (monitor thread, which reach the progress thread through
  * tdist__progress_call), tdist_backend_aborted (any thread) and
- * tdist__group_finish_inline (the caller thread of a synchronous op that
- * never reached the progress thread).
+ * tdist__group_finish_inline (the caller thread of an op that succeeded
+ * before it was handed over).
  *
  * A backend's completion (tdist_backend_complete) writes the status and message
  * into the work and queues its dnode on the progress thread's deferred queue;
@@ -160,13 +160,15 @@ void tdist_backend_complete(tdist_backend_op_t *op, int status, const char *fmt,
   tdist__progress_defer(w->group->ctx->progress, &w->dnode);
 }
 
-int tdist__group_finish_inline(tdist_work_t *w) {
+int tdist__group_finish_inline(tdist_work_t *w, tdist_work_t **out) {
+  w->t_start_ns = w->t_enqueue_ns; /* it ran from its submission, on this thread */
   w->t_end_ns = atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed);
   tdist__trace_whole(w->group->trace, w);
-  if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0); /* ops.c marked it */
-  w->marked = 0;
   tdist__work_unref(w); /* the runtime's */
-  tdist__work_unref(w); /* the caller's */
+  if (out)
+    *out = w;
+  else
+    tdist__work_unref(w); /* the caller's: a synchronous op is done */
   return 0;
 }
 
@@ -186,8 +188,6 @@ int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
   w->status = 0;
   atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
   tdist__trace_whole(g->trace, w);
-  if (w->marked && w->drive_mark) w->drive_mark(w->test_state, 0);
-  w->marked = 0;
   tdist__work_unref(w); /* the runtime's */
   if (out)
     *out = w;
@@ -362,26 +362,23 @@ void tdist__group_timeout(tdist_group_t *g, tdist_work_t *w, const char *diag) {
 void tdist__group_start_work(tdist__qnode_t *node) {
   tdist_work_t *w = tdist__list_entry(node, tdist_work_t, qnode);
   tdist_group_t *g = w->group;
-  /* An op the backend started in submit (ops.c: t_start_ns) and its
-   * caller drove until the group aborted is posted all the same: the
-   * backend's abort took in what had already arrived (backend.h, abort),
-   * which may have finished it, and that success stands (post hands it
-   * over). Only one that did not finish fails, as having run. Only this
-   * thread aborts: `aborted` cannot change below. */
+  /* An op handed over after its group aborted is posted all the same
+   * (backend.h, post): the backend may have started it in submit and its
+   * caller driven it until the abort, whose last look took in what had
+   * already arrived (backend.h, abort) and may have finished it; that
+   * success stands (post hands it over). Only one that did not finish
+   * fails, held like the others the abort failed (a backend that launches
+   * in submit, NCCL, had started it). Only this thread aborts: `aborted`
+   * cannot change below. */
   int aborted = atomic_load(&g->aborted);
-  if (aborted && !w->t_start_ns) {
-    /* Held too: a backend that launches in submit (NCCL) had started it. */
-    fail_or_hold(w, g->abort_status, "group was aborted before the op started: %s",
-                 g->abort_reason);
-    return;
-  }
   tdist__work_running(w);
   tdist__list_push_back(&g->inflight, &w->inflight);
   tdist__trace_start(g->trace, w);
   if (aborted) {
     g->bk->ops->post(g->bstate, &w->bop);
     if (!w->completing && tdist__list_linked(&w->inflight))
-      fail_or_hold(w, g->abort_status, "group was aborted while the op ran: %s", g->abort_reason);
+      fail_or_hold(w, g->abort_status, "group was aborted before the op finished: %s",
+                   g->abort_reason);
     return;
   }
   tdist__progress_ticker_arm(g->ctx->progress);

@@ -17,11 +17,6 @@
 #include "util/error.h"
 #include "util/param.h"
 
-/* 1: a synchronous op that a driving backend started in submit is driven
- * by its own thread before the progress thread hears of it, and is never
- * handed over when it finishes within the spin (docs/architecture.md). */
-TDIST_PARAM(InlineSync, "TDIST_INLINE_SYNC", 1)
-
 /* Hand a validated op to the backend and the progress thread (ops_int.h). */
 int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdist_op_opts_t *opts,
                       tdist_work_t **out) {
@@ -50,24 +45,11 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   w->t_enqueue_ns = tdist__now_ns();
   w->deadline_ns = w->t_enqueue_ns + w->bop.timeout_ms * 1000000;
   w->qnode.run = tdist__group_start_work;
-  /* The synchronous form waits right after: a backend that drives from the
-   * waiter is told before the op starts, so the peers' first answers find
-   * it polling (backend.h, drive_mark; work.c). */
-  void (*mark)(void *, int) = g->bk->caps.drives ? g->bk->ops->drive_mark : NULL;
-  if (!out && mark) {
-    mark(g->bstate, 1);
-    w->marked = 1;
-  }
-  w->bop.quiet = !out;
-  int started = 0;  /* the backend started the op in submit (backend.h) */
-  int captured = 0; /* ... into a CUDA graph: finished here (backend.h) */
+  int captured = 0; /* captured into a CUDA graph: finished here (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
     captured = rc == TDIST_BACKEND_CAPTURED;
-    started = rc > 0 && !captured;
     if (rc < 0) {
-      if (w->marked) mark(g->bstate, 0);
-      w->marked = 0;
       tdist__work_unref(w);
       tdist__work_unref(w);
       /* Refused because the group failed meanwhile: report the group's
@@ -84,22 +66,16 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   /* Every rank captures the same ops in the same order, so a captured op
    * takes its number once, here; its launches are the graph's. */
   if (captured) return tdist__group_finish_captured(w, out);
-  /* Waiters may test it themselves (backend.h, vtable->test; work.c). */
+  /* The caller-driven path (work.c): this thread looks at the op first
+   * (and drives a synchronous one through its spin); one that succeeded
+   * here needs the progress thread for nothing: it is recorded and
+   * released here. Each hand-off cost a wake-up of the progress thread,
+   * which on a host with a core per rank took a caller's core. */
   w->test = g->bk->ops->test;
   w->test_state = g->bstate;
-  w->drives = w->test && g->bk->caps.drives;
-  w->drive_mark = w->drives ? g->bk->ops->drive_mark : NULL;
-  if (started) w->t_start_ns = tdist__now_ns(); /* the flight recorder's start (work.c) */
-  /* A synchronous op the backend started and this thread drives needs the
-   * progress thread for nothing if it finishes within the spin: it is
-   * recorded and released here. Each hand-off cost a wake-up of the
-   * progress thread, which on a host with a core per rank took a caller's
-   * core (the bookkeeping of 64 ops at a time: 50-150 us, every 64th op). */
-  if (!out && started && w->drives && tdist__param_InlineSync()) {
-    if (tdist__work_drive_inline(w, &g->aborted)) return tdist__group_finish_inline(w);
-    /* Still running after the spin (or its group aborted): the progress
-     * thread takes it over as any op, and the wait below sleeps. */
-  }
+  if (tdist__work_start(w, !out, &g->aborted)) return tdist__group_finish_inline(w, out);
+  /* Not done (or its group aborted): the progress thread takes it over as
+   * any op, and a synchronous wait below sleeps. */
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
   tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {

@@ -12,29 +12,34 @@
  * with a store after status and message; readers use acquire loads, so
  * tdist_work_is_completed of a finished work is one load.
  *
- * Caller-observed completion: a caller thread that tests or waits on a
- * RUNNING work whose backend has vtable->test asks the backend itself
- * (drive) instead of waiting for the progress thread to notice, publish and
- * wake it -- on a loaded machine each of those hand-offs costs tens of
- * microseconds (bench/nccl/complat_sim.c). Single writer: the caller claims
- * the work with one CAS on w->claim before it writes status and state; the
+ * The caller-driven path, one state machine (backend.h, submit and test):
+ *
+ *   submitted --test once--> done?  yes: finished on its thread (claimed,
+ *       |                                never handed over: start)
+ *       | sync: test (SPIN) while it succeeds within the spin, idem
+ *       v
+ *   handed over (pushed: QUEUED, then RUNNING when the progress thread
+ *       posts it) --> its waiters test it (SPIN runs ending with LAST, then
+ *       single looks after each wake-up); the first success a caller sees
+ *       is claimed (caller-observed completion), or the progress thread
+ *       finishes it (poll, failure, timeout, abort).
+ *
+ * Owner: the submitting thread until the hand-over, the progress thread
+ * after. A handed-over work has one writer of its outcome: a caller claims
+ * it with one CAS on w->claim before it writes status and state; the
  * progress thread claims it the same way before it writes a status
  * (tdist__work_claim), and the loser writes nothing. Only success is ever
- * claimed by a caller; failures stay the progress thread's. A waiter that
- * finds its op still running sleeps on the process-wide wake-up (wakeup.c)
- * that the backend's completion wake and every publication signal.
+ * claimed by a caller; failures stay the progress thread's. On a loaded
+ * machine each hand-off between threads costs tens of microseconds
+ * (bench/nccl/complat_sim.c), more than a small op: so the submitting
+ * thread looks first, and a waiter tests rather than waits to be told.
  *
- * Caller-driven ops (caps.drives, the CPU backend): the backend's test does
- * more than look, it moves the op (reads and writes its transport, runs its
- * rounds) on the waiting thread, under the backend's own lock. Such a
- * waiter keeps testing (TDIST_DRIVE_SPIN_US: busy for TDIST_DRIVE_BUSY_US,
- * then yielding between tests) before it sleeps, and may test an op the
- * backend started in submit while the work is still QUEUED; a success
- * claimed then stays (tdist__work_running moves only QUEUED to RUNNING).
- * A synchronous op the backend started in submit is first driven by its
- * thread before the progress thread hears of it at all
- * (tdist__work_drive_inline): finished within the spin, it never reaches
- * the progress thread.
+ * A backend's test may move the op (the CPU backend reads and writes its
+ * transport and runs the rounds on the testing thread, under its own lock):
+ * a waiter keeps testing (TDIST_DRIVE_SPIN_US: busy for TDIST_DRIVE_BUSY_US,
+ * then yielding between tests, counted again from each move the test
+ * reports) before it sleeps on the process-wide wake-up (wakeup.c) that the
+ * backend's completion wake and every publication signal.
  */
 #include "core/work/work.h"
 
@@ -64,12 +69,12 @@ struct slab {
 static struct slab *slabs;
 
 TDIST_PARAM(WaitSpinNs, "TDIST_WAIT_SPIN_NS", TDIST_SPIN_DEFAULT(20000))
-/* A waiter whose backend drives its op from the waiting thread (caps.drives)
- * keeps driving this long, yielding the CPU between tests, before it sleeps:
- * the op moves only while someone drives it, and small ops finish within
+/* A waiter whose backend tests (vtable->test) keeps testing this long,
+ * yielding the CPU between tests, before it sleeps: the CPU backend's op
+ * moves only while someone drives it, and small ops finish within
  * microseconds this way where a sleep and a wake-up cost tens (the CPU
  * backend, docs/cpu-backend.md). Not turned off on a host with few cores:
- * here the waiter does the op's work itself, it does not wait for another
+ * there the waiter does the op's work itself, it does not wait for another
  * thread to. */
 TDIST_PARAM(DriveSpinUs, "TDIST_DRIVE_SPIN_US", 1000)
 /* Of that spin, the first microseconds are busy polling (a pause between
@@ -81,6 +86,11 @@ TDIST_PARAM(DriveSpinUs, "TDIST_DRIVE_SPIN_US", 1000)
  * its CPUs (tdist__ranks_exceed_cpus) a busy waiter would hold the core a
  * peer's caller needs: it yields at once. */
 TDIST_PARAM(DriveBusyUs, "TDIST_DRIVE_BUSY_US", tdist__ranks_exceed_cpus() ? 0 : 20)
+/* 1: a synchronous op is driven by its own thread before the progress
+ * thread hears of it, and never handed over when it succeeds within the
+ * spin (tdist__work_start; docs/architecture.md). 0: handed over after one
+ * look, its thread then waits as any waiter. */
+TDIST_PARAM(InlineSync, "TDIST_INLINE_SYNC", 1)
 
 /* The busy part of this thread's spin, adapted to whether a peer's caller
  * shares its CPU (yield_timed): up to TDIST_DRIVE_BUSY_US. A yield that
@@ -182,17 +192,12 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   w->captured = 0;
   w->test = NULL;
   w->test_state = NULL;
-  w->drives = 0;
-  w->drive_mark = NULL;
-  w->marked = 0;
   w->spun = 0;
-  w->moved = 0;
   atomic_store_explicit(&w->claim, TDIST__CLAIM_OPEN, memory_order_relaxed);
   w->group = g;
   w->bop.args = &w->args;
   w->bop.seq = 0;
   w->bop.timeout_ms = 0;
-  w->bop.quiet = 0;
   atomic_store_explicit(&w->t_claimed_ns, 0, memory_order_relaxed);
   tdist__list_init(&w->bop.link);
   w->t_enqueue_ns = w->t_start_ns = w->t_end_ns = w->deadline_ns = 0;
@@ -227,8 +232,8 @@ int tdist__work_state_for(int status) {
 void tdist__work_running(tdist_work_t *w) {
   /* An op the backend started in submit has its start time already (ops.c). */
   if (!w->t_start_ns) w->t_start_ns = tdist__now_ns();
-  /* A driving caller may have seen the op succeed while it was still QUEUED
-   * (caps.drives: the backend started it in submit): SUCCESS stays. */
+  /* A waiter may have seen the op succeed while it was still QUEUED (the
+   * backend started it in submit): SUCCESS stays. */
   int queued = TDIST_WORK_QUEUED;
   atomic_compare_exchange_strong_explicit(&w->state, &queued, TDIST_WORK_RUNNING,
                                           memory_order_release, memory_order_relaxed);
@@ -286,23 +291,28 @@ void tdist__work_publish(tdist_work_t *w) {
   if (cb) cb(w, w->cb_arg);
 }
 
-/* Caller thread (never the progress thread): ask the backend whether the
- * work succeeded, and if so claim and publish it. The callback is left to
- * the progress thread (the type's contract names it or the registering
- * thread), which finishes the work when it sees it. Returns 1 once the work
- * is done, by anyone. */
-static int drive(tdist_work_t *w) {
-  if (tdist__work_done(w)) return 1;
-  if (!w->test || tdist__progress_on_thread()) return 0;
-  /* Counted before the state is read: a group destroy that saw every work
-   * finished then waits for this test to return (tdist__work_quiesce_tests). */
+/* Caller thread (never the progress thread): one test of w with `flags`,
+ * and a success claimed and published (the callback is left to the
+ * progress thread, which finishes the work when it sees it). owned: w is
+ * still only this thread's (tdist__work_start): no CAS, no lock, no
+ * wake-up. Returns the test's answer (1, 0, 2), or -1 when w was finished
+ * already and no test was needed (a LAST test is made all the same: it
+ * ends this thread's run, backend.h). */
+static int test_once(tdist_work_t *w, unsigned flags, int owned) {
+  int last = (flags & TDIST_BACKEND_TEST_LAST) != 0;
+  if (!owned && !last && (tdist__work_done(w) || atomic_load(&w->claim) != TDIST__CLAIM_OPEN))
+    return -1;
+  /* Counted before the state is read again: a group destroy that saw every
+   * work finished then waits for this test to return
+   * (tdist__work_quiesce_tests). */
   atomic_fetch_add(&testing, 1);
-  int st = atomic_load(&w->state);
-  int r = 0;
-  if ((st == TDIST_WORK_RUNNING || (st == TDIST_WORK_QUEUED && w->drives)) &&
-      atomic_load(&w->claim) == TDIST__CLAIM_OPEN && (r = w->test(w->test_state, &w->bop)) == 2)
-    w->moved = 1; /* not done, but it moved: the waiter drives on (wait_until) */
-  if (r == 1) {
+  int r = w->test(w->test_state, &w->bop, flags);
+  if (r == 1 && owned) {
+    atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&w->claim, TDIST__CLAIM_CALLER, memory_order_relaxed);
+    w->status = 0;
+    atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
+  } else if (r == 1 && !tdist__work_done(w)) {
     int open = TDIST__CLAIM_OPEN;
     atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
     if (atomic_compare_exchange_strong(&w->claim, &open, TDIST__CLAIM_CALLER)) {
@@ -311,25 +321,37 @@ static int drive(tdist_work_t *w) {
     }
   }
   atomic_fetch_sub(&testing, 1);
+  return r;
+}
+
+/* One look (test_once, no flags): 1 once w is done, by anyone. */
+static int drive(tdist_work_t *w) {
+  if (tdist__work_done(w)) return 1;
+  if (!w->test || tdist__progress_on_thread()) return 0;
+  test_once(w, 0, 0);
   return tdist__work_done(w);
 }
 
-int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
+/* A caller thread's run of SPIN tests on w: until it is done, *aborted is
+ * set, the deadline, or the spin's end (TDIST_DRIVE_SPIN_US from the start
+ * or the last move the test reported), busy for the busy window and then
+ * yielding between tests; then one LAST test ends the run (backend.h).
+ * 1 once w is done. */
+static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_int *aborted) {
   int64_t start = tdist__now_ns(), now = start;
   int64_t busy_ns = busy_window(), spin_ns = tdist__param_DriveSpinUs() * 1000;
   int64_t end = start + spin_ns;
-  int done = 0;
+  if (deadline_ns && end > deadline_ns) end = deadline_ns;
+  int r;
   for (;;) {
-    /* Counted as drive() counts (tdist__work_quiesce_tests). */
-    atomic_fetch_add(&testing, 1);
-    int r = w->test(w->test_state, &w->bop);
-    atomic_fetch_sub(&testing, 1);
-    done = r == 1;
-    if (done || atomic_load_explicit(aborted, memory_order_acquire)) break;
+    r = test_once(w, TDIST_BACKEND_TEST_SPIN, owned);
+    if (r == 1 || (r == -1 && tdist__work_done(w))) break;
+    if (aborted && atomic_load_explicit(aborted, memory_order_acquire)) break;
     now = tdist__now_ns();
     if (r == 2) { /* it moves: this thread keeps it, busy again */
-      end = now + spin_ns;
       start = now;
+      end = now + spin_ns;
+      if (deadline_ns && end > deadline_ns) end = deadline_ns;
     }
     if (now >= end) break;
     if (now - start >= busy_ns) {
@@ -339,15 +361,21 @@ int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted) {
       cpu_relax();
     }
   }
-  w->spun = 1; /* a wait that follows goes to sleep at once (wait_until) */
-  if (!done) return 0;
-  /* Nobody else holds the work (it was never pushed): the claim and the
-   * state need no CAS, no lock and no wake-up. */
-  atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
-  atomic_store_explicit(&w->claim, TDIST__CLAIM_CALLER, memory_order_relaxed);
-  w->status = 0;
-  atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
-  return 1;
+  /* A test that said 1 ended the run; any other end is told (LAST), and the
+   * backend's last look may still find the op done. */
+  if (r != 1) r = test_once(w, TDIST_BACKEND_TEST_LAST, owned);
+  /* Not owned: a success seen here may have lost its claim to the progress
+   * thread, which publishes it in a moment (the waiter sleeps until then). */
+  return owned ? r == 1 : tdist__work_done(w);
+}
+
+int tdist__work_start(tdist_work_t *w, int sync, const atomic_int *aborted) {
+  if (!w->test) return 0;
+  if (sync && tdist__param_InlineSync()) {
+    w->spun = 1; /* a wait that follows goes to sleep at once (wait_until) */
+    return spin(w, 1, 0, aborted);
+  }
+  return test_once(w, 0, 1) == 1; /* progress once inline */
 }
 
 /* ---- public API --------------------------------------------------------- */
@@ -419,55 +447,30 @@ static int wait_driving(tdist_work_t *w, int64_t deadline_ns) {
 
 /* Wait until done or until the absolute CLOCK_MONOTONIC deadline (ns; 0:
  * none). Most small ops finish within microseconds, and a futex sleep/wake
- * costs more than that, so first spin: 2 us busy, then yielding the CPU
- * until TDIST_WAIT_SPIN_NS (yielding matters when threads outnumber cores:
- * the progress thread may need this core to finish the op). A waiter that
- * drives its op yields from its first test on: each test does the op's
- * work, so a busy spin gains nothing, while a peer's caller that shares
- * this core (ranks outnumber cores, or the scheduler put two on one core of
- * a busy host) is what the op waits for: 2 us busy on each side made such
- * a pair take about 7 us per small op where yielding at once takes about 3
- * (2-core VM, all_gather 1 KiB n=2, p50), and n=4 all_reduce 8 B p50
- * 11-20 us where yielding takes 5-6. */
+ * costs more than that, so first spin. A waiter whose backend tests tests
+ * (spin: each test may do the op's work, and sees a completion without a
+ * hand-off), then sleeps on the process-wide wake-up (wait_driving).
+ * Without a test: 2 us busy, then yielding the CPU until
+ * TDIST_WAIT_SPIN_NS (yielding matters when threads outnumber cores: the
+ * progress thread may need this core to finish the op), then the work's
+ * condition variable. */
 static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
+  if (w->test) {
+    /* Its thread spun on it already (tdist__work_start): sleep now. */
+    if (!w->spun && spin(w, 0, deadline_ns, NULL)) return w->status;
+    return wait_driving(w, deadline_ns);
+  }
   int64_t start = tdist__now_ns(), now = start;
-  int64_t busy_ns = w->drives ? busy_window() : 2000;
-  int64_t spin_end =
-      start + (w->drives ? tdist__param_DriveSpinUs() * 1000 : tdist__param_WaitSpinNs());
-  /* Its thread spun on it already (tdist__work_drive_inline): sleep now. */
-  if (w->spun) spin_end = start;
+  int64_t spin_end = start + tdist__param_WaitSpinNs();
   if (deadline_ns && spin_end > deadline_ns) spin_end = deadline_ns;
-  /* Written only when set: only the thread of a synchronous op sets it (ops.c),
-   * and other threads may wait on a shared work at the same time. */
-  int marked = w->marked;
-  if (marked) w->marked = 0;
-  int64_t spin_ns = spin_end - start;
-  while (!drive(w) && now < spin_end) {
-    if (!marked && w->drive_mark) {
-      w->drive_mark(w->test_state, 1); /* polled from here on (backend.h) */
-      marked = 1;
-    }
-    if (w->moved) { /* a step of a long op: the spin (busy first) counts from here */
-      w->moved = 0;
-      if (!w->spun) {
-        spin_end = now + spin_ns;
-        start = now;
-      }
-    }
-    if (now - start >= busy_ns && w->drives) {
-      yield_timed();
-      busy_ns = tl_busy_ns;
-    } else if (now - start >= busy_ns) {
+  while (!tdist__work_done(w) && now < spin_end) {
+    if (now - start >= 2000)
       sched_yield();
-    } else {
+    else
       cpu_relax();
-    }
     now = tdist__now_ns();
   }
-  /* Unmarked before the tests below, which then see what arrived meanwhile. */
-  if (marked) w->drive_mark(w->test_state, 0);
   if (tdist__work_done(w)) return w->status;
-  if (w->test) return wait_driving(w, deadline_ns);
   pthread_mutex_lock(&w->mu);
   w->waiters++;
   int timed_out = 0;
@@ -498,13 +501,7 @@ static int refuse_on_progress(const char *fn) {
  * ends, and never returns while the op still owns the caller's buffers. */
 int tdist_work_wait(tdist_work_t *w, int64_t timeout_ms) {
   if (!w) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "tdist_work_wait: NULL work");
-  if (tdist__work_done(w)) {
-    if (w->marked) { /* ops.c marked it (its thread alone writes it) */
-      if (w->drive_mark) w->drive_mark(w->test_state, 0);
-      w->marked = 0;
-    }
-    return w->status;
-  }
+  if (tdist__work_done(w)) return w->status;
   if (tdist__progress_on_thread()) return refuse_on_progress("tdist_work_wait");
   return wait_until(w, timeout_ms > 0 ? tdist__now_ns() + timeout_ms * 1000000 : 0);
 }

@@ -7,12 +7,17 @@
  * the progress thread once the work is finished and its callback ran). It
  * returns to the pool when both are gone.
  *
+ * Owner: the submitting thread from allocation until it hands the work to
+ * the progress thread (tdist__work_start says whether it must: a work that
+ * succeeded on its thread never reaches the progress thread at all); the
+ * progress thread from then on.
+ *
  * State: QUEUED at allocation; RUNNING when the progress thread starts it
- * (tdist__work_running); terminal when the progress thread publishes it
- * (tdist__work_publish), which the group layer calls when it finishes a work
- * (a backend's deferred completion, a failure, a timeout, an abort). Only the
- * progress thread changes the state; other threads read it (acquire) --
- * with one exception: a caller thread that waits on or tests a RUNNING work
+ * (tdist__work_running); terminal when its owner publishes it: the
+ * submitting thread (tdist__work_start), or the progress thread
+ * (tdist__work_publish, which the group layer calls when it finishes a work:
+ * a backend's deferred completion, a failure, a timeout, an abort) -- with
+ * one exception: a caller thread that waits on or tests a handed-over work
  * whose backend offers vtable->test may see it succeed first, claim it
  * (w->claim, one CAS: exactly one of it and the progress thread decides the
  * outcome) and publish COMPLETED itself (work.c). The progress thread then
@@ -47,13 +52,10 @@ struct tdist_work {
   /* Caller-observed completion (backend.h, vtable->test; work.c): the
    * backend's test and its state, set at submission (caller), NULL when the
    * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
-  int (*test)(void *state, tdist_backend_op_t *op);
+  int (*test)(void *state, tdist_backend_op_t *op, unsigned flags);
   void *test_state;
-  int drives; /* (caller) caps.drives: test moves the op itself (work.c) */
-  void (*drive_mark)(void *state, int on); /* (caller) vtable->drive_mark, or NULL */
-  int marked; /* (caller) drive_mark(1) was called for this wait already (ops.c) */
-  int spun;   /* (caller) its thread drove it for the whole spin already (ops.c) */
-  int moved;  /* (caller) the backend's test said it moved (2): the spin goes on */
+  int spun; /* (caller) its thread drove it for the whole spin already
+               (tdist__work_start): a wait sleeps at once */
   _Atomic int claim;
   struct tdist_group *group;
   tdist_backend_args_t args; /* (caller) the validated op */
@@ -73,7 +75,7 @@ struct tdist_work {
   int cb_state; /* 0 none, 1 registered, 2 ran */
 
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
-  char msg[304];
+  char msg[352];
 };
 /* A work is a whole number of cache lines, so every work of a slab (work.c)
  * sits the same way across its lines and the hot words of neighbours (a
@@ -126,15 +128,18 @@ static inline int tdist__work_caller_claimed(const tdist_work_t *w) {
 }
 
 /*
- * Caller thread: drive a synchronous op that this thread submitted and the
- * backend started in submit (caps.drives), before the work is pushed to the
- * progress thread: test it (busy for TDIST_DRIVE_BUSY_US, then yielding)
- * until it succeeds, the group aborts (*aborted) or TDIST_DRIVE_SPIN_US
- * ends. 1: its success is claimed here (COMPLETED, status 0), and the
- * progress thread need never hear of it; 0: not done, and the work is
- * still only this thread's (push it; its wait then sleeps at once).
+ * tdist__work_start - the submitting thread's part of the caller-driven
+ * path (work.c; backend.h, submit), right after the backend's submit: with
+ * a backend test, test the op once ("progress once inline"); a synchronous
+ * op (sync) its thread then keeps testing (busy for TDIST_DRIVE_BUSY_US,
+ * then yielding) until it succeeds, the group aborts (*aborted) or
+ * TDIST_DRIVE_SPIN_US ends.
+ * Returns 1: it succeeded here (COMPLETED, status 0, claimed by this
+ * thread) and the progress thread must never hear of it; 0: not done, and
+ * the work is still only this thread's: hand it over (push it).
+ * Thread: the submitting caller, before anyone else knows the work.
  */
-int tdist__work_drive_inline(tdist_work_t *w, const atomic_int *aborted);
+int tdist__work_start(tdist_work_t *w, int sync, const atomic_int *aborted);
 
 /* Caller thread: return once no caller thread is inside a backend's test,
  * so a group whose works are all finished may free its backend state. */

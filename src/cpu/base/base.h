@@ -493,7 +493,6 @@ struct cpu_ctx {
    * ring attached later (lazy.c) starts with their poll marks */
   pthread_mutex_t mark_mu;
   int nmarks;
-  int nquiet; /* of them, quiet ones held without a wake (lock.c) */
   /* sc_chan.c: this process's bell (an abstract unix datagram socket the
    * progress thread watches: members of an sc group ring it), and the
    * socket bells are sent from; -1 when none (sc is off here) */

@@ -25,15 +25,10 @@
 #include "util/error.h"
 #include "cpu/base/base.h"
 
-/* Quiet completions held at most (tdist__cpu_op_done): the loop is woken
- * for the last. */
-#define QUIET_MAX 64
-
 /* ---- the loop, brought up to date (progress thread, lock held) ---------------- */
 
 static void deliver_held(cpu_ctx_t *ctx) {
   tdist__list_t *n, *next;
-  ctx->nquiet = 0;
   tdist__list_foreach_safe(n, next, &ctx->held) {
     tdist_backend_op_t *bop = tdist__list_entry(n, tdist_backend_op_t, link);
     cpu_bop_t *b = cpu_bop(bop);
@@ -63,10 +58,7 @@ static void loop_sync(cpu_ctx_t *ctx) {
  * came before anything this entry finds. */
 void tdist__cpu_enter(cpu_ctx_t *ctx) {
   pthread_mutex_lock(&ctx->mu);
-  if (ctx->loop_stale)
-    loop_sync(ctx);
-  else if (ctx->nquiet)
-    deliver_held(ctx);
+  if (ctx->loop_stale) loop_sync(ctx);
 }
 
 void tdist__cpu_leave(cpu_ctx_t *ctx) {
@@ -103,10 +95,10 @@ void tdist__cpu_fail(cpu_group_t *cg, int remote, int status, const char *fmt, .
 void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop) {
   cpu_bop_t *b = cpu_bop(bop);
   /* An op the core has not posted yet is handed over by that post
-   * (tdist__cpu_post_early), or never: a synchronous op its caller claims
-   * before handing it over is finished by the core on that thread
-   * (backend.h, submit). Either way ok is all it needs, and bop is not
-   * touched after the store: the caller may reuse it at once. */
+   * (tdist__cpu_post_early), or never: an op that succeeded on its
+   * submitting thread is finished by the core there (backend.h, submit).
+   * Either way ok is all it needs, and bop is not touched after the
+   * store: the caller may reuse it at once. */
   if (b->early && !b->posted) {
     atomic_store_explicit(&b->ok, 1, memory_order_release);
     return;
@@ -116,13 +108,11 @@ void tdist__cpu_op_done(cpu_ctx_t *ctx, tdist_backend_op_t *bop) {
     tdist_backend_complete(bop, 0, "ok");
     return;
   }
+  /* A handed-over op a caller's pass completed: the progress thread hands
+   * it over at its next entry, which the caller wakes it for (leave). */
   b->held = 1;
   tdist__list_push_back(&ctx->held, &bop->link);
-  /* A quiet one (backend.h: a synchronous op its caller claims now) waits
-   * for the progress thread's next entry, up to QUIET_MAX of them: waking
-   * the loop for each would keep the progress thread busy beside the
-   * callers, taking their cores and the engine lock. */
-  if (!bop->quiet || ++ctx->nquiet >= QUIET_MAX) ctx->loop_stale = 1;
+  ctx->loop_stale = 1;
 }
 
 void tdist__cpu_drop_held(cpu_group_t *cg) {
