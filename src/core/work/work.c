@@ -169,15 +169,44 @@ uint64_t tdist__work_pool_size(void) {
   return n;
 }
 
-tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
+/* One released work kept by the thread that released it, for its next
+ * submission: a thread that submits and waits (the synchronous ops, the
+ * caller-driven path) then takes no pool lock at all. A thread that ends
+ * gives its work back to the pool (cache_key's destructor). */
+static _Thread_local tdist_work_t *tl_cached;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+static int cache_ok;
+
+static void pool_put(tdist_work_t *w) {
   pthread_mutex_lock(&pool_mu);
-  if (!pool_free && pool_grow() != 0) {
-    pthread_mutex_unlock(&pool_mu);
-    return NULL;
-  }
-  tdist_work_t *w = pool_free;
-  pool_free = w->pool_next;
+  w->pool_next = pool_free;
+  pool_free = w;
   pthread_mutex_unlock(&pool_mu);
+}
+
+static void cache_exit(void *arg) {
+  if (tl_cached == arg) tl_cached = NULL;
+  if (arg) pool_put(arg);
+}
+
+static void cache_init(void) { cache_ok = pthread_key_create(&cache_key, cache_exit) == 0; }
+
+tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
+  tdist_work_t *w = tl_cached;
+  if (w) {
+    tl_cached = NULL;
+    pthread_setspecific(cache_key, NULL);
+  } else {
+    pthread_mutex_lock(&pool_mu);
+    if (!pool_free && pool_grow() != 0) {
+      pthread_mutex_unlock(&pool_mu);
+      return NULL;
+    }
+    w = pool_free;
+    pool_free = w->pool_next;
+    pthread_mutex_unlock(&pool_mu);
+  }
 
   /* Reset what a previous use left (mu/cv stay initialised; args and the
    * backend's part of bop are written by their owners). */
@@ -213,10 +242,13 @@ void tdist__work_unref(tdist_work_t *w) {
   if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) != 1) return;
   if (w->args.p2p && w->args.p2p != w->p2p_inline) tdist__free(w->args.p2p);
   w->args.p2p = NULL;
-  pthread_mutex_lock(&pool_mu);
-  w->pool_next = pool_free;
-  pool_free = w;
-  pthread_mutex_unlock(&pool_mu);
+  pthread_once(&cache_once, cache_init);
+  if (!tl_cached && cache_ok && !tdist__progress_on_thread() &&
+      pthread_setspecific(cache_key, w) == 0) {
+    tl_cached = w; /* this thread's next submission takes it */
+    return;
+  }
+  pool_put(w);
 }
 
 int tdist__work_state_for(int status) {
