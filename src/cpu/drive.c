@@ -144,8 +144,12 @@ static void poll_stop(cpu_ctx_t *ctx) {
 }
 
 /* One pass of the engine on the calling thread, if the lock is free: 1 op
- * done, 2 not done but moved, 0 not done. */
-static int test_pass(cpu_group_t *cg, cpu_bop_t *b) {
+ * done, 2 not done but moved, 0 not done. spin: the thread is a waiter
+ * (a SPIN run), which also makes a step of a long copy rather than wait
+ * for the progress thread to; a single look (the submitting thread's first,
+ * tdist_work_is_completed) leaves those steps to it, so that an async call
+ * returns at once. */
+static int test_pass(cpu_group_t *cg, cpu_bop_t *b, int spin) {
   cpu_ctx_t *ctx = cg->ctx;
   if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
@@ -155,7 +159,7 @@ static int test_pass(cpu_group_t *cg, cpu_bop_t *b) {
   if (!cg->aborted) {
     for (int i = 0; i < ctx->size; i++)
       if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_drive(ctx->conns[i]);
-    tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
+    if (spin) tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
     tdist__cpu_sc_progress(ctx);
     tdist__cpu_run_ready(ctx);
   }
@@ -178,7 +182,7 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
     tdist__cpu_shm_mark(ctx, 1);
     tl_polling = ctx;
   }
-  int r = test_pass(cg, b);
+  int r = test_pass(cg, b, spin);
   if (tl_polling == ctx && (!spin || r == 1)) {
     poll_stop(ctx); /* the run ends: what came without a bell is read */
     if (r != 1 && atomic_load_explicit(&b->ok, memory_order_acquire)) r = 1;
