@@ -109,9 +109,10 @@ void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w) {
   pthread_mutex_lock(&t->mu);
   /* Later ops may have started meanwhile (other threads'): this one only
    * fills its own slot, and none at all once it is older than the ring. */
-  if (w->bop.seq + t->cap >= t->recorded) {
-    start_locked(t, w);
-    end_locked(t, w);
+  uint64_t seq = w->bop.seq;
+  if (seq + t->cap >= t->recorded) { /* start and end at once: one fill */
+    fill(&t->recs[seq % t->cap], w, tdist__work_state_for(w->status));
+    if (seq + 1 > t->recorded) t->recorded = seq + 1;
   }
   pthread_mutex_unlock(&t->mu);
 }

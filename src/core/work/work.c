@@ -370,16 +370,19 @@ static int drive(tdist_work_t *w) {
  * yielding between tests; then one LAST test ends the run (backend.h).
  * 1 once w is done. */
 static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_int *aborted) {
-  int64_t start = tdist__now_ns(), now = start;
+  int64_t start = 0, now, end = 0;
   int64_t busy_ns = busy_window(), spin_ns = tdist__param_DriveSpinUs() * 1000;
-  int64_t end = start + spin_ns;
-  if (deadline_ns && end > deadline_ns) end = deadline_ns;
   int r;
   for (;;) {
     r = test_once(w, TDIST_BACKEND_TEST_SPIN, owned);
     if (r == 1 || (r == -1 && tdist__work_done(w))) break;
     if (aborted && atomic_load_explicit(aborted, memory_order_acquire)) break;
     now = tdist__now_ns();
+    if (!start) { /* from the first test on: one that finds it done reads no clock */
+      start = now;
+      end = now + spin_ns;
+      if (deadline_ns && end > deadline_ns) end = deadline_ns;
+    }
     if (r == 2) { /* it moves: this thread keeps it, busy again */
       start = now;
       end = now + spin_ns;
