@@ -46,6 +46,9 @@
 TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)
 TDIST_PARAM(CpuScSlotBytes, "TDIST_CPU_SC_SLOT_BYTES", 128 << 10)
+/* Step lines per member (sc.h): how far a root of small broadcasts runs
+ * ahead of its readers (64 bytes each). */
+TDIST_PARAM(CpuScLines, "TDIST_CPU_SC_LINES", 4096)
 
 /* ---- the bell ------------------------------------------------------------------ */
 
@@ -170,6 +173,8 @@ typedef struct sc_hello {
   int32_t pid, want;
   int32_t seg_fd; /* member 0: its memfd */
   uint32_t slots; /* member 0: D */
+  uint32_t lines; /* member 0: L */
+  uint32_t pad0;
   uint64_t slot_bytes, seg_bytes;
   char bell[108];
   uint32_t bell_len, pad;
@@ -177,10 +182,11 @@ typedef struct sc_hello {
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Bytes of one member's region for D slots of F bytes: the control lines,
- * the signature and step rings, then the page-aligned slots. */
-static size_t region_bytes(unsigned D, size_t F) {
-  size_t head = sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + D * sizeof(sc_step_t);
+/* Bytes of one member's region for L step lines and D slots of F bytes:
+ * the control lines, the signature and step rings, then the page-aligned
+ * slots. */
+static size_t region_bytes(unsigned D, unsigned L, size_t F) {
+  size_t head = sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)L * sizeof(sc_step_t);
   return round_up(head, 4096) + (size_t)D * F;
 }
 
@@ -192,7 +198,8 @@ static void carve(cpu_sc_t *ch) {
     g->sig = (sc_sig_t *)(b + sizeof(sc_ctl_t));
     g->step = (sc_step_t *)(b + sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t));
     g->data =
-        b + round_up(sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + ch->D * sizeof(sc_step_t), 4096);
+        b + round_up(sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)ch->L * sizeof(sc_step_t),
+                     4096);
   }
 }
 
@@ -255,9 +262,11 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   h.bell_len = ctx->bell_len;
   if (me == 0 && h.want) {
     int64_t d = tdist__param_CpuScSlots(), f = tdist__param_CpuScSlotBytes();
+    int64_t l = tdist__param_CpuScLines();
     h.slots = (uint32_t)(d < 2 ? 2 : d > 64 ? 64 : d);
+    h.lines = (uint32_t)(l < h.slots ? h.slots : l > 65536 ? 65536 : l);
     h.slot_bytes = tdist__cpu_shm_ring_bytes(f < 4096 ? 4096 : (size_t)f); /* a power of two */
-    h.seg_bytes = region_bytes(h.slots, h.slot_bytes) * (size_t)n;
+    h.seg_bytes = region_bytes(h.slots, h.lines, h.slot_bytes) * (size_t)n;
     if (tdist__cpu_shm_mem_create(h.seg_bytes, &seg) != 0) {
       TDIST_INFO(CPU, "sc: group '%s': no segment (%s): collectives over messages", cg->name,
                  tdist_last_error());
@@ -278,13 +287,15 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
     all = lens[r] == sizeof(*o) && o->want && memcmp(o->host, h.host, HOST_ID_LEN) == 0 &&
           o->bell_len > 0 && o->bell_len <= sizeof(struct sockaddr_un);
   }
-  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->slot_bytes < 4096) goto done;
+  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->lines < h0->slots || h0->slot_bytes < 4096)
+    goto done;
   /* From here every member maps, or says it could not. */
   ch->n = n;
   ch->me = me;
   ch->D = h0->slots;
+  ch->L = h0->lines;
   ch->F = h0->slot_bytes;
-  ch->region_bytes = region_bytes(ch->D, ch->F);
+  ch->region_bytes = region_bytes(ch->D, ch->L, ch->F);
   ch->bytes = h0->seg_bytes;
   int32_t ok = ch->bytes == ch->region_bytes * (size_t)n;
   if (ok && me == 0) {
@@ -331,8 +342,8 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch = NULL;
   TDIST_INFO(CPU,
              "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
-             "bytes per member)",
-             cg->name, me, n, cg->sc->D, cg->sc->F);
+             "bytes, %u step lines per member)",
+             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L);
 done:
   vals_free(vals, n);
   tdist__free(vals);
