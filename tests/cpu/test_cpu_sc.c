@@ -11,6 +11,12 @@
  *             rings or single copy, and sc must have run them;
  *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
  *             (zeros included, skewed to hundreds of KB);
+ *   a2av_big  all_to_all_v with blocks around TDIST_CPU_CMA_BYTES (256 KiB)
+ *             and over the 1 MiB piece: the large ones are read in place
+ *             from their giver (single copy: the counter moves), the small
+ *             ones pass through the slots, in one op; every giver scribbles
+ *             over its send buffer as soon as its op completes, so one that
+ *             completed before its readers had read would be caught;
  *   ahead     a broadcast root completes 15 ops, then one of 24 MiB, before
  *             any receiver posts (the receivers wait for a flag the root
  *             sets afterwards): the last overflows (sc_ovf.c); 16 ops
@@ -271,6 +277,62 @@ static int vops(int rank, int n, void *arg) {
     for (size_t i = 0; i < mine; i++)
       MP_CHECK(out[i] == (int32_t)(n * (n + 1) / 2) * (int32_t)((before + i) % 13));
     free(s), free(r), free(x), free(y), free(in2), free(out);
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- all_to_all_v read in place ------------------------------------------------------ */
+
+/* Elements rank i sends rank j in trial t: a slot's chunk or less, just
+ * under and at the single-copy threshold (65536 int32), over a piece. */
+static size_t bcount(int i, int j, int t) {
+  static const size_t c[] = {0, 1, 5000, 65535, 65536, 300001, 700003};
+  return c[(size_t)(i * 3 + j * 5 + t) % 7];
+}
+
+static int a2av_big(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  size_t sc[8], sd[8], rc[8], rd[8];
+  for (int t = 0; t < (TEST_TSAN ? 2 : 7); t++) {
+    size_t st = 0, rt = 0, big = 0;
+    for (int j = 0; j < n; j++) {
+      sc[j] = bcount(rank, j, t);
+      rc[j] = bcount(j, rank, t);
+      sd[j] = st + 3 * (size_t)j; /* gaps between the blocks */
+      rd[j] = rt + (size_t)j;
+      st = sd[j] + sc[j];
+      rt = rd[j] + rc[j];
+      if (j != rank && rc[j] >= 65536) big++;
+    }
+    int32_t *s = malloc((st + 1) * 4), *r = calloc(rt + 1, 4);
+    MP_CHECK(s && r);
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < sc[j]; i++)
+        s[sd[j] + i] = vval(rank, j, i, t);
+    uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
+    MP_CHECK_RC(tdist_all_to_all_v(g, s, sc, sd, r, rc, rd, TDIST_INT32, NULL, NULL));
+    memset(s, 0x5a, (st + 1) * 4); /* the buffer is the caller's again */
+    uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < rc[j]; i++)
+        if (r[rd[j] + i] != vval(j, rank, i, t)) {
+          fprintf(stderr,
+                  "[rank %d] a2av_big trial %d: from %d element %zu of %zu is %d, want %d\n", rank,
+                  t, j, i, rc[j], r[rd[j] + i], vval(j, rank, i, t));
+          return 1;
+        }
+    if (reads < big) {
+      fprintf(stderr, "[rank %d] a2av_big trial %d: %zu large blocks but %llu single-copy reads\n",
+              rank, t, big, (unsigned long long)reads);
+      return 1;
+    }
+    free(s);
+    free(r);
+    /* Every member checked before the next trial's givers scribble. */
+    MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
   }
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
@@ -566,6 +628,7 @@ int main(int argc, char **argv) {
   if (!only || !strcmp(only, name)) fails += run(name, fn, n, sh)
   RUN("sweep", sweep);
   RUN("vops", vops);
+  RUN("a2av_big", a2av_big);
   RUN("ahead", ahead);
   RUN("async", async_ops);
   RUN("deep", deep);

@@ -110,7 +110,9 @@
  * one of the L step lines). Below SC_H, so the lag never waits on a
  * signature entry. */
 #define SC_LAG 4096
-#define SC_INLINE 40u   /* step data that fits in the step line */
+#define SC_INLINE 40u /* step data that fits in the step line */
+/* all_to_all_v: bytes of a block read in place (single copy) per step. */
+#define SC_CMA_PIECE (1u << 20)
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
@@ -199,6 +201,14 @@ typedef struct cpu_sc {
     uint8_t optype, dtype, redop;
   } unverified[SC_LAG];
   int uv_head, nunverified;
+  /* Every member can read every other's memory (process_vm_readv, probed
+   * at setup): an all_to_all_v block of TDIST_CPU_CMA_BYTES and up is read
+   * from its giver's buffer instead of passing through its slots. */
+  int cma;
+  /* The head all_to_all_v's blocks for this member, per giver (from the
+   * givers' count prefixes): where each lies in its giver (addr 0: in the
+   * giver's slots) and the giver group's live word (cma.c). */
+  cpu_rma_desc_t *desc;
   int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
   int bell_wanted; /* the value of our want_bell */
   int broken;      /* aborted: no more sc ops */
@@ -266,6 +276,13 @@ uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m);
 void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
 /* all_to_all_v: the bytes of each destination's chunk in a slot. */
 size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op);
+/* all_to_all_v: the bytes of member m's block for this member taken per
+ * step (a chunk from m's slot, or SC_CMA_PIECE read in place); the head
+ * op's prefixes read. */
+size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m);
+/* all_to_all_v: this member lends a block to a reader (it is read in
+ * place): the op completes only once every member consumed every step. */
+int tdist__cpu_sc_a2av_lends(const cpu_op_t *op);
 /* 1 when the op's streams start with each member's count array (v-ops). */
 int tdist__cpu_sc_has_prefix(const cpu_op_t *op);
 /* (engine lock) Bytes [off, off + len) of this member's stream into dst. */
@@ -296,8 +313,9 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all);
  * member's block). */
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
- * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
-void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
+ * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. 0,
+ * or -1 when a single-copy read failed (the group's failure reported). */
+int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
 
 /* ---- sc_ovf.c: a giver's overflow ------------------------------------------------ */
 /* (engine lock) The giver op is blocked on room: after TDIST_CPU_DEFER_US

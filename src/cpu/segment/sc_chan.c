@@ -178,7 +178,14 @@ typedef struct sc_hello {
   uint64_t slot_bytes, seg_bytes;
   char bell[108];
   uint32_t bell_len, pad;
+  cpu_cma_hello_t cma; /* single copy: pid, probe word (cma.c) */
 } sc_hello_t;
+
+/* What a member publishes in round 2. */
+typedef struct sc_mapped {
+  int32_t ok;  /* it mapped the segment */
+  int32_t cma; /* it can read every other member's memory */
+} sc_mapped_t;
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -216,6 +223,7 @@ static void chan_free(cpu_sc_t *ch) {
   tdist__free(ch->totals);
   tdist__free(ch->lo);
   tdist__free(ch->hi);
+  tdist__free(ch->desc);
   tdist__free(ch);
 }
 
@@ -257,6 +265,7 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   }
   sc_hello_t h = {.pid = (int32_t)getpid(), .seg_fd = -1};
   tdist__cpu_host_identity(h.host);
+  tdist__cpu_cma_hello(&h.cma);
   h.want = tdist__param_CpuSc() && tdist__param_CpuShm() && ctx->bell_fd >= 0 && h.host[0];
   memcpy(h.bell, ctx->bell_name, sizeof(h.bell));
   h.bell_len = ctx->bell_len;
@@ -316,25 +325,35 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->ovf = tdist__calloc((size_t)n, sizeof(*ch->ovf));
   ch->pid = tdist__calloc((size_t)n, sizeof(*ch->pid));
+  ch->desc = tdist__calloc((size_t)n, sizeof(*ch->desc));
   ch->uid = cg->uid;
   if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
-      !ch->ovf || !ch->pid)
+      !ch->ovf || !ch->pid || !ch->desc)
     ok = 0;
+  /* Single copy for large all_to_all_v blocks: this member can read every
+   * other's memory (the mapping above needed less: /proc/<pid>/fd). */
+  int32_t cma = ok;
   for (int r = 0; ok && r < n; r++) {
     const sc_hello_t *o = vals[r];
     ch->bell[r].sun_family = AF_UNIX;
     memcpy(ch->bell[r].sun_path, o->bell, sizeof(ch->bell[r].sun_path));
     ch->bell_len[r] = o->bell_len;
     ch->pid[r] = o->pid;
+    if (r != me && cma && !tdist__cpu_cma_probe(&o->cma)) cma = 0;
   }
   vals_free(vals, n);
   memset(vals, 0, sizeof(void *) * (size_t)n);
-  if ((rc = exchange(p, "cpu/sc/2", &ok, sizeof(ok), vals, lens)) != 0) {
+  sc_mapped_t mine = {.ok = ok, .cma = cma};
+  if ((rc = exchange(p, "cpu/sc/2", &mine, sizeof(mine), vals, lens)) != 0) {
     if (rc > 0) rc = 0;
     goto done;
   }
-  for (int r = 0; r < n; r++)
-    if (lens[r] != sizeof(int32_t) || !*(int32_t *)vals[r]) ok = 0;
+  ch->cma = 1;
+  for (int r = 0; r < n; r++) {
+    const sc_mapped_t *o = vals[r];
+    if (lens[r] != sizeof(*o) || !o->ok) ok = 0;
+    if (lens[r] != sizeof(*o) || !o->cma) ch->cma = 0;
+  }
   if (!ok) goto done;
   carve(ch);
   tdist__list_init(&ch->ops);
@@ -342,8 +361,8 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch = NULL;
   TDIST_INFO(CPU,
              "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
-             "bytes, %u step lines per member)",
-             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L);
+             "bytes, %u step lines per member; single copy %s)",
+             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L, cg->sc->cma ? "on" : "off");
 done:
   vals_free(vals, n);
   tdist__free(vals);

@@ -281,8 +281,8 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
 static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed)
     return op->type == TDIST_OP_REDUCE_SCATTER_V || m != op->rank;
-  if (op->type == TDIST_OP_ALL_TO_ALL_V) /* a chunk of m's block in every slot */
-    return m != op->rank && j * tdist__cpu_sc_a2av_chunk(op) < ch->hi[m];
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) /* a piece of m's block in every step */
+    return m != op->rank && j * tdist__cpu_sc_a2av_piece(ch, op, m) < ch->hi[m];
   uint64_t lo = max64(ch->lo[m], j * ch->F), hi = min64(ch->hi[m], (j + 1) * ch->F);
   return lo < hi;
 }
@@ -312,7 +312,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
     op->sc.prefixed = 1;
   }
-  tdist__cpu_sc_consume(ch, op, j, pcs);
+  if (tdist__cpu_sc_consume(ch, op, j, pcs) != 0) return -1;
 consumed:
   ch->done = st + 1;
   atomic_store_explicit(&ch->rg[ch->me].ctl->done, st + 1, memory_order_release);
@@ -439,7 +439,16 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
     return 0;
   if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
-  tdist__cpu_sc_local_step(op, 1);                      /* what is left of the local part */
+  /* An all_to_all_v that lent blocks to be read in place: its buffer goes
+   * back to the caller only once every member consumed every step, i.e.
+   * read all of it. */
+  if (op->type == TDIST_OP_ALL_TO_ALL_V && ch->cma && tdist__cpu_sc_a2av_lends(op)) {
+    for (int m = 0; m < ch->n; m++)
+      if (m != ch->me &&
+          atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire) < s->s0 + s->nsteps)
+        return 0;
+  }
+  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
