@@ -455,10 +455,13 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging)) return 0;
   if (s->role != SC_ROLE_ALL) {
     /* A giver, or a broadcast receiver (it checked the root only): checked
-     * against everyone now if every signature is in, else later. */
+     * against everyone now if every signature is in, else later. Not while
+     * older ops wait unchecked: members sign in order, so a signature those
+     * lack is missing here too (a root far ahead of its readers would read
+     * n - 1 cold lines per op for nothing). */
     int role = s->role;
     s->role = SC_ROLE_ALL;
-    int r = check_sigs(cg, ch, op);
+    int r = ch->nunverified ? 0 : check_sigs(cg, ch, op);
     s->role = role;
     if (r < 0) return 0;
     if (r == 0) {
