@@ -20,7 +20,8 @@
  *   ahead     a broadcast root completes 15 ops, then one of 24 MiB, before
  *             any receiver posts (the receivers wait for a flag the root
  *             sets afterwards): the last overflows (sc_ovf.c); 16 ops
- *             ahead unchecked is the bound (CPU_LAG_MAX);
+ *             ahead unchecked (the engine's bound, CPU_LAG_MAX; over the
+ *             segment SC_LAG, see deep);
  *   async     ops left to the progress threads (the callers sleep): they
  *             complete, big ones too, so the bells work; 8 in flight at once;
  *   deep      10000 async broadcasts posted at once by the root and all but
