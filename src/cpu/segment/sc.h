@@ -110,6 +110,7 @@
  * one of the L step lines). Below SC_H, so the lag never waits on a
  * signature entry. */
 #define SC_LAG 4096
+_Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, publish_vseq)");
 #define SC_INLINE 40u /* step data that fits in the step line */
 /* all_to_all_v: bytes of a block read in place (single copy) per step. */
 #define SC_CMA_PIECE (1u << 20)

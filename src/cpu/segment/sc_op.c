@@ -94,13 +94,20 @@ static void sign_pending(cpu_sc_t *ch) {
 
 /* Publish the lowest collective whose signatures this member may still
  * read: its oldest unchecked op, else its oldest op in the channel, else
- * the next one it posts. */
+ * the next one it posts. Only every SC_VSEQ_STEP ops, with a bell: a
+ * member waiting to sign needs it only SC_H ops on, and a bell a pass
+ * (a blocked root verifying its readers' signatures one by one) woke the
+ * readers' progress threads for nothing. What this costs: a member's
+ * published vseq is at most SC_VSEQ_STEP - 1 behind, and every member's
+ * head op is at most SC_LAG + 1 ahead of the slowest member's, far inside
+ * SC_H: a head op is always signable. */
+#define SC_VSEQ_STEP 256u
 static void publish_vseq(cpu_group_t *cg, cpu_sc_t *ch) {
   uint64_t v = cg->next_cseq;
   tdist__list_t *n = tdist__list_first(&ch->ops);
   if (n) v = min64(v, tdist__list_entry(n, cpu_op_t, sc.link)->cseq);
   if (ch->nunverified) v = min64(v, ch->unverified[ch->uv_head].cseq);
-  if (v == ch->vseq) return;
+  if (v < ch->vseq + SC_VSEQ_STEP) return;
   ch->vseq = v;
   atomic_store_explicit(&ch->rg[ch->me].ctl->vseq, v, memory_order_release);
   ch->wrote = 1; /* a member waiting to sign may sleep: ring it */
