@@ -83,8 +83,11 @@
  * owes); the core's abort drops the group's sc ops and the channel takes
  * no more (tdist__cpu_sc_abort). A stopped member stops consuming: the
  * others wait, and the op's timeout names it. Nothing of a user buffer is
- * ever read by another process: a member copies its stream into its own
- * slots, so an aborted op leaves nothing to read in the caller's memory.
+ * read by another process but a large all_to_all_v block (sc_data.c), read
+ * in place with the giver's live word checked after each piece, as the
+ * engine's single copy does (cma.c): the abort changes the word before any
+ * buffer goes back to the caller, so an aborted op's buffer is never taken
+ * as data.
  *
  * Threads: setup and teardown on the caller thread (group creation and
  * destroy); everything else under the engine lock (base/lock.c), on the
