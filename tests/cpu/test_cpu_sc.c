@@ -12,7 +12,7 @@
  *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
  *             (zeros included, skewed to hundreds of KB);
  *   a2av_big  all_to_all_v with blocks around TDIST_CPU_CMA_BYTES (256 KiB)
- *             and over the 1 MiB piece: the large ones are read in place
+ *             and over a piece (4 MiB): the large ones are read in place
  *             from their giver (single copy: the counter moves), the small
  *             ones pass through the slots, in one op; every giver scribbles
  *             over its send buffer as soon as its op completes, so one that
@@ -286,9 +286,10 @@ static int vops(int rank, int n, void *arg) {
 /* ---- all_to_all_v read in place ------------------------------------------------------ */
 
 /* Elements rank i sends rank j in trial t: a slot's chunk or less, just
- * under and at the single-copy threshold (65536 int32), over a piece. */
+ * under and at the single-copy threshold (65536 int32), over a piece
+ * (4 MiB at n <= 4). */
 static size_t bcount(int i, int j, int t) {
-  static const size_t c[] = {0, 1, 5000, 65535, 65536, 300001, 700003};
+  static const size_t c[] = {0, 1, 5000, 65535, 65536, 300001, 1100003}; /* 4.4 MiB: 2 pieces */
   return c[(size_t)(i * 3 + j * 5 + t) % 7];
 }
 

@@ -115,8 +115,14 @@
 #define SC_LAG 4096
 _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, publish_vseq)");
 #define SC_INLINE 40u /* step data that fits in the step line */
-/* all_to_all_v: bytes of a block read in place (single copy) per step. */
-#define SC_CMA_PIECE (1u << 20)
+/* all_to_all_v: bytes of a block read in place (single copy) per step:
+ * SC_CMA_STEP over the n - 1 givers a reader reads, within [256 KiB,
+ * 4 MiB] (sc_data.c, cma_piece). Few steps: at n = 4 (four ranks on two
+ * cores) each step is a turn every member must take, and 4 MiB pieces
+ * against 1 MiB took 16 MiB Zipf from 12.7 to 8.9 ms (median of 4, Open
+ * MPI 8.8 in the same runs); the bound keeps what a reader copies in one
+ * step (under the engine lock) to about 12 MiB, 2-3 ms here. */
+#define SC_CMA_STEP (12u << 20)
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
@@ -281,7 +287,7 @@ void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
 /* all_to_all_v: the bytes of each destination's chunk in a slot. */
 size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op);
 /* all_to_all_v: the bytes of member m's block for this member taken per
- * step (a chunk from m's slot, or SC_CMA_PIECE read in place); the head
+ * step (a chunk from m's slot, or a piece read in place); the head
  * op's prefixes read. */
 size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m);
 /* all_to_all_v: this member lends a block to a reader (it is read in

@@ -25,7 +25,7 @@
  *                         segment (its stream's length is its steps times
  *                         the slot size). A block of TDIST_CPU_CMA_BYTES
  *                         and up (ch->cma) is not in the slots: its reader
- *                         reads SC_CMA_PIECE of it a step straight from
+ *                         reads a piece of it a step straight from
  *                         the giver's buffer (process_vm_readv, cma.c),
  *                         and checks the giver's live word after each
  *                         piece; the giver completes only once every
@@ -102,6 +102,15 @@ static size_t a2av_at(const cpu_op_t *op, int m, int q) {
   return a2av_pre((size_t)op->size) + (size_t)(q < m ? q : q - 1) * tdist__cpu_sc_a2av_chunk(op);
 }
 
+/* Bytes of a block read in place per step (sc.h, SC_CMA_STEP): the same on
+ * every member (it depends on the group's size only), a multiple of 4 KiB
+ * and of every element size. */
+static size_t cma_piece(const cpu_op_t *op) {
+  size_t p = SC_CMA_STEP / (size_t)(op->size - 1);
+  p = p < (256u << 10) ? (256u << 10) : p > (4u << 20) ? (4u << 20) : p;
+  return p / 4096 * 4096;
+}
+
 /* Is this member's block of `bytes` for member q read in place? */
 static int a2av_lent(const cpu_op_t *op, int q, uint64_t bytes) {
   return op->cg->sc->cma && op->cg->live && q != op->rank && bytes > 0 &&
@@ -115,7 +124,7 @@ int tdist__cpu_sc_a2av_lends(const cpu_op_t *op) {
 }
 
 size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m) {
-  return ch->desc[m].addr ? SC_CMA_PIECE : tdist__cpu_sc_a2av_chunk(op);
+  return ch->desc[m].addr ? cma_piece(op) : tdist__cpu_sc_a2av_chunk(op);
 }
 
 /* This member's v-op stream length. */
@@ -126,7 +135,7 @@ static uint64_t my_v_total(const cpu_op_t *op) {
   case TDIST_OP_ALL_TO_ALL_V: {
     uint64_t c = tdist__cpu_sc_a2av_chunk(op), steps = 1;
     for (int q = 0; q < op->size; q++) {
-      uint64_t bl = a->scounts[q] * op->es, p = a2av_lent(op, q, bl) ? SC_CMA_PIECE : c;
+      uint64_t bl = a->scounts[q] * op->es, p = a2av_lent(op, q, bl) ? cma_piece(op) : c;
       uint64_t st = (bl + p - 1) / p;
       if (q != op->rank && st > steps) steps = st;
     }
