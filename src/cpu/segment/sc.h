@@ -213,8 +213,14 @@ typedef struct cpu_sc {
   int uv_head, nunverified;
   /* Every member can read every other's memory (process_vm_readv, probed
    * at setup): an all_to_all_v block of TDIST_CPU_CMA_BYTES and up is read
-   * from its giver's buffer instead of passing through its slots. */
+   * from its giver's buffer instead of passing through its slots... */
   int cma;
+  /* ... when this member lends its blocks so (TDIST_CPU_SC_CMA; by default
+   * when the group's members outnumber this process's CPUs: each reads
+   * its blocks alone, one copy in all, where through the slots giver and
+   * reader copy at once, which pays only with a core each). Decided by
+   * the giver alone: its count prefix tells the readers. */
+  int lend;
   /* The head all_to_all_v's blocks for this member, per giver (from the
    * givers' count prefixes): where each lies in its giver (addr 0: in the
    * giver's slots) and the giver group's live word (cma.c). */

@@ -29,6 +29,7 @@
  * want_bell flags on the progress thread; ringing under the engine lock.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,6 +48,9 @@
 TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)
 TDIST_PARAM(CpuScSlotBytes, "TDIST_CPU_SC_SLOT_BYTES", 128 << 10)
+/* all_to_all_v blocks read in place (sc.h, lend): -1 when the group's
+ * members outnumber this process's CPUs, 0 never, 1 whenever possible. */
+TDIST_PARAM(CpuScCma, "TDIST_CPU_SC_CMA", -1)
 /* Step lines per member (sc.h): how far a root of small broadcasts runs
  * ahead of its readers (64 bytes each). */
 TDIST_PARAM(CpuScLines, "TDIST_CPU_SC_LINES", 4096)
@@ -359,6 +363,13 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
     goto done;
   }
   ch->cma = 1;
+  int64_t lend = tdist__param_CpuScCma();
+  if (lend < 0) {
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    lend = cpus > 0 && n > cpus;
+  }
+  ch->lend = lend > 0;
   for (int r = 0; r < n; r++) {
     const sc_mapped_t *o = vals[r];
     if (lens[r] != sizeof(*o) || !o->ok) ok = 0;
@@ -372,7 +383,10 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   TDIST_INFO(CPU,
              "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
              "bytes, %u step lines per member; single copy %s)",
-             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L, cg->sc->cma ? "on" : "off");
+             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L,
+             !cg->sc->cma   ? "off"
+             : cg->sc->lend ? "on"
+                            : "read only");
 done:
   vals_free(vals, n);
   tdist__free(vals);

@@ -113,7 +113,7 @@ static size_t cma_piece(const cpu_op_t *op) {
 
 /* Is this member's block of `bytes` for member q read in place? */
 static int a2av_lent(const cpu_op_t *op, int q, uint64_t bytes) {
-  return op->cg->sc->cma && op->cg->live && q != op->rank && bytes > 0 &&
+  return op->cg->sc->cma && op->cg->sc->lend && op->cg->live && q != op->rank && bytes > 0 &&
          bytes >= (uint64_t)tdist__param_CpuCmaBytes();
 }
 
