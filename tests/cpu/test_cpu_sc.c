@@ -11,12 +11,26 @@
  *             rings or single copy, and sc must have run them;
  *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
  *             (zeros included, skewed to hundreds of KB);
+ *   a2av_big  all_to_all_v with blocks around TDIST_CPU_CMA_BYTES (256 KiB)
+ *             and over a piece (4 MiB): the large ones are read in place
+ *             from their giver (single copy: the counter moves), the small
+ *             ones pass through the slots, in one op; every giver scribbles
+ *             over its send buffer as soon as its op completes, so one that
+ *             completed before its readers had read would be caught;
  *   ahead     a broadcast root completes 15 ops, then one of 24 MiB, before
  *             any receiver posts (the receivers wait for a flag the root
  *             sets afterwards): the last overflows (sc_ovf.c); 16 ops
- *             ahead unchecked is the bound (CPU_LAG_MAX);
+ *             ahead unchecked (the engine's bound, CPU_LAG_MAX; over the
+ *             segment SC_LAG, see deep);
  *   async     ops left to the progress threads (the callers sleep): they
  *             complete, big ones too, so the bells work; 8 in flight at once;
+ *   deep      10000 async broadcasts posted at once by the root and all but
+ *             one receiver, mixed sizes (inline in a step line, in a slot,
+ *             over a slot), while the last receiver posts its own slowly:
+ *             the root runs ahead until its step lines (4096), slots or
+ *             lag (SC_LAG) are used up and waits, and its signature entries
+ *             (8192) wrap while the slow receiver still reads older ones;
+ *             every result checked;
  *   mixed     sc ops, a gather_v (the engine's: sc does not run it), a
  *             large broadcast, p2p, in one group, in order;
  *   threads   two groups of the same ranks used by two threads at once;
@@ -39,18 +53,20 @@ static void msleep(int ms) {
   nanosleep(&ts, NULL);
 }
 
-#define CHECKV(buf, i, want)                                                            \
-  do {                                                                                  \
-    double g_ = get_el(buf, TDIST_INT32, i), w_ = (want);                               \
-    if (g_ != w_) {                                                                     \
-      fprintf(stderr, "[rank %d] %s count %zu: element %zu is %g, want %g\n", rank, op, \
-              cnt, (size_t)(i), g_, w_);                                                \
-      return 1;                                                                         \
-    }                                                                                   \
+#define CHECKV(buf, i, want)                                                                 \
+  do {                                                                                       \
+    double g_ = get_el(buf, TDIST_INT32, i), w_ = (want);                                    \
+    if (g_ != w_) {                                                                          \
+      fprintf(stderr, "[rank %d] %s count %zu: element %zu is %g, want %g\n", rank, op, cnt, \
+              (size_t)(i), g_, w_);                                                          \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)
 
 /* Element i of rank r's input, op case k: a small integer (sums exact). */
-static int32_t in(int r, size_t i, int k) { return (int32_t)((r * 31 + (int)(i % 997) * 7 + k) % 23) - 11; }
+static int32_t in(int r, size_t i, int k) {
+  return (int32_t)((r * 31 + (int)(i % 997) * 7 + k) % 23) - 11;
+}
 
 /* One size: every fixed-size collective on g, checked. */
 static int sweep_one(tdist_group_t *g, int rank, int n, size_t cnt, int k) {
@@ -140,8 +156,8 @@ static int sweep_one(tdist_group_t *g, int rank, int n, size_t cnt, int k) {
       w += in(r, (size_t)rank * cnt + i, k + 8);
     CHECKV(a, i, w);
   }
-  MP_CHECK_RC(tdist_reduce_scatter(g, b, b + (size_t)rank * cnt, cnt, TDIST_INT32, TDIST_SUM,
-                                   NULL, NULL));
+  MP_CHECK_RC(
+      tdist_reduce_scatter(g, b, b + (size_t)rank * cnt, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
   for (size_t i = 0; i < cnt; i++) {
     int32_t w = 0;
     for (int r = 0; r < n; r++)
@@ -176,7 +192,8 @@ static int sweep(int rank, int n, void *arg) {
   /* Twelve ops a size, all over the segment. */
   uint64_t ops = atomic_load(&tdist__cpu_sc_ops) - ops0;
   fprintf(stderr, "[rank %d] sc ops %llu, ring writes %llu, single-copy reads %llu\n", rank,
-          (unsigned long long)ops, (unsigned long long)(atomic_load(&tdist__cpu_shm_writes) - rings0),
+          (unsigned long long)ops,
+          (unsigned long long)(atomic_load(&tdist__cpu_shm_writes) - rings0),
           (unsigned long long)(atomic_load(&tdist__cpu_cma_reads) - cma0));
   MP_CHECK(ops >= (uint64_t)(12 * many));
   /* Many small ops in a row: the slots and the signature ring wrap. */
@@ -209,7 +226,9 @@ static size_t vcount(int i, int j, int t) {
   return h < 2 ? 0 : h < 8 ? (size_t)(h * 37 + (size_t)i) : (size_t)(h * 20000 + (size_t)j);
 }
 
-static int32_t vval(int src, int dst, size_t i, int t) { return (int32_t)(src * 1000003 + dst * 101 + (int)i + t); }
+static int32_t vval(int src, int dst, size_t i, int t) {
+  return (int32_t)(src * 1000003 + dst * 101 + (int)i + t);
+}
 
 static int vops(int rank, int n, void *arg) {
   struct shared *sh = arg;
@@ -264,6 +283,63 @@ static int vops(int rank, int n, void *arg) {
   return 0;
 }
 
+/* ---- all_to_all_v read in place ------------------------------------------------------ */
+
+/* Elements rank i sends rank j in trial t: a slot's chunk or less, just
+ * under and at the single-copy threshold (65536 int32), over a piece
+ * (4 MiB at n <= 4). */
+static size_t bcount(int i, int j, int t) {
+  static const size_t c[] = {0, 1, 5000, 65535, 65536, 300001, 1100003}; /* 4.4 MiB: 2 pieces */
+  return c[(size_t)(i * 3 + j * 5 + t) % 7];
+}
+
+static int a2av_big(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  size_t sc[8], sd[8], rc[8], rd[8];
+  for (int t = 0; t < (TEST_TSAN ? 2 : 7); t++) {
+    size_t st = 0, rt = 0, big = 0;
+    for (int j = 0; j < n; j++) {
+      sc[j] = bcount(rank, j, t);
+      rc[j] = bcount(j, rank, t);
+      sd[j] = st + 3 * (size_t)j; /* gaps between the blocks */
+      rd[j] = rt + (size_t)j;
+      st = sd[j] + sc[j];
+      rt = rd[j] + rc[j];
+      if (j != rank && rc[j] >= 65536) big++;
+    }
+    int32_t *s = malloc((st + 1) * 4), *r = calloc(rt + 1, 4);
+    MP_CHECK(s && r);
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < sc[j]; i++)
+        s[sd[j] + i] = vval(rank, j, i, t);
+    uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
+    MP_CHECK_RC(tdist_all_to_all_v(g, s, sc, sd, r, rc, rd, TDIST_INT32, NULL, NULL));
+    memset(s, 0x5a, (st + 1) * 4); /* the buffer is the caller's again */
+    uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < rc[j]; i++)
+        if (r[rd[j] + i] != vval(j, rank, i, t)) {
+          fprintf(stderr,
+                  "[rank %d] a2av_big trial %d: from %d element %zu of %zu is %d, want %d\n", rank,
+                  t, j, i, rc[j], r[rd[j] + i], vval(j, rank, i, t));
+          return 1;
+        }
+    if (reads < big) {
+      fprintf(stderr, "[rank %d] a2av_big trial %d: %zu large blocks but %llu single-copy reads\n",
+              rank, t, big, (unsigned long long)reads);
+      return 1;
+    }
+    free(s);
+    free(r);
+    /* Every member checked before the next trial's givers scribble. */
+    MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
 /* ---- a giver runs ahead ------------------------------------------------------------ */
 
 static int ahead(int rank, int n, void *arg) {
@@ -285,7 +361,7 @@ static int ahead(int rank, int n, void *arg) {
     for (size_t i = 0; i < big; i++)
       w[i] = (int32_t)(i * 7);
     MP_CHECK_RC(tdist_broadcast(g, w, big, TDIST_INT32, 0, NULL, NULL));
-    memset(w, 0, big * 4); /* complete: the buffer is the caller's again */
+    memset(w, 0, big * 4);      /* complete: the buffer is the caller's again */
     atomic_store(&sh->flag, 1); /* only now may the receivers post */
   } else {
     for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->flag) && tdist__now_ms() - t0 < 30000;)
@@ -326,8 +402,7 @@ static int async_ops(int rank, int n, void *arg) {
       MP_CHECK(buf[k]);
       for (size_t i = 0; i < cnt[k]; i++)
         buf[k][i] = in(rank, i, k + round);
-      MP_CHECK_RC(
-          tdist_all_reduce(g, buf[k], buf[k], cnt[k], TDIST_INT32, TDIST_SUM, NULL, &w[k]));
+      MP_CHECK_RC(tdist_all_reduce(g, buf[k], buf[k], cnt[k], TDIST_INT32, TDIST_SUM, NULL, &w[k]));
     }
     /* The callers do not touch the works: only the progress threads, woken
      * by the bells, can finish them. */
@@ -351,6 +426,70 @@ static int async_ops(int rank, int n, void *arg) {
       free(buf[k]);
     }
   }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
+/* ---- a root far ahead of a slow receiver ------------------------------------------- */
+
+/* Op k of `deep`: its count (mostly inline in a step line, some in a slot,
+ * a few over a slot) and its elements. */
+static size_t deep_count(int k) {
+  if (k % 1000 == 999) return 40000; /* 160 KiB: two steps */
+  if (k % 7 == 3) return 11;         /* 44 bytes: a slot */
+  if (k % 97 == 5) return 3000;
+  return (size_t)(k % 10) + 1; /* 4..40 bytes: the step line */
+}
+static int32_t deep_val(int k, size_t i) { return (int32_t)(k * 131 + (int)i * 7 + 1); }
+
+static int deep(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  enum { K = 10000 };
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  uint64_t ops0 = atomic_load(&tdist__cpu_sc_ops);
+  size_t *at = malloc(sizeof(size_t) * (K + 1));
+  MP_CHECK(at);
+  at[0] = 0;
+  for (int k = 0; k < K; k++)
+    at[k + 1] = at[k] + deep_count(k);
+  int32_t *buf = malloc(at[K] * sizeof(int32_t));
+  tdist_work_t **w = calloc(K, sizeof(*w));
+  MP_CHECK(buf && w);
+  for (int k = 0; k < K; k++)
+    for (size_t i = 0; i < deep_count(k); i++)
+      buf[at[k] + i] = rank == 0 ? deep_val(k, i) : -1;
+  if (rank == n - 1 && rank != 0) {
+    /* The slow receiver: one op at a time, pausing now and then, so the
+     * others run thousands of ops ahead of it. */
+    for (int k = 0; k < K; k++) {
+      if (k % 64 == 0) msleep(1);
+      MP_CHECK_RC(tdist_broadcast(g, buf + at[k], deep_count(k), TDIST_INT32, 0, NULL, NULL));
+    }
+  } else {
+    for (int k = 0; k < K; k++)
+      MP_CHECK_RC(tdist_broadcast(g, buf + at[k], deep_count(k), TDIST_INT32, 0, NULL, &w[k]));
+    for (int k = 0; k < K; k++) {
+      MP_CHECK_RC(tdist_work_wait(w[k], -1));
+      tdist_work_release(w[k]);
+    }
+  }
+  for (int k = 0; k < K; k++)
+    for (size_t i = 0; i < deep_count(k); i++)
+      if (buf[at[k] + i] != deep_val(k, i)) {
+        fprintf(stderr, "[rank %d] deep op %d count %zu: element %zu is %d, want %d\n", rank, k,
+                deep_count(k), i, buf[at[k] + i], deep_val(k, i));
+        return 1;
+      }
+  /* All of them over the segment; then a receiving op checks them all. */
+  MP_CHECK(atomic_load(&tdist__cpu_sc_ops) - ops0 >= (uint64_t)K);
+  int32_t s = rank;
+  MP_CHECK_RC(tdist_all_reduce(g, &s, &s, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
+  MP_CHECK(s == n * (n - 1) / 2);
+  free(buf);
+  free(w);
+  free(at);
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
@@ -388,9 +527,16 @@ static int mixed(int rank, int n, void *arg) {
     MP_CHECK_RC(tdist_broadcast(g, &y, 1, TDIST_INT32, 0, NULL, NULL));
     MP_CHECK(y == 1000 + it);
     int32_t s = rank * 10 + it, r = -1;
-    tdist_p2p_op_t ops[2] = {
-        {.kind = TDIST_P2P_SEND, .buf = &s, .count = 1, .dtype = TDIST_INT32, .peer = (rank + 1) % n},
-        {.kind = TDIST_P2P_RECV, .buf = &r, .count = 1, .dtype = TDIST_INT32, .peer = (rank + n - 1) % n}};
+    tdist_p2p_op_t ops[2] = {{.kind = TDIST_P2P_SEND,
+                              .buf = &s,
+                              .count = 1,
+                              .dtype = TDIST_INT32,
+                              .peer = (rank + 1) % n},
+                             {.kind = TDIST_P2P_RECV,
+                              .buf = &r,
+                              .count = 1,
+                              .dtype = TDIST_INT32,
+                              .peer = (rank + n - 1) % n}};
     MP_CHECK_RC(tdist_batch_isend_irecv(g, ops, 2, NULL, NULL));
     MP_CHECK(r == ((rank + n - 1) % n) * 10 + it);
   }
@@ -475,18 +621,26 @@ static int run(const char *name, tdist_mp_fn fn, int n, struct shared *sh) {
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
+  const char *only = argc > 2 ? argv[2] : NULL; /* one case by name (e.g. deep) */
   struct shared *sh =
       mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return 1;
   int fails = 0;
-  fails += run("sweep", sweep, n, sh);
-  fails += run("vops", vops, n, sh);
-  fails += run("ahead", ahead, n, sh);
-  fails += run("async", async_ops, n, sh);
-  fails += run("mixed", mixed, n, sh);
-  fails += run("threads", threads, n, sh);
+#define RUN(name, fn) \
+  if (!only || !strcmp(only, name)) fails += run(name, fn, n, sh)
+  RUN("sweep", sweep);
+  RUN("vops", vops);
+  setenv("TDIST_CPU_SC_CMA", "1", 1); /* lend whatever the CPUs (by default: n > CPUs) */
+  RUN("a2av_big", a2av_big);
+  unsetenv("TDIST_CPU_SC_CMA");
+  RUN("ahead", ahead);
+  RUN("async", async_ops);
+  RUN("deep", deep);
+  RUN("mixed", mixed);
+  RUN("threads", threads);
   setenv("TDIST_CPU_CONNECT", "lazy", 1);
-  fails += run("lazy", lazy, n, sh);
+  RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
+#undef RUN
   return fails != 0;
 }

@@ -18,26 +18,33 @@
  * mapped by every member: sc_chan.c). Member r's region:
  *   ctl        done: the steps r has consumed (below); red: the steps of a
  *              large all_reduce whose part r has reduced (sc_op.c);
- *              want_bell: r's progress thread sleeps with sc ops of this
- *              group in flight, so a member that writes something r waits
- *              for rings r's bell (a datagram to r's process);
+ *              vseq: r reads no signature of a collective below it any
+ *              more; want_bell: r's progress thread sleeps with sc ops of
+ *              this group in flight, so a member that writes something r
+ *              waits for rings r's bell (a datagram to r's process);
  *   sig[H]     one entry per collective (index cseq % H), written when r
- *              posts it: the op's signature (op, dtype, count, root,
- *              reduction), r's stream length and the op's first step;
- *   step[D]    one line per step (index step % D): r's data of that step
- *              is in the slot; its length, and the bytes themselves when
- *              they fit in the line;
- *   data[D][F] the slots.
+ *              posts it, or later if entry cseq - H is still read by a
+ *              member (its vseq): the op's signature (op, dtype, count,
+ *              root, reduction), r's stream length and the op's first step;
+ *   step[L]    one line per step (index step % L): r's data of that step
+ *              is in; its length, and the bytes themselves when they fit
+ *              in the line (SC_INLINE);
+ *   data[D][F] the slots (index step % D), for steps that do not fit.
  * Streams and steps. In each op every member has a stream: the bytes it
  * gives (an all_reduce's input, a broadcast root's buffer, an all_to_all's
  * n blocks, an all_to_all_v's counts then blocks...); it may be empty. The
  * group has one step clock: an op takes steps s0 .. s0 + nsteps - 1, where
  * nsteps = ceil(longest stream / F), and in its step j every member whose
- * stream is longer than j*F writes its bytes [jF, jF + F) into slot
- * (s0 + j) % D. A member consumes step s (reads what it needs of the
- * others' slots of s, in rank order for a reduction) and then publishes
+ * stream is longer than j*F writes its bytes [jF, jF + F) into line
+ * (s0 + j) % L, or slot (s0 + j) % D when they do not fit the line. A
+ * member consumes step s (reads what it needs of the others' lines and
+ * slots of s, in rank order for a reduction) and then publishes
  * done = s + 1. A member writes step s only once every member's done is at
- * least s - D + 1: the slot's previous contents were read by everyone.
+ * least s - L + 1 (inline) or s - D + 1 (a slot): the line's or slot's
+ * previous contents were read by everyone. L is much larger than D (1024
+ * against 16 by default): a broadcast root of small messages runs up to
+ * L ops (and SC_LAG, below) ahead of its readers, as an eager send does,
+ * where 16 slots held it to the pace of its slowest reader.
  * Steps and ops are taken in order on every member, so the clock agrees
  * everywhere while the members agree on every op.
  *
@@ -49,7 +56,7 @@
  * gather non-root) completes as soon as its stream is written and checks
  * the others' signatures later: before it completes an op in which it
  * receives, before any of its point-to-point ops completes, and before it
- * has more than CPU_LAG_MAX ops unchecked. A disagreement fails the group
+ * has more than SC_LAG ops unchecked. A disagreement fails the group
  * with MISMATCH naming both sides (tdist__cpu_mismatch).
  *
  * Which ops: every collective of an sc group but gather_v and scatter_v
@@ -76,8 +83,11 @@
  * owes); the core's abort drops the group's sc ops and the channel takes
  * no more (tdist__cpu_sc_abort). A stopped member stops consuming: the
  * others wait, and the op's timeout names it. Nothing of a user buffer is
- * ever read by another process: a member copies its stream into its own
- * slots, so an aborted op leaves nothing to read in the caller's memory.
+ * read by another process but a large all_to_all_v block (sc_data.c), read
+ * in place with the giver's live word checked after each piece, as the
+ * engine's single copy does (cma.c): the abort changes the word before any
+ * buffer goes back to the caller, so an aborted op's buffer is never taken
+ * as data.
  *
  * Threads: setup and teardown on the caller thread (group creation and
  * destroy); everything else under the engine lock (base/lock.c), on the
@@ -93,8 +103,26 @@
 
 #include "cpu/base/base.h"
 
-#define SC_H 64u        /* signature entries per member */
-#define SC_INLINE 40u   /* step data that fits in the step line */
+/* Signature entries per member. An entry is rewritten (op cseq + SC_H)
+ * only once every member's vseq says it no longer reads it (sign_ready in
+ * sc_op.c), so any number of ops may be posted at once. */
+#define SC_H 8192u
+/* Ops a giver may complete before every member's signature of them is
+ * checked (sc.h, Agreement): the depth a small broadcast root runs ahead
+ * of its slowest reader, as an eager send does (each such op also takes
+ * one of the L step lines). Below SC_H, so the lag never waits on a
+ * signature entry. */
+#define SC_LAG 4096
+_Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, publish_vseq)");
+#define SC_INLINE 40u /* step data that fits in the step line */
+/* all_to_all_v: bytes of a block read in place (single copy) per step:
+ * SC_CMA_STEP over the n - 1 givers a reader reads, within [256 KiB,
+ * 4 MiB] (sc_data.c, cma_piece). Few steps: at n = 4 (four ranks on two
+ * cores) each step is a turn every member must take, and 4 MiB pieces
+ * against 1 MiB took 16 MiB Zipf from 12.7 to 8.9 ms (median of 4, Open
+ * MPI 8.8 in the same runs); the bound keeps what a reader copies in one
+ * step (under the engine lock) to about 12 MiB, 2-3 ms here. */
+#define SC_CMA_STEP (12u << 20)
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
@@ -129,7 +157,11 @@ typedef struct sc_step {
 typedef struct sc_ctl {
   _Atomic uint64_t done; /* steps consumed */
   _Atomic uint64_t red;  /* steps whose part this member reduced (two-phase all_reduce) */
-  char pad0[48];
+  /* This member reads no signature of a collective below vseq any more
+   * (its oldest op not yet complete and checked): the others may reuse
+   * those entries (sc_op.c, sign_ready). */
+  _Atomic uint64_t vseq;
+  char pad0[40];
   _Atomic uint32_t want_bell; /* its progress thread sleeps with ops in flight */
   char pad1[60];
 } sc_ctl_t;
@@ -142,7 +174,7 @@ _Static_assert(sizeof(sc_ctl_t) == 128, "sc_ctl_t is two lines");
 typedef struct sc_region {
   sc_ctl_t *ctl;
   sc_sig_t *sig;       /* [SC_H] */
-  sc_step_t *step;     /* [D] */
+  sc_step_t *step;     /* [L] */
   unsigned char *data; /* [D][F] */
 } sc_region_t;
 
@@ -153,6 +185,7 @@ typedef struct cpu_sc {
   size_t bytes;        /* the mapping */
   size_t region_bytes; /* per member */
   unsigned D;          /* slots */
+  unsigned L;          /* step lines (>= D): a step whose data fits inline needs a line only */
   size_t F;            /* slot bytes */
   int n, me;
   sc_region_t *rg;          /* [n] */
@@ -163,15 +196,35 @@ typedef struct cpu_sc {
   uint64_t next_step;       /* the clock: the first step of the next op posted */
   uint64_t done;            /* my done (mirrors rg[me].ctl->done) */
   uint64_t room_min;        /* the lowest done seen among members, cached */
+  uint64_t vmin;            /* the lowest vseq seen among members, cached */
+  uint64_t vseq;            /* mine as last published */
   tdist__list_t ops;        /* cpu_op_t.sc.link: posted sc ops, in order */
+  /* The first op of ops not signed yet (it and those after it wait for
+   * their signature entries: sign_ready), NULL: all signed. */
+  cpu_op_t *unsigned_op;
   /* Ops this member completed before every member's signature was
-   * checked (it only gave), oldest first, with what they must agree on. */
+   * checked (it only gave), oldest first (a ring from uv_head), with
+   * what they must agree on. */
   struct sc_unverified {
     uint64_t cseq, count;
     int32_t root;
     uint8_t optype, dtype, redop;
-  } unverified[CPU_LAG_MAX];
-  int nunverified;
+  } unverified[SC_LAG];
+  int uv_head, nunverified;
+  /* Every member can read every other's memory (process_vm_readv, probed
+   * at setup): an all_to_all_v block of TDIST_CPU_CMA_BYTES and up is read
+   * from its giver's buffer instead of passing through its slots... */
+  int cma;
+  /* ... when this member lends its blocks so (TDIST_CPU_SC_CMA; by default
+   * when the group's members outnumber this process's CPUs: each reads
+   * its blocks alone, one copy in all, where through the slots giver and
+   * reader copy at once, which pays only with a core each). Decided by
+   * the giver alone: its count prefix tells the readers. */
+  int lend;
+  /* The head all_to_all_v's blocks for this member, per giver (from the
+   * givers' count prefixes): where each lies in its giver (addr 0: in the
+   * giver's slots) and the giver group's live word (cma.c). */
+  cpu_rma_desc_t *desc;
   int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
   int bell_wanted; /* the value of our want_bell */
   int broken;      /* aborted: no more sc ops */
@@ -239,6 +292,13 @@ uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m);
 void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
 /* all_to_all_v: the bytes of each destination's chunk in a slot. */
 size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op);
+/* all_to_all_v: the bytes of member m's block for this member taken per
+ * step (a chunk from m's slot, or a piece read in place); the head
+ * op's prefixes read. */
+size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m);
+/* all_to_all_v: this member lends a block to a reader (it is read in
+ * place): the op completes only once every member consumed every step. */
+int tdist__cpu_sc_a2av_lends(const cpu_op_t *op);
 /* 1 when the op's streams start with each member's count array (v-ops). */
 int tdist__cpu_sc_has_prefix(const cpu_op_t *op);
 /* (engine lock) Bytes [off, off + len) of this member's stream into dst. */
@@ -269,8 +329,9 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all);
  * member's block). */
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
- * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. */
-void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
+ * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. 0,
+ * or -1 when a single-copy read failed (the group's failure reported). */
+int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
 
 /* ---- sc_ovf.c: a giver's overflow ------------------------------------------------ */
 /* (engine lock) The giver op is blocked on room: after TDIST_CPU_DEFER_US

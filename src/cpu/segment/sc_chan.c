@@ -29,9 +29,11 @@
  * want_bell flags on the progress thread; ringing under the engine lock.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -46,6 +48,12 @@
 TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)
 TDIST_PARAM(CpuScSlotBytes, "TDIST_CPU_SC_SLOT_BYTES", 128 << 10)
+/* all_to_all_v blocks read in place (sc.h, lend): -1 when the group's
+ * members outnumber this process's CPUs, 0 never, 1 whenever possible. */
+TDIST_PARAM(CpuScCma, "TDIST_CPU_SC_CMA", -1)
+/* Step lines per member (sc.h): how far a root of small broadcasts runs
+ * ahead of its readers (64 bytes each). */
+TDIST_PARAM(CpuScLines, "TDIST_CPU_SC_LINES", 4096)
 
 /* ---- the bell ------------------------------------------------------------------ */
 
@@ -170,29 +178,49 @@ typedef struct sc_hello {
   int32_t pid, want;
   int32_t seg_fd; /* member 0: its memfd */
   uint32_t slots; /* member 0: D */
+  uint32_t lines; /* member 0: L */
+  uint32_t pad0;
   uint64_t slot_bytes, seg_bytes;
   char bell[108];
   uint32_t bell_len, pad;
+  cpu_cma_hello_t cma; /* single copy: pid, probe word (cma.c) */
 } sc_hello_t;
+
+/* What a member publishes in round 2. */
+typedef struct sc_mapped {
+  int32_t ok;  /* it mapped the segment */
+  int32_t cma; /* it can read every other member's memory */
+} sc_mapped_t;
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Bytes of one member's region for D slots of F bytes: the control lines,
- * the signature and step rings, then the page-aligned slots. */
-static size_t region_bytes(unsigned D, size_t F) {
-  size_t head = sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + D * sizeof(sc_step_t);
+/* Bytes of one member's region for L step lines and D slots of F bytes:
+ * the control lines, the signature and step rings, then the page-aligned
+ * slots. */
+static size_t region_bytes(unsigned D, unsigned L, size_t F) {
+  size_t head = sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)L * sizeof(sc_step_t);
   return round_up(head, 4096) + (size_t)D * F;
 }
 
+/* Also maps every member's control, signature and step lines into this
+ * process now (768 KiB a member by default): each op takes the next
+ * signature entry and step line, so left to first use they cost every
+ * process a page fault every 64 ops for their first 8192 (a 1 KiB
+ * broadcast loop at n = 4 paid 15-20 % of its time). The slots are still
+ * mapped on first use. */
 static void carve(cpu_sc_t *ch) {
+  size_t head = round_up(
+      sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)ch->L * sizeof(sc_step_t), 4096);
   for (int r = 0; r < ch->n; r++) {
     unsigned char *b = (unsigned char *)ch->base + (size_t)r * ch->region_bytes;
     sc_region_t *g = &ch->rg[r];
     g->ctl = (sc_ctl_t *)b;
     g->sig = (sc_sig_t *)(b + sizeof(sc_ctl_t));
     g->step = (sc_step_t *)(b + sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t));
-    g->data =
-        b + round_up(sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + ch->D * sizeof(sc_step_t), 4096);
+    g->data = b + head;
+    if (madvise(b, head, MADV_POPULATE_WRITE) != 0) /* before Linux 5.14: a read a page */
+      for (size_t o = 0; o < head; o += 4096)
+        (void)*(volatile unsigned char *)(b + o);
   }
 }
 
@@ -209,6 +237,7 @@ static void chan_free(cpu_sc_t *ch) {
   tdist__free(ch->totals);
   tdist__free(ch->lo);
   tdist__free(ch->hi);
+  tdist__free(ch->desc);
   tdist__free(ch);
 }
 
@@ -250,14 +279,17 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   }
   sc_hello_t h = {.pid = (int32_t)getpid(), .seg_fd = -1};
   tdist__cpu_host_identity(h.host);
+  tdist__cpu_cma_hello(&h.cma);
   h.want = tdist__param_CpuSc() && tdist__param_CpuShm() && ctx->bell_fd >= 0 && h.host[0];
   memcpy(h.bell, ctx->bell_name, sizeof(h.bell));
   h.bell_len = ctx->bell_len;
   if (me == 0 && h.want) {
     int64_t d = tdist__param_CpuScSlots(), f = tdist__param_CpuScSlotBytes();
+    int64_t l = tdist__param_CpuScLines();
     h.slots = (uint32_t)(d < 2 ? 2 : d > 64 ? 64 : d);
+    h.lines = (uint32_t)(l < h.slots ? h.slots : l > 65536 ? 65536 : l);
     h.slot_bytes = tdist__cpu_shm_ring_bytes(f < 4096 ? 4096 : (size_t)f); /* a power of two */
-    h.seg_bytes = region_bytes(h.slots, h.slot_bytes) * (size_t)n;
+    h.seg_bytes = region_bytes(h.slots, h.lines, h.slot_bytes) * (size_t)n;
     if (tdist__cpu_shm_mem_create(h.seg_bytes, &seg) != 0) {
       TDIST_INFO(CPU, "sc: group '%s': no segment (%s): collectives over messages", cg->name,
                  tdist_last_error());
@@ -278,13 +310,15 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
     all = lens[r] == sizeof(*o) && o->want && memcmp(o->host, h.host, HOST_ID_LEN) == 0 &&
           o->bell_len > 0 && o->bell_len <= sizeof(struct sockaddr_un);
   }
-  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->slot_bytes < 4096) goto done;
+  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->lines < h0->slots || h0->slot_bytes < 4096)
+    goto done;
   /* From here every member maps, or says it could not. */
   ch->n = n;
   ch->me = me;
   ch->D = h0->slots;
+  ch->L = h0->lines;
   ch->F = h0->slot_bytes;
-  ch->region_bytes = region_bytes(ch->D, ch->F);
+  ch->region_bytes = region_bytes(ch->D, ch->L, ch->F);
   ch->bytes = h0->seg_bytes;
   int32_t ok = ch->bytes == ch->region_bytes * (size_t)n;
   if (ok && me == 0) {
@@ -305,25 +339,42 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->ovf = tdist__calloc((size_t)n, sizeof(*ch->ovf));
   ch->pid = tdist__calloc((size_t)n, sizeof(*ch->pid));
+  ch->desc = tdist__calloc((size_t)n, sizeof(*ch->desc));
   ch->uid = cg->uid;
   if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
-      !ch->ovf || !ch->pid)
+      !ch->ovf || !ch->pid || !ch->desc)
     ok = 0;
+  /* Single copy for large all_to_all_v blocks: this member can read every
+   * other's memory (the mapping above needed less: /proc/<pid>/fd). */
+  int32_t cma = ok;
   for (int r = 0; ok && r < n; r++) {
     const sc_hello_t *o = vals[r];
     ch->bell[r].sun_family = AF_UNIX;
     memcpy(ch->bell[r].sun_path, o->bell, sizeof(ch->bell[r].sun_path));
     ch->bell_len[r] = o->bell_len;
     ch->pid[r] = o->pid;
+    if (r != me && cma && !tdist__cpu_cma_probe(&o->cma)) cma = 0;
   }
   vals_free(vals, n);
   memset(vals, 0, sizeof(void *) * (size_t)n);
-  if ((rc = exchange(p, "cpu/sc/2", &ok, sizeof(ok), vals, lens)) != 0) {
+  sc_mapped_t mine = {.ok = ok, .cma = cma};
+  if ((rc = exchange(p, "cpu/sc/2", &mine, sizeof(mine), vals, lens)) != 0) {
     if (rc > 0) rc = 0;
     goto done;
   }
-  for (int r = 0; r < n; r++)
-    if (lens[r] != sizeof(int32_t) || !*(int32_t *)vals[r]) ok = 0;
+  ch->cma = 1;
+  int64_t lend = tdist__param_CpuScCma();
+  if (lend < 0) {
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    lend = cpus > 0 && n > cpus;
+  }
+  ch->lend = lend > 0;
+  for (int r = 0; r < n; r++) {
+    const sc_mapped_t *o = vals[r];
+    if (lens[r] != sizeof(*o) || !o->ok) ok = 0;
+    if (lens[r] != sizeof(*o) || !o->cma) ch->cma = 0;
+  }
   if (!ok) goto done;
   carve(ch);
   tdist__list_init(&ch->ops);
@@ -331,8 +382,11 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch = NULL;
   TDIST_INFO(CPU,
              "sc: group '%s': rank %d/%d: collectives in shared memory (%u slots of %zu "
-             "bytes per member)",
-             cg->name, me, n, cg->sc->D, cg->sc->F);
+             "bytes, %u step lines per member; single copy %s)",
+             cg->name, me, n, cg->sc->D, cg->sc->F, cg->sc->L,
+             !cg->sc->cma   ? "off"
+             : cg->sc->lend ? "on"
+                            : "read only");
 done:
   vals_free(vals, n);
   tdist__free(vals);

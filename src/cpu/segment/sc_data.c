@@ -14,13 +14,24 @@
  *   reduce_scatter        each member's n blocks (n * L)
  *   all_to_all            each member's n blocks
  *   barrier               nothing
- *   all_to_all_v          the member's send counts (n u64) at the start of
- *                         its first slot, and in every slot one chunk per
- *                         other member (a2av_chunk): every reader reads its
- *                         part of every step, none waits through the
- *                         others' blocks, and the block to itself never
- *                         enters the segment (its stream's length is its
- *                         steps times the slot size)
+ *   all_to_all_v          the member's send counts (n u64), where each
+ *                         block lies in it if it is read in place (n u64,
+ *                         0: not) and its group's live word and token, at
+ *                         the start of its first slot (a2av_pre), and in
+ *                         every slot one chunk per other member
+ *                         (a2av_chunk): every reader reads its part of
+ *                         every step, none waits through the others'
+ *                         blocks, and the block to itself never enters the
+ *                         segment (its stream's length is its steps times
+ *                         the slot size). A block of TDIST_CPU_CMA_BYTES
+ *                         and up (ch->cma) is not in the slots: its reader
+ *                         reads a piece of it a step straight from
+ *                         the giver's buffer (process_vm_readv, cma.c),
+ *                         and checks the giver's live word after each
+ *                         piece; the giver completes only once every
+ *                         member consumed every step (it read all). One
+ *                         copy instead of two: with 4 ranks on 2 cores the
+ *                         copies are the time of a large all_to_all_v.
  *   all_gather_v          the member's block
  *   reduce_scatter_v      the member's recv counts (n u64), then its input
  * Reductions read every member's piece of a step, in rank order (lower
@@ -77,15 +88,43 @@ uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m) {
   }
 }
 
+/* all_to_all_v's prefix: counts, block addresses, live word and token. */
+static size_t a2av_pre(size_t n) { return 16 * n + 16; }
+
 size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
   size_t F = op->cg->sc->F, n = (size_t)op->size;
-  return (F - 8 * n) / (n - 1) / op->es * op->es; /* F >= 4096, n <= 64: at least 56 */
+  return (F - a2av_pre(n)) / (n - 1) / op->es * op->es; /* F >= 4096, n <= 64: at least 48 */
 }
 
 /* Where writer m's chunk for destination q sits in its slot: after the
- * count array's room, one chunk per other member, in rank order. */
+ * prefix's room, one chunk per other member, in rank order. */
 static size_t a2av_at(const cpu_op_t *op, int m, int q) {
-  return 8 * (size_t)op->size + (size_t)(q < m ? q : q - 1) * tdist__cpu_sc_a2av_chunk(op);
+  return a2av_pre((size_t)op->size) + (size_t)(q < m ? q : q - 1) * tdist__cpu_sc_a2av_chunk(op);
+}
+
+/* Bytes of a block read in place per step (sc.h, SC_CMA_STEP): the same on
+ * every member (it depends on the group's size only), a multiple of 4 KiB
+ * and of every element size. */
+static size_t cma_piece(const cpu_op_t *op) {
+  size_t p = SC_CMA_STEP / (size_t)(op->size - 1);
+  p = p < (256u << 10) ? (256u << 10) : p > (4u << 20) ? (4u << 20) : p;
+  return p / 4096 * 4096;
+}
+
+/* Is this member's block of `bytes` for member q read in place? */
+static int a2av_lent(const cpu_op_t *op, int q, uint64_t bytes) {
+  return op->cg->sc->cma && op->cg->sc->lend && op->cg->live && q != op->rank && bytes > 0 &&
+         bytes >= (uint64_t)tdist__param_CpuCmaBytes();
+}
+
+int tdist__cpu_sc_a2av_lends(const cpu_op_t *op) {
+  for (int q = 0; q < op->size; q++)
+    if (a2av_lent(op, q, op->args->scounts[q] * op->es)) return 1;
+  return 0;
+}
+
+size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m) {
+  return ch->desc[m].addr ? cma_piece(op) : tdist__cpu_sc_a2av_chunk(op);
 }
 
 /* This member's v-op stream length. */
@@ -96,7 +135,8 @@ static uint64_t my_v_total(const cpu_op_t *op) {
   case TDIST_OP_ALL_TO_ALL_V: {
     uint64_t c = tdist__cpu_sc_a2av_chunk(op), steps = 1;
     for (int q = 0; q < op->size; q++) {
-      uint64_t st = (a->scounts[q] * op->es + c - 1) / c;
+      uint64_t bl = a->scounts[q] * op->es, p = a2av_lent(op, q, bl) ? cma_piece(op) : c;
+      uint64_t st = (bl + p - 1) / p;
       if (q != op->rank && st > steps) steps = st;
     }
     return steps * op->cg->sc->F;
@@ -251,15 +291,24 @@ void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
 static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, n = (size_t)op->size, c = tdist__cpu_sc_a2av_chunk(op), so = 0;
-  for (size_t q = 0; j == 0 && q < n; q++) {
-    uint64_t v = a->scounts[q];
-    memcpy(dst + 8 * q, &v, 8);
+  if (j == 0) {
+    for (size_t q = 0; q < n; q++) {
+      uint64_t v = a->scounts[q], bl = v * es, at = 0;
+      if (a2av_lent(op, (int)q, bl))
+        at = (uint64_t)(uintptr_t)a->sendbuf + displ(a->sdispls, (int)q, so) * es;
+      so += a->scounts[q];
+      memcpy(dst + 8 * q, &v, 8);
+      memcpy(dst + 8 * (n + q), &at, 8);
+    }
+    uint64_t live[2] = {(uint64_t)(uintptr_t)op->cg->live, op->cg->live_token};
+    memcpy(dst + 16 * n, live, 16);
+    so = 0;
   }
   for (size_t q = 0; q < n; q++) {
     uint64_t bl = a->scounts[q] * es, lo = j * c;
     size_t bo = displ(a->sdispls, (int)q, so) * es;
     so += a->scounts[q];
-    if (q == (size_t)op->rank || lo >= bl) continue;
+    if (q == (size_t)op->rank || lo >= bl || a2av_lent(op, (int)q, bl)) continue;
     memcpy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
            min64(c, bl - lo));
   }
@@ -316,18 +365,25 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
   char t[40], m_[40];
   uint64_t pre = 8 * (uint64_t)n;
   if (op->type == TDIST_OP_ALL_TO_ALL_V) {
-    /* [lo, hi) is then the part of member m's block for this member. */
+    /* [lo, hi) is then the part of member m's block for this member, and
+     * desc[m] where it lies when it is read in place. */
     for (int m = 0; m < n; m++) {
       ch->lo[m] = ch->hi[m] = 0;
+      memset(&ch->desc[m], 0, sizeof(ch->desc[m]));
       if (m == me) continue;
-      uint64_t *c = ch->scratch + (size_t)m * (size_t)n;
+      uint64_t *c = ch->scratch + (size_t)m * (size_t)n, live[2];
       memcpy(c, pcs[m], pre);
+      memcpy(&ch->desc[m].addr, pcs[m] + pre + 8 * (size_t)me, 8);
+      memcpy(live, pcs[m] + 2 * pre, 16);
+      ch->desc[m].word = live[0];
+      ch->desc[m].token = live[1];
       if (c[me] != a->rcounts[m]) {
         snprintf(t, sizeof(t), "send_counts[%d]", me);
         snprintf(m_, sizeof(m_), "recv_counts[%d]", m);
         return count_mismatch(op->cg, op, m, c[me], a->rcounts[m], t, m_);
       }
       ch->hi[m] = c[me] * es;
+      ch->desc[m].len = ch->hi[m]; /* addr != 0 only where ch->cma, agreed at setup */
     }
     return 0;
   }
@@ -403,16 +459,34 @@ static uint8_t *dest_of(const cpu_op_t *op, int m) {
   }
 }
 
-void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs) {
+/* Bytes [off, off + len) of member m's block, read in place (single copy)
+ * into dst + off: 0, or -1 with the group's failure reported. */
+static int a2av_read(cpu_sc_t *ch, cpu_op_t *op, int m, uint8_t *dst, uint64_t off, size_t len) {
+  char why[160];
+  int aborted = 0;
+  if (tdist__cpu_cma_read_range(ch->pid[m], dst, &ch->desc[m], (size_t)off, len, why, sizeof(why),
+                                &aborted) == 0 &&
+      tdist__cpu_cma_read_end(ch->pid[m], &ch->desc[m], why, sizeof(why), &aborted) == 0)
+    return 0;
+  tdist__cpu_cma_failed(op->cg, tdist__cpu_wrank_of(op->cg, m), aborted, why);
+  return -1;
+}
+
+int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs) {
   uint64_t F = ch->F, s_lo = j * F, s_hi = s_lo + F;
   int reducing = tdist_backend_op_is_reducing(op->type);
-  if (op->type == TDIST_OP_ALL_TO_ALL_V) { /* this member's chunk of each block */
-    size_t c = tdist__cpu_sc_a2av_chunk(op);
-    for (int m = 0; m < op->size; m++)
-      if (pcs[m] && j * c < ch->hi[m])
-        memcpy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank),
-               min64(c, ch->hi[m] - j * c));
-    return;
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) { /* this member's piece of each block */
+    for (int m = 0; m < op->size; m++) {
+      size_t c = tdist__cpu_sc_a2av_piece(ch, op, m);
+      if (!pcs[m] || j * c >= ch->hi[m]) continue;
+      size_t len = (size_t)min64(c, ch->hi[m] - j * c);
+      if (ch->desc[m].addr) {
+        if (a2av_read(ch, op, m, dest_of(op, m), j * c, len) != 0) return -1;
+      } else {
+        memcpy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
+      }
+    }
+    return 0;
   }
   for (int m = 0; m < op->size; m++) {
     if (!pcs[m]) continue;
@@ -421,10 +495,11 @@ void tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t
     if (reducing) {
       /* Every member's piece covers the same range (equal layouts). */
       tdist__cpu_sc_reduce(op, elem(op->args->recvbuf, lo - ch->lo[m], 1), pcs, lo - s_lo, hi - lo);
-      return;
+      return 0;
     }
     memcpy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
   }
+  return 0;
 }
 
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given) {

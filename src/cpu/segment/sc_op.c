@@ -14,12 +14,13 @@
  * done = step + 1; and a step is written only once every member's done
  * shows the slot free.
  *
- * A signature is read like a seqlock (seq, the fields, seq again): the
- * drift between members is bounded far below the ring's SC_H entries (a
- * giver runs at most CPU_LAG_MAX ops unchecked and a writer at most D
- * steps ahead of the slowest reader), so an entry is never rewritten while
- * it is read; the second read makes a violation of that a wait, not a
- * wrong answer.
+ * A signature entry is rewritten (by op cseq + SC_H) only once every
+ * member's vseq is past cseq: no member reads it any more (sign_ready). So
+ * a program may post any number of ops at once (async broadcasts of a
+ * root far ahead of a slow reader): those beyond the window are signed
+ * when the slowest member moves on. A signature is still read like a
+ * seqlock (seq, the fields, seq again), which makes a violation of that a
+ * wait, not a wrong answer.
  *
  * Threads: engine lock (base/lock.c; the progress thread or a driving caller: drive.c).
  * Completion and failures go through the engine's deferred services
@@ -52,6 +53,19 @@ int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
 
 /* ---- signatures ---------------------------------------------------------------- */
 
+/* May this member write its signature entry of collective cseq (entry
+ * cseq - SC_H is read by no member any more: every member's vseq is past
+ * it)? The lowest vseq seen is cached. */
+static int sign_ready(cpu_sc_t *ch, uint64_t cseq) {
+  if (cseq < SC_H || cseq - SC_H < ch->vmin) return 1;
+  uint64_t mn = UINT64_MAX;
+  for (int m = 0; m < ch->n; m++)
+    if (m != ch->me)
+      mn = min64(mn, atomic_load_explicit(&ch->rg[m].ctl->vseq, memory_order_acquire));
+  ch->vmin = mn;
+  return cseq - SC_H < mn;
+}
+
 static void sign(cpu_sc_t *ch, const cpu_op_t *op) {
   sc_sig_t *g = &ch->rg[ch->me].sig[op->cseq % SC_H];
   atomic_store_explicit(&g->seq, 0, memory_order_relaxed);
@@ -65,6 +79,38 @@ static void sign(cpu_sc_t *ch, const cpu_op_t *op) {
   g->redop = (uint8_t)op->redop;
   atomic_store_explicit(&g->seq, op->cseq + 1, memory_order_release);
   ch->wrote = 1;
+}
+
+/* Sign the ops posted while their entries were still read, in order, as
+ * far as the members' vseq allow. */
+static void sign_pending(cpu_sc_t *ch) {
+  while (ch->unsigned_op && sign_ready(ch, ch->unsigned_op->cseq)) {
+    cpu_op_t *op = ch->unsigned_op;
+    sign(ch, op);
+    tdist__list_t *nx = op->sc.link.next;
+    ch->unsigned_op = nx == &ch->ops ? NULL : tdist__list_entry(nx, cpu_op_t, sc.link);
+  }
+}
+
+/* Publish the lowest collective whose signatures this member may still
+ * read: its oldest unchecked op, else its oldest op in the channel, else
+ * the next one it posts. Only every SC_VSEQ_STEP ops, with a bell: a
+ * member waiting to sign needs it only SC_H ops on, and a bell a pass
+ * (a blocked root verifying its readers' signatures one by one) woke the
+ * readers' progress threads for nothing. What this costs: a member's
+ * published vseq is at most SC_VSEQ_STEP - 1 behind, and every member's
+ * head op is at most SC_LAG + 1 ahead of the slowest member's, far inside
+ * SC_H: a head op is always signable. */
+#define SC_VSEQ_STEP 256u
+static void publish_vseq(cpu_group_t *cg, cpu_sc_t *ch) {
+  uint64_t v = cg->next_cseq;
+  tdist__list_t *n = tdist__list_first(&ch->ops);
+  if (n) v = min64(v, tdist__list_entry(n, cpu_op_t, sc.link)->cseq);
+  if (ch->nunverified) v = min64(v, ch->unverified[ch->uv_head].cseq);
+  if (v < ch->vseq + SC_VSEQ_STEP) return;
+  ch->vseq = v;
+  atomic_store_explicit(&ch->rg[ch->me].ctl->vseq, v, memory_order_release);
+  ch->wrote = 1; /* a member waiting to sign may sleep: ring it */
 }
 
 /* Member m's signature of collective cseq: 1 and *out, or 0 (not yet). */
@@ -134,11 +180,13 @@ static int check_sigs(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
 
 /* ---- the clock and the slots ------------------------------------------------------ */
 
-/* May this member write step st (slot st % D free: every member's done is
- * at least st - D + 1)? The lowest done seen is cached. */
-static int room(cpu_sc_t *ch, uint64_t st) {
-  if (st < ch->D) return 1;
-  uint64_t need = st - ch->D + 1;
+/* May this member write step st of len bytes (its line st % L free, and
+ * its slot st % D unless the data fits the line: every member's done is at
+ * least st - L + 1, or st - D + 1)? The lowest done seen is cached. */
+static int room(cpu_sc_t *ch, uint64_t st, size_t len) {
+  uint64_t depth = len <= SC_INLINE ? ch->L : ch->D;
+  if (st < depth) return 1;
+  uint64_t need = st - depth + 1;
   if (ch->room_min >= need) return 1;
   uint64_t mn = ch->done;
   for (int m = 0; m < ch->n; m++)
@@ -156,11 +204,16 @@ static void share(const cpu_op_t *op, size_t len, int m, size_t *a, size_t *b) {
   *b = (size_t)((unsigned __int128)cnt * (unsigned)(m + 1) / (unsigned)op->size) * op->es;
 }
 
+/* Bytes of step j of this member's stream. */
+static size_t step_len(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t j) {
+  return (size_t)min64(ch->F, op->sc.total - j * ch->F);
+}
+
 static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st) {
   uint64_t off = j * ch->F;
-  size_t len = (size_t)min64(ch->F, op->sc.total - off);
+  size_t len = step_len(ch, op, j);
   unsigned slot = (unsigned)(st % ch->D);
-  sc_step_t *h = &ch->rg[ch->me].step[slot];
+  sc_step_t *h = &ch->rg[ch->me].step[st % ch->L];
   uint8_t *dst = len <= SC_INLINE ? h->inl : ch->rg[ch->me].data + (size_t)slot * ch->F;
   if (op->sc.direct) {
     /* A two-phase all_reduce: this member's share of the step stays where
@@ -197,7 +250,7 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   const uint8_t *pcs[SC_MAX_RANKS];
   size_t len = 0, a, b;
   for (int m = 0; m < op->size; m++) {
-    sc_step_t *h = &ch->rg[m].step[slot];
+    sc_step_t *h = &ch->rg[m].step[st % ch->L];
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
     len = h->len;
     pcs[m] = len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
@@ -235,8 +288,8 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
 static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed)
     return op->type == TDIST_OP_REDUCE_SCATTER_V || m != op->rank;
-  if (op->type == TDIST_OP_ALL_TO_ALL_V) /* a chunk of m's block in every slot */
-    return m != op->rank && j * tdist__cpu_sc_a2av_chunk(op) < ch->hi[m];
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) /* a piece of m's block in every step */
+    return m != op->rank && j * tdist__cpu_sc_a2av_piece(ch, op, m) < ch->hi[m];
   uint64_t lo = max64(ch->lo[m], j * ch->F), hi = min64(ch->hi[m], (j + 1) * ch->F);
   return lo < hi;
 }
@@ -254,7 +307,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   for (int m = 0; m < op->size; m++) {
     pcs[m] = NULL;
     if (!reads(ch, op, m, j)) continue;
-    sc_step_t *h = &ch->rg[m].step[slot];
+    sc_step_t *h = &ch->rg[m].step[st % ch->L];
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) {
       /* Not in its slot: a giver that overflowed has it in a memfd. */
       if (!(pcs[m] = tdist__cpu_sc_ovf_piece(ch, op, m, j))) return 0;
@@ -266,7 +319,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
     op->sc.prefixed = 1;
   }
-  tdist__cpu_sc_consume(ch, op, j, pcs);
+  if (tdist__cpu_sc_consume(ch, op, j, pcs) != 0) return -1;
 consumed:
   ch->done = st + 1;
   atomic_store_explicit(&ch->rg[ch->me].ctl->done, st + 1, memory_order_release);
@@ -313,7 +366,7 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   do {
     pass = 0;
     while (s->wstep < mine && (s->wstep < s->cstep || s->wstep - s->cstep < lead)) {
-      if (!room(ch, s->s0 + s->wstep)) {
+      if (!room(ch, s->s0 + s->wstep, step_len(ch, op, s->wstep))) {
         /* A giver does not wait for its readers for long (sc_ovf.c). */
         if (s->role == SC_ROLE_GIVE && tdist__cpu_sc_overflow(ch, op)) pass = 1;
         break;
@@ -364,7 +417,7 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
  * them (sigcheck.c, tdist__cpu_lag_blocks) are readied when none is left. */
 static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
   while (ch->nunverified) {
-    const struct sc_unverified *u = &ch->unverified[0];
+    const struct sc_unverified *u = &ch->unverified[ch->uv_head];
     for (int m = 0; m < ch->n; m++) {
       sc_sig_t g;
       if (m == ch->me) continue;
@@ -373,8 +426,8 @@ static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
                 u->root, (tdist_redop_t)u->redop))
         return -1;
     }
-    memmove(&ch->unverified[0], &ch->unverified[1],
-            sizeof(ch->unverified[0]) * (size_t)(--ch->nunverified));
+    ch->uv_head = (ch->uv_head + 1) % SC_LAG;
+    ch->nunverified--;
   }
   if (cg->sc_lag) {
     cg->sc_lag = 0;
@@ -393,28 +446,40 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
     return 0;
   if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
-  tdist__cpu_sc_local_step(op, 1);                      /* what is left of the local part */
+  /* An all_to_all_v that lent blocks to be read in place: its buffer goes
+   * back to the caller only once every member consumed every step, i.e.
+   * read all of it. */
+  if (op->type == TDIST_OP_ALL_TO_ALL_V && ch->cma && tdist__cpu_sc_a2av_lends(op)) {
+    for (int m = 0; m < ch->n; m++)
+      if (m != ch->me &&
+          atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire) < s->s0 + s->nsteps)
+        return 0;
+  }
+  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
   if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging)) return 0;
   if (s->role != SC_ROLE_ALL) {
     /* A giver, or a broadcast receiver (it checked the root only): checked
-     * against everyone now if every signature is in, else later. */
+     * against everyone now if every signature is in, else later. Not while
+     * older ops wait unchecked: members sign in order, so a signature those
+     * lack is missing here too (a root far ahead of its readers would read
+     * n - 1 cold lines per op for nothing). */
     int role = s->role;
     s->role = SC_ROLE_ALL;
-    int r = check_sigs(cg, ch, op);
+    int r = ch->nunverified ? 0 : check_sigs(cg, ch, op);
     s->role = role;
     if (r < 0) return 0;
     if (r == 0) {
-      if (ch->nunverified >= CPU_LAG_MAX && (verify(cg, ch) != 0 || ch->nunverified >= CPU_LAG_MAX))
-        return 0;
-      ch->unverified[ch->nunverified++] = (struct sc_unverified){.cseq = op->cseq,
-                                                                 .count = op->count,
-                                                                 .root = op->root,
-                                                                 .optype = (uint8_t)op->type,
-                                                                 .dtype = (uint8_t)op->dtype,
-                                                                 .redop = (uint8_t)op->redop};
+      if (ch->nunverified >= SC_LAG && (verify(cg, ch) != 0 || ch->nunverified >= SC_LAG)) return 0;
+      ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
+          (struct sc_unverified){.cseq = op->cseq,
+                                 .count = op->count,
+                                 .root = op->root,
+                                 .optype = (uint8_t)op->type,
+                                 .dtype = (uint8_t)op->dtype,
+                                 .redop = (uint8_t)op->redop};
       cg->sc_lag = 1;
     }
   }
@@ -428,16 +493,20 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
 static int chan_pass(cpu_group_t *cg, cpu_sc_t *ch) {
   int moved = 0;
   if (ch->nunverified && verify(cg, ch) == 0 && !ch->nunverified) moved = 1;
+  if (ch->unsigned_op) sign_pending(ch);
   tdist__list_t *n;
   while (!ch->broken && (n = tdist__list_first(&ch->ops))) {
     cpu_op_t *op = tdist__list_entry(n, cpu_op_t, sc.link);
+    if (op == ch->unsigned_op) break;  /* its signature entry is still read */
     if (tdist__cpu_blocked(op)) break; /* a mismatch: it waits for the abort */
     int r = advance(cg, ch, op);
     if (r < 0) break;
     moved |= r;
     if (!finish(cg, ch, op)) break;
     moved = 1;
+    if (ch->unsigned_op) sign_pending(ch);
   }
+  if (!ch->broken) publish_vseq(cg, ch);
   return moved;
 }
 
@@ -451,8 +520,11 @@ int tdist__cpu_sc_post(cpu_op_t *op) {
   s->nsteps = UINT64_MAX;
   s->on = 1;
   TDIST_CHECK(tdist__cpu_sc_plan_post(op));
-  sign(ch, op);
   tdist__list_push_back(&ch->ops, &s->link);
+  if (!ch->unsigned_op && sign_ready(ch, op->cseq))
+    sign(ch, op);
+  else if (!ch->unsigned_op)
+    ch->unsigned_op = op; /* signed by a later pass (sign_pending) */
   return 0;
 }
 
@@ -476,12 +548,18 @@ void tdist__cpu_sc_abort(cpu_group_t *cg) {
   tdist__cpu_sc_ovf_forget(cg->ctx, ch->uid);
   ch->broken = 1;
   ch->nunverified = 0;
+  ch->unsigned_op = NULL;
   cg->sc_lag = 0;
 }
 
 void tdist__cpu_sc_forget(cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
   if (!s->on) return;
+  cpu_sc_t *ch = op->cg->sc;
+  if (ch && ch->unsigned_op == op) {
+    tdist__list_t *nx = s->link.next;
+    ch->unsigned_op = nx == &ch->ops ? NULL : tdist__list_entry(nx, cpu_op_t, sc.link);
+  }
   if (tdist__list_linked(&s->link)) tdist__list_remove(&s->link);
   if (s->tmp) tdist__cpu_buf_put(op->cg->ctx, s->tmp);
   s->tmp = NULL;
@@ -502,7 +580,7 @@ int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {
   if (!ch || ch->broken || r == ch->me) return 0;
   sc_sig_t g;
   for (int i = 0; i < ch->nunverified; i++)
-    if (!sig_read(ch, r, ch->unverified[i].cseq, &g)) return 1;
+    if (!sig_read(ch, r, ch->unverified[(ch->uv_head + i) % SC_LAG].cseq, &g)) return 1;
   const tdist__list_t *n;
   tdist__list_foreach(n, &ch->ops) {
     const cpu_op_t *op = tdist__list_entry(n, cpu_op_t, sc.link);
@@ -514,7 +592,7 @@ int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {
      * memfd: sc_ovf.c), and past every step this member still has to
      * write (its done frees our slots). */
     uint64_t last = op->sc.s0 + sc_steps_of(ch, g.total);
-    const sc_step_t *h = &ch->rg[r].step[(last + ch->D - 1) % ch->D];
+    const sc_step_t *h = &ch->rg[r].step[(last + ch->L - 1) % ch->L];
     int ovf = atomic_load_explicit(&ch->rg[r].sig[op->cseq % SC_H].ovf, memory_order_acquire) != 0;
     if (last > op->sc.s0 && !ovf && atomic_load_explicit(&h->step, memory_order_acquire) < last)
       return 1;
