@@ -125,8 +125,17 @@ void tdist__srv_drain_ready(struct tdist_store_server *srv) {
 
 /* ---- buffers and state ------------------------------------------------------------ */
 
-/* Reply bytes not yet taken by the kernel (what the pipeline bound counts). */
-static size_t unsent(const conn_t *c) { return c->out.len + (c->writing ? c->wbuf.len : 0); }
+/* Reply bytes not yet taken by the kernel (what the pipeline bound counts),
+ * values sent from the table included. */
+static size_t unsent(const conn_t *c) {
+  return c->out.len + c->ref.len + (c->writing ? c->wbuf.len + c->wref.len : 0);
+}
+
+/* Let go of a zero-copy value (sent, or never to be). */
+static void unref(conn_t *c, tdist__kv_ref_t *r) {
+  if (r->pin) tdist__kv_unpin(&c->srv->kv, r->pin);
+  memset(r, 0, sizeof(*r));
+}
 
 /* Free b when it is empty and large: an idle connection keeps no big buffer. */
 static void shrink_buf(tdist__buf_t *b) {
@@ -167,6 +176,8 @@ static void update_reading(conn_t *c) {
 static void on_handle_closed(uv_handle_t *h) {
   conn_t *c = h->data;
   if (--c->handles_open > 0) return;
+  unref(c, &c->ref);
+  unref(c, &c->wref);
   tdist__free(c->rbuf);
   tdist__buf_free(&c->out);
   tdist__buf_free(&c->wbuf);
@@ -220,7 +231,7 @@ void tdist__srv_conn_sweep(conn_t *c, uint64_t now) {
              c->discard ? c->discard_len : head_len(c), (unsigned long long)(now - c->t_frame));
   } else if (c->writing && now - c->t_write >= t) {
     snprintf(why, sizeof(why), "a reply of %zu bytes (%zu left) has taken no byte in %llu ms",
-             c->wbuf.len, c->wleft, (unsigned long long)(now - c->t_write));
+             c->wbuf.len + c->wref.len, c->wleft, (unsigned long long)(now - c->t_write));
   } else {
     return;
   }
@@ -235,6 +246,7 @@ static void on_written(uv_write_t *req, int status) {
   conn_t *c = req->data;
   c->writing = 0;
   c->wbuf.len = 0;
+  unref(c, &c->wref); /* the kernel has it (or never will) */
   if (c->closing) return;
   if (status < 0) {
     tdist__srv_conn_close(c, NULL); /* the peer went away; nothing to report */
@@ -247,37 +259,69 @@ static void on_written(uv_write_t *req, int status) {
   tdist__srv_drain_ready(c->srv);
 }
 
+/* The bytes of buffer b with zero-copy value r (if any) spliced in at r->at:
+ * up to three uv bufs; returns how many. */
+static int bufs_of(const tdist__buf_t *b, const tdist__kv_ref_t *r, uv_buf_t *v) {
+  if (!r->pin) {
+    v[0] = uv_buf_init((char *)b->p, (unsigned)b->len);
+    return 1;
+  }
+  int n = 0;
+  v[n++] = uv_buf_init((char *)b->p, (unsigned)r->at);
+  v[n++] = uv_buf_init((char *)r->p, r->len);
+  if (b->len > r->at) v[n++] = uv_buf_init((char *)b->p + r->at, (unsigned)(b->len - r->at));
+  return n;
+}
+
+/* Everything queued went out: reset `out`, and close if that was the last. */
+static void flushed(conn_t *c) {
+  c->out.len = 0;
+  unref(c, &c->ref);
+  shrink_buf(&c->out);
+  tdist__srv_charge(c);
+  if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
+}
+
+/* Send `out` (with its zero-copy value): what the socket takes now, and the
+ * rest in one uv_write from wbuf (and wref), which keep the bytes and the
+ * value's pin until on_written; `out` and `ref` collect the next batch. */
 static void conn_flush(conn_t *c) {
   if (c->closing || c->writing) return;
   if (c->out.len == 0) {
-    shrink_buf(&c->out);
-    tdist__srv_charge(c);
-    if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
+    flushed(c);
     return;
   }
-  uv_buf_t b = uv_buf_init((char *)c->out.p, (unsigned)c->out.len);
-  int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-  if (n == (int)c->out.len) {
-    c->out.len = 0;
-    shrink_buf(&c->out);
-    tdist__srv_charge(c);
-    if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
+  uv_buf_t b[3];
+  int nb = bufs_of(&c->out, &c->ref, b);
+  size_t total = c->out.len + c->ref.len;
+  int n = uv_try_write((uv_stream_t *)&c->tcp, b, (unsigned)nb);
+  if (n >= 0 && (size_t)n == total) {
+    flushed(c);
     return;
   }
   if (n < 0 && n != UV_EAGAIN) {
     tdist__srv_conn_close(c, NULL);
     return;
   }
-  if (n < 0) n = 0;
-  /* Hand the rest to uv_write from wbuf; `out` collects the next batch. */
+  size_t done = n < 0 ? 0 : (size_t)n;
   tdist__buf_t t = c->wbuf;
   c->wbuf = c->out;
   c->out = t;
   c->out.len = 0;
   shrink_buf(&c->out);
-  b = uv_buf_init((char *)c->wbuf.p + n, (unsigned)(c->wbuf.len - (size_t)n));
+  c->wref = c->ref;
+  memset(&c->ref, 0, sizeof(c->ref));
+  nb = bufs_of(&c->wbuf, &c->wref, b);
+  int i = 0; /* skip what uv_try_write took */
+  while (i < nb - 1 && done >= b[i].len) {
+    done -= b[i].len;
+    i++;
+  }
+  b[i].base += done;
+  b[i].len -= done;
   c->wreq.data = c;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b + i, (unsigned)(nb - i), on_written) != 0) {
+    unref(c, &c->wref);
     tdist__srv_conn_close(c, NULL);
     return;
   }
@@ -369,7 +413,8 @@ static int run_frame(conn_t *c, const uint8_t *body, uint32_t len) {
                      .ctx = c,
                      .resume = c->resume,
                      .resume_idx = c->resume_idx,
-                     .resume_off = c->resume_off};
+                     .resume_off = c->resume_off,
+                     .ref = &c->ref};
   /* A large frame that ends the read buffer (it was sized to the frame:
    * wanted_cap): a SET may keep the buffer as its value (kv.h, take). */
   if (len >= TDIST__KV_TAKE_MIN && body + len == c->rbuf + c->rcap && c->rlen == c->rcap) {

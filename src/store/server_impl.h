@@ -73,6 +73,10 @@ struct tdist__srv_conn {
   size_t rlen, rcap, rpos; /* unprocessed bytes are rbuf[rpos..rlen) */
   tdist__buf_t out;        /* replies not yet handed to the kernel */
   tdist__buf_t wbuf;       /* the bytes of the uv_write in flight */
+  /* A large GET's value, sent from the table (kv.h, tdist__kv_ref_t): `ref`
+   * goes in `out` at ref.at, `wref` in wbuf; each pins its block until the
+   * kernel took it (on_written) or the connection ends. */
+  tdist__kv_ref_t ref, wref;
   int writing, authed, closing, close_after_flush, handles_open;
   int blocked, timer_armed, final;
   int reading;          /* uv_read_start is in effect */
@@ -155,7 +159,7 @@ void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
 void tdist__srv_budget_init(struct tdist_store_server *srv);
 /* Bytes charged now: the table plus every connection. */
 static inline uint64_t tdist__srv_used(const struct tdist_store_server *srv) {
-  return srv->kv.bytes + srv->conn_bytes;
+  return srv->kv.bytes + srv->kv.held + srv->conn_bytes;
 }
 /* Re-charge c after its buffers or waiters changed (and on close, with
  * everything freed, to 0). */

@@ -11,7 +11,9 @@
  *   - a reader taking a 16 MiB reply slowly but steadily, past the I/O
  *     timeout: it gets every byte (the timeout counts from the last byte);
  *   - repeated 64 MiB SETs: no heap purge that gives nothing back is logged,
- *     and one after deleting many 64 KiB values does give memory back.
+ *     and one after deleting many 64 KiB values does give memory back;
+ *   - a 32 MiB GET whose key is overwritten and deleted while the reply is
+ *     in flight: the reader gets the old value (zero-copy GET's lifetime).
  * Each attack checks the server's peak resident memory (VmHWM of
  * /proc/PID/status) against the budget plus a margin, and that another
  * client's ping (the best of five num_keys round trips, taken while the
@@ -628,6 +630,68 @@ static void test_large_value_in_place(void **state) {
   stop_store(&s);
 }
 
+/* A large GET is sent from where the value is stored (no copy into a reply
+ * buffer), so the server must keep those bytes unchanged until the kernel
+ * took them. A reader with a small receive buffer asks for a 32 MiB value
+ * and stops after the reply's head, leaving most of it in the server's
+ * write; meanwhile another client overwrites the key with a value of the
+ * same size through multi_set (which writes into the old buffer in place
+ * when nobody holds it), reads the new value back, and deletes the key
+ * (which frees the buffer). The stalled reader must still get every byte
+ * of the old value. (Checked to fail with the pin ignored by the in-place
+ * write: the reader then gets the new bytes past the first few MiB.) */
+static void test_get_outlives_overwrite(void **state) {
+  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  size_t n = 32 * MIB;
+  char *v = big_value();
+  const char *key = "zc";
+  const void *val = v;
+  assert_int_equal(tdist_store_multi_set(c, &key, &val, &n, 1), 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int rcv = 64 * 1024;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  hello(fd);
+  tdist__buf_t req = {0};
+  put_get(&req, "zc");
+  send_all(fd, req.p, req.len);
+  tdist__buf_free(&req);
+  size_t want = 4 + 1 + 4 + n, got = 0;
+  char *r = malloc(want);
+  recv_all(fd, r, 9); /* the GET ran: the rest of its reply is on its way */
+  got = 9;
+  /* The same key, same size, other bytes; then read back and deleted. */
+  const void *val2 = v + 1;
+  assert_int_equal(tdist_store_multi_set(c, &key, &val2, &n, 1), 0);
+  void *g = NULL;
+  size_t gl = 0;
+  assert_int_equal(tdist_store_get(c, "zc", &g, &gl, 1000), 0);
+  assert_int_equal(gl, n);
+  assert_memory_equal(g, v + 1, n);
+  tdist_store_free(g);
+  int deleted = 0;
+  assert_int_equal(tdist_store_delete(c, "zc", &deleted), 0);
+  assert_int_equal(deleted, 1);
+  /* A large SET of another key reuses what was freed, if anything was. */
+  assert_int_equal(tdist_store_set(c, "other", v + 2, n), 0);
+  recv_all(fd, r + got, want - got);
+  uint32_t len;
+  memcpy(&len, r, 4);
+  assert_int_equal(len, 1 + 4 + n);
+  assert_int_equal(r[4], TDIST__ST_OK);
+  assert_memory_equal(r + 9, v, n);
+  printf("get outlives overwrite: %zu bytes of the old value, exact\n", n);
+  free(r);
+  free(v);
+  close(fd);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   atexit(kill_leftovers);
@@ -639,6 +703,7 @@ int main(void) {
       cmocka_unit_test(test_slow_reader),
       cmocka_unit_test(test_large_value_in_place),
       cmocka_unit_test(test_purge_only_when_it_frees),
+      cmocka_unit_test(test_get_outlives_overwrite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
