@@ -54,6 +54,8 @@ typedef tdist__srv_waiter_t waiter_t;
 
 static void conn_process(conn_t *c);
 static void read_start(conn_t *c);
+static int large_reader(const conn_t *c);
+static void hold(conn_t *c);
 
 /* ---- waiters ---------------------------------------------------------------- */
 
@@ -196,6 +198,13 @@ void tdist__srv_conn_close(conn_t *c, const char *why) {
     tdist__srv_drain_ready(srv); /* a death record wakes the monitors waiting for it */
   }
   srv->nconns--;
+  if (c->held) { /* off the held list: it is not to read again */
+    tdist__srv_conn_t **pp = &srv->held;
+    while (*pp != c)
+      pp = &(*pp)->held_next;
+    *pp = c->held_next;
+    c->held = 0;
+  }
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -545,11 +554,51 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       tdist__srv_charge(c);
     }
   }
-  /* len 0 (a blocked connection's buffer is full, or no memory): on_read
-   * gets UV_ENOBUFS and stops reading until the connection runs again. */
+  /* len 0 (a blocked connection's buffer is full, no memory, or the large
+   * frames' allowance is spent): on_read gets UV_ENOBUFS and stops reading
+   * until the connection runs again (or, held, after the poll). */
   size_t room = c->rcap - c->rlen;
+  if (large_reader(c) && !c->discard) room = room < c->srv->read_left ? room : c->srv->read_left;
   *buf = uv_buf_init((char *)c->rbuf + c->rlen,
                      (unsigned)(room > SRV_READ_SLICE ? SRV_READ_SLICE : room));
+}
+
+/* ---- fair reading ---------------------------------------------------------------- */
+
+/* A connection reading a large frame (its buffer is above SRV_KEEP_BYTES)
+ * reads only while srv->read_left (SRV_READ_TURN per loop iteration, for all
+ * of them together) lasts; then it stops and goes on the held list, and
+ * reads again after the poll (tdist__srv_turn_end), so the next iteration
+ * polls it with everyone else. A small request therefore waits for at most
+ * SRV_READ_TURN of other clients' large frames, where libuv alone would read
+ * each ready connection up to 32 times per iteration. */
+static int large_reader(const conn_t *c) { return c->rcap > SRV_KEEP_BYTES; }
+
+static void hold(conn_t *c) {
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+  }
+  if (c->held) return;
+  c->held = 1;
+  c->held_next = c->srv->held;
+  c->srv->held = c;
+}
+
+void tdist__srv_turn_start(uv_prepare_t *h) {
+  struct tdist_store_server *srv = h->data;
+  srv->read_left = SRV_READ_TURN;
+}
+
+void tdist__srv_turn_end(uv_check_t *h) {
+  struct tdist_store_server *srv = h->data;
+  srv->read_left = SRV_READ_TURN; /* timers and the next poll's callbacks */
+  while (srv->held) {
+    conn_t *c = srv->held;
+    srv->held = c->held_next;
+    c->held = 0;
+    update_reading(c);
+  }
 }
 
 /* The end of input: see the half-close note in the header. */
@@ -569,6 +618,10 @@ static void on_eof(conn_t *c) {
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   conn_t *c = s->data;
   if (n == UV_ENOBUFS) {
+    if (large_reader(c) && !c->srv->read_left && c->rlen < c->rcap) {
+      hold(c); /* its turn is over, not its room */
+      return;
+    }
     uv_read_stop(s);
     c->reading = 0;
     return;
@@ -589,6 +642,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
       }
     }
     c->rlen += (size_t)n;
+    if (large_reader(c)) {
+      size_t used = (size_t)n < c->srv->read_left ? (size_t)n : c->srv->read_left;
+      c->srv->read_left -= used;
+    }
     c->t_frame = 0; /* bytes came: an incomplete frame's deadline starts again */
     conn_process(c);
   }

@@ -32,12 +32,16 @@
 /* Read buffer of a connection that has not authenticated: a maximal HELLO
  * (TDIST__STORE_MAX_HELLO + 4) fits; nothing larger is ever allocated for it. */
 #define SRV_RBUF_PREAUTH 2048
-/* The most one read takes. libuv reads a connection again (up to 32 times
- * per loop iteration) while a read fills what it was given, so this bounds
- * what one connection moves per iteration (32 slices, 2 MiB): 8 clients
- * sending 64 MiB values each could otherwise make every iteration copy
- * (and fault in) tens of MiB while another client's request waits. */
-#define SRV_READ_SLICE (64 * 1024)
+/* The most one read takes (fewer syscalls than libuv's 64 KiB suggestion). */
+#define SRV_READ_SLICE (256 * 1024)
+/* What all connections reading a large frame (a buffer above
+ * SRV_KEEP_BYTES) may read in one loop iteration together; past it they
+ * stop reading until the next (server_conn.c, "Fair reading"). libuv reads
+ * a connection up to 32 times per iteration while reads fill their
+ * buffers, so 8 clients sending 64 MiB values made each iteration copy (and
+ * fault in) 16 MiB while another client's small request waited; small
+ * frames are never held back. */
+#define SRV_READ_TURN (1024 * 1024)
 /* Buffers above this are freed once empty, so an idle connection that once
  * moved a large value keeps no large buffer. */
 #define SRV_KEEP_BYTES (64 * 1024)
@@ -96,6 +100,8 @@ struct tdist__srv_conn {
   size_t resume_off;
   tdist__srv_conn_t *ready_next;
   int in_ready;
+  tdist__srv_conn_t *held_next; /* in srv->held: stopped for this iteration */
+  int held;
   char peer[64];
 };
 
@@ -108,6 +114,13 @@ struct tdist_store_server {
   tdist__kv_t kv;
   tdist__srv_conn_t *conns;
   tdist__srv_conn_t *ready_head, *ready_tail;
+  /* fair reading (server_conn.c): what large frames may still read in this
+   * iteration (reset before each poll), and who stopped for want of it
+   * (started again after the poll) */
+  uv_prepare_t turn_start;
+  uv_check_t turn_end;
+  size_t read_left;
+  tdist__srv_conn_t *held;
   char *token;
   int port;
   tdist__live_t *live; /* dead-rank detector, or NULL */
@@ -151,6 +164,10 @@ void tdist__srv_conn_close(tdist__srv_conn_t *c, const char *why);
 void tdist__srv_conn_sweep(tdist__srv_conn_t *c, uint64_t now);
 /* Run every connection woken by a write. */
 void tdist__srv_drain_ready(struct tdist_store_server *srv);
+/* (prepare) a loop iteration begins: the large frames' read allowance. */
+void tdist__srv_turn_start(uv_prepare_t *h);
+/* (check) the poll is over: connections held back read again. */
+void tdist__srv_turn_end(uv_check_t *h);
 /* kv->on_write: wake the waiters of e, tell the liveness detector. */
 void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
 

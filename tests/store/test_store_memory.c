@@ -13,7 +13,9 @@
  *   - repeated 64 MiB SETs: no heap purge that gives nothing back is logged,
  *     and one after deleting many 64 KiB values does give memory back;
  *   - a 32 MiB GET whose key is overwritten and deleted while the reply is
- *     in flight: the reader gets the old value (zero-copy GET's lifetime).
+ *     in flight: the reader gets the old value (zero-copy GET's lifetime);
+ *   - a small request sent after 40 large SET frames that are all ready to
+ *     be read is answered before all of them were read (fair reading).
  * Each attack checks the server's peak resident memory (VmHWM of
  * /proc/PID/status) against the budget plus a margin, and that another
  * client's ping (the best of five num_keys round trips, taken while the
@@ -692,6 +694,72 @@ static void test_get_outlives_overwrite(void **state) {
   stop_store(&s);
 }
 
+/* Fair reading: a small request is not queued behind other clients' large
+ * frames that are all there to be read. The server is stopped (SIGSTOP)
+ * while NFAIR connections each send a whole SET frame of 96 KiB (above the
+ * 64 KiB where a read buffer counts as large; their send buffers take it
+ * all) and then a bystander sends NUM_KEYS; once the server runs again, its
+ * poll finds all of them ready, the bystander last. The bystander's answer
+ * must count fewer than NFAIR keys: it was served before every large frame
+ * had been read. (Before the read allowance per loop iteration, libuv read
+ * each ready connection up to 32 times in the same iteration, so all NFAIR
+ * frames were read and stored first and the answer was NFAIR.) */
+#define NFAIR 40
+static void test_fair_reading(void **state) {
+  store_proc_t s = start_store(BUDGET, 10000, NULL);
+  size_t vlen = 96 * 1024;
+  char *v = big_value();
+  int fds[NFAIR];
+  for (int i = 0; i < NFAIR; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    int snd = 1 << 20;
+    setsockopt(fds[i], SOL_SOCKET, SO_SNDBUF, &snd, sizeof(snd));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof(a)), 0);
+    hello(fds[i]);
+  }
+  int by = raw_connect(s.port);
+  hello(by);
+  assert_int_equal(kill(s.pid, SIGSTOP), 0);
+  for (int i = 0; i < NFAIR; i++) {
+    tdist__buf_t b = {0};
+    char key[32];
+    snprintf(key, sizeof(key), "fair/%d", i);
+    assert_int_equal(tdist__buf_reserve(&b, 64 + vlen), 0);
+    size_t f = tdist__frame_begin(&b, TDIST__OP_SET);
+    tdist__put_bytes(&b, key, (uint32_t)strlen(key));
+    tdist__put_bytes(&b, v, (uint32_t)vlen);
+    tdist__frame_end(&b, f);
+    /* all of it into the kernel's buffers now (the server is stopped) */
+    assert_int_equal(send(fds[i], b.p, b.len, MSG_DONTWAIT | MSG_NOSIGNAL), (ssize_t)b.len);
+    tdist__buf_free(&b);
+  }
+  uint8_t req[5];
+  uint32_t one = 1;
+  memcpy(req, &one, 4);
+  req[4] = TDIST__OP_NUM_KEYS;
+  send_all(by, req, sizeof(req));
+  assert_int_equal(kill(s.pid, SIGCONT), 0);
+  uint8_t r[13];
+  recv_all(by, r, sizeof(r));
+  assert_int_equal(r[4], TDIST__ST_OK);
+  uint64_t keys;
+  memcpy(&keys, r + 5, 8);
+  for (int i = 0; i < NFAIR; i++) { /* and every large SET is stored */
+    uint8_t ok[5];
+    recv_all(fds[i], ok, sizeof(ok));
+    assert_int_equal(ok[4], TDIST__ST_OK);
+    close(fds[i]);
+  }
+  printf("fair reading: the bystander saw %llu of %d large SETs stored\n", (unsigned long long)keys,
+         NFAIR);
+  assert_true(keys < NFAIR);
+  close(by);
+  free(v);
+  stop_store(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   atexit(kill_leftovers);
@@ -704,6 +772,7 @@ int main(void) {
       cmocka_unit_test(test_large_value_in_place),
       cmocka_unit_test(test_purge_only_when_it_frees),
       cmocka_unit_test(test_get_outlives_overwrite),
+      cmocka_unit_test(test_fair_reading),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
