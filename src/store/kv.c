@@ -67,6 +67,43 @@ int tdist__kv_init(tdist__kv_t *kv) {
   return 0;
 }
 
+/* A value block the table let go: kept as a spare when it is large and
+ * there is a free slot (kv->keep_spares), freed otherwise. */
+static void free_block(tdist__kv_t *kv, uint8_t *base, uint64_t bytes) {
+  if (kv->keep_spares && bytes >= TDIST__KV_SPARE_MIN)
+    for (int i = 0; i < TDIST__KV_SPARES; i++)
+      if (!kv->spare[i].base) {
+        kv->spare[i].base = base;
+        kv->spare[i].bytes = bytes;
+        kv->spare_bytes += bytes;
+        return;
+      }
+  tdist__free(base);
+}
+
+uint8_t *tdist__kv_spare_take(tdist__kv_t *kv, uint64_t bytes) {
+  for (int i = 0; i < TDIST__KV_SPARES; i++)
+    if (kv->spare[i].base && kv->spare[i].bytes == bytes) {
+      uint8_t *p = kv->spare[i].base;
+      kv->spare[i].base = NULL;
+      kv->spare_bytes -= bytes;
+      kv->spare_taken = 1;
+      return p;
+    }
+  return NULL;
+}
+
+void tdist__kv_spare_trim(tdist__kv_t *kv, int if_unused) {
+  if (!(if_unused && kv->spare_taken))
+    for (int i = 0; i < TDIST__KV_SPARES; i++)
+      if (kv->spare[i].base) {
+        tdist__free(kv->spare[i].base);
+        kv->spare[i].base = NULL;
+        kv->spare_bytes -= kv->spare[i].bytes;
+      }
+  kv->spare_taken = 0;
+}
+
 /* e lets go of its value block (the caller then gives it another or none and
  * takes vcap + voff off kv->bytes): freed, unless replies hold it (e->pin):
  * then it stays until the last unpin, counted in kv->held meanwhile. */
@@ -76,7 +113,7 @@ static void drop_value(tdist__kv_t *kv, tdist__kv_entry_t *e) {
     kv->held += e->pin->bytes;
     e->pin = NULL;
   } else if (e->val) {
-    tdist__free(e->val - e->voff);
+    free_block(kv, e->val - e->voff, (uint64_t)e->vcap + e->voff);
   }
   e->val = NULL;
 }
@@ -87,7 +124,7 @@ void tdist__kv_unpin(tdist__kv_t *kv, tdist__kv_pin_t *pin) {
     pin->e->pin = NULL; /* the entry's again, to write in place */
   } else {
     kv->held -= pin->bytes;
-    tdist__free(pin->base);
+    free_block(kv, pin->base, pin->bytes);
   }
   tdist__free(pin);
 }
@@ -106,6 +143,7 @@ void tdist__kv_destroy(tdist__kv_t *kv) {
   tdist__free(kv->buckets);
   kv->buckets = NULL;
   kv->bytes = 0;
+  tdist__kv_spare_trim(kv, 0);
 }
 
 static tdist__kv_entry_t *find_h(tdist__kv_t *kv, const void *key, uint32_t klen, uint64_t h) {

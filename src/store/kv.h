@@ -65,6 +65,10 @@ typedef struct tdist__kv_entry {
   char key[]; /* klen bytes + NUL */
 } tdist__kv_entry_t;
 
+/* Spare blocks kept at most, and the least size kept (kv->spare). */
+#define TDIST__KV_SPARES 2
+#define TDIST__KV_SPARE_MIN ((uint64_t)1 << 20)
+
 typedef struct tdist__kv {
   tdist__kv_entry_t **buckets;
   size_t mask;      /* number of buckets - 1 */
@@ -73,6 +77,17 @@ typedef struct tdist__kv {
   uint64_t version; /* bumped by every write (the file store's dirty check) */
   uint64_t bytes;   /* allocated for entries, keys, values and buckets (the budget) */
   uint64_t held;    /* values the table let go that replies still hold (the budget) */
+  /* Spare blocks (the server's, keep_spares): large value blocks the table
+   * let go, kept for the next frame of the same size (tdist__kv_spare_take)
+   * so that its pages need not be faulted in again; counted in the budget
+   * (spare_bytes) and given back when idle or when the budget needs them. */
+  int keep_spares;
+  struct {
+    uint8_t *base;
+    uint64_t bytes;
+  } spare[TDIST__KV_SPARES];
+  uint64_t spare_bytes;
+  int spare_taken; /* a spare was taken since the last trim */
   void (*on_write)(void *ctx, tdist__kv_entry_t *e);
   void *ctx;
 } tdist__kv_t;
@@ -133,6 +148,11 @@ int tdist__kv_load(tdist__kv_t *kv, const void *key, uint32_t klen, const void *
 /* A reply let go of the value it pinned (tdist__exec_t.ref): the last one
  * frees a block that the table no longer holds. */
 void tdist__kv_unpin(tdist__kv_t *kv, tdist__kv_pin_t *pin);
+/* A spare block of exactly `bytes` bytes (the caller owns it), or NULL. */
+uint8_t *tdist__kv_spare_take(tdist__kv_t *kv, uint64_t bytes);
+/* Free every spare block (idle, or the budget needs the room); when
+ * `if_unused`, only if none was taken since the last call. */
+void tdist__kv_spare_trim(tdist__kv_t *kv, int if_unused);
 /* Free a placeholder that nobody waits on any more. */
 void tdist__kv_drop_if_unused(tdist__kv_t *kv, tdist__kv_entry_t *e);
 

@@ -141,6 +141,7 @@ static void on_sweep(uv_timer_t *t) {
     tdist__srv_conn_sweep(c, now);
   }
   tdist__srv_drain_ready(srv);
+  tdist__kv_spare_trim(&srv->kv, 1); /* spares nobody took since the last sweep go */
   tdist__srv_maybe_purge(srv);
   busy_summary(srv, now);
 }
@@ -252,6 +253,7 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
     goto fail;
   }
   srv->kv.on_write = tdist__srv_on_write;
+  srv->kv.keep_spares = 1; /* large SETs reuse the blocks of the values they replace */
   tdist__srv_budget_init(srv);
   srv->kv.ctx = srv;
   srv->nofile = UINT64_MAX;

@@ -15,7 +15,10 @@
  * reply and the frames the kernel buffered. The read buffer is sized to the
  * frame at its head once its length is known, and charged to the budget
  * then (wanted_cap); a frame that does not fit is read and dropped, then
- * answered FULL. A large SET keeps that buffer as its value (run_frame).
+ * answered FULL. A large SET keeps that buffer as its value (run_frame),
+ * and a large frame's buffer is a spare block of its size when the table
+ * kept one (kv.h: the block of a value a SET replaced, pages resident).
+ * Large frames are read fairly: see "fair reading" below.
  *
  * Deadlines (the sweep, tdist__srv_conn_sweep): the handshake within the
  * I/O timeout of the accept; an incomplete frame and a reply in flight
@@ -537,8 +540,24 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     c->rpos = 0;
   }
   size_t cap = wanted_cap(c);
+  struct tdist_store_server *srv = c->srv;
+  if (cap > SRV_KEEP_BYTES && cap > c->rcap) {
+    /* A spare block of the frame's size (the table's, kv.h): its pages are
+     * resident already, where a fresh 64 MiB buffer is faulted in page by
+     * page as the bytes arrive. It moves from the table's charge to ours. */
+    uint8_t *p = tdist__kv_spare_take(&srv->kv, cap);
+    if (p) {
+      if (c->rlen) memcpy(p, c->rbuf, c->rlen);
+      tdist__free(c->rbuf);
+      c->rbuf = p;
+      c->rcap = cap;
+      tdist__srv_charge(c);
+    } else if (!tdist__srv_fits(srv, cap - c->rcap) && srv->kv.spare_bytes) {
+      tdist__kv_spare_trim(&srv->kv, 0); /* the spares go before a frame is refused */
+    }
+  }
   /* Small frames are always taken (a full store must still read a delete). */
-  if (cap > SRV_KEEP_BYTES && cap > c->rcap && !tdist__srv_fits(c->srv, cap - c->rcap)) {
+  if (cap > SRV_KEEP_BYTES && cap > c->rcap && !tdist__srv_fits(srv, cap - c->rcap)) {
     /* The head frame does not fit in the budget: drop what came of it and
      * the rest as it comes, then answer FULL (on_read). */
     c->discard_len = head_len(c);

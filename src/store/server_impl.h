@@ -176,7 +176,7 @@ void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
 void tdist__srv_budget_init(struct tdist_store_server *srv);
 /* Bytes charged now: the table plus every connection. */
 static inline uint64_t tdist__srv_used(const struct tdist_store_server *srv) {
-  return srv->kv.bytes + srv->kv.held + srv->conn_bytes;
+  return srv->kv.bytes + srv->kv.held + srv->kv.spare_bytes + srv->conn_bytes;
 }
 /* Re-charge c after its buffers or waiters changed (and on close, with
  * everything freed, to 0). */

@@ -15,7 +15,9 @@
  *   - a 32 MiB GET whose key is overwritten and deleted while the reply is
  *     in flight: the reader gets the old value (zero-copy GET's lifetime);
  *   - a small request sent after 40 large SET frames that are all ready to
- *     be read is answered before all of them were read (fair reading).
+ *     be read is answered before all of them were read (fair reading);
+ *   - large SETs reusing the blocks of the values they replaced, within the
+ *     budget (spare blocks).
  * Each attack checks the server's peak resident memory (VmHWM of
  * /proc/PID/status) against the budget plus a margin, and that another
  * client's ping (the best of five num_keys round trips, taken while the
@@ -760,6 +762,40 @@ static void test_fair_reading(void **state) {
   stop_store(&s);
 }
 
+/* Spare blocks: a large SET's value block, when a later SET replaces it, is
+ * kept for the next frame of the same size (its pages already resident)
+ * and charged to the budget meanwhile, but never at the cost of a refusal.
+ * With a 256 MiB budget: "a" is set three times (64 MiB, then one and two
+ * bytes less), leaving two spare blocks, 192 MiB charged in all; "b" of
+ * the second size takes a spare (right bytes, nothing more charged); "c" of
+ * yet another size needs 64 MiB more, which fits only once the other spare
+ * is given back: it must be stored, not refused FULL. (Checked to fail with
+ * the spares kept when a frame does not fit.) */
+static void test_spare_blocks(void **state) {
+  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  char *v = big_value();
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(tdist_store_set(c, "a", v + i, BIG - i), 0);
+  assert_int_equal(tdist_store_set(c, "b", v + 1, BIG - 1), 0);
+  assert_int_equal(tdist_store_set(c, "c", v + 3, BIG - 3), 0);
+  void *g = NULL;
+  size_t gl = 0;
+  const char *keys[] = {"a", "b", "c"};
+  size_t off[] = {2, 1, 3};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(tdist_store_get(c, keys[i], &g, &gl, 1000), 0);
+    assert_int_equal(gl, BIG - off[i]);
+    assert_memory_equal(g, v + off[i], gl);
+    tdist_store_free(g);
+  }
+  check_peak(&s, "spare blocks");
+  free(v);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   atexit(kill_leftovers);
@@ -773,6 +809,7 @@ int main(void) {
       cmocka_unit_test(test_purge_only_when_it_frees),
       cmocka_unit_test(test_get_outlives_overwrite),
       cmocka_unit_test(test_fair_reading),
+      cmocka_unit_test(test_spare_blocks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
