@@ -6,6 +6,10 @@
  *   store_large large PROTO HOST PORT [REPS]
  *       SET then GET of one key with values of 1 KiB .. 64 MiB, REPS times
  *       each (default 3); one line per (op, size) with the mean and the best.
+ *   store_large pair HOST REDIS_PORT TDIST_PORT [REPS]
+ *       the same, both servers in one loop: each rep on Redis and on
+ *       tdist-store back to back (order swapped every rep), so that the
+ *       load of a shared machine falls on both alike; lines end interleaved=1.
  *   store_large ping PROTO HOST PORT [SECONDS] [ATTACKERS] [LABEL]
  *       ATTACKERS (default 8) connections SET 64 MiB values in a loop while
  *       another client connects, authenticates and asks the number of keys
@@ -312,6 +316,64 @@ static int large(const char *peer, int reps) {
   return 0;
 }
 
+/* large, both servers by one client in the same loop: each rep does the
+ * SET and GET on Redis and on tdist-store back to back (the order swapped
+ * every rep), so a change in the machine's load falls on both alike. */
+static int large_pair(int rport, int tport, int reps) {
+  static const size_t sizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
+  static const char *names[2] = {"redis", "tdist-store"};
+  const int ports[2] = {rport, tport};
+  uint8_t *v = malloc(64 << 20);
+  if (!v) die("malloc");
+  for (size_t i = 0; i < (size_t)64 << 20; i++)
+    v[i] = (uint8_t)(i * 131 + 7);
+  cl_t c[2] = {{0}, {0}};
+  for (int p = 0; p < 2; p++) {
+    g_redis = p == 0;
+    g_port = ports[p];
+    cl_open(&c[p]);
+  }
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    size_t n = sizes[s];
+    char key[32];
+    snprintf(key, sizeof(key), "large/%zu", n);
+    double tset[2] = {0}, tget[2] = {0}, bset[2] = {1e30, 1e30}, bget[2] = {1e30, 1e30};
+    int r = n <= (1 << 20) ? reps * 20 : reps;
+    for (int i = 0; i < r + 1; i++) { /* the first is a warmup */
+      for (int k = 0; k < 2; k++) {
+        int p = (i + k) % 2;
+        g_redis = p == 0;
+        double t0 = now_us();
+        op_set(&c[p], key, v, n);
+        double t1 = now_us();
+        const uint8_t *val;
+        size_t got = op_get(&c[p], key, &val);
+        double t2 = now_us();
+        if (got != n || memcmp(val, v, n) != 0) {
+          fprintf(stderr, "store_large: %s: wrong value for %zu bytes\n", names[p], n);
+          return 1;
+        }
+        if (i == 0) continue;
+        tset[p] += t1 - t0;
+        tget[p] += t2 - t1;
+        if (t1 - t0 < bset[p]) bset[p] = t1 - t0;
+        if (t2 - t1 < bget[p]) bget[p] = t2 - t1;
+      }
+    }
+    for (int p = 0; p < 2; p++) {
+      printf("peer=%s op=set bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
+             names[p], n, tset[p] / r, bset[p], n / bset[p], r);
+      printf("peer=%s op=get bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
+             names[p], n, tget[p] / r, bget[p], n / bget[p], r);
+    }
+    fflush(stdout);
+  }
+  for (int p = 0; p < 2; p++)
+    cl_close(&c[p]);
+  free(v);
+  return 0;
+}
+
 static atomic_int g_stop;
 static uint8_t *g_big;
 
@@ -371,6 +433,10 @@ static int ping(const char *peer, double seconds, int nattack, const char *label
 }
 
 int main(int argc, char **argv) {
+  if (argc >= 5 && !strcmp(argv[1], "pair")) { /* pair HOST REDIS_PORT TDIST_PORT [REPS] */
+    g_host = argv[2];
+    return large_pair(atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoi(argv[5]) : 3);
+  }
   if (argc < 5) {
     fprintf(stderr, "usage: store_large large|ping tdist|redis HOST PORT [...]\n");
     return 2;

@@ -577,7 +577,11 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
    * frames' allowance is spent): on_read gets UV_ENOBUFS and stops reading
    * until the connection runs again (or, held, after the poll). */
   size_t room = c->rcap - c->rlen;
-  if (large_reader(c) && !c->discard) room = room < c->srv->read_left ? room : c->srv->read_left;
+  /* A large frame reads what is left of the allowance, or all of its rest
+   * when that is at most one slice more (a 1 MiB SET's last bytes do not
+   * wait for the next iteration). */
+  if (large_reader(c) && !c->discard && room > c->srv->read_left + SRV_READ_SLICE)
+    room = c->srv->read_left;
   *buf = uv_buf_init((char *)c->rbuf + c->rlen,
                      (unsigned)(room > SRV_READ_SLICE ? SRV_READ_SLICE : room));
 }
