@@ -14,7 +14,8 @@
  *       ATTACKERS (default 8) connections SET 64 MiB values in a loop while
  *       another client connects, authenticates and asks the number of keys
  *       (tdist: HELLO + NUM_KEYS; redis: PING + DBSIZE) every 5 ms for
- *       SECONDS (default 10); its p50/p99/max in one line.
+ *       SECONDS (default 10); its p50/p99/max in one line. With
+ *       STORE_LARGE_ATTACK_OP=get the attackers GET a 64 MiB value instead.
  *
  * PROTO is "tdist" (the store's wire protocol, src/store/proto.h; token from
  * $TDIST_STORE_TOKEN) or "redis" (RESP). Blocking sockets, one thread per
@@ -388,8 +389,18 @@ static void *attacker(void *arg) {
   snprintf(key, sizeof(key), "attack/%d", (int)(intptr_t)arg);
   cl_t c = {0};
   cl_open(&c);
-  while (!atomic_load(&g_stop))
-    op_set(&c, key, g_big, (size_t)64 << 20);
+  /* STORE_LARGE_ATTACK_OP=get: the attackers GET their 64 MiB value in a
+   * loop instead (set once first), so the server writes instead of reads. */
+  const char *op = getenv("STORE_LARGE_ATTACK_OP");
+  int get = op && !strcmp(op, "get");
+  if (get) op_set(&c, key, g_big, (size_t)64 << 20);
+  while (!atomic_load(&g_stop)) {
+    const uint8_t *val;
+    if (get)
+      op_get(&c, key, &val);
+    else
+      op_set(&c, key, g_big, (size_t)64 << 20);
+  }
   cl_close(&c);
   return NULL;
 }
