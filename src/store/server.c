@@ -213,6 +213,7 @@ static void on_stop(uv_async_t *a) {
   uv_close((uv_handle_t *)&srv->sweep, NULL);
   uv_close((uv_handle_t *)&srv->turn_start, NULL);
   uv_close((uv_handle_t *)&srv->turn_end, NULL);
+  uv_close((uv_handle_t *)&srv->turn_spin, NULL);
   uv_close((uv_handle_t *)&srv->listener, NULL);
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
@@ -302,15 +303,17 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
   uv_timer_start(&srv->sweep, on_sweep, every, every);
   uv_prepare_init(&srv->loop, &srv->turn_start);
   uv_check_init(&srv->loop, &srv->turn_end);
-  srv->turn_start.data = srv->turn_end.data = srv;
+  uv_idle_init(&srv->loop, &srv->turn_spin);
+  srv->turn_start.data = srv->turn_end.data = srv->turn_spin.data = srv;
   uv_prepare_start(&srv->turn_start, tdist__srv_turn_start);
   uv_check_start(&srv->turn_end, tdist__srv_turn_end);
-  srv->read_left = SRV_READ_TURN;
+  srv->read_left = srv->write_left = SRV_READ_TURN;
   if (pthread_create(&srv->thread, NULL, server_main, srv) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "store server: cannot start its thread");
     uv_close((uv_handle_t *)&srv->sweep, NULL);
     uv_close((uv_handle_t *)&srv->turn_start, NULL);
     uv_close((uv_handle_t *)&srv->turn_end, NULL);
+    uv_close((uv_handle_t *)&srv->turn_spin, NULL);
     uv_close((uv_handle_t *)&srv->listener, NULL);
     uv_close((uv_handle_t *)&srv->stop_async, NULL);
     goto fail;

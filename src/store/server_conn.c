@@ -59,7 +59,7 @@ typedef tdist__srv_waiter_t waiter_t;
 static void conn_process(conn_t *c);
 static void read_start(conn_t *c);
 static int large_reader(const conn_t *c);
-static void hold(conn_t *c);
+static void hold(conn_t *c, int write);
 
 /* ---- waiters ---------------------------------------------------------------- */
 
@@ -220,13 +220,18 @@ void tdist__srv_conn_close(conn_t *c, const char *why) {
 
 /* The deadline of a reply counts from the last byte the peer took, not from
  * the start of the write: a reader that takes a 64 MiB reply slowly but
- * steadily is not cut off; one that takes nothing is. libuv's write queue
- * size is what the kernel has not taken yet; when it fell since the last
- * look, that is progress (seen at the sweep's granularity). */
+ * steadily is not cut off; one that takes nothing is. What the kernel took
+ * of the batch is what was handed out (wpos) less libuv's write queue
+ * (what a uv_write in flight has not written yet); when it grew since the
+ * last look, that is progress (seen at the sweep's granularity). */
+static size_t taken(const conn_t *c) {
+  return c->wpos - uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+}
+
 static void note_progress(conn_t *c, uint64_t now) {
-  size_t left = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-  if (left < c->wleft) {
-    c->wleft = left;
+  size_t t = taken(c);
+  if (t > c->wtaken) {
+    c->wtaken = t;
     c->t_write = now;
   }
 }
@@ -244,7 +249,8 @@ void tdist__srv_conn_sweep(conn_t *c, uint64_t now) {
              c->discard ? c->discard_len : head_len(c), (unsigned long long)(now - c->t_frame));
   } else if (c->writing && now - c->t_write >= t) {
     snprintf(why, sizeof(why), "a reply of %zu bytes (%zu left) has taken no byte in %llu ms",
-             c->wbuf.len + c->wref.len, c->wleft, (unsigned long long)(now - c->t_write));
+             c->wbuf.len + c->wref.len, c->wbuf.len + c->wref.len - c->wtaken,
+             (unsigned long long)(now - c->t_write));
   } else {
     return;
   }
@@ -254,23 +260,7 @@ void tdist__srv_conn_sweep(conn_t *c, uint64_t now) {
 /* ---- writing -------------------------------------------------------------------- */
 
 static void conn_flush(conn_t *c);
-
-static void on_written(uv_write_t *req, int status) {
-  conn_t *c = req->data;
-  c->writing = 0;
-  c->wbuf.len = 0;
-  unref(c, &c->wref); /* the kernel has it (or never will) */
-  if (c->closing) return;
-  if (status < 0) {
-    tdist__srv_conn_close(c, NULL); /* the peer went away; nothing to report */
-    return;
-  }
-  shrink_buf(&c->wbuf);
-  conn_flush(c);
-  /* The pipeline has room again: run what waited, read again. */
-  conn_process(c);
-  tdist__srv_drain_ready(c->srv);
-}
+static int write_more(conn_t *c);
 
 /* The bytes of buffer b with zero-copy value r (if any) spliced in at r->at:
  * up to three uv bufs; returns how many. */
@@ -286,6 +276,23 @@ static int bufs_of(const tdist__buf_t *b, const tdist__kv_ref_t *r, uv_buf_t *v)
   return n;
 }
 
+/* Bytes [off, off + n) of the batch in wbuf (and wref) as uv bufs. */
+static int slice_bufs(const conn_t *c, size_t off, size_t n, uv_buf_t *v) {
+  uv_buf_t all[3];
+  int na = bufs_of(&c->wbuf, &c->wref, all), k = 0;
+  for (int i = 0; i < na && n > 0; i++) {
+    if (off >= all[i].len) {
+      off -= all[i].len;
+      continue;
+    }
+    size_t len = all[i].len - off < n ? all[i].len - off : n;
+    v[k++] = uv_buf_init(all[i].base + off, (unsigned)len);
+    n -= len;
+    off = 0;
+  }
+  return k;
+}
+
 /* Everything queued went out: reset `out`, and close if that was the last. */
 static void flushed(conn_t *c) {
   c->out.len = 0;
@@ -295,52 +302,107 @@ static void flushed(conn_t *c) {
   if (c->close_after_flush) tdist__srv_conn_close(c, NULL);
 }
 
-/* Send `out` (with its zero-copy value): what the socket takes now, and the
- * rest in one uv_write from wbuf (and wref), which keep the bytes and the
- * value's pin until on_written; `out` and `ref` collect the next batch. */
+/* The batch in wbuf is out: its pin goes; the next batch is sent and what
+ * waited for room in the pipeline runs (from a callback, not from within
+ * conn_process). */
+static void batch_done(conn_t *c) {
+  c->writing = 0;
+  c->wbuf.len = 0;
+  unref(c, &c->wref);
+  shrink_buf(&c->wbuf);
+  conn_flush(c);
+  conn_process(c);
+  tdist__srv_drain_ready(c->srv);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  conn_t *c = req->data;
+  c->wreq_busy = 0;
+  if (c->closing || status < 0) {
+    c->writing = 0;
+    c->wbuf.len = 0;
+    unref(c, &c->wref);                              /* never to be sent */
+    if (!c->closing) tdist__srv_conn_close(c, NULL); /* the peer went away */
+    return;
+  }
+  if (write_more(c) && !c->closing) batch_done(c);
+}
+
+/* Hand the kernel more of the batch in wbuf (and wref): what uv_try_write
+ * takes, then the rest of the chunk in one uv_write (on_written goes on).
+ * A batch larger than SRV_KEEP_BYTES is written in chunks of at most
+ * SRV_READ_SLICE out of the loop iteration's write allowance (shared by all
+ * connections, like reads: "fair reading"), and waits on the held list for
+ * the next iteration when it is spent: libuv alone writes as much as the
+ * socket takes, several MiB per connection, so 8 clients reading 64 MiB
+ * values held every iteration for tens of ms. 1: the whole batch is out
+ * (the caller ends it); 0: not yet, or the connection was closed. */
+static int write_more(conn_t *c) {
+  struct tdist_store_server *srv = c->srv;
+  size_t total = c->wbuf.len + c->wref.len;
+  int large = total > SRV_KEEP_BYTES;
+  while (c->wpos < total) {
+    size_t n = total - c->wpos;
+    if (large) {
+      if (!srv->write_left) {
+        hold(c, 1);
+        return 0;
+      }
+      n = n < srv->write_left ? n : srv->write_left;
+      n = n < SRV_READ_SLICE ? n : SRV_READ_SLICE;
+      srv->write_left -= n;
+    }
+    uv_buf_t b[3];
+    int nb = slice_bufs(c, c->wpos, n, b);
+    int r = uv_try_write((uv_stream_t *)&c->tcp, b, (unsigned)nb);
+    if (r < 0 && r != UV_EAGAIN) {
+      tdist__srv_conn_close(c, NULL);
+      return 0;
+    }
+    size_t took = r < 0 ? 0 : (size_t)r;
+    c->wpos += took;
+    if (took == n) continue;
+    nb = slice_bufs(c, c->wpos, n - took, b);
+    c->wreq.data = c;
+    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b, (unsigned)nb, on_written) != 0) {
+      tdist__srv_conn_close(c, NULL);
+      return 0;
+    }
+    c->wreq_busy = 1;
+    c->wpos += n - took;
+    return 0;
+  }
+  return 1;
+}
+
+/* Send `out` (with its zero-copy value): it becomes the batch in wbuf (and
+ * wref), which keep the bytes and the value's pin until the kernel took
+ * them; `out` and `ref` collect the next batch. */
 static void conn_flush(conn_t *c) {
   if (c->closing || c->writing) return;
   if (c->out.len == 0) {
     flushed(c);
     return;
   }
-  uv_buf_t b[3];
-  int nb = bufs_of(&c->out, &c->ref, b);
-  size_t total = c->out.len + c->ref.len;
-  int n = uv_try_write((uv_stream_t *)&c->tcp, b, (unsigned)nb);
-  if (n >= 0 && (size_t)n == total) {
-    flushed(c);
-    return;
-  }
-  if (n < 0 && n != UV_EAGAIN) {
-    tdist__srv_conn_close(c, NULL);
-    return;
-  }
-  size_t done = n < 0 ? 0 : (size_t)n;
   tdist__buf_t t = c->wbuf;
   c->wbuf = c->out;
   c->out = t;
   c->out.len = 0;
-  shrink_buf(&c->out);
   c->wref = c->ref;
   memset(&c->ref, 0, sizeof(c->ref));
-  nb = bufs_of(&c->wbuf, &c->wref, b);
-  int i = 0; /* skip what uv_try_write took */
-  while (i < nb - 1 && done >= b[i].len) {
-    done -= b[i].len;
-    i++;
-  }
-  b[i].base += done;
-  b[i].len -= done;
-  c->wreq.data = c;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b + i, (unsigned)(nb - i), on_written) != 0) {
+  c->writing = 1;
+  c->wpos = c->wtaken = 0;
+  c->t_write = uv_now(&c->srv->loop);
+  if (write_more(c) && !c->closing) { /* all of it at once */
+    c->writing = 0;
+    c->wbuf.len = 0;
     unref(c, &c->wref);
-    tdist__srv_conn_close(c, NULL);
+    shrink_buf(&c->wbuf);
+    flushed(c);
     return;
   }
-  c->writing = 1;
-  c->t_write = uv_now(&c->srv->loop);
-  c->wleft = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+  if (c->closing) return;
+  shrink_buf(&c->out);
   tdist__srv_charge(c);
 }
 
@@ -598,8 +660,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
  * each ready connection up to 32 times per iteration. */
 static int large_reader(const conn_t *c) { return c->rcap > SRV_KEEP_BYTES; }
 
-static void hold(conn_t *c) {
-  if (c->reading) {
+static void spin(uv_idle_t *h) { (void)h; } /* its being active is what counts */
+
+/* c waits for the next iteration's allowance: to read (its reading
+ * stops now) or, with `write`, to write more of its batch. */
+static void hold(conn_t *c, int write) {
+  if (write) {
+    /* No socket event will come for it: the next poll must not block. */
+    c->wheld = 1;
+    if (!uv_is_active((uv_handle_t *)&c->srv->turn_spin)) uv_idle_start(&c->srv->turn_spin, spin);
+  } else if (c->reading) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = 0;
   }
@@ -612,17 +682,31 @@ static void hold(conn_t *c) {
 void tdist__srv_turn_start(uv_prepare_t *h) {
   struct tdist_store_server *srv = h->data;
   srv->read_left = SRV_READ_TURN;
+  srv->write_left = SRV_READ_TURN;
 }
 
 void tdist__srv_turn_end(uv_check_t *h) {
   struct tdist_store_server *srv = h->data;
   srv->read_left = SRV_READ_TURN; /* timers and the next poll's callbacks */
-  while (srv->held) {
-    conn_t *c = srv->held;
-    srv->held = c->held_next;
+  srv->write_left = SRV_READ_TURN;
+  conn_t *list = srv->held; /* those held again now wait for the next turn */
+  srv->held = NULL;
+  while (list) {
+    conn_t *c = list;
+    list = c->held_next;
     c->held = 0;
+    if (c->closing) continue;
+    if (c->wheld) {
+      c->wheld = 0;
+      if (c->writing && !c->wreq_busy && write_more(c) && !c->closing) batch_done(c);
+      if (c->closing) continue;
+    }
     update_reading(c);
   }
+  int writers = 0;
+  for (conn_t *c = srv->held; c && !writers; c = c->held_next)
+    writers = c->wheld;
+  if (!writers) uv_idle_stop(&srv->turn_spin);
 }
 
 /* The end of input: see the half-close note in the header. */
@@ -643,7 +727,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   conn_t *c = s->data;
   if (n == UV_ENOBUFS) {
     if (large_reader(c) && !c->srv->read_left && c->rlen < c->rcap) {
-      hold(c); /* its turn is over, not its room */
+      hold(c, 0); /* its turn is over, not its room */
       return;
     }
     uv_read_stop(s);

@@ -42,6 +42,8 @@
  * fault in) 16 MiB while another client's small request waited; small
  * frames are never held back. */
 #define SRV_READ_TURN (1024 * 1024)
+/* (The same allowance, counted apart, bounds what replies larger than
+ * SRV_KEEP_BYTES write per iteration, in chunks of SRV_READ_SLICE.) */
 /* Buffers above this are freed once empty, so an idle connection that once
  * moved a large value keeps no large buffer. */
 #define SRV_KEEP_BYTES (64 * 1024)
@@ -89,8 +91,11 @@ struct tdist__srv_conn {
   uint32_t discard_len; /* that frame's length (for its FULL answer) */
   uint64_t t_open;      /* uv_now at accept (the handshake deadline) */
   uint64_t t_frame;     /* uv_now of the last byte of an incomplete head frame; 0: none */
-  uint64_t t_write;     /* uv_now of the last progress of the uv_write in flight */
-  size_t wleft;         /* bytes of that write the kernel had not taken then */
+  uint64_t t_write;     /* uv_now of the last progress of the batch in wbuf */
+  size_t wpos;          /* bytes of that batch handed to the kernel or to a uv_write */
+  size_t wtaken;        /* bytes of it the kernel had taken at t_write */
+  int wreq_busy;        /* wreq (a chunk of the batch) is in flight */
+  int wheld;            /* on srv->held to write more of the batch */
   uint64_t charged;     /* bytes of this connection in srv->conn_bytes */
   size_t nwaiters;      /* 0 or 1: a parked request waits on one key at a time */
   tdist__srv_waiter_t *waiters;
@@ -100,7 +105,7 @@ struct tdist__srv_conn {
   size_t resume_off;
   tdist__srv_conn_t *ready_next;
   int in_ready;
-  tdist__srv_conn_t *held_next; /* in srv->held: stopped for this iteration */
+  tdist__srv_conn_t *held_next; /* in srv->held: stopped for this iteration (to read, or wheld) */
   int held;
   char peer[64];
 };
@@ -119,7 +124,8 @@ struct tdist_store_server {
    * (started again after the poll) */
   uv_prepare_t turn_start;
   uv_check_t turn_end;
-  size_t read_left;
+  uv_idle_t turn_spin; /* active while writers are held: the poll must not block */
+  size_t read_left, write_left;
   tdist__srv_conn_t *held;
   char *token;
   int port;

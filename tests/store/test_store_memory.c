@@ -17,7 +17,9 @@
  *   - a small request sent after 40 large SET frames that are all ready to
  *     be read is answered before all of them were read (fair reading);
  *   - large SETs reusing the blocks of the values they replaced, within the
- *     budget (spare blocks).
+ *     budget (spare blocks);
+ *   - eight 16 MiB GETs at once, written in chunks out of the allowance per
+ *     loop iteration: every reader gets every byte.
  * Each attack checks the server's peak resident memory (VmHWM of
  * /proc/PID/status) against the budget plus a margin, and that another
  * client's ping (the best of five num_keys round trips, taken while the
@@ -796,6 +798,60 @@ static void test_spare_blocks(void **state) {
   stop_store(&s);
 }
 
+/* Large replies are written in chunks out of an allowance per loop
+ * iteration shared by all connections; a connection that spent it waits
+ * for the next iteration with no socket event to wake the loop. Eight
+ * clients ask for a 16 MiB value at once and read their replies
+ * round-robin: each must get every byte, exactly. (Checked to fail, the
+ * replies stalled and cut off, with the idle handle that keeps the poll
+ * from blocking while writers wait removed; so did three other tests.) */
+#define NGET 8
+static void test_concurrent_large_gets(void **state) {
+  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  tdist_store_t *c;
+  assert_int_equal(st_connect(s.port, 10000, &c), 0);
+  size_t n = 16 * MIB, want = 4 + 1 + 4 + n;
+  char *v = big_value();
+  assert_int_equal(tdist_store_set(c, "shared", v + 5, n), 0);
+  int fds[NGET];
+  char *r[NGET];
+  size_t got[NGET];
+  tdist__buf_t req = {0};
+  put_get(&req, "shared");
+  for (int i = 0; i < NGET; i++) {
+    fds[i] = raw_connect(s.port);
+    hello(fds[i]);
+    r[i] = malloc(want);
+    got[i] = 0;
+  }
+  for (int i = 0; i < NGET; i++)
+    send_all(fds[i], req.p, req.len);
+  tdist__buf_free(&req);
+  for (int left = NGET; left > 0;) {
+    struct pollfd p[NGET];
+    for (int i = 0; i < NGET; i++)
+      p[i] = (struct pollfd){.fd = got[i] < want ? fds[i] : -1, .events = POLLIN};
+    assert_true(poll(p, NGET, 3000) > 0);
+    for (int i = 0; i < NGET; i++) {
+      if (!(p[i].revents & POLLIN)) continue;
+      ssize_t k = recv(fds[i], r[i] + got[i], want - got[i], 0);
+      assert_true(k > 0);
+      got[i] += (size_t)k;
+      if (got[i] == want) left--;
+    }
+  }
+  for (int i = 0; i < NGET; i++) {
+    assert_int_equal(r[i][4], TDIST__ST_OK);
+    assert_memory_equal(r[i] + 9, v + 5, n);
+    free(r[i]);
+    close(fds[i]);
+  }
+  printf("concurrent large gets: %d x %zu bytes, exact\n", NGET, n);
+  free(v);
+  tdist_store_release(c);
+  stop_store(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   atexit(kill_leftovers);
@@ -810,6 +866,7 @@ int main(void) {
       cmocka_unit_test(test_get_outlives_overwrite),
       cmocka_unit_test(test_fair_reading),
       cmocka_unit_test(test_spare_blocks),
+      cmocka_unit_test(test_concurrent_large_gets),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
