@@ -22,7 +22,7 @@
  * connection: the client is the same simple one for both servers. Lines are
  * in the peers format (../shared/peers/README.md):
  *   peer=P op=set|get bytes=B us=MEAN best_us=MIN MBps=B/best reps=R
- *   peer=P op=ping_under_set64m attackers=A n=N p50_us p99_us max_us
+ *   peer=P op=ping_under_set64m|ping_under_get64m attackers=A n=N p50_us p99_us max_us
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -435,9 +435,11 @@ static int ping(const char *peer, double seconds, int nattack, const char *label
   for (int i = 0; i < nattack; i++)
     pthread_join(th[i], NULL);
   qsort(lat, n, sizeof(double), cmp_d);
-  printf("peer=%s op=ping_under_set64m load=%s attackers=%d n=%zu p50_us=%.0f p99_us=%.0f "
+  const char *aop = getenv("STORE_LARGE_ATTACK_OP");
+  printf("peer=%s op=ping_under_%s64m load=%s attackers=%d n=%zu p50_us=%.0f p99_us=%.0f "
          "max_us=%.0f\n",
-         peer, label, nattack, n, lat[n / 2], lat[(size_t)(n * 0.99)], lat[n - 1]);
+         peer, aop && !strcmp(aop, "get") ? "get" : "set", label, nattack, n, lat[n / 2],
+         lat[(size_t)(n * 0.99)], lat[n - 1]);
   free(lat);
   free(g_big);
   return 0;
