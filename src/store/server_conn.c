@@ -202,11 +202,14 @@ void tdist__srv_conn_close(conn_t *c, const char *why) {
     tdist__srv_drain_ready(srv); /* a death record wakes the monitors waiting for it */
   }
   srv->nconns--;
-  if (c->held) { /* off the held list: it is not to read again */
-    tdist__srv_conn_t **pp = &srv->held;
-    while (*pp != c)
-      pp = &(*pp)->held_next;
-    *pp = c->held_next;
+  if (c->held) { /* off the held list: it is not to read or write again */
+    for (tdist__srv_conn_t **pp = &srv->held; *pp; pp = &(*pp)->held_next)
+      if (*pp == c) {
+        *pp = c->held_next;
+        break;
+      }
+    /* Not found: it is on the list tdist__srv_turn_end is working through,
+     * which skips a closing connection (freed only after the check phase). */
     c->held = 0;
   }
   if (c->prev)
