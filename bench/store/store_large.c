@@ -6,18 +6,23 @@
  *   store_large large PROTO HOST PORT [REPS]
  *       SET then GET of one key with values of 1 KiB .. 64 MiB, REPS times
  *       each (default 3); one line per (op, size) with the mean and the best.
+ *   store_large pair HOST REDIS_PORT TDIST_PORT [REPS]
+ *       the same, both servers in one loop: each rep on Redis and on
+ *       tdist-store back to back (order swapped every rep), so that the
+ *       load of a shared machine falls on both alike; lines end interleaved=1.
  *   store_large ping PROTO HOST PORT [SECONDS] [ATTACKERS] [LABEL]
  *       ATTACKERS (default 8) connections SET 64 MiB values in a loop while
  *       another client connects, authenticates and asks the number of keys
  *       (tdist: HELLO + NUM_KEYS; redis: PING + DBSIZE) every 5 ms for
- *       SECONDS (default 10); its p50/p99/max in one line.
+ *       SECONDS (default 10); its p50/p99/max in one line. With
+ *       STORE_LARGE_ATTACK_OP=get the attackers GET a 64 MiB value instead.
  *
  * PROTO is "tdist" (the store's wire protocol, src/store/proto.h; token from
  * $TDIST_STORE_TOKEN) or "redis" (RESP). Blocking sockets, one thread per
  * connection: the client is the same simple one for both servers. Lines are
  * in the peers format (../shared/peers/README.md):
  *   peer=P op=set|get bytes=B us=MEAN best_us=MIN MBps=B/best reps=R
- *   peer=P op=ping_under_set64m attackers=A n=N p50_us p99_us max_us
+ *   peer=P op=ping_under_set64m|ping_under_get64m attackers=A n=N p50_us p99_us max_us
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -312,6 +317,64 @@ static int large(const char *peer, int reps) {
   return 0;
 }
 
+/* large, both servers by one client in the same loop: each rep does the
+ * SET and GET on Redis and on tdist-store back to back (the order swapped
+ * every rep), so a change in the machine's load falls on both alike. */
+static int large_pair(int rport, int tport, int reps) {
+  static const size_t sizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
+  static const char *names[2] = {"redis", "tdist-store"};
+  const int ports[2] = {rport, tport};
+  uint8_t *v = malloc(64 << 20);
+  if (!v) die("malloc");
+  for (size_t i = 0; i < (size_t)64 << 20; i++)
+    v[i] = (uint8_t)(i * 131 + 7);
+  cl_t c[2] = {{0}, {0}};
+  for (int p = 0; p < 2; p++) {
+    g_redis = p == 0;
+    g_port = ports[p];
+    cl_open(&c[p]);
+  }
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    size_t n = sizes[s];
+    char key[32];
+    snprintf(key, sizeof(key), "large/%zu", n);
+    double tset[2] = {0}, tget[2] = {0}, bset[2] = {1e30, 1e30}, bget[2] = {1e30, 1e30};
+    int r = n <= (1 << 20) ? reps * 20 : reps;
+    for (int i = 0; i < r + 1; i++) { /* the first is a warmup */
+      for (int k = 0; k < 2; k++) {
+        int p = (i + k) % 2;
+        g_redis = p == 0;
+        double t0 = now_us();
+        op_set(&c[p], key, v, n);
+        double t1 = now_us();
+        const uint8_t *val;
+        size_t got = op_get(&c[p], key, &val);
+        double t2 = now_us();
+        if (got != n || memcmp(val, v, n) != 0) {
+          fprintf(stderr, "store_large: %s: wrong value for %zu bytes\n", names[p], n);
+          return 1;
+        }
+        if (i == 0) continue;
+        tset[p] += t1 - t0;
+        tget[p] += t2 - t1;
+        if (t1 - t0 < bset[p]) bset[p] = t1 - t0;
+        if (t2 - t1 < bget[p]) bget[p] = t2 - t1;
+      }
+    }
+    for (int p = 0; p < 2; p++) {
+      printf("peer=%s op=set bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
+             names[p], n, tset[p] / r, bset[p], n / bset[p], r);
+      printf("peer=%s op=get bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
+             names[p], n, tget[p] / r, bget[p], n / bget[p], r);
+    }
+    fflush(stdout);
+  }
+  for (int p = 0; p < 2; p++)
+    cl_close(&c[p]);
+  free(v);
+  return 0;
+}
+
 static atomic_int g_stop;
 static uint8_t *g_big;
 
@@ -326,8 +389,18 @@ static void *attacker(void *arg) {
   snprintf(key, sizeof(key), "attack/%d", (int)(intptr_t)arg);
   cl_t c = {0};
   cl_open(&c);
-  while (!atomic_load(&g_stop))
-    op_set(&c, key, g_big, (size_t)64 << 20);
+  /* STORE_LARGE_ATTACK_OP=get: the attackers GET their 64 MiB value in a
+   * loop instead (set once first), so the server writes instead of reads. */
+  const char *op = getenv("STORE_LARGE_ATTACK_OP");
+  int get = op && !strcmp(op, "get");
+  if (get) op_set(&c, key, g_big, (size_t)64 << 20);
+  while (!atomic_load(&g_stop)) {
+    const uint8_t *val;
+    if (get)
+      op_get(&c, key, &val);
+    else
+      op_set(&c, key, g_big, (size_t)64 << 20);
+  }
   cl_close(&c);
   return NULL;
 }
@@ -362,15 +435,21 @@ static int ping(const char *peer, double seconds, int nattack, const char *label
   for (int i = 0; i < nattack; i++)
     pthread_join(th[i], NULL);
   qsort(lat, n, sizeof(double), cmp_d);
-  printf("peer=%s op=ping_under_set64m load=%s attackers=%d n=%zu p50_us=%.0f p99_us=%.0f "
+  const char *aop = getenv("STORE_LARGE_ATTACK_OP");
+  printf("peer=%s op=ping_under_%s64m load=%s attackers=%d n=%zu p50_us=%.0f p99_us=%.0f "
          "max_us=%.0f\n",
-         peer, label, nattack, n, lat[n / 2], lat[(size_t)(n * 0.99)], lat[n - 1]);
+         peer, aop && !strcmp(aop, "get") ? "get" : "set", label, nattack, n, lat[n / 2],
+         lat[(size_t)(n * 0.99)], lat[n - 1]);
   free(lat);
   free(g_big);
   return 0;
 }
 
 int main(int argc, char **argv) {
+  if (argc >= 5 && !strcmp(argv[1], "pair")) { /* pair HOST REDIS_PORT TDIST_PORT [REPS] */
+    g_host = argv[2];
+    return large_pair(atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoi(argv[5]) : 3);
+  }
   if (argc < 5) {
     fprintf(stderr, "usage: store_large large|ping tdist|redis HOST PORT [...]\n");
     return 2;

@@ -2,7 +2,9 @@
  * budget.c - the TCP store server's memory budget (see server_impl.h).
  *
  * What is charged: the key-value table (entries, keys, value buffers and the
- * bucket array: kv->bytes, kept by kv.c) and every connection (its struct,
+ * bucket array: kv->bytes, kept by kv.c; value blocks it let go that replies
+ * still send, kv->held; spare blocks kept for reuse, kv->spare_bytes, which
+ * are freed before anything is refused) and every connection (its struct,
  * read buffer, queued and in-flight reply buffers, waiters: c->charged,
  * recomputed by tdist__srv_charge whenever they change). Capacities are
  * charged, not lengths, because they are what is allocated.
@@ -107,6 +109,10 @@ const char *tdist__srv_admit(void *ctx, uint64_t store, uint64_t reply) {
   uint64_t spare = c->out.cap - c->out.len;
   uint64_t need = store + (reply > SRV_SMALL_REPLY && reply > spare ? reply - spare : 0);
   if (need == 0 || tdist__srv_fits(c->srv, need)) return NULL;
+  if (c->srv->kv.spare_bytes) { /* the spare blocks go before anything is refused */
+    tdist__kv_spare_trim(&c->srv->kv, 0);
+    if (tdist__srv_fits(c->srv, need)) return NULL;
+  }
   return refuse(c, store ? "the write" : "the reply", need);
 }
 

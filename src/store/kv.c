@@ -67,13 +67,75 @@ int tdist__kv_init(tdist__kv_t *kv) {
   return 0;
 }
 
+/* A value block the table let go: kept as a spare when it is large and
+ * there is a free slot (kv->keep_spares), freed otherwise. */
+static void free_block(tdist__kv_t *kv, uint8_t *base, uint64_t bytes) {
+  if (kv->keep_spares && bytes >= TDIST__KV_SPARE_MIN)
+    for (int i = 0; i < TDIST__KV_SPARES; i++)
+      if (!kv->spare[i].base) {
+        kv->spare[i].base = base;
+        kv->spare[i].bytes = bytes;
+        kv->spare_bytes += bytes;
+        return;
+      }
+  tdist__free(base);
+}
+
+uint8_t *tdist__kv_spare_take(tdist__kv_t *kv, uint64_t bytes) {
+  for (int i = 0; i < TDIST__KV_SPARES; i++)
+    if (kv->spare[i].base && kv->spare[i].bytes == bytes) {
+      uint8_t *p = kv->spare[i].base;
+      kv->spare[i].base = NULL;
+      kv->spare_bytes -= bytes;
+      kv->spare_taken = 1;
+      return p;
+    }
+  return NULL;
+}
+
+void tdist__kv_spare_trim(tdist__kv_t *kv, int if_unused) {
+  if (!(if_unused && kv->spare_taken))
+    for (int i = 0; i < TDIST__KV_SPARES; i++)
+      if (kv->spare[i].base) {
+        tdist__free(kv->spare[i].base);
+        kv->spare[i].base = NULL;
+        kv->spare_bytes -= kv->spare[i].bytes;
+      }
+  kv->spare_taken = 0;
+}
+
+/* e lets go of its value block (the caller then gives it another or none and
+ * takes vcap + voff off kv->bytes): freed, unless replies hold it (e->pin):
+ * then it stays until the last unpin, counted in kv->held meanwhile. */
+static void drop_value(tdist__kv_t *kv, tdist__kv_entry_t *e) {
+  if (e->pin) {
+    e->pin->e = NULL;
+    kv->held += e->pin->bytes;
+    e->pin = NULL;
+  } else if (e->val) {
+    free_block(kv, e->val - e->voff, (uint64_t)e->vcap + e->voff);
+  }
+  e->val = NULL;
+}
+
+void tdist__kv_unpin(tdist__kv_t *kv, tdist__kv_pin_t *pin) {
+  if (--pin->refs > 0) return;
+  if (pin->e) {
+    pin->e->pin = NULL; /* the entry's again, to write in place */
+  } else {
+    kv->held -= pin->bytes;
+    free_block(kv, pin->base, pin->bytes);
+  }
+  tdist__free(pin);
+}
+
 void tdist__kv_destroy(tdist__kv_t *kv) {
   if (!kv->buckets) return;
   for (size_t i = 0; i <= kv->mask; i++) {
     tdist__kv_entry_t *e = kv->buckets[i];
     while (e) {
       tdist__kv_entry_t *next = e->next;
-      if (e->val) tdist__free(e->val - e->voff);
+      drop_value(kv, e); /* a pin left (none once the replies closed) keeps its block */
       tdist__free(e);
       e = next;
     }
@@ -81,6 +143,7 @@ void tdist__kv_destroy(tdist__kv_t *kv) {
   tdist__free(kv->buckets);
   kv->buckets = NULL;
   kv->bytes = 0;
+  tdist__kv_spare_trim(kv, 0);
 }
 
 static tdist__kv_entry_t *find_h(tdist__kv_t *kv, const void *key, uint32_t klen, uint64_t h) {
@@ -140,7 +203,7 @@ static void unlink_entry(tdist__kv_t *kv, tdist__kv_entry_t *e) {
   *pp = e->next;
   kv->nentries--;
   kv->bytes -= ENTRY_BYTES(e->klen) + e->vcap + e->voff;
-  if (e->val) tdist__free(e->val - e->voff);
+  drop_value(kv, e);
   tdist__free(e);
 }
 
@@ -159,11 +222,12 @@ static uint32_t value_cap(const tdist__kv_entry_t *e, uint32_t n, int append) {
   return cap;
 }
 
-/* Bytes a write of n bytes to key (k, kl) would add to kv->bytes: a new entry
- * and a larger value buffer (what x->admit is asked about). */
+/* Bytes a write of n bytes to key (k, kl) would add to what is charged: a
+ * new entry and a larger value buffer, or all of a fresh one when replies
+ * hold the old (what x->admit is asked about). */
 static uint64_t write_cost(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, uint32_t n, int append) {
   tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
-  uint32_t cap = value_cap(e, n, append), vcap = e ? e->vcap : 0;
+  uint32_t cap = value_cap(e, n, append), vcap = (e && !e->pin) ? e->vcap : 0;
   return (e ? 0 : ENTRY_BYTES(kl)) + (cap > vcap ? cap - vcap : 0);
 }
 
@@ -174,12 +238,14 @@ static int write_entry(tdist__kv_t *kv, tdist__kv_entry_t *e, const void *v, uin
   if ((uint64_t)base + n > TDIST_STORE_MAX_VALUE) return -2;
   uint32_t need = base + n;
   uint32_t cap = value_cap(e, n, append);
-  if (cap != e->vcap && e->voff) { /* a taken-over block: a plain one replaces it */
+  /* A taken-over block, or one that replies hold (never written while they
+   * send it): a plain new one replaces it. */
+  if ((cap != e->vcap && e->voff) || e->pin) {
     uint8_t *p = tdist__malloc(cap);
     if (!p) return -1;
     if (base) memcpy(p, e->val, base);
-    tdist__free(e->val - e->voff);
     kv->bytes = kv->bytes + cap - e->vcap - e->voff;
+    drop_value(kv, e);
     e->val = p;
     e->vcap = cap;
     e->voff = 0;
@@ -289,11 +355,44 @@ static int park(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, uint32_t idx, si
   return TDIST__EXEC_BLOCKED;
 }
 
+/* One large value (the key at keys_off, present) sent from where it is
+ * stored: the frame's head goes to out, the value is pinned into x->ref.
+ * Nothing is copied, so nothing is asked of the budget: the block is
+ * charged to the table, or to kv->held once a write lets go of it. */
+static int reply_ref(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, tdist__buf_t *out,
+                     tdist__exec_t *x) {
+  tdist__rd_t r3 = {r->p, r->n, keys_off};
+  const uint8_t *k = NULL;
+  uint32_t kl = 0;
+  tdist__get_key(&r3, &k, &kl);
+  tdist__kv_entry_t *e = tdist__kv_find(kv, k, kl);
+  RESERVE(9);
+  if (!e->pin) {
+    if (!(e->pin = tdist__malloc(sizeof(*e->pin)))) return TDIST__EXEC_NOMEM;
+    e->pin->e = e;
+    e->pin->base = e->val - e->voff;
+    e->pin->bytes = (uint64_t)e->vcap + e->voff;
+    e->pin->refs = 0;
+  }
+  e->pin->refs++;
+  uint32_t flen = 1 + 4 + e->vlen;
+  tdist__put_u32(out, flen);
+  tdist__put_u8(out, TDIST__ST_OK);
+  tdist__put_u32(out, e->vlen);
+  x->ref->pin = e->pin;
+  x->ref->p = e->val;
+  x->ref->len = e->vlen;
+  x->ref->at = out->len;
+  return TDIST__EXEC_DONE;
+}
+
 /* The values of the n validated keys at `keys_off` (all present), `total`
  * bytes with their length prefixes, in one OK frame. */
 static int reply_values(tdist__kv_t *kv, const tdist__rd_t *r, size_t keys_off, uint32_t n,
                         uint64_t total, tdist__buf_t *out, tdist__exec_t *x) {
   if (total > TDIST__STORE_MAX_FRAME) return reply_invalid(out, "reply too large");
+  if (n == 1 && x->ref && !x->ref->pin && total >= TDIST__KV_REF_MIN + 4)
+    return reply_ref(kv, r, keys_off, out, x);
   const char *no = refused(x, 0, 5 + total);
   if (no) return reply_msg(out, TDIST__ST_FULL, no);
   RESERVE(5 + total);
@@ -387,8 +486,8 @@ static int take_value(tdist__kv_t *kv, const uint8_t *k, uint32_t kl, const uint
   RESERVE(5); /* before the entry changes: a NOMEM must leave it as it was */
   if (!e && !(e = get_or_make(kv, k, kl))) return TDIST__EXEC_NOMEM;
   uint8_t *blk = *x->take;
-  if (e->val) tdist__free(e->val - e->voff);
   kv->bytes = kv->bytes - e->vcap - e->voff + x->take_cap;
+  drop_value(kv, e);
   e->voff = (uint32_t)(v - blk);
   e->val = (uint8_t *)v;
   e->vcap = vl;

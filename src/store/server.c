@@ -141,6 +141,7 @@ static void on_sweep(uv_timer_t *t) {
     tdist__srv_conn_sweep(c, now);
   }
   tdist__srv_drain_ready(srv);
+  tdist__kv_spare_trim(&srv->kv, 1); /* spares nobody took since the last sweep go */
   tdist__srv_maybe_purge(srv);
   busy_summary(srv, now);
 }
@@ -210,6 +211,9 @@ static void on_stop(uv_async_t *a) {
   while (srv->conns)
     tdist__srv_conn_close(srv->conns, NULL);
   uv_close((uv_handle_t *)&srv->sweep, NULL);
+  uv_close((uv_handle_t *)&srv->turn_start, NULL);
+  uv_close((uv_handle_t *)&srv->turn_end, NULL);
+  uv_close((uv_handle_t *)&srv->turn_spin, NULL);
   uv_close((uv_handle_t *)&srv->listener, NULL);
   uv_close((uv_handle_t *)&srv->stop_async, NULL);
 }
@@ -250,6 +254,7 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
     goto fail;
   }
   srv->kv.on_write = tdist__srv_on_write;
+  srv->kv.keep_spares = 1; /* large SETs reuse the blocks of the values they replace */
   tdist__srv_budget_init(srv);
   srv->kv.ctx = srv;
   srv->nofile = UINT64_MAX;
@@ -296,9 +301,19 @@ int tdist_store_server_start(const tdist_store_server_opts_t *opts, tdist_store_
   uint64_t every = srv->io_timeout_ms / 4;
   every = every < 50 ? 50 : every > 1000 ? 1000 : every;
   uv_timer_start(&srv->sweep, on_sweep, every, every);
+  uv_prepare_init(&srv->loop, &srv->turn_start);
+  uv_check_init(&srv->loop, &srv->turn_end);
+  uv_idle_init(&srv->loop, &srv->turn_spin);
+  srv->turn_start.data = srv->turn_end.data = srv->turn_spin.data = srv;
+  uv_prepare_start(&srv->turn_start, tdist__srv_turn_start);
+  uv_check_start(&srv->turn_end, tdist__srv_turn_end);
+  srv->read_left = srv->write_left = SRV_READ_TURN;
   if (pthread_create(&srv->thread, NULL, server_main, srv) != 0) {
     rc = tdist__error(TDIST_ERR_INTERNAL, "store server: cannot start its thread");
     uv_close((uv_handle_t *)&srv->sweep, NULL);
+    uv_close((uv_handle_t *)&srv->turn_start, NULL);
+    uv_close((uv_handle_t *)&srv->turn_end, NULL);
+    uv_close((uv_handle_t *)&srv->turn_spin, NULL);
     uv_close((uv_handle_t *)&srv->listener, NULL);
     uv_close((uv_handle_t *)&srv->stop_async, NULL);
     goto fail;

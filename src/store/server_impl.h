@@ -32,12 +32,18 @@
 /* Read buffer of a connection that has not authenticated: a maximal HELLO
  * (TDIST__STORE_MAX_HELLO + 4) fits; nothing larger is ever allocated for it. */
 #define SRV_RBUF_PREAUTH 2048
-/* The most one read takes. libuv reads a connection again (up to 32 times
- * per loop iteration) while a read fills what it was given, so this bounds
- * what one connection moves per iteration (32 slices, 2 MiB): 8 clients
- * sending 64 MiB values each could otherwise make every iteration copy
- * (and fault in) tens of MiB while another client's request waits. */
-#define SRV_READ_SLICE (64 * 1024)
+/* The most one read takes (fewer syscalls than libuv's 64 KiB suggestion). */
+#define SRV_READ_SLICE (256 * 1024)
+/* What all connections reading a large frame (a buffer above
+ * SRV_KEEP_BYTES) may read in one loop iteration together; past it they
+ * stop reading until the next (server_conn.c, "Fair reading"). libuv reads
+ * a connection up to 32 times per iteration while reads fill their
+ * buffers, so 8 clients sending 64 MiB values made each iteration copy (and
+ * fault in) 16 MiB while another client's small request waited; small
+ * frames are never held back. */
+#define SRV_READ_TURN (1024 * 1024)
+/* (The same allowance, counted apart, bounds what replies larger than
+ * SRV_KEEP_BYTES write per iteration, in chunks of SRV_READ_SLICE.) */
 /* Buffers above this are freed once empty, so an idle connection that once
  * moved a large value keeps no large buffer. */
 #define SRV_KEEP_BYTES (64 * 1024)
@@ -73,6 +79,10 @@ struct tdist__srv_conn {
   size_t rlen, rcap, rpos; /* unprocessed bytes are rbuf[rpos..rlen) */
   tdist__buf_t out;        /* replies not yet handed to the kernel */
   tdist__buf_t wbuf;       /* the bytes of the uv_write in flight */
+  /* A large GET's value, sent from the table (kv.h, tdist__kv_ref_t): `ref`
+   * goes in `out` at ref.at, `wref` in wbuf; each pins its block until the
+   * kernel took it (on_written) or the connection ends. */
+  tdist__kv_ref_t ref, wref;
   int writing, authed, closing, close_after_flush, handles_open;
   int blocked, timer_armed, final;
   int reading;          /* uv_read_start is in effect */
@@ -81,8 +91,11 @@ struct tdist__srv_conn {
   uint32_t discard_len; /* that frame's length (for its FULL answer) */
   uint64_t t_open;      /* uv_now at accept (the handshake deadline) */
   uint64_t t_frame;     /* uv_now of the last byte of an incomplete head frame; 0: none */
-  uint64_t t_write;     /* uv_now of the last progress of the uv_write in flight */
-  size_t wleft;         /* bytes of that write the kernel had not taken then */
+  uint64_t t_write;     /* uv_now of the last progress of the batch in wbuf */
+  size_t wpos;          /* bytes of that batch handed to the kernel or to a uv_write */
+  size_t wtaken;        /* bytes of it the kernel had taken at t_write */
+  int wreq_busy;        /* wreq (a chunk of the batch) is in flight */
+  int wheld;            /* on srv->held to write more of the batch */
   uint64_t charged;     /* bytes of this connection in srv->conn_bytes */
   size_t nwaiters;      /* 0 or 1: a parked request waits on one key at a time */
   tdist__srv_waiter_t *waiters;
@@ -92,6 +105,8 @@ struct tdist__srv_conn {
   size_t resume_off;
   tdist__srv_conn_t *ready_next;
   int in_ready;
+  tdist__srv_conn_t *held_next; /* in srv->held: stopped for this iteration (to read, or wheld) */
+  int held;
   char peer[64];
 };
 
@@ -104,6 +119,14 @@ struct tdist_store_server {
   tdist__kv_t kv;
   tdist__srv_conn_t *conns;
   tdist__srv_conn_t *ready_head, *ready_tail;
+  /* fair reading (server_conn.c): what large frames may still read in this
+   * iteration (reset before each poll), and who stopped for want of it
+   * (started again after the poll) */
+  uv_prepare_t turn_start;
+  uv_check_t turn_end;
+  uv_idle_t turn_spin; /* active while writers are held: the poll must not block */
+  size_t read_left, write_left;
+  tdist__srv_conn_t *held;
   char *token;
   int port;
   tdist__live_t *live; /* dead-rank detector, or NULL */
@@ -147,6 +170,10 @@ void tdist__srv_conn_close(tdist__srv_conn_t *c, const char *why);
 void tdist__srv_conn_sweep(tdist__srv_conn_t *c, uint64_t now);
 /* Run every connection woken by a write. */
 void tdist__srv_drain_ready(struct tdist_store_server *srv);
+/* (prepare) a loop iteration begins: the large frames' read allowance. */
+void tdist__srv_turn_start(uv_prepare_t *h);
+/* (check) the poll is over: connections held back read again. */
+void tdist__srv_turn_end(uv_check_t *h);
 /* kv->on_write: wake the waiters of e, tell the liveness detector. */
 void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
 
@@ -155,7 +182,7 @@ void tdist__srv_on_write(void *ctx, tdist__kv_entry_t *e);
 void tdist__srv_budget_init(struct tdist_store_server *srv);
 /* Bytes charged now: the table plus every connection. */
 static inline uint64_t tdist__srv_used(const struct tdist_store_server *srv) {
-  return srv->kv.bytes + srv->conn_bytes;
+  return srv->kv.bytes + srv->kv.held + srv->kv.spare_bytes + srv->conn_bytes;
 }
 /* Re-charge c after its buffers or waiters changed (and on close, with
  * everything freed, to 0). */

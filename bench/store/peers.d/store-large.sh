@@ -5,7 +5,8 @@
 # so it runs for one N only: $TDIST_STORE_LARGE_N (default 2); other N print
 # nothing. Both servers are measured by the same client (bench/store/
 # store_large.c), one after the other in this run:
-#   - SET then GET of 1 KiB .. 64 MiB values ($STORE_LARGE_REPS reps, default 2);
+#   - SET then GET of 1 KiB .. 64 MiB values ($STORE_LARGE_REPS reps, default 2;
+#     x20 up to 1 MiB), the two servers interleaved rep by rep (store_large pair);
 #   - connect + handshake + one request every 5 ms for $STORE_LARGE_PING_S
 #     seconds (default 6) while 8 clients SET 64 MiB values, idle, and with
 #     STORE_LARGE_STRESS=1 also beside `stress-ng --cpu 2` (the loaded case).
@@ -15,7 +16,7 @@
 # tdist-store runs with its default budget (1 GiB); redis-server with
 # --save '' --appendonly no. Uses the build in $TDIST_BENCH_BUILD (default:
 # build/test next to this repository's root).
-# Lines: peer=tdist-store|redis op=set|get bytes=B us=MEAN best_us= MBps= reps=
+# Lines: peer=tdist-store|redis op=set|get bytes=B us=MEAN best_us= MBps= reps= interleaved=1
 #        peer=tdist-store|redis op=ping_under_set64m load=idle|stress attackers=8
 #        n= p50_us= p99_us= max_us=
 set -euo pipefail
@@ -43,8 +44,7 @@ for _ in $(seq 100); do
   (echo > "/dev/tcp/127.0.0.1/$RP") 2>/dev/null && (echo > "/dev/tcp/127.0.0.1/$TP") 2>/dev/null && break
   sleep 0.1
 done
-"$CL" large redis 127.0.0.1 "$RP" "$REPS"
-"$CL" large tdist 127.0.0.1 "$TP" "$REPS"
+"$CL" pair 127.0.0.1 "$RP" "$TP" "$REPS"
 "$CL" ping redis 127.0.0.1 "$RP" "$PS" 8 idle
 "$CL" ping tdist 127.0.0.1 "$TP" "$PS" 8 idle
 if [ "${STORE_LARGE_STRESS:-0}" = 1 ]; then
