@@ -52,7 +52,8 @@
  * SPIN tests (backend.h, test) is counted as polling this process's rings
  * from its first SPIN test to the test that ends its run (LAST, or one that
  * found its op done), so the peers' writers ring no doorbell meanwhile;
- * the end of the run is the re-check of the protocol (poll_stop).
+ * the end of the run is the re-check of the protocol (poll_stop). A
+ * collective over the shared segment needs no ring and marks none.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,6 +95,7 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
       rc = tdist__cpu_post_op(cg, bop);
       if (rc == 0) {
         b->early = 1;
+        b->sc = ((cpu_op_t *)bop->priv)->sc.on;
         tdist__cpu_run_ready(ctx); /* as in backend.c's post */
         tdist__cpu_shm_drain(ctx);
         tdist__cpu_ctx_unpark(ctx);
@@ -175,7 +177,11 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
   cpu_ctx_t *ctx = cg->ctx;
   cpu_bop_t *b = cpu_bop(bop);
   int spin = (flags & TDIST_BACKEND_TEST_SPIN) != 0;
-  if (spin && tl_polling != ctx) {
+  /* A collective over the shared segment moves through the segment alone
+   * (its own bells, segment/sc_chan.c): the rings' marks would only cost
+   * it (a lock and a fence each way), and without them a peer's ring
+   * traffic rings the bell, as it does when nobody polls. */
+  if (spin && tl_polling != ctx && !b->sc) {
     if (tl_polling) poll_stop(tl_polling); /* a run elsewhere never ended */
     /* Counted before the pass: what the peers answer from now on finds
      * this thread polling. */

@@ -516,6 +516,8 @@ typedef struct cpu_bop {
   int early;     /* submit started it (posted on the caller thread) */
   int posted;    /* the core's post has run (progress thread) */
   int held;      /* on ctx->held: completed, not yet given to the core */
+  int sc;        /* submit started it over the group's shared segment: its
+                    progress needs no ring, and its waiter marks none (drive.c) */
 } cpu_bop_t;
 _Static_assert(sizeof(cpu_bop_t) <= TDIST_BACKEND_SCRATCH, "cpu_bop_t fits the scratch");
 static inline cpu_bop_t *cpu_bop(tdist_backend_op_t *bop) {
