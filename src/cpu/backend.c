@@ -159,7 +159,7 @@ static int cpu_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out)
 static int post_sc(cpu_group_t *cg, cpu_op_t *op) {
   tdist__cpu_sig_posted(op); /* engine fields a probe or a header is checked with */
   op->need_sigs = 0;
-  op->posted_at = tdist__cpu_now_ms();
+  op->posted_at = 0;         /* read by probes alone (a clock read saved per op) */
   op->probe_at = UINT64_MAX; /* probes are the engine's: signatures do their job here */
   int rc = tdist__cpu_sc_post(op);
   if (rc < 0) {
