@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -407,6 +408,11 @@ static void caller_sync_outlasting_spin(void **state) {
 }
 
 int main(void) {
+  /* A generous spin for the caller-driven cases: on a loaded machine a
+   * 1 ms spin may end before 50 tests were made (a preemption), and the
+   * op would be handed over where the case says it is not. Read once, on
+   * first use, so set before anything. */
+  setenv("TDIST_DRIVE_SPIN_US", "200000", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(complete_now, reset_mode),
       cmocka_unit_test_setup(held_is_incomplete_until_released, reset_mode),

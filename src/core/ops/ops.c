@@ -45,6 +45,11 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   w->t_enqueue_ns = tdist__now_ns();
   w->deadline_ns = w->t_enqueue_ns + w->bop.timeout_ms * 1000000;
   w->qnode.run = tdist__group_start_work;
+  /* The flight recorder's start: a backend with a submit hook may start the
+   * op there (NCCL launches it, the CPU backend posts it to its engine),
+   * and a waiter may claim its end before the progress thread ever posts
+   * it, so the start is the submission (work.c keeps a start already set). */
+  if (g->bk->ops->submit) w->t_start_ns = w->t_enqueue_ns;
   int captured = 0; /* captured into a CUDA graph: finished here (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
