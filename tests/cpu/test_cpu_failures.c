@@ -137,6 +137,13 @@ static int killed(int rank, int n, void *arg) {
 static int stopped(int rank, int n, void *arg) {
   struct shared *sh = arg;
   sh->pids[rank] = getpid();
+  /* Heartbeats every 300 ms: the timeout's diagnosis then takes its second
+   * look (monitor.c diagnose: a period of at most half the op's 1.5 s
+   * timeout). With the default 1 s beat it names from one look, and on a
+   * loaded machine a rank whose last beat predates its submission of the
+   * op is named as behind (a rehearsal under stress-ng: "ranks 0, 2 had
+   * not reached seq 1", rank 0 had). */
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "300", 1);
   tdist_group_t *g = NULL;
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 5000, &g));
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
