@@ -212,53 +212,26 @@ static int tb_destroy(void *state) {
   return 0;
 }
 
-static const tdist_backend_ops_t tb_ops = {
-    .init = make,
-    .split = make,
-    .shrink = make,
-    .submit = tb_submit,
-    .post = tb_post,
-    .poll = tb_poll,
-    .abort = tb_abort,
-    .destroy = tb_destroy,
-};
+/* The two vtables differ in test alone ("testcaller" has one). */
+#define TB_OPS_COMMON                                                                \
+  .init = make, .split = make, .shrink = make, .submit = tb_submit, .post = tb_post, \
+  .poll = tb_poll, .abort = tb_abort, .destroy = tb_destroy
+static const tdist_backend_ops_t tb_ops = {TB_OPS_COMMON};
+static const tdist_backend_ops_t tbc_ops = {TB_OPS_COMMON, .test = tb_test};
 
-static const tdist_backend_ops_t tbc_ops = {
-    .init = make,
-    .split = make,
-    .shrink = make,
-    .submit = tb_submit,
-    .post = tb_post,
-    .poll = tb_poll,
-    .abort = tb_abort,
-    .destroy = tb_destroy,
-    .test = tb_test,
-};
+/* ... and their capabilities are the same. */
+#define TB_CAPS                                                                          \
+  {                                                                                      \
+    .mem = TDIST_BACKEND_MEM_HOST, .ops = TDIST_BACKEND_ALL_OPS,                         \
+    .dtypes = TDIST_BACKEND_ALL_DTYPES, .redops = TDIST_BACKEND_ALL_REDOPS, .shrink = 1, \
+    .stream_wait = 0                                                                     \
+  }
 
 const tdist_backend_t tb_backend = {
-    .abi_version = TB_ABI,
-    .name = TB_NAME,
-    .ops = &tb_ops,
-    .caps = {.mem = TDIST_BACKEND_MEM_HOST,
-             .ops = TDIST_BACKEND_ALL_OPS,
-             .dtypes = TDIST_BACKEND_ALL_DTYPES,
-             .redops = TDIST_BACKEND_ALL_REDOPS,
-             .shrink = 1,
-             .stream_wait = 0},
-};
+    .abi_version = TB_ABI, .name = TB_NAME, .ops = &tb_ops, .caps = TB_CAPS};
 
 const tdist_backend_t tbc_backend = {
-    .abi_version = TB_ABI,
-    .name = TB_NAME "caller",
-    .ops = &tbc_ops,
-    .caps = {.mem = TDIST_BACKEND_MEM_HOST,
-             .ops = TDIST_BACKEND_ALL_OPS,
-             .dtypes = TDIST_BACKEND_ALL_DTYPES,
-             .redops = TDIST_BACKEND_ALL_REDOPS,
-             .shrink = 1,
-             .stream_wait = 0,
-             .wakes = 0},
-};
+    .abi_version = TB_ABI, .name = TB_NAME "caller", .ops = &tbc_ops, .caps = TB_CAPS};
 
 /* The plug-in's entry (tdist/backend.h): the library calls it when a
  * program names the backend. */
