@@ -174,6 +174,7 @@ uint64_t tdist__work_pool_size(void) {
  * caller-driven path) then takes no pool lock at all. A thread that ends
  * gives its work back to the pool (cache_key's destructor). */
 static _Thread_local tdist_work_t *tl_cached;
+static _Thread_local int tl_cache_armed; /* cache_key set for this thread: 1, or -1 (failed) */
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static int cache_ok;
@@ -185,9 +186,13 @@ static void pool_put(tdist_work_t *w) {
   pthread_mutex_unlock(&pool_mu);
 }
 
+/* Thread exit (the key's destructor runs on the exiting thread): its
+ * cached work goes back to the pool. */
 static void cache_exit(void *arg) {
-  if (tl_cached == arg) tl_cached = NULL;
-  if (arg) pool_put(arg);
+  (void)arg;
+  tdist_work_t *w = tl_cached;
+  tl_cached = NULL;
+  if (w) pool_put(w);
 }
 
 static void cache_init(void) { cache_ok = pthread_key_create(&cache_key, cache_exit) == 0; }
@@ -196,7 +201,6 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   tdist_work_t *w = tl_cached;
   if (w) {
     tl_cached = NULL;
-    pthread_setspecific(cache_key, NULL);
   } else {
     pthread_mutex_lock(&pool_mu);
     if (!pool_free && pool_grow() != 0) {
@@ -242,11 +246,17 @@ void tdist__work_unref(tdist_work_t *w) {
   if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) != 1) return;
   if (w->args.p2p && w->args.p2p != w->p2p_inline) tdist__free(w->args.p2p);
   w->args.p2p = NULL;
-  pthread_once(&cache_once, cache_init);
-  if (!tl_cached && cache_ok && !tdist__progress_on_thread() &&
-      pthread_setspecific(cache_key, w) == 0) {
-    tl_cached = w; /* this thread's next submission takes it */
-    return;
+  if (!tl_cached && !tdist__progress_on_thread()) {
+    if (!tl_cache_armed) {
+      /* Once per thread: the key (any non-NULL value) makes the thread's
+       * exit run cache_exit. */
+      pthread_once(&cache_once, cache_init);
+      tl_cache_armed = cache_ok && pthread_setspecific(cache_key, &tl_cached) == 0 ? 1 : -1;
+    }
+    if (tl_cache_armed == 1) {
+      tl_cached = w; /* this thread's next submission takes it */
+      return;
+    }
   }
   pool_put(w);
 }
