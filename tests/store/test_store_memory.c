@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -709,6 +710,35 @@ static void test_get_outlives_overwrite(void **state) {
  * each ready connection up to 32 times in the same iteration, so all NFAIR
  * frames were read and stored first and the answer was NFAIR.) */
 #define NFAIR 40
+
+/* Whether every thread of pid is in the stopped state ('T' in
+ * /proc/PID/task/TID/stat). kill(SIGSTOP) only queues the stop: a server
+ * that is runnable but not running under load stops when it next runs, and
+ * one woken in epoll_wait by the first frame collects that event before it
+ * stops -- its first poll after SIGCONT would then miss the bystander. */
+static int all_stopped(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  int stopped = 1, seen = 0;
+  struct dirent *e;
+  while (stopped && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char f[384], buf[512];
+    snprintf(f, sizeof(f), "%s/%s/stat", path, e->d_name);
+    FILE *fp = fopen(f, "r");
+    if (!fp) continue; /* a thread that just ended */
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    const char *q = strrchr(buf, ')'); /* the state follows "(comm) " */
+    stopped = q && q[1] == ' ' && (q[2] == 'T' || q[2] == 't');
+    seen++;
+  }
+  closedir(d);
+  return stopped && seen > 0;
+}
 static void test_fair_reading(void **state) {
   store_proc_t s = start_store(BUDGET, 10000, NULL);
   size_t vlen = 96 * 1024;
@@ -726,6 +756,10 @@ static void test_fair_reading(void **state) {
   int by = raw_connect(s.port);
   hello(by);
   assert_int_equal(kill(s.pid, SIGSTOP), 0);
+  for (int64_t end = st_now_ms() + 30000; !all_stopped(s.pid);) {
+    assert_true(st_now_ms() < end);
+    st_sleep_ms(1);
+  }
   for (int i = 0; i < NFAIR; i++) {
     tdist__buf_t b = {0};
     char key[32];
@@ -852,8 +886,9 @@ static void test_concurrent_large_gets(void **state) {
   stop_store(&s);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  if (argc > 1) cmocka_set_test_filter(argv[1]); /* one case, by name */
   atexit(kill_leftovers);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_half_close),
