@@ -51,6 +51,18 @@ ncclResult_t gt_wait_ready(ncclComm_t c, int timeout_ms);
  * when it has already ended (seen under TSan). Strict ncclInProgress only
  * where a peer is known to be missing. */
 #define GT_LAUNCHED(r) ((r) == ncclInProgress || (r) == ncclSuccess)
+/* The same as a check in a child: anything else is reported with its code
+ * and ncclGetLastError, and the child returns 1. */
+#define GT_CHECK_LAUNCHED(call)                                                                \
+  do {                                                                                         \
+    ncclResult_t r__ = (call);                                                                 \
+    if (!GT_LAUNCHED(r__)) {                                                                   \
+      fprintf(stderr, "[pid %d] %s:%d: %s = %d (%s; last: %s), not launched\n", (int)getpid(), \
+              __FILE__, __LINE__, #call, (int)r__, ncclGetErrorString(r__),                    \
+              ncclGetLastError(NULL));                                                         \
+      return 1;                                                                                \
+    }                                                                                          \
+  } while (0)
 
 /* Device buffer of n bytes holding a copy of host[0, n) (host may be NULL:
  * zeroed). NULL on failure. */

@@ -145,7 +145,7 @@ static int split_child(int rank, int n, void *p) {
   MP_CHECK(cr == (rank == 2 ? 0 : 1)); /* ordered by key (-rank) */
   float h = (float)(rank + 1), out = 0;
   void *d = gt_dev_from(&h, sizeof(h));
-  MP_CHECK(GT_LAUNCHED(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, child, NULL)));
+  GT_CHECK_LAUNCHED(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, child, NULL));
   MP_CHECK(gt_wait_ready(child, 10000) == ncclSuccess);
   MP_CHECK(gt_to_host(&out, d, sizeof(out)) == 0);
   MP_CHECK(out == 4.0f);
@@ -262,7 +262,7 @@ static int killed_child(int rank, int n, void *p) {
   MP_CHECK(sh != NULL);
   h = (float)(rank + 1);
   GT_CUDA(cudaMemcpy(d, &h, sizeof(h), cudaMemcpyHostToDevice));
-  MP_CHECK(GT_LAUNCHED(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, sh, NULL)));
+  GT_CHECK_LAUNCHED(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, sh, NULL));
   MP_CHECK(gt_wait_ready(sh, 10000) == ncclSuccess);
   MP_CHECK(gt_to_host(&h, d, sizeof(h)) == 0);
   MP_CHECK(h == 3.0f);
@@ -495,7 +495,8 @@ static int fp8_child(int rank, int n, void *p) {
   MP_CHECK(init(rank, n, p, 0, &c) == 0);
   unsigned char h[4] = {0x38, 0x38, 0x40, 0x40}, o[8]; /* e4m3: 1, 1, 2, 2 */
   void *d = gt_dev_from(h, 4), *g = gt_dev_from(NULL, 8);
-  MP_CHECK(GT_LAUNCHED(ncclAllGather(d, g, 4, ncclFloat8e4m3, c, NULL)));
+  MP_CHECK(d && g);
+  GT_CHECK_LAUNCHED(ncclAllGather(d, g, 4, ncclFloat8e4m3, c, NULL));
   MP_CHECK(gt_wait_ready(c, 10000) == ncclSuccess);
   GT_CUDA(cudaDeviceSynchronize());
   MP_CHECK(gt_to_host(o, g, 8) == 0 && o[4] == 0x38 && o[7] == 0x40);
