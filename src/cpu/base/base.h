@@ -247,7 +247,7 @@ struct cpu_op {
   cpu_group_t *cg;
   int p2p;            /* 1 for send/recv/batch: no rounds */
   uint64_t cseq;      /* collective number (cpu_group_t.next_cseq at post) */
-  uint64_t posted_at; /* uv_now() at post (probe.c) */
+  uint64_t posted_at; /* probe.c's coarse clock at post, in ms */
   cpu_round_fn round_fn;
   void (*finish_fn)(cpu_op_t *op);
   int round;
@@ -278,7 +278,7 @@ struct cpu_op {
   int received;      /* some round of it had a receive (sigcheck.c) */
   int lagging;       /* completed for the core before every member was heard:
                         kept (bop NULL) until it is (cpu_group_t.lagging) */
-  uint64_t probe_at; /* uv_now() when the next probe is due (probe.c) */
+  uint64_t probe_at; /* probe.c's coarse clock when the next probe is due */
   /* A collective over the group's shared segment (sc.h, sc_op.c): on is 1
    * from tdist__cpu_sc_post until the op is put. */
   struct cpu_sc_opst {
@@ -468,7 +468,7 @@ struct cpu_ctx {
   /* stalled collectives send probes (probe.c); runs while any is posted */
   uv_timer_t probe_timer;
   int probe_timer_on;
-  uint64_t probe_due; /* tdist__cpu_now_ms() when it fires; 0: not armed (so a
+  uint64_t probe_due; /* probe.c's coarse clock when it fires; 0: not armed (so a
                          driving caller can tell without asking the loop) */
   /* long copies made in steps (copy_steps.c); copy_idle runs while any is
    * queued, initialised on first use */
