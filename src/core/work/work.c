@@ -383,26 +383,30 @@ static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_in
   int64_t start = 0, now, end = 0;
   int64_t busy_ns = busy_window(), spin_ns = tdist__param_DriveSpinUs() * 1000;
   unsigned looks = 0;
-  int yielding = 0;
+  int yielding = 0, moved = 0;
   int r;
   for (;;) {
     r = test_once(w, TDIST_BACKEND_TEST_SPIN, owned);
     if (r == 1 || (r == -1 && tdist__work_done(w))) break;
     if (aborted && atomic_load_explicit(aborted, memory_order_acquire)) break;
-    /* Busy polling reads the clock every 8th test only: on a virtual
-     * machine a clock read costs about what a test of a small op does (a
-     * quarter of an 8-byte all_reduce's cycles at n = 2 went to it). */
-    if (start && !yielding && r != 2 && (++looks & 7)) {
+    /* Busy polling reads the clock every 8th test only, the first too: on
+     * a virtual machine a clock read costs about what a test of a small op
+     * does (a quarter of an 8-byte all_reduce's cycles at n = 2 went to
+     * it), and most small ops end within a few tests. With no busy window
+     * (a contended CPU) the first failed test reads it and yields. */
+    moved |= r == 2;
+    if (busy_ns > 0 && !yielding && (++looks & 7)) {
       cpu_relax();
       continue;
     }
     now = tdist__now_ns();
-    if (!start) { /* from the first test on: one that finds it done reads no clock */
+    if (!start) { /* the window counts from the first clock read */
       start = now;
       end = now + spin_ns;
       if (deadline_ns && end > deadline_ns) end = deadline_ns;
     }
-    if (r == 2) { /* it moves: this thread keeps it, busy again */
+    if (moved) { /* it moved since the last read: this thread keeps it, busy again */
+      moved = 0;
       start = now;
       end = now + spin_ns;
       if (deadline_ns && end > deadline_ns) end = deadline_ns;
