@@ -35,6 +35,12 @@
  *             large broadcast, p2p, in one group, in order;
  *   threads   two groups of the same ranks used by two threads at once;
  *   lazy      with connections made on first use, collectives need none.
+ *   small_mismatch_{dtype,count,redop}  the last rank disagrees on a small
+ *             all_reduce (int32 vs float32 of the same bytes, 2 vs 3
+ *             elements, SUM vs MAX): every rank fails MISMATCH, the message
+ *             names the op and both sides. Small ops carry the signature in
+ *             the data's step line (sc_op.c, step_sig), read in place of the
+ *             signature ring; this is that path's check.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,6 +52,7 @@
 struct shared {
   int port;
   _Atomic int flag;
+  int variant; /* small_mismatch: which argument the last rank changes */
 };
 
 static void msleep(int ms) {
@@ -610,6 +617,40 @@ static int lazy(int rank, int n, void *arg) {
   return 0;
 }
 
+static int small_mismatch(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  int32_t v[4] = {rank, 1, 2, 3};
+  MP_CHECK_RC(tdist_all_reduce(g, v, v, 2, TDIST_INT32, TDIST_SUM, NULL, NULL)); /* agreed */
+  MP_CHECK(v[0] == n * (n - 1) / 2 && v[1] == n);
+  int odd = rank == n - 1, rc;
+  const char *mine, *theirs; /* what the message must name */
+  switch (sh->variant) {
+  case 0:
+    rc = tdist_all_reduce(g, v, v, 2, odd ? TDIST_FLOAT32 : TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "int32", theirs = "float32";
+    break;
+  case 1:
+    rc = tdist_all_reduce(g, v, v, odd ? 3 : 2, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 2", theirs = "count 3";
+    break;
+  default:
+    rc = tdist_all_reduce(g, v, v, 2, TDIST_INT32, odd ? TDIST_MAX : TDIST_SUM, NULL, NULL);
+    mine = tdist_redop_name(TDIST_SUM), theirs = tdist_redop_name(TDIST_MAX);
+    break;
+  }
+  const char *msg = tdist_last_error();
+  if (rc != TDIST_ERR_MISMATCH || !strstr(msg, "mismatch at collective #1") || !strstr(msg, mine) ||
+      !strstr(msg, theirs)) {
+    fprintf(stderr, "[rank %d] small_mismatch %d: %s (%s)\n", rank, sh->variant, tdist_err_name(rc),
+            msg);
+    return 1;
+  }
+  tdist_group_destroy(g); /* aborted: its code is the abort's */
+  return 0;
+}
+
 static int run(const char *name, tdist_mp_fn fn, int n, struct shared *sh) {
   sh->port = tdist_mp_free_port();
   atomic_store(&sh->flag, 0);
@@ -641,6 +682,12 @@ int main(int argc, char **argv) {
   setenv("TDIST_CPU_CONNECT", "lazy", 1);
   RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
+  static const char *const kMismatch[] = {"small_mismatch_dtype", "small_mismatch_count",
+                                          "small_mismatch_redop"};
+  setenv("TDIST_TRACE_ON_FAILURE", "0", 1); /* no flight-recorder dumps of the aborts */
+  for (sh->variant = 0; sh->variant < 3; sh->variant++)
+    RUN(kMismatch[sh->variant], small_mismatch);
+  unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN
   return fails != 0;
 }

@@ -148,10 +148,17 @@ typedef struct sc_sig {
 typedef struct sc_step {
   _Atomic uint64_t step; /* step + 1 once the data is in (release) */
   uint32_t len;          /* bytes of this step in the slot (or inline) */
-  uint32_t pad0;
+  /* The op's first step, when its data leaves room (len <= SC_SIG_INLINE,
+   * fixed-size ops): SC_STEP_SIG | optype << 8 | dtype << 16 | redop << 24,
+   * with the count and root in the line's last 12 bytes -- the signature
+   * again, where a reader finds it with the data (one line from this
+   * member per small op, not two: sc_op.c, step_sig). 0 otherwise. */
+  uint32_t sig;
   uint64_t cseq;
   unsigned char inl[SC_INLINE];
 } sc_step_t;
+#define SC_STEP_SIG 1u
+#define SC_SIG_INLINE (SC_INLINE - 12u) /* data bytes that leave room for count and root */
 
 /* A member's control lines. */
 typedef struct sc_ctl {
