@@ -11,7 +11,7 @@
  *             rings or single copy, and sc must have run them;
  *   vops      all_to_all_v, all_gather_v, reduce_scatter_v with random counts
  *             (zeros included, skewed to hundreds of KB);
- *   a2av_big  all_to_all_v with blocks around TDIST_CPU_CMA_BYTES (256 KiB)
+ *   a2av_big  all_to_all_v with blocks around TDIST_CPU_SC_CMA_BYTES (1 MiB)
  *             and over a piece (4 MiB): the large ones are read in place
  *             from their giver (single copy: the counter moves), the small
  *             ones pass through the slots, in one op; every giver scribbles
@@ -293,10 +293,11 @@ static int vops(int rank, int n, void *arg) {
 /* ---- all_to_all_v read in place ------------------------------------------------------ */
 
 /* Elements rank i sends rank j in trial t: a slot's chunk or less, just
- * under and at the single-copy threshold (65536 int32), over a piece
- * (4 MiB at n <= 4). */
+ * under and at the segment's read-in-place threshold (TDIST_CPU_SC_CMA_BYTES,
+ * LEND int32), over a piece (4 MiB at n <= 4). */
+#define LEND (262144u)
 static size_t bcount(int i, int j, int t) {
-  static const size_t c[] = {0, 1, 5000, 65535, 65536, 300001, 1100003}; /* 4.4 MiB: 2 pieces */
+  static const size_t c[] = {0, 1, 5000, LEND - 1, LEND, 300001, 1100003}; /* 4.4 MiB: 2 pieces */
   return c[(size_t)(i * 3 + j * 5 + t) % 7];
 }
 
@@ -314,7 +315,7 @@ static int a2av_big(int rank, int n, void *arg) {
       rd[j] = rt + (size_t)j;
       st = sd[j] + sc[j];
       rt = rd[j] + rc[j];
-      if (j != rank && rc[j] >= 65536) big++;
+      if (j != rank && rc[j] >= LEND) big++;
     }
     int32_t *s = malloc((st + 1) * 4), *r = calloc(rt + 1, 4);
     MP_CHECK(s && r);

@@ -126,6 +126,13 @@ _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, 
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
+/* An all_to_all_v block of this many bytes and up is read in place from
+ * its giver where blocks are lent (ch->lend, sc_data.c). Above the
+ * engine's single-copy threshold (TDIST_CPU_CMA_BYTES, 256 KiB): with 4
+ * ranks on 2 cores, 1 MiB Zipf took 240-300 us with blocks from 256 KiB
+ * read in place against 140-240 through the slots, and 16 MiB the same
+ * either way (8.6-9.5 ms; 4 MiB here made it 11.5-13.5). */
+TDIST_PARAM(CpuScCmaBytes, "TDIST_CPU_SC_CMA_BYTES", 1 << 20)
 /* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
 TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
 
@@ -219,7 +226,7 @@ typedef struct cpu_sc {
   } unverified[SC_LAG];
   int uv_head, nunverified;
   /* Every member can read every other's memory (process_vm_readv, probed
-   * at setup): an all_to_all_v block of TDIST_CPU_CMA_BYTES and up is read
+   * at setup): an all_to_all_v block of TDIST_CPU_SC_CMA_BYTES and up is read
    * from its giver's buffer instead of passing through its slots... */
   int cma;
   /* ... when this member lends its blocks so (TDIST_CPU_SC_CMA; by default

@@ -23,7 +23,7 @@
  *                         every step, none waits through the others'
  *                         blocks, and the block to itself never enters the
  *                         segment (its stream's length is its steps times
- *                         the slot size). A block of TDIST_CPU_CMA_BYTES
+ *                         the slot size). A block of TDIST_CPU_SC_CMA_BYTES
  *                         and up (ch->cma) is not in the slots: its reader
  *                         reads a piece of it a step straight from
  *                         the giver's buffer (process_vm_readv, cma.c),
@@ -114,7 +114,7 @@ static size_t cma_piece(const cpu_op_t *op) {
 /* Is this member's block of `bytes` for member q read in place? */
 static int a2av_lent(const cpu_op_t *op, int q, uint64_t bytes) {
   return op->cg->sc->cma && op->cg->sc->lend && op->cg->live && q != op->rank && bytes > 0 &&
-         bytes >= (uint64_t)tdist__param_CpuCmaBytes();
+         bytes >= (uint64_t)tdist__param_CpuScCmaBytes();
 }
 
 int tdist__cpu_sc_a2av_lends(const cpu_op_t *op) {
