@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 
 #include "store/proto.h"
+#include "run_util.h"
 #include "store_test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -712,10 +713,11 @@ static void test_get_outlives_overwrite(void **state) {
 #define NFAIR 40
 
 /* Whether every thread of pid is in the stopped state ('T' in
- * /proc/PID/task/TID/stat). kill(SIGSTOP) only queues the stop: a server
- * that is runnable but not running under load stops when it next runs, and
- * one woken in epoll_wait by the first frame collects that event before it
- * stops -- its first poll after SIGCONT would then miss the bystander. */
+ * /proc/TID/stat, run_util.h). kill(SIGSTOP) only queues the stop: a
+ * server that is runnable but not running under load stops when it next
+ * runs, and one woken in epoll_wait by the first frame collects that event
+ * before it stops -- its first poll after SIGCONT would then miss the
+ * bystander. */
 static int all_stopped(pid_t pid) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
@@ -724,16 +726,13 @@ static int all_stopped(pid_t pid) {
   int stopped = 1, seen = 0;
   struct dirent *e;
   while (stopped && (e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char f[384], buf[512];
-    snprintf(f, sizeof(f), "%s/%s/stat", path, e->d_name);
-    FILE *fp = fopen(f, "r");
-    if (!fp) continue; /* a thread that just ended */
-    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
-    fclose(fp);
-    buf[n] = '\0';
-    const char *q = strrchr(buf, ')'); /* the state follows "(comm) " */
-    stopped = q && q[1] == ' ' && (q[2] == 'T' || q[2] == 't');
+    char comm[32], st = 0;
+    pid_t ppid;
+    unsigned long long t0;
+    if (e->d_name[0] == '.' ||
+        ru_proc_stat((pid_t)atoi(e->d_name), comm, sizeof(comm), &st, &ppid, &t0) != 0)
+      continue; /* a thread that just ended */
+    stopped = st == 'T' || st == 't';
     seen++;
   }
   closedir(d);
