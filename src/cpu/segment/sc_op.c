@@ -157,14 +157,26 @@ static int agree(cpu_group_t *cg, uint64_t cseq, int m, const sc_sig_t *g, tdist
   return -1;
 }
 
-/* The signatures op's role needs (ALL: every member's; ROOT: the root's):
- * 1 all in and agreeing, 0 not yet, -1 a mismatch (reported). v-ops take
- * the members' stream lengths from them. */
-/* Member m's signature of op from the line of the op's first step, where
- * it writes it beside small data (write_step): 1 and *out, or 0 (not there:
- * the signature ring has it). Only before this member consumed that step:
- * until then no member can rewrite the line (room), so what the release of
- * `step` published stays. */
+/* The signature again in the line of an op's first step, beside data that
+ * leaves room (sc.h, sc_step_t.sig): a reader of a small op then needs one
+ * line of each member. The ring entry stays the record (late checks, a
+ * member with an empty stream, tdist__cpu_sc_needs). Written by
+ * write_step before it publishes the step. */
+static void step_sign(sc_step_t *h, const cpu_op_t *op, uint64_t j, size_t len) {
+  h->sig = 0;
+  if (j != 0 || len > SC_SIG_INLINE || tdist_backend_op_is_v(op->type)) return;
+  uint64_t count = op->count;
+  int32_t root = op->root;
+  memcpy(h->inl + SC_SIG_INLINE, &count, 8);
+  memcpy(h->inl + SC_SIG_INLINE + 8, &root, 4);
+  h->sig = SC_STEP_SIG | (uint32_t)(uint8_t)op->type << 8 | (uint32_t)(uint8_t)op->dtype << 16 |
+           (uint32_t)(uint8_t)op->redop << 24;
+}
+
+/* Member m's signature of op from the line of the op's first step
+ * (step_sign): 1 and *out, or 0 (not there: the signature ring has it).
+ * Only before this member consumed that step: until then no member can
+ * rewrite the line (room), so what the release of `step` published stays. */
 static int step_sig(const cpu_sc_t *ch, const cpu_op_t *op, int m, sc_sig_t *out) {
   uint64_t s0 = op->sc.s0;
   if (tdist_backend_op_is_v(op->type) || ch->done > s0) return 0;
@@ -183,6 +195,9 @@ static int step_sig(const cpu_sc_t *ch, const cpu_op_t *op, int m, sc_sig_t *out
   return 1;
 }
 
+/* The signatures op's role needs (ALL: every member's; ROOT: the root's):
+ * 1 all in and agreeing, 0 not yet, -1 a mismatch (reported). v-ops take
+ * the members' stream lengths from them. */
 static int check_sigs(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
   int missing = 0;
@@ -249,18 +264,7 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
     tdist__cpu_sc_produce(op, off, dst, len);
     tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block, from the hot copy */
   }
-  h->sig = 0;
-  if (j == 0 && len <= SC_SIG_INLINE && !tdist_backend_op_is_v(op->type)) {
-    /* The signature beside the data (step_sig): a reader of a small op
-     * then needs this one line of ours. The ring entry stays the record
-     * (late checks, a member with an empty stream, tdist__cpu_sc_needs). */
-    uint64_t count = op->count;
-    int32_t root = op->root;
-    memcpy(h->inl + SC_SIG_INLINE, &count, 8);
-    memcpy(h->inl + SC_SIG_INLINE + 8, &root, 4);
-    h->sig = SC_STEP_SIG | (uint32_t)(uint8_t)op->type << 8 | (uint32_t)(uint8_t)op->dtype << 16 |
-             (uint32_t)(uint8_t)op->redop << 24;
-  }
+  step_sign(h, op, j, len);
   h->len = (uint32_t)len;
   h->cseq = op->cseq;
   atomic_store_explicit(&h->step, st + 1, memory_order_release);
