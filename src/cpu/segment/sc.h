@@ -254,6 +254,7 @@ typedef struct cpu_sc {
     size_t bytes;
     uint64_t from; /* the relative step its first byte belongs to */
   } * ovf;
+  int novf;     /* entries of ovf mapped (0: ovf_done has nothing to unmap) */
   uint64_t uid; /* the group's (overflow messages name it) */
 } cpu_sc_t;
 
@@ -314,7 +315,9 @@ size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m);
  * place): the op completes only once every member consumed every step. */
 int tdist__cpu_sc_a2av_lends(const cpu_op_t *op);
 /* 1 when the op's streams start with each member's count array (v-ops). */
-int tdist__cpu_sc_has_prefix(const cpu_op_t *op);
+static inline int tdist__cpu_sc_has_prefix(const cpu_op_t *op) {
+  return op->type == TDIST_OP_ALL_TO_ALL_V || op->type == TDIST_OP_REDUCE_SCATTER_V;
+}
 /* (engine lock) Bytes [off, off + len) of this member's stream into dst. */
 void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_t len);
 /* (engine lock) The members' count arrays are at the start of their step-0
@@ -331,8 +334,11 @@ void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const
  * computes, so the order of the operands need not be the ranks'. */
 void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t *mine,
                                 const uint8_t *const *pcs, size_t at, size_t len);
-/* The op's input is scaled as it is given (PREMUL_SUM, bool). */
-int tdist__cpu_sc_scales(const cpu_op_t *op);
+/* The op's input is scaled as it is given (PREMUL_SUM's factor, bool's 0/1). */
+static inline int tdist__cpu_sc_scales(const cpu_op_t *op) {
+  return tdist_backend_op_is_reducing(op->type) &&
+         (op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL);
+}
 /* (engine lock) Copy a slot's worth of the op's deferred local part (all:
  * the rest); 1 if anything was copied. */
 int tdist__cpu_sc_local_step(cpu_op_t *op, int all);

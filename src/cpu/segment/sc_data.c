@@ -63,16 +63,6 @@ static size_t displ(const size_t *displs, int j, size_t packed) {
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-/* The input of a reducing op gets PREMUL_SUM's factor, or bool's 0/1. */
-int tdist__cpu_sc_scales(const cpu_op_t *op) {
-  return tdist_backend_op_is_reducing(op->type) &&
-         (op->redop == TDIST_PREMUL_SUM || op->dtype == TDIST_BOOL);
-}
-
-int tdist__cpu_sc_has_prefix(const cpu_op_t *op) {
-  return op->type == TDIST_OP_ALL_TO_ALL_V || op->type == TDIST_OP_REDUCE_SCATTER_V;
-}
-
 uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m) {
   uint64_t L = (uint64_t)op->count * op->es, n = (uint64_t)op->size;
   switch (op->type) {

@@ -372,10 +372,14 @@ static void start(cpu_sc_t *ch, cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
   s->started = 1;
   s->s0 = ch->next_step;
-  memset(ch->lo, 0, sizeof(uint64_t) * (size_t)ch->n);
-  memset(ch->hi, 0, sizeof(uint64_t) * (size_t)ch->n);
   ch->totals[ch->me] = s->total;
-  if (tdist_backend_op_is_v(op->type)) return; /* with the signatures */
+  if (tdist_backend_op_is_v(op->type)) {
+    /* The ranges come with the signatures (and the counts' prefixes);
+     * nothing is read before. A fixed op's are all set below. */
+    memset(ch->lo, 0, sizeof(uint64_t) * (size_t)ch->n);
+    memset(ch->hi, 0, sizeof(uint64_t) * (size_t)ch->n);
+    return;
+  }
   uint64_t mx = 0;
   for (int m = 0; m < op->size; m++)
     mx = max64(mx, ch->totals[m] = tdist__cpu_sc_total_of(op, m));
@@ -494,7 +498,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
           atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire) < s->s0 + s->nsteps)
         return 0;
   }
-  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
+  if (s->lc_left) tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
@@ -575,7 +579,7 @@ int tdist__cpu_sc_progress(cpu_ctx_t *ctx) {
     cpu_sc_t *ch = cg->sc;
     if (!ch || ch->broken || cg->aborted) continue;
     if (!tdist__list_empty(&ch->ops) || ch->nunverified) moved |= chan_pass(cg, ch);
-    tdist__cpu_sc_bells(ch, ctx);
+    if (ch->wrote) tdist__cpu_sc_bells(ch, ctx);
   }
   return moved;
 }

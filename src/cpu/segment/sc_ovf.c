@@ -241,6 +241,7 @@ const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64
       return NULL;
     }
     o->base = p;
+    ch->novf++;
     o->bytes = r->m.bytes;
     o->from = r->m.from;
     rec_free(r);    /* the mapping keeps the memory */
@@ -253,9 +254,12 @@ const uint8_t *tdist__cpu_sc_ovf_piece(cpu_sc_t *ch, cpu_op_t *op, int m, uint64
 }
 
 void tdist__cpu_sc_ovf_done(cpu_sc_t *ch) {
-  for (int m = 0; m < ch->n; m++) {
+  for (int m = 0; ch->novf && m < ch->n; m++) {
     struct sc_ovf_map *o = &ch->ovf[m];
-    if (o->base) munmap(o->base, o->bytes);
+    if (o->base) {
+      munmap(o->base, o->bytes);
+      ch->novf--;
+    }
     *o = (struct sc_ovf_map){0};
   }
 }
