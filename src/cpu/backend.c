@@ -157,8 +157,13 @@ static int cpu_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out)
  * that came for its number already were sent by a member that ran it over
  * messages: a disagreement. */
 static int post_sc(cpu_group_t *cg, cpu_op_t *op) {
-  tdist__cpu_sig_posted(op); /* engine fields a probe or a header is checked with */
-  op->need_sigs = 0;
+  /* The engine fields a header is checked with (sigcheck.c) are zero from
+   * tdist__cpu_op_get, need_sigs too (the segment checks signatures); the
+   * bitmap of who was heard is cleared here (op_get reserved it). */
+  if (op->size <= 64)
+    op->heard[0] = 0;
+  else
+    memset(op->heard, 0, ((size_t)op->size + 63) / 64 * sizeof(uint64_t));
   op->posted_at = 0;         /* read by probes alone (a clock read saved per op) */
   op->probe_at = UINT64_MAX; /* probes are the engine's: signatures do their job here */
   int rc = tdist__cpu_sc_post(op);

@@ -96,9 +96,13 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
       if (rc == 0) {
         b->early = 1;
         b->sc = ((cpu_op_t *)bop->priv)->sc.on;
-        tdist__cpu_run_ready(ctx); /* as in backend.c's post */
-        tdist__cpu_shm_drain(ctx);
-        tdist__cpu_ctx_unpark(ctx);
+        if (!b->sc) { /* as in backend.c's post: an engine op's first rounds */
+          tdist__cpu_run_ready(ctx);
+          tdist__cpu_shm_drain(ctx);
+          tdist__cpu_ctx_unpark(ctx);
+        }
+        /* An op over the segment reads no ring: what came there for
+         * other ops rang the bell, as when nobody polls (test below). */
         tdist__cpu_sc_progress(ctx); /* its first steps leave now */
         tdist__cpu_run_ready(ctx);
       }
