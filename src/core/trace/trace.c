@@ -1,6 +1,6 @@
 /*
  * trace.c - the flight recorder: recording (progress thread, or the caller
- * thread of a synchronous op it finished itself, under the ring's mutex) and JSON dumps
+ * thread of a synchronous op it finished itself, under the ring's spinlock) and JSON dumps
  * (written on the caller's thread or the worker thread, never the progress
  * thread).
  *
@@ -45,13 +45,11 @@ tdist__trace_t *tdist__trace_new(void) {
    * 10-15 us each on the CI VM, inside a 1 us op. */
   memset(t, 0, bytes);
   t->cap = (uint32_t)cap;
-  pthread_mutex_init(&t->mu, NULL);
   return t;
 }
 
 void tdist__trace_free(tdist__trace_t *t) {
   if (!t) return;
-  pthread_mutex_destroy(&t->mu);
   tdist__free(t);
 }
 
@@ -92,21 +90,21 @@ static void end_locked(tdist__trace_t *t, const tdist_work_t *w) {
 
 void tdist__trace_start(tdist__trace_t *t, const tdist_work_t *w) {
   if (!t) return;
-  pthread_mutex_lock(&t->mu);
+  tdist__spin_lock(&t->mu);
   start_locked(t, w);
-  pthread_mutex_unlock(&t->mu);
+  tdist__spin_unlock(&t->mu);
 }
 
 void tdist__trace_end(tdist__trace_t *t, const tdist_work_t *w) {
   if (!t) return;
-  pthread_mutex_lock(&t->mu);
+  tdist__spin_lock(&t->mu);
   end_locked(t, w);
-  pthread_mutex_unlock(&t->mu);
+  tdist__spin_unlock(&t->mu);
 }
 
 void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w) {
   if (!t) return;
-  pthread_mutex_lock(&t->mu);
+  tdist__spin_lock(&t->mu);
   /* Later ops may have started meanwhile (other threads'): this one only
    * fills its own slot, and none at all once it is older than the ring. */
   uint64_t seq = w->bop.seq;
@@ -114,7 +112,7 @@ void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w) {
     fill(&t->recs[seq % t->cap], w, tdist__work_state_for(w->status));
     if (seq + 1 > t->recorded) t->recorded = seq + 1;
   }
-  pthread_mutex_unlock(&t->mu);
+  tdist__spin_unlock(&t->mu);
 }
 
 static const char *state_name(int s) {
@@ -145,9 +143,13 @@ tdist__trace_dump_t *tdist__trace_snapshot(const tdist__trace_t *t, const tdist_
     tdist__free(d);
     return NULL;
   }
-  pthread_mutex_lock((pthread_mutex_t *)&t->mu);
-  memcpy(d->t, t, bytes); /* the copy's mutex is never used */
-  pthread_mutex_unlock((pthread_mutex_t *)&t->mu);
+  /* Not the lock word itself: a recorder exchanges it meanwhile. */
+  memset(&d->t->mu, 0, sizeof(d->t->mu)); /* the copy's lock is never used */
+  tdist__spin_lock((tdist__spin_t *)&t->mu);
+  d->t->recorded = t->recorded;
+  d->t->cap = t->cap;
+  memcpy(d->t->recs, t->recs, sizeof(tdist__trace_rec_t) * t->cap);
+  tdist__spin_unlock((tdist__spin_t *)&t->mu);
   memcpy(d->ranks, m->ranks, sizeof(int) * (size_t)m->size);
   d->m = *m;
   d->m.ranks = d->ranks;

@@ -16,10 +16,10 @@
 #ifndef TDIST_CORE_TRACE_H
 #define TDIST_CORE_TRACE_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "core/work/work.h"
+#include "util/spin.h"
 
 typedef struct tdist__trace_rec {
   uint64_t seq;
@@ -31,8 +31,8 @@ typedef struct tdist__trace_rec {
 } tdist__trace_rec_t;
 
 typedef struct tdist__trace {
-  pthread_mutex_t mu; /* every access below (a record is tens of bytes) */
-  uint64_t recorded;  /* records ever written (dropped = recorded - cap) */
+  tdist__spin_t mu;  /* every access below (a record is tens of bytes: util/spin.h) */
+  uint64_t recorded; /* records ever written (dropped = recorded - cap) */
   uint32_t cap;
   tdist__trace_rec_t recs[];
 } tdist__trace_t;

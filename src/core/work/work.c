@@ -53,6 +53,7 @@
 
 #include "util/alloc.h"
 #include "util/clock.h"
+#include "util/spin.h"
 #include "util/error.h"
 #include "util/param.h"
 
@@ -134,13 +135,7 @@ static void yield_timed(void) {
 
 /* A pause between two busy tests: the sibling hyperthread gets the core's
  * pipeline, and the loop does not flood the memory system. */
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
+static inline void cpu_relax(void) { tdist__cpu_pause(); }
 
 static int pool_grow(void) {
   struct slab *s = tdist__calloc(1, sizeof(*s));
