@@ -13,6 +13,10 @@
 # STORE_LARGE_ATTACK_NICE=k (default 0) runs the 8 attacking clients k nice
 # levels below the bystander, for both servers: on 2 shared cores the
 # bystander's own client otherwise waits for the CPU as much as for the server.
+# STORE_LARGE_PIN=1 puts both servers on CPU 1 and the client on CPU 0
+# (taskset): unpinned, the scheduler's placement of each server against the
+# client favours one of two identical servers by 7-8 % at 1 MiB
+# (docs/store-protocol.md); the ping runs that follow are not pinned.
 # tdist-store runs with its default budget (1 GiB); redis-server with
 # --save '' --appendonly no. Uses the build in $TDIST_BENCH_BUILD (default:
 # build/test next to this repository's root).
@@ -35,16 +39,21 @@ TP="$(pick_port 29620)"
 SPID=""; RPID=""; XPID=""
 stop() { for p in "$@"; do [ -n "$p" ] && kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; return 0; }
 trap 'stop "$XPID" "$SPID" "$RPID"' EXIT
-redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+PIN_S=(); PIN_C=()
+if [ "${STORE_LARGE_PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ]; then PIN_S=(taskset -c 1); PIN_C=(taskset -c 0); fi
+"${PIN_S[@]}" redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
   --dir /tmp --logfile "/tmp/store-large-redis-$RP.log" >/dev/null 2>&1 &
 RPID=$!
-"$B/tools/store/tdist-store" --port "$TP" --host 127.0.0.1 >/dev/null 2>&1 &
+"${PIN_S[@]}" "$B/tools/store/tdist-store" --port "$TP" --host 127.0.0.1 >/dev/null 2>&1 &
 SPID=$!
 for _ in $(seq 100); do
   (echo > "/dev/tcp/127.0.0.1/$RP") 2>/dev/null && (echo > "/dev/tcp/127.0.0.1/$TP") 2>/dev/null && break
   sleep 0.1
 done
-"$CL" pair 127.0.0.1 "$RP" "$TP" "$REPS"
+"${PIN_C[@]}" "$CL" pair 127.0.0.1 "$RP" "$TP" "$REPS"
+if [ "${#PIN_S[@]}" -gt 0 ]; then # the ping runs: every CPU again
+  for p in "$RPID" "$SPID"; do taskset -a -p -c "0-$(($(nproc) - 1))" "$p" >/dev/null; done
+fi
 "$CL" ping redis 127.0.0.1 "$RP" "$PS" 8 idle
 "$CL" ping tdist 127.0.0.1 "$TP" "$PS" 8 idle
 if [ "${STORE_LARGE_STRESS:-0}" = 1 ]; then
