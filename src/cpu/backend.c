@@ -157,13 +157,10 @@ static int cpu_shrink(const tdist_backend_params_t *p, tdist_backend_out_t *out)
  * that came for its number already were sent by a member that ran it over
  * messages: a disagreement. */
 static int post_sc(cpu_group_t *cg, cpu_op_t *op) {
-  /* The engine fields a header is checked with (sigcheck.c) are zero from
-   * tdist__cpu_op_get, need_sigs too (the segment checks signatures); the
-   * bitmap of who was heard is cleared here (op_get reserved it). */
-  if (op->size <= 64)
-    op->heard[0] = 0;
-  else
-    memset(op->heard, 0, ((size_t)op->size + 63) / 64 * sizeof(uint64_t));
+  /* No tdist__cpu_sig_posted: the engine fields a header is checked with
+   * are zero from tdist__cpu_op_get, need_sigs too (the segment checks the
+   * signatures), and the bitmap of who was heard is read and written only
+   * while need_sigs is set (sigcheck.c). */
   op->posted_at = 0;         /* read by probes alone (a clock read saved per op) */
   op->probe_at = UINT64_MAX; /* probes are the engine's: signatures do their job here */
   int rc = tdist__cpu_sc_post(op);

@@ -166,10 +166,12 @@ static int test_pass(cpu_group_t *cg, cpu_bop_t *b, int spin) {
     /* An op over the segment needs no connection and no copy: their
      * traffic for other ops rings the bell (its waiter marks no polling),
      * and a test of it costs the same in a world of any size (the loop
-     * below visits every rank's slot). */
-    for (int i = 0; !b->sc && i < ctx->size; i++)
-      if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_drive(ctx->conns[i]);
-    if (spin && !b->sc) tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
+     * visits every rank's slot). */
+    if (!b->sc) {
+      for (int i = 0; i < ctx->size; i++)
+        if (ctx->conns && ctx->conns[i]) tdist__cpu_conn_drive(ctx->conns[i]);
+      if (spin) tdist__cpu_copy_drive(ctx); /* the waiter copies rather than spins */
+    }
     tdist__cpu_sc_progress(ctx);
     tdist__cpu_run_ready(ctx);
   }

@@ -24,9 +24,6 @@ typedef struct tdist__spin {
   atomic_int held;
 } tdist__spin_t;
 
-#define TDIST__SPIN_INIT \
-  { 0 }
-
 /* A pause between two tries (the sibling hyperthread gets the pipeline). */
 static inline void tdist__cpu_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)

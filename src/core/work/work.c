@@ -53,9 +53,9 @@
 
 #include "util/alloc.h"
 #include "util/clock.h"
-#include "util/spin.h"
 #include "util/error.h"
 #include "util/param.h"
+#include "util/spin.h"
 
 #define SLAB_WORKS 64
 
@@ -132,10 +132,6 @@ static void yield_timed(void) {
     nanosleep(&ts, NULL);
   }
 }
-
-/* A pause between two busy tests: the sibling hyperthread gets the core's
- * pipeline, and the loop does not flood the memory system. */
-static inline void cpu_relax(void) { tdist__cpu_pause(); }
 
 static int pool_grow(void) {
   struct slab *s = tdist__calloc(1, sizeof(*s));
@@ -391,7 +387,7 @@ static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_in
      * (a contended CPU) the first failed test reads it and yields. */
     moved |= r == 2;
     if (busy_ns > 0 && !yielding && (++looks & 7)) {
-      cpu_relax();
+      tdist__cpu_pause(); /* the sibling hyperthread gets the pipeline */
       continue;
     }
     now = tdist__now_ns();
@@ -412,7 +408,7 @@ static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_in
       yield_timed();
       busy_ns = tl_busy_ns;
     } else {
-      cpu_relax();
+      tdist__cpu_pause();
     }
   }
   /* A test that said 1 ended the run; any other end is told (LAST), and the
@@ -521,7 +517,7 @@ static int wait_until(tdist_work_t *w, int64_t deadline_ns) {
     if (now - start >= 2000)
       sched_yield();
     else
-      cpu_relax();
+      tdist__cpu_pause();
     now = tdist__now_ns();
   }
   if (tdist__work_done(w)) return w->status;

@@ -498,7 +498,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
           atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire) < s->s0 + s->nsteps)
         return 0;
   }
-  if (s->lc_left) tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
+  tdist__cpu_sc_local_step(op, 1); /* what is left of the local part */
   /* An op in which this member receives completes only once every op it
    * completed unchecked is checked (sc.h, Agreement): its own, and the
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
@@ -579,7 +579,7 @@ int tdist__cpu_sc_progress(cpu_ctx_t *ctx) {
     cpu_sc_t *ch = cg->sc;
     if (!ch || ch->broken || cg->aborted) continue;
     if (!tdist__list_empty(&ch->ops) || ch->nunverified) moved |= chan_pass(cg, ch);
-    if (ch->wrote) tdist__cpu_sc_bells(ch, ctx);
+    tdist__cpu_sc_bells(ch, ctx);
   }
   return moved;
 }
