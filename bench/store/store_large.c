@@ -10,6 +10,8 @@
  *       the same, both servers in one loop: each rep on Redis and on
  *       tdist-store back to back (order swapped every rep), so that the
  *       load of a shared machine falls on both alike; lines end interleaved=1.
+ *       With STORE_LARGE_PAIR_SAME=redis|tdist both ports run that server
+ *       (peers redis-a/-b or tdist-store-a/-b): the control for the loop.
  *   store_large ping PROTO HOST PORT [SECONDS] [ATTACKERS] [LABEL]
  *       ATTACKERS (default 8) connections SET 64 MiB values in a loop while
  *       another client connects, authenticates and asks the number of keys
@@ -322,7 +324,16 @@ static int large(const char *peer, int reps) {
  * every rep), so a change in the machine's load falls on both alike. */
 static int large_pair(int rport, int tport, int reps) {
   static const size_t sizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
-  static const char *names[2] = {"redis", "tdist-store"};
+  /* STORE_LARGE_PAIR_SAME=redis|tdist: both ports run that server (the
+   * control: what the loop alone makes of two identical servers). */
+  const char *same = getenv("STORE_LARGE_PAIR_SAME");
+  int redis[2] = {1, 0};
+  const char *names[2] = {"redis", "tdist-store"};
+  if (same && (!strcmp(same, "redis") || !strcmp(same, "tdist"))) {
+    redis[0] = redis[1] = !strcmp(same, "redis");
+    names[0] = redis[0] ? "redis-a" : "tdist-store-a";
+    names[1] = redis[0] ? "redis-b" : "tdist-store-b";
+  }
   const int ports[2] = {rport, tport};
   uint8_t *v = malloc(64 << 20);
   if (!v) die("malloc");
@@ -330,7 +341,7 @@ static int large_pair(int rport, int tport, int reps) {
     v[i] = (uint8_t)(i * 131 + 7);
   cl_t c[2] = {{0}, {0}};
   for (int p = 0; p < 2; p++) {
-    g_redis = p == 0;
+    g_redis = redis[p];
     g_port = ports[p];
     cl_open(&c[p]);
   }
@@ -343,7 +354,7 @@ static int large_pair(int rport, int tport, int reps) {
     for (int i = 0; i < r + 1; i++) { /* the first is a warmup */
       for (int k = 0; k < 2; k++) {
         int p = (i + k) % 2;
-        g_redis = p == 0;
+        g_redis = redis[p];
         double t0 = now_us();
         op_set(&c[p], key, v, n);
         double t1 = now_us();
