@@ -191,15 +191,16 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
    * (its own bells, segment/sc_chan.c): the rings' marks would only cost
    * it (a lock and a fence each way), and without them a peer's ring
    * traffic rings the bell, as it does when nobody polls. */
-  if (spin && tl_polling != ctx && !b->sc) {
-    if (tl_polling) poll_stop(tl_polling); /* a run elsewhere never ended */
+  cpu_ctx_t *polling = tl_polling; /* read once: a thread-local costs a call here (-fPIC) */
+  if (spin && !b->sc && polling != ctx) {
+    if (polling) poll_stop(polling); /* a run elsewhere never ended */
     /* Counted before the pass: what the peers answer from now on finds
      * this thread polling. */
     tdist__cpu_shm_mark(ctx, 1);
-    tl_polling = ctx;
+    tl_polling = polling = ctx;
   }
   int r = test_pass(cg, b, spin);
-  if (tl_polling == ctx && (!spin || r == 1)) {
+  if (polling == ctx && (!spin || r == 1)) {
     poll_stop(ctx); /* the run ends: what came without a bell is read */
     if (r != 1 && atomic_load_explicit(&b->ok, memory_order_acquire)) r = 1;
   }

@@ -237,7 +237,9 @@ void tdist__work_unref(tdist_work_t *w) {
   if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) != 1) return;
   if (w->args.p2p && w->args.p2p != w->p2p_inline) tdist__free(w->args.p2p);
   w->args.p2p = NULL;
-  if (!tl_cached && !tdist__progress_on_thread()) {
+  /* Any thread, the progress thread too: it keeps at most one, and asking
+   * which thread this is would cost a second thread-local lookup per op. */
+  if (!tl_cached) {
     if (!tl_cache_armed) {
       /* Once per thread: the key (any non-NULL value) makes the thread's
        * exit run cache_exit. */
