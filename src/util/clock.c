@@ -1,0 +1,184 @@
+/*
+ * clock.c - the time stamp counter's line to CLOCK_MONOTONIC (clock.h).
+ *
+ * Calibration: the first slow read takes an origin (counter, ns); reads
+ * are clock_gettime's for 1 ms, and then the counter's rate is the slope
+ * from that origin, which grows more exact as the process lives (a pair's
+ * error over the whole span). The first line starts a pair's width ahead,
+ * so that no clock_gettime value handed out before is ahead of it. Each
+ * anchoring reads (counter, clock_gettime, counter) and keeps the pair only
+ * when the two counter reads are close, so a thread preempted between them
+ * does not skew the line.
+ *
+ * Re-anchoring, once a period (the origin's age, up to 1 s): the new line
+ * starts where the old one is at
+ * that counter value (continuous, so no reader ever sees time go back) and
+ * reaches CLOCK_MONOTONIC one period later. Only a gap above 1 ms (no read
+ * for a long time, the rate far off) steps it to CLOCK_MONOTONIC at once,
+ * forward: every value handed out before came from the old line's span,
+ * which ended before. A line ahead of CLOCK_MONOTONIC slows down (to half
+ * speed at most) until it is caught up.
+ *
+ * Threads: any. The anchoring thread holds `mu` for a few clock reads; a
+ * reader that finds it held does not wait (a forked child may have
+ * inherited it held): it extends the current line, or reads clock_gettime.
+ */
+#include "util/clock.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/param.h"
+
+TDIST_PARAM(ClockTsc, "TDIST_CLOCK_TSC", 1)
+
+struct tdist__clock_line tdist__clock;
+
+static int64_t sys_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#ifdef TDIST__CLOCK_TSC
+
+#define CAL_NS 1000000LL       /* the origin's age before the line is used */
+#define PERIOD_NS 1000000000LL /* between anchorings, at most */
+#define STEP_NS 1000000LL      /* a gap larger than this is stepped, not slewed */
+#define PAIR_TICKS 2000u       /* two counter reads further apart (about 0.8 us): preempted */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int usable;             /* the kernel keeps time with the counter, and TDIST_CLOCK_TSC */
+static uint64_t org_tsc;       /* (mu) the calibration's origin */
+static _Atomic int64_t org_ns; /* (mu; read by any) 0: none yet */
+
+static void probe(void) {
+  char cs[32] = "";
+  FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (f) {
+    if (!fgets(cs, sizeof(cs), f)) cs[0] = '\0';
+    fclose(f);
+  }
+  usable = tdist__param_ClockTsc() != 0 && strncmp(cs, "tsc\n", 4) == 0;
+}
+
+/* A (counter, ns) pair read close together, and its width in ticks: 0,
+ * or -1. */
+static int pair(uint64_t *tsc, int64_t *ns, uint64_t *width) {
+  for (int i = 0; i < 4; i++) {
+    uint64_t a = __rdtsc();
+    int64_t n = sys_ns();
+    uint64_t b = __rdtsc();
+    if (b >= a && b - a < PAIR_TICKS) {
+      *tsc = a + (b - a) / 2;
+      *ns = n;
+      *width = b - a;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int64_t at(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t t) {
+  return t <= tsc0 ? ns0 : ns0 + (int64_t)(((unsigned __int128)(t - tsc0) * mult) >> 32);
+}
+
+/* The line's value at counter t, whatever its span (0: no line). */
+static int64_t line_at(uint64_t t) {
+  struct tdist__clock_line *l = &tdist__clock;
+  for (int i = 0; i < 10000; i++) { /* bounded: a forked child may find seq odd for ever */
+    uint32_t s = atomic_load_explicit(&l->seq, memory_order_acquire);
+    if (s & 1) continue; /* a few stores away */
+    if (!atomic_load_explicit(&l->on, memory_order_relaxed)) return 0;
+    uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
+    int64_t ns0 = atomic_load_explicit(&l->ns0, memory_order_relaxed);
+    uint64_t mult = atomic_load_explicit(&l->mult, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&l->seq, memory_order_relaxed) == s) return at(tsc0, ns0, mult, t);
+  }
+  return 0;
+}
+
+static void publish(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span) {
+  struct tdist__clock_line *l = &tdist__clock;
+  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&l->tsc0, tsc0, memory_order_relaxed);
+  atomic_store_explicit(&l->ns0, ns0, memory_order_relaxed);
+  atomic_store_explicit(&l->mult, mult, memory_order_relaxed);
+  atomic_store_explicit(&l->span, span, memory_order_relaxed);
+  atomic_store_explicit(&l->on, 1, memory_order_relaxed);
+  atomic_store_explicit(&l->seq, s + 2, memory_order_release);
+}
+
+/* (mu) Anchor the line at a fresh pair, if the calibration allows. */
+static void anchor(void) {
+  struct tdist__clock_line *l = &tdist__clock;
+  uint64_t t, width;
+  int64_t r;
+  if (pair(&t, &r, &width) != 0) return;
+  int64_t o = atomic_load_explicit(&org_ns, memory_order_relaxed);
+  if (!o) {
+    org_tsc = t;
+    atomic_store_explicit(&org_ns, r, memory_order_relaxed);
+    return;
+  }
+  if (r - o < CAL_NS || t <= org_tsc) return;
+  /* ns per tick << 32, over everything since the origin */
+  uint64_t rate = (uint64_t)(((unsigned __int128)(uint64_t)(r - o) << 32) / (t - org_tsc));
+  if (!rate) return;
+  /* The period grows with the origin's age (1 ms, 2, 4 ... up to 1 s):
+   * the rate's error is a pair's width over that age, so a line is off by
+   * about a pair's width (tens of ns) at its end, and slewed back. */
+  int64_t pns = r - o < PERIOD_NS ? r - o : PERIOD_NS;
+  uint64_t period = (uint64_t)(((unsigned __int128)(uint64_t)pns << 32) / rate);
+  if (!atomic_load_explicit(&l->on, memory_order_relaxed)) {
+    /* A pair's width ahead: a clock_gettime value another thread took
+     * meanwhile (calibrating) is not ahead of the line. */
+    publish(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period);
+    return;
+  }
+  uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
+  if (t <= tsc0) return; /* anchored meanwhile, past this pair */
+  int64_t f = at(tsc0, atomic_load_explicit(&l->ns0, memory_order_relaxed),
+                 atomic_load_explicit(&l->mult, memory_order_relaxed), t);
+  if (r - f > STEP_NS) { /* behind by more than a step: forward at once */
+    publish(t, r, rate, period);
+    return;
+  }
+  /* Through (t, f), at CLOCK_MONOTONIC one period on (r + pns); a line
+   * ahead runs at half speed at the least, never back. */
+  int64_t want = r + pns - f;
+  if (want < pns / 2) want = pns / 2;
+  publish(t, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period);
+}
+
+int64_t tdist__now_ns_slow(void) {
+  pthread_once(&once, probe);
+  if (!usable) return sys_ns();
+  if (!atomic_load_explicit(&tdist__clock.on, memory_order_relaxed)) {
+    /* Calibrating: clock_gettime, and the lock only for the origin and
+     * once the origin is old enough (a program's first ops must not pay
+     * an anchoring each: the benches' 2000-op runs fell in this window
+     * when it was 10 ms long and every read anchored). */
+    int64_t r = sys_ns(), o = atomic_load_explicit(&org_ns, memory_order_relaxed);
+    if (o && r - o < CAL_NS) return r;
+  }
+  if (pthread_mutex_trylock(&mu) != 0) {
+    int64_t v = line_at(__rdtsc());
+    return v ? v : sys_ns();
+  }
+  anchor();
+  pthread_mutex_unlock(&mu);
+  int64_t v = line_at(__rdtsc());
+  return v ? v : sys_ns();
+}
+
+#else
+
+int64_t tdist__now_ns_slow(void) { return sys_ns(); }
+
+#endif
