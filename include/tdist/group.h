@@ -330,7 +330,10 @@ int tdist_group_on_abort(tdist_group_t *group, tdist_group_abort_cb_t cb, void *
  * it. NULL is ignored. Once it returns, the group's abort callback neither
  * runs nor will run (tdist_group_on_abort).
  * Thread: any caller thread; not from a completion callback or from the
- * group's own abort callback (TDIST_ERR_INVALID_STATE).
+ * group's own abort callback (TDIST_ERR_INVALID_STATE). No other call on
+ * the group may be running meanwhile (a synchronous op, or a submission
+ * not yet returned): its pending work is what it waits for, and a handle's
+ * tdist_work_wait on another thread is waited out.
  * @return 0, or TDIST_ERR_TIMEOUT if work had to be aborted.
  */
 int tdist_group_destroy(tdist_group_t *group);

@@ -164,11 +164,10 @@ int tdist__group_finish_inline(tdist_work_t *w, tdist_work_t **out) {
   w->t_start_ns = w->t_enqueue_ns; /* it ran from its submission, on this thread */
   w->t_end_ns = atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed);
   tdist__trace_whole(w->group->trace, w);
-  tdist__work_unref(w); /* the runtime's */
-  if (out)
-    *out = w;
-  else
-    tdist__work_unref(w); /* the caller's: a synchronous op is done */
+  if (out) *out = w;
+  /* The runtime's reference, and the caller's too when the op is
+   * synchronous (it is done): one atomic operation. */
+  tdist__work_unref_n(w, out ? 1 : 2);
   return 0;
 }
 
@@ -188,11 +187,10 @@ int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
   w->status = 0;
   atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
   tdist__trace_whole(g->trace, w);
-  tdist__work_unref(w); /* the runtime's */
-  if (out)
-    *out = w;
-  else
-    tdist__work_unref(w); /* the caller's: a synchronous op is done */
+  if (out) *out = w;
+  /* The runtime's reference, and the caller's too when the op is
+   * synchronous (it is done): one atomic operation. */
+  tdist__work_unref_n(w, out ? 1 : 2);
   return 0;
 }
 

@@ -101,6 +101,10 @@ static inline tdist_work_t *tdist__work_of(tdist_backend_op_t *op) {
 tdist_work_t *tdist__work_alloc(struct tdist_group *g);
 /* Drop one reference; the last returns the work to the pool. Any thread. */
 void tdist__work_unref(tdist_work_t *w);
+/* Drop n references the calling thread holds at once (one atomic operation
+ * where n calls of tdist__work_unref would take n: a synchronous op that
+ * finished inline drops the runtime's and the caller's together). */
+void tdist__work_unref_n(tdist_work_t *w, int n);
 
 /* Progress thread: QUEUED -> RUNNING. */
 void tdist__work_running(tdist_work_t *w);

@@ -78,7 +78,10 @@ void tdist__cpu_shm_release(cpu_ctx_t *ctx); /* (progress) unmap what is left */
  * if nobody polls its ring. */
 ssize_t tdist__cpu_shm_write(cpu_conn_t *c, const struct iovec *iov, int cnt);
 extern _Atomic uint64_t tdist__cpu_shm_writes; /* ring writes (tests, docs) */
-/* Collectives completed over a group's shared segment (sc_op.c; tests). */
+/* Collectives completed over a group's shared segment (sc_op.c; tests).
+ * Added to without an atomic read-modify-write (under the engine lock):
+ * exact in a process with one CPU context (a rank), and in one with
+ * several, a count that may miss an op two contexts finished at once. */
 extern _Atomic uint64_t tdist__cpu_sc_ops;
 /* Write to ring r what fits; when nothing does, set r->wwait (the reader
  * then rings our doorbell when it makes room) and try once more. Bytes
