@@ -53,6 +53,13 @@ void tdist__trace_free(tdist__trace_t *t) {
   tdist__free(t);
 }
 
+/* The slot of op seq: a mask where cap is a power of two (the default
+ * 1024), since a 64-bit division on every recorded op cost as much as
+ * the record's stores. */
+static inline uint32_t slot_of(const tdist__trace_t *t, uint64_t seq) {
+  return (t->cap & (t->cap - 1)) ? (uint32_t)(seq % t->cap) : (uint32_t)seq & (t->cap - 1);
+}
+
 static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
   r->seq = w->bop.seq;
   r->op = (int16_t)w->args.type;
@@ -74,13 +81,13 @@ static void fill(tdist__trace_rec_t *r, const tdist_work_t *w, int state) {
 
 static void start_locked(tdist__trace_t *t, const tdist_work_t *w) {
   uint64_t seq = w->bop.seq;
-  fill(&t->recs[seq % t->cap], w, TDIST_WORK_RUNNING);
+  fill(&t->recs[slot_of(t, seq)], w, TDIST_WORK_RUNNING);
   if (seq + 1 > t->recorded) t->recorded = seq + 1;
 }
 
 static void end_locked(tdist__trace_t *t, const tdist_work_t *w) {
   uint64_t seq = w->bop.seq;
-  tdist__trace_rec_t *r = &t->recs[seq % t->cap];
+  tdist__trace_rec_t *r = &t->recs[slot_of(t, seq)];
   if (r->seq != seq || r->t_enqueue_ns != w->t_enqueue_ns) {
     if (seq + t->cap < t->recorded) return; /* older than the ring */
     if (seq + 1 > t->recorded) t->recorded = seq + 1;
@@ -109,7 +116,7 @@ void tdist__trace_whole(tdist__trace_t *t, const tdist_work_t *w) {
    * fills its own slot, and none at all once it is older than the ring. */
   uint64_t seq = w->bop.seq;
   if (seq + t->cap >= t->recorded) { /* start and end at once: one fill */
-    fill(&t->recs[seq % t->cap], w, tdist__work_state_for(w->status));
+    fill(&t->recs[slot_of(t, seq)], w, tdist__work_state_for(w->status));
     if (seq + 1 > t->recorded) t->recorded = seq + 1;
   }
   tdist__spin_unlock(&t->mu);
@@ -261,7 +268,7 @@ static int put_line(FILE *f, json_object *o, int *oom) {
 /* A record that is in the dump: in the ring at its slot, and submitted (a
  * slot whose submit failed keeps an older seq, or none). */
 static const tdist__trace_rec_t *kept(const tdist__trace_t *t, uint64_t s) {
-  const tdist__trace_rec_t *r = &t->recs[s % t->cap];
+  const tdist__trace_rec_t *r = &t->recs[slot_of(t, s)];
   return r->seq == s && r->t_enqueue_ns ? r : NULL;
 }
 

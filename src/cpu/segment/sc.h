@@ -198,9 +198,11 @@ typedef struct cpu_sc {
   void *base;
   size_t bytes;        /* the mapping */
   size_t region_bytes; /* per member */
-  unsigned D;          /* slots */
-  unsigned L;          /* step lines (>= D): a step whose data fits inline needs a line only */
-  size_t F;            /* slot bytes */
+  unsigned D;          /* slots (a power of two) */
+  unsigned
+      L;    /* step lines (>= D, a power of two): a step whose data fits inline needs a line only */
+  size_t F; /* slot bytes (a power of two) */
+  unsigned Fshift; /* log2(F) */
   int n, me;
   sc_region_t *rg;          /* [n] */
   struct sockaddr_un *bell; /* [n] members' bell addresses */
@@ -265,9 +267,18 @@ enum {
   SC_ROLE_GIVE = 2  /* only gives: completes once written, checked later */
 };
 
-/* Steps of op's stream of `bytes` bytes. */
+/* Steps of op's stream of `bytes` bytes. D, L and F are powers of two
+ * (sc_chan.c): a small op maps steps to lines and slots a dozen times, and
+ * as divisions those took about as long as its reduction. */
 static inline uint64_t sc_steps_of(const cpu_sc_t *ch, uint64_t bytes) {
-  return (bytes + ch->F - 1) / ch->F;
+  return (bytes + ch->F - 1) >> ch->Fshift;
+}
+/* Member m's line of step st, and the slot of step st. */
+static inline sc_step_t *sc_line(const cpu_sc_t *ch, int m, uint64_t st) {
+  return &ch->rg[m].step[st & (ch->L - 1)];
+}
+static inline unsigned sc_slot(const cpu_sc_t *ch, uint64_t st) {
+  return (unsigned)(st & (ch->D - 1));
 }
 
 /* ---- sc_chan.c: the channel -------------------------------------------------- */
@@ -299,12 +310,11 @@ int tdist__cpu_sc_sleep(cpu_ctx_t *ctx);
 /* (engine lock, post) The op's role, this member's stream length, and the
  * local part of the result (a member's own block, copied now). */
 int tdist__cpu_sc_plan_post(cpu_op_t *op);
-/* (engine lock) Member m's stream length by the op's arguments (fixed-size
- * ops; a v-op's come with the signatures). */
-uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m);
-/* (engine lock, the op at the head, totals known) Fill ch->lo/hi: what this
- * member reads of each stream (v-ops: once the counts are in, below). */
-void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
+/* (engine lock, the op at the head) Fill ch->lo/hi: what this member reads
+ * of each stream, and for a fixed-size op ch->totals first (a v-op's come
+ * with the signatures: called once they are in, below). Returns the
+ * longest stream. */
+uint64_t tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op);
 /* all_to_all_v: the bytes of each destination's chunk in a slot. */
 size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op);
 /* all_to_all_v: the bytes of member m's block for this member taken per

@@ -172,6 +172,9 @@ int tdist__cpu_sc_sleep(cpu_ctx_t *ctx) {
 
 /* ---- the segment ---------------------------------------------------------------- */
 
+static int is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+static uint32_t pow2_floor(uint64_t v) { return (uint32_t)(1ull << (63 - __builtin_clzll(v))); }
+
 /* What a member publishes in round 1. */
 typedef struct sc_hello {
   char host[HOST_ID_LEN];
@@ -286,8 +289,9 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   if (me == 0 && h.want) {
     int64_t d = tdist__param_CpuScSlots(), f = tdist__param_CpuScSlotBytes();
     int64_t l = tdist__param_CpuScLines();
-    h.slots = (uint32_t)(d < 2 ? 2 : d > 64 ? 64 : d);
-    h.lines = (uint32_t)(l < h.slots ? h.slots : l > 65536 ? 65536 : l);
+    /* Powers of two, rounded down (sc.h, sc_steps_of: masks, not divisions). */
+    h.slots = pow2_floor((uint64_t)(d < 2 ? 2 : d > 64 ? 64 : d));
+    h.lines = pow2_floor((uint64_t)(l < h.slots ? h.slots : l > 65536 ? 65536 : l));
     h.slot_bytes = tdist__cpu_shm_ring_bytes(f < 4096 ? 4096 : (size_t)f); /* a power of two */
     h.seg_bytes = region_bytes(h.slots, h.lines, h.slot_bytes) * (size_t)n;
     if (tdist__cpu_shm_mem_create(h.seg_bytes, &seg) != 0) {
@@ -310,7 +314,8 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
     all = lens[r] == sizeof(*o) && o->want && memcmp(o->host, h.host, HOST_ID_LEN) == 0 &&
           o->bell_len > 0 && o->bell_len <= sizeof(struct sockaddr_un);
   }
-  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->lines < h0->slots || h0->slot_bytes < 4096)
+  if (!all || h0->seg_fd < 0 || h0->slots < 2 || h0->lines < h0->slots || h0->slot_bytes < 4096 ||
+      !is_pow2(h0->slots) || !is_pow2(h0->lines) || !is_pow2(h0->slot_bytes))
     goto done;
   /* From here every member maps, or says it could not. */
   ch->n = n;
@@ -318,6 +323,7 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->D = h0->slots;
   ch->L = h0->lines;
   ch->F = h0->slot_bytes;
+  ch->Fshift = (unsigned)__builtin_ctzll(ch->F);
   ch->region_bytes = region_bytes(ch->D, ch->L, ch->F);
   ch->bytes = h0->seg_bytes;
   int32_t ok = ch->bytes == ch->region_bytes * (size_t)n;

@@ -63,7 +63,9 @@ static size_t displ(const size_t *displs, int j, size_t packed) {
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-uint64_t tdist__cpu_sc_total_of(const cpu_op_t *op, int m) {
+/* Member m's stream length by the op's arguments (fixed-size ops; a v-op's
+ * come with the signatures). */
+static inline uint64_t total_of(const cpu_op_t *op, int m) {
   uint64_t L = (uint64_t)op->count * op->es, n = (uint64_t)op->size;
   switch (op->type) {
   case TDIST_OP_ALL_REDUCE:
@@ -226,8 +228,7 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   case TDIST_OP_SCATTER: s->role = root ? SC_ROLE_GIVE : SC_ROLE_ALL; break;
   default: s->role = SC_ROLE_ALL; break;
   }
-  s->total =
-      tdist_backend_op_is_v(op->type) ? my_v_total(op) : tdist__cpu_sc_total_of(op, op->rank);
+  s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op) : total_of(op, op->rank);
   /* The input an output written step by step could overwrite first. */
   size_t L = op->count * op->es, in = 0;
   const uint8_t *out = a->recvbuf, *sb = a->sendbuf;
@@ -250,11 +251,13 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   return 0;
 }
 
-void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
-  int n = op->size, me = op->rank;
-  uint64_t L = (uint64_t)op->count * op->es;
+uint64_t tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
+  int n = op->size, me = op->rank, fixed = !tdist_backend_op_is_v(op->type);
+  uint64_t L = (uint64_t)op->count * op->es, mx = 0;
   for (int m = 0; m < n; m++) {
     uint64_t lo = 0, hi = 0;
+    if (fixed) ch->totals[m] = total_of(op, m);
+    mx = max64(mx, ch->totals[m]);
     switch (op->type) {
     case TDIST_OP_ALL_REDUCE:
     case TDIST_OP_REDUCE: hi = op->sc.role == SC_ROLE_ALL ? L : 0; break;
@@ -274,6 +277,7 @@ void tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
     ch->lo[m] = lo;
     ch->hi[m] = hi;
   }
+  return mx;
 }
 
 /* all_to_all_v's step j: the count array (step 0), then the chunk of each

@@ -180,7 +180,7 @@ static void step_sign(sc_step_t *h, const cpu_op_t *op, uint64_t j, size_t len) 
 static int step_sig(const cpu_sc_t *ch, const cpu_op_t *op, int m, sc_sig_t *out) {
   uint64_t s0 = op->sc.s0;
   if (tdist_backend_op_is_v(op->type) || ch->done > s0) return 0;
-  const sc_step_t *h = &ch->rg[m].step[s0 % ch->L];
+  const sc_step_t *h = sc_line(ch, m, s0);
   if (atomic_load_explicit(&h->step, memory_order_acquire) != s0 + 1 || h->cseq != op->cseq ||
       !(h->sig & SC_STEP_SIG))
     return 0;
@@ -250,8 +250,8 @@ static size_t step_len(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t j) {
 static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st) {
   uint64_t off = j * ch->F;
   size_t len = step_len(ch, op, j);
-  unsigned slot = (unsigned)(st % ch->D);
-  sc_step_t *h = &ch->rg[ch->me].step[st % ch->L];
+  unsigned slot = sc_slot(ch, st);
+  sc_step_t *h = sc_line(ch, ch->me, st);
   uint8_t *dst = len <= SC_INLINE ? h->inl : ch->rg[ch->me].data + (size_t)slot * ch->F;
   if (op->sc.direct) {
     /* A two-phase all_reduce: this member's share of the step stays where
@@ -284,12 +284,12 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
 static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   struct cpu_sc_opst *s = &op->sc;
   uint64_t st = s->s0 + j;
-  unsigned slot = (unsigned)(st % ch->D);
+  unsigned slot = sc_slot(ch, st);
   uint8_t *out = (uint8_t *)op->args->recvbuf + j * ch->F;
   const uint8_t *pcs[SC_MAX_RANKS];
   size_t len = 0, a, b;
   for (int m = 0; m < op->size; m++) {
-    sc_step_t *h = &ch->rg[m].step[st % ch->L];
+    sc_step_t *h = sc_line(ch, m, st);
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
     len = h->len;
     pcs[m] = len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
@@ -337,7 +337,7 @@ static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
  * mismatch in the v-op counts, reported). */
 static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   uint64_t st = op->sc.s0 + j;
-  unsigned slot = (unsigned)(st % ch->D);
+  unsigned slot = sc_slot(ch, st);
   const uint8_t *pcs[SC_MAX_RANKS];
   if (op->sc.two) {
     if (!consume_two(ch, op, j)) return 0;
@@ -346,7 +346,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   for (int m = 0; m < op->size; m++) {
     pcs[m] = NULL;
     if (!reads(ch, op, m, j)) continue;
-    sc_step_t *h = &ch->rg[m].step[st % ch->L];
+    sc_step_t *h = sc_line(ch, m, st);
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) {
       /* Not in its slot: a giver that overflowed has it in a memfd. */
       if (!(pcs[m] = tdist__cpu_sc_ovf_piece(ch, op, m, j))) return 0;
@@ -380,12 +380,8 @@ static void start(cpu_sc_t *ch, cpu_op_t *op) {
     memset(ch->hi, 0, sizeof(uint64_t) * (size_t)ch->n);
     return;
   }
-  uint64_t mx = 0;
-  for (int m = 0; m < op->size; m++)
-    mx = max64(mx, ch->totals[m] = tdist__cpu_sc_total_of(op, m));
-  s->nsteps = sc_steps_of(ch, mx);
+  s->nsteps = sc_steps_of(ch, tdist__cpu_sc_ranges(ch, op)); /* the totals too */
   ch->next_step = s->s0 + s->nsteps;
-  tdist__cpu_sc_ranges(ch, op);
   /* Large all_reduce: two phases (consume_two). The size decides, so every
    * member that agrees on the op decides alike. */
   s->two = op->type == TDIST_OP_ALL_REDUCE && op->count >= (size_t)op->size &&
@@ -424,12 +420,8 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
       if (r <= 0) return r < 0 ? -1 : moved | pass;
       s->checked = 1;
       if (tdist_backend_op_is_v(op->type)) {
-        uint64_t mx = 0;
-        for (int m = 0; m < op->size; m++)
-          mx = max64(mx, ch->totals[m]);
-        s->nsteps = sc_steps_of(ch, mx);
+        s->nsteps = sc_steps_of(ch, tdist__cpu_sc_ranges(ch, op));
         ch->next_step = s->s0 + s->nsteps;
-        tdist__cpu_sc_ranges(ch, op);
       }
     }
     if (s->nsteps == UINT64_MAX) return moved | pass; /* a v-op's length: with every signature */
@@ -449,6 +441,9 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
       if (s->wstep < mine && s->wstep - s->cstep < lead) break; /* write the next one first */
     }
     moved |= pass;
+    /* Written and consumed to the end (checked, or a giver): another
+     * round would find nothing (a small op's every pass took one more). */
+    if (s->cstep >= s->nsteps && s->wstep >= mine) break;
   } while (pass);
   return moved;
 }
@@ -638,7 +633,7 @@ int tdist__cpu_sc_needs(const cpu_group_t *cg, int r) {
      * memfd: sc_ovf.c), and past every step this member still has to
      * write (its done frees our slots). */
     uint64_t last = op->sc.s0 + sc_steps_of(ch, g.total);
-    const sc_step_t *h = &ch->rg[r].step[(last + ch->L - 1) % ch->L];
+    const sc_step_t *h = sc_line(ch, r, last + ch->L - 1);
     int ovf = atomic_load_explicit(&ch->rg[r].sig[op->cseq % SC_H].ovf, memory_order_acquire) != 0;
     if (last > op->sc.s0 && !ovf && atomic_load_explicit(&h->step, memory_order_acquire) < last)
       return 1;
