@@ -414,14 +414,16 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
  * `at`), a block at a time so the partial result stays in cache. */
 void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const *pcs, size_t at,
                           size_t len) {
-  size_t es = op->es, blk = 4096;
+  size_t blk = 4096;
+  unsigned sh =
+      (unsigned)__builtin_ctzll(op->es); /* element sizes are powers of two: no division */
   for (size_t o = 0; o < len; o += blk) {
     size_t l = min64(blk, len - o);
     memcpy(out + o, pcs[0] + at + o, l);
     for (int m = 1; m < op->size; m++)
-      tdist__cpu_reduce(out + o, pcs[m] + at + o, l / es, op->dtype, op->redop);
+      tdist__cpu_reduce(out + o, pcs[m] + at + o, l >> sh, op->dtype, op->redop);
   }
-  if (op->redop == TDIST_AVG) tdist__cpu_divide(out, len / es, op->dtype, op->size);
+  if (op->redop == TDIST_AVG) tdist__cpu_divide(out, len >> sh, op->dtype, op->size);
 }
 
 void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t *mine,

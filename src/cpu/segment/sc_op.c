@@ -343,6 +343,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     if (!consume_two(ch, op, j)) return 0;
     goto consumed;
   }
+  if (op->sc.role == SC_ROLE_GIVE) goto consumed; /* it reads nothing: the step is only counted */
   for (int m = 0; m < op->size; m++) {
     pcs[m] = NULL;
     if (!reads(ch, op, m, j)) continue;
