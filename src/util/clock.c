@@ -11,9 +11,9 @@
  * does not skew the line.
  *
  * Re-anchoring, once a period (the origin's age, up to 1 s): the new line
- * starts where the old one is at
- * that counter value (continuous, so no reader ever sees time go back) and
- * reaches CLOCK_MONOTONIC one period later. Only a gap above 1 ms (no read
+ * starts where the old one is when it replaces it, a hair ahead
+ * (publish_slew: so no reader ever sees time go back), and reaches
+ * CLOCK_MONOTONIC one period later. Only a gap above 1 ms (no read
  * for a long time, the rate far off) steps it to CLOCK_MONOTONIC at once,
  * forward: every value handed out before came from the old line's span,
  * which ended before. A line ahead of CLOCK_MONOTONIC slows down (to half
@@ -26,6 +26,7 @@
 #include "util/clock.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,6 +47,7 @@ static int64_t sys_ns(void) {
 #define CAL_NS 1000000LL       /* the origin's age before the line is used */
 #define PERIOD_NS 1000000000LL /* between anchorings, at most */
 #define STEP_NS 1000000LL      /* a gap larger than this is stepped, not slewed */
+#define SLEW_AHEAD 256u        /* ticks (about 0.1 us): an out-of-order window and more */
 #define PAIR_TICKS 2000u       /* two counter reads further apart (about 0.8 us): preempted */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -53,6 +55,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int usable;             /* the kernel keeps time with the counter, and TDIST_CLOCK_TSC */
 static uint64_t org_tsc;       /* (mu) the calibration's origin */
 static _Atomic int64_t org_ns; /* (mu; read by any) 0: none yet */
+
+static void at_fork(void);
 
 static void probe(void) {
   char cs[32] = "";
@@ -62,6 +66,18 @@ static void probe(void) {
     fclose(f);
   }
   usable = tdist__param_ClockTsc() != 0 && strncmp(cs, "tsc\n", 4) == 0;
+  if (usable) pthread_atfork(NULL, NULL, at_fork);
+}
+
+/* Fill the line's fields (seq odd) and make seq `even` again. */
+static void store_line(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span, uint32_t even) {
+  struct tdist__clock_line *l = &tdist__clock;
+  atomic_store_explicit(&l->tsc0, tsc0, memory_order_relaxed);
+  atomic_store_explicit(&l->ns0, ns0, memory_order_relaxed);
+  atomic_store_explicit(&l->mult, mult, memory_order_relaxed);
+  atomic_store_explicit(&l->span, span, memory_order_relaxed);
+  atomic_store_explicit(&l->on, 1, memory_order_relaxed);
+  atomic_store_explicit(&l->seq, even, memory_order_release);
 }
 
 /* A (counter, ns) pair read close together, and its width in ticks: 0,
@@ -85,20 +101,42 @@ static int64_t at(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t t) {
   return t <= tsc0 ? ns0 : ns0 + (int64_t)(((unsigned __int128)(t - tsc0) * mult) >> 32);
 }
 
-/* The line's value at counter t, whatever its span (0: no line). */
-static int64_t line_at(uint64_t t) {
+/* The line's value now, whatever its span (0: no line). A line being
+ * rewritten (seq odd) is waited for, yielding after a while: the writer
+ * holds mu for a few clock reads, and falling back to clock_gettime then
+ * could hand out a value below the line's last (core_clock under TSan,
+ * with the writer preempted, saw that). A forked child never finds seq
+ * odd for ever: at_fork resets what a fork in the middle left. */
+static int64_t line_at(void) {
   struct tdist__clock_line *l = &tdist__clock;
-  for (int i = 0; i < 10000; i++) { /* bounded: a forked child may find seq odd for ever */
+  for (unsigned i = 0;; i++) {
     uint32_t s = atomic_load_explicit(&l->seq, memory_order_acquire);
-    if (s & 1) continue; /* a few stores away */
+    if (s & 1) {
+      if (i >= 64) sched_yield();
+      continue;
+    }
     if (!atomic_load_explicit(&l->on, memory_order_relaxed)) return 0;
+    uint64_t t = __rdtsc();
     uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
     int64_t ns0 = atomic_load_explicit(&l->ns0, memory_order_relaxed);
     uint64_t mult = atomic_load_explicit(&l->mult, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&l->seq, memory_order_relaxed) == s) return at(tsc0, ns0, mult, t);
   }
-  return 0;
+}
+
+/* A child forked while a thread anchored: the lock is taken again from
+ * scratch, and a line left half written (seq odd) is dropped, calibrated
+ * anew. */
+static void at_fork(void) {
+  struct tdist__clock_line *l = &tdist__clock;
+  pthread_mutex_init(&mu, NULL);
+  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+  if (s & 1) {
+    atomic_store_explicit(&l->on, 0, memory_order_relaxed);
+    atomic_store_explicit(&org_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&l->seq, s + 1, memory_order_release);
+  }
 }
 
 static void publish(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span) {
@@ -106,12 +144,50 @@ static void publish(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span) {
   uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
   atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
-  atomic_store_explicit(&l->tsc0, tsc0, memory_order_relaxed);
-  atomic_store_explicit(&l->ns0, ns0, memory_order_relaxed);
-  atomic_store_explicit(&l->mult, mult, memory_order_relaxed);
-  atomic_store_explicit(&l->span, span, memory_order_relaxed);
-  atomic_store_explicit(&l->on, 1, memory_order_relaxed);
-  atomic_store_explicit(&l->seq, s + 2, memory_order_release);
+  store_line(tsc0, ns0, mult, span, s + 2);
+}
+
+/* (mu) The first line, at a pair read now (the calibration's pair may be
+ * milliseconds old if this thread was preempted since: the rate's error
+ * over that time could put the line below a clock_gettime value another
+ * thread returned meanwhile, as core_clock under TSan saw once), and a
+ * pair's width ahead, so that no clock_gettime value handed out before is
+ * ahead of it. */
+static void publish_first(uint64_t rate, uint64_t period) {
+  struct tdist__clock_line *l = &tdist__clock;
+  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+  uint64_t t, width;
+  int64_t r;
+  if (pair(&t, &r, &width) != 0) return;
+  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  store_line(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period, s + 2);
+}
+
+/* (mu) The slew: the new line starts where the old one is at a counter
+ * value read once readers can no longer take the old one (seq odd, and a
+ * full fence: RDTSC is then ordered after the store), plus SLEW_AHEAD
+ * ticks. Had it started at the pair's counter value, a reader that took
+ * the old line after the pair would find the new one, if slower, below
+ * what it read a moment before (core_clock under TSan saw that once); the
+ * margin covers a reader whose RDTSC ran late, out of order, after the
+ * load that validated the old line. It reaches the pair's CLOCK_MONOTONIC,
+ * carried on at the rate, one period later; a line ahead runs at half
+ * speed at the least. */
+static void publish_slew(uint64_t t, int64_t r, uint64_t rate, int64_t pns, uint64_t period) {
+  struct tdist__clock_line *l = &tdist__clock;
+  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
+  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst); /* the odd seq is seen before the counter is read */
+  uint64_t tp = __rdtsc();
+  if (tp < t) tp = t;
+  int64_t f = at(atomic_load_explicit(&l->tsc0, memory_order_relaxed),
+                 atomic_load_explicit(&l->ns0, memory_order_relaxed),
+                 atomic_load_explicit(&l->mult, memory_order_relaxed), tp + SLEW_AHEAD);
+  int64_t target = r + (int64_t)(((unsigned __int128)(tp - t + period) * rate) >> 32);
+  int64_t want = target - f;
+  if (want < pns / 2) want = pns / 2;
+  store_line(tp, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period, s + 2);
 }
 
 /* (mu) Anchor the line at a fresh pair, if the calibration allows. */
@@ -136,9 +212,7 @@ static void anchor(void) {
   int64_t pns = r - o < PERIOD_NS ? r - o : PERIOD_NS;
   uint64_t period = (uint64_t)(((unsigned __int128)(uint64_t)pns << 32) / rate);
   if (!atomic_load_explicit(&l->on, memory_order_relaxed)) {
-    /* A pair's width ahead: a clock_gettime value another thread took
-     * meanwhile (calibrating) is not ahead of the line. */
-    publish(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period);
+    publish_first(rate, period);
     return;
   }
   uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
@@ -149,11 +223,7 @@ static void anchor(void) {
     publish(t, r, rate, period);
     return;
   }
-  /* Through (t, f), at CLOCK_MONOTONIC one period on (r + pns); a line
-   * ahead runs at half speed at the least, never back. */
-  int64_t want = r + pns - f;
-  if (want < pns / 2) want = pns / 2;
-  publish(t, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period);
+  publish_slew(t, r, rate, pns, period);
 }
 
 int64_t tdist__now_ns_slow(void) {
@@ -168,12 +238,12 @@ int64_t tdist__now_ns_slow(void) {
     if (o && r - o < CAL_NS) return r;
   }
   if (pthread_mutex_trylock(&mu) != 0) {
-    int64_t v = line_at(__rdtsc());
+    int64_t v = line_at();
     return v ? v : sys_ns();
   }
   anchor();
   pthread_mutex_unlock(&mu);
-  int64_t v = line_at(__rdtsc());
+  int64_t v = line_at();
   return v ? v : sys_ns();
 }
 

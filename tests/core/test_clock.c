@@ -4,9 +4,11 @@
  * once calibrated, every value lies within a few microseconds of a
  * clock_gettime bracket taken around it, and no thread sees time go back,
  * across the calibration, the line's first anchoring and its re-anchorings
- * (the period doubles from 1 ms: 1.2 s of reads sees about eleven).
+ * (the period doubles from 1 ms: 1.2 s of reads sees about eleven); and
+ * the same in children forked while threads read.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -86,7 +90,49 @@ static void clock_follows_monotonic(void **state) {
 #endif
 }
 
+/* Children forked while threads read (one may be anchoring, holding the
+ * lock or with the line half written: at_fork) read a monotonic clock
+ * within the bound. */
+static void *spin_reads(void *arg) {
+  atomic_int *stop = arg;
+  while (!atomic_load(stop))
+    (void)tdist__now_ns();
+  return NULL;
+}
+
+static void clock_after_fork(void **state) {
+  (void)state;
+  atomic_int stop = 0;
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, spin_reads, &stop), 0);
+  for (int k = 0; k < 20; k++) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      struct result r = {0};
+      int64_t prev = 0;
+      for (int i = 0; i < 200000; i++) {
+        int64_t s0 = sys_ns(), v = tdist__now_ns(), s1 = sys_ns();
+        if (v < prev) r.back++;
+        prev = v;
+        int64_t d = v < s0 ? s0 - v : v > s1 ? v - s1 : 0;
+        if (d > r.worst) r.worst = d;
+      }
+      _exit(r.back == 0 && r.worst <= BOUND_NS ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_join(t[i], NULL), 0);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(clock_follows_monotonic)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(clock_follows_monotonic),
+                                     cmocka_unit_test(clock_after_fork)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
