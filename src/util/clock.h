@@ -14,8 +14,14 @@
  * one period later (a slew, as NTP does: no step, so time does not go
  * back). A deadline computed from it may go to pthread_cond_timedwait on
  * CLOCK_MONOTONIC: three threads reading for 3 s found every value within
- * 0.7 us of a clock_gettime taken beside it. TDIST_CLOCK_TSC=0, another clocksource, or another
- * architecture: clock_gettime on every read.
+ * 0.7 us of a clock_gettime taken beside it (tests/core/test_clock.c).
+ * TDIST_CLOCK_TSC=0, another clocksource, or another architecture:
+ * clock_gettime on every read.
+ *
+ * Threads: any, the progress thread too. A read takes no lock; one that
+ * lands while the line is rewritten (once a second, a few stores by the
+ * thread that anchors it) waits for that, yielding if the writer was
+ * preempted.
  */
 #ifndef TDIST_UTIL_CLOCK_H
 #define TDIST_UTIL_CLOCK_H
