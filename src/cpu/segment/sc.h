@@ -198,11 +198,9 @@ typedef struct cpu_sc {
   void *base;
   size_t bytes;        /* the mapping */
   size_t region_bytes; /* per member */
-  unsigned D;          /* slots (a power of two) */
-  unsigned
-      L;    /* step lines (>= D, a power of two): a step whose data fits inline needs a line only */
-  size_t F; /* slot bytes (a power of two) */
-  unsigned Fshift; /* log2(F) */
+  unsigned D;          /* slots (a power of two, as L and F: sc_steps_of) */
+  unsigned L;          /* step lines (>= D): a step whose data fits inline needs a line only */
+  size_t F;            /* slot bytes */
   int n, me;
   sc_region_t *rg;          /* [n] */
   struct sockaddr_un *bell; /* [n] members' bell addresses */
@@ -271,7 +269,7 @@ enum {
  * (sc_chan.c): a small op maps steps to lines and slots a dozen times, and
  * as divisions those took about as long as its reduction. */
 static inline uint64_t sc_steps_of(const cpu_sc_t *ch, uint64_t bytes) {
-  return (bytes + ch->F - 1) >> ch->Fshift;
+  return (bytes + ch->F - 1) >> __builtin_ctzll(ch->F);
 }
 /* Member m's line of step st, and the slot of step st. */
 static inline sc_step_t *sc_line(const cpu_sc_t *ch, int m, uint64_t st) {

@@ -323,7 +323,6 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->D = h0->slots;
   ch->L = h0->lines;
   ch->F = h0->slot_bytes;
-  ch->Fshift = (unsigned)__builtin_ctzll(ch->F);
   ch->region_bytes = region_bytes(ch->D, ch->L, ch->F);
   ch->bytes = h0->seg_bytes;
   int32_t ok = ch->bytes == ch->region_bytes * (size_t)n;
