@@ -20,8 +20,9 @@
  * speed at most) until it is caught up.
  *
  * Threads: any. The anchoring thread holds `mu` for a few clock reads; a
- * reader that finds it held does not wait (a forked child may have
- * inherited it held): it extends the current line, or reads clock_gettime.
+ * reader that finds it held does not take it: it reads the current line,
+ * waiting only while that is being rewritten (line_at). clock_gettime is
+ * read only while calibrating. A forked child re-inits `mu` (at_fork).
  */
 #include "util/clock.h"
 
@@ -69,15 +70,26 @@ static void probe(void) {
   if (usable) pthread_atfork(NULL, NULL, at_fork);
 }
 
-/* Fill the line's fields (seq odd) and make seq `even` again. */
-static void store_line(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span, uint32_t even) {
+/* (mu) Make seq odd: readers take the line no more until store_line. The
+ * fence is full, so an RDTSC after it is ordered after the store
+ * (publish_slew). Returns the odd seq. */
+static uint32_t line_open(void) {
+  struct tdist__clock_line *l = &tdist__clock;
+  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed) + 1;
+  atomic_store_explicit(&l->seq, s, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst);
+  return s;
+}
+
+/* (mu) Fill the line's fields (seq odd) and make seq even again. */
+static void store_line(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span, uint32_t odd) {
   struct tdist__clock_line *l = &tdist__clock;
   atomic_store_explicit(&l->tsc0, tsc0, memory_order_relaxed);
   atomic_store_explicit(&l->ns0, ns0, memory_order_relaxed);
   atomic_store_explicit(&l->mult, mult, memory_order_relaxed);
   atomic_store_explicit(&l->span, span, memory_order_relaxed);
   atomic_store_explicit(&l->on, 1, memory_order_relaxed);
-  atomic_store_explicit(&l->seq, even, memory_order_release);
+  atomic_store_explicit(&l->seq, odd + 1, memory_order_release);
 }
 
 /* A (counter, ns) pair read close together, and its width in ticks: 0,
@@ -140,28 +152,7 @@ static void at_fork(void) {
 }
 
 static void publish(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span) {
-  struct tdist__clock_line *l = &tdist__clock;
-  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
-  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  store_line(tsc0, ns0, mult, span, s + 2);
-}
-
-/* (mu) The first line, at a pair read now (the calibration's pair may be
- * milliseconds old if this thread was preempted since: the rate's error
- * over that time could put the line below a clock_gettime value another
- * thread returned meanwhile, as core_clock under TSan saw once), and a
- * pair's width ahead, so that no clock_gettime value handed out before is
- * ahead of it. */
-static void publish_first(uint64_t rate, uint64_t period) {
-  struct tdist__clock_line *l = &tdist__clock;
-  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
-  uint64_t t, width;
-  int64_t r;
-  if (pair(&t, &r, &width) != 0) return;
-  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  store_line(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period, s + 2);
+  store_line(tsc0, ns0, mult, span, line_open());
 }
 
 /* (mu) The slew: the new line starts where the old one is at a counter
@@ -176,9 +167,7 @@ static void publish_first(uint64_t rate, uint64_t period) {
  * speed at the least. */
 static void publish_slew(uint64_t t, int64_t r, uint64_t rate, int64_t pns, uint64_t period) {
   struct tdist__clock_line *l = &tdist__clock;
-  uint32_t s = atomic_load_explicit(&l->seq, memory_order_relaxed);
-  atomic_store_explicit(&l->seq, s + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_seq_cst); /* the odd seq is seen before the counter is read */
+  uint32_t s = line_open();
   uint64_t tp = __rdtsc();
   if (tp < t) tp = t;
   int64_t f = at(atomic_load_explicit(&l->tsc0, memory_order_relaxed),
@@ -187,7 +176,7 @@ static void publish_slew(uint64_t t, int64_t r, uint64_t rate, int64_t pns, uint
   int64_t target = r + (int64_t)(((unsigned __int128)(tp - t + period) * rate) >> 32);
   int64_t want = target - f;
   if (want < pns / 2) want = pns / 2;
-  store_line(tp, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period, s + 2);
+  store_line(tp, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period, s);
 }
 
 /* (mu) Anchor the line at a fresh pair, if the calibration allows. */
@@ -212,7 +201,13 @@ static void anchor(void) {
   int64_t pns = r - o < PERIOD_NS ? r - o : PERIOD_NS;
   uint64_t period = (uint64_t)(((unsigned __int128)(uint64_t)pns << 32) / rate);
   if (!atomic_load_explicit(&l->on, memory_order_relaxed)) {
-    publish_first(rate, period);
+    /* The first line, at a pair read now (the calibration's may be
+     * milliseconds old if this thread was preempted since: the rate's
+     * error over that time could put the line below a clock_gettime value
+     * another thread returned meanwhile, as core_clock under TSan saw
+     * once), a pair's width ahead: no value handed out before is ahead. */
+    if (pair(&t, &r, &width) == 0)
+      publish(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period);
     return;
   }
   uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
