@@ -119,6 +119,9 @@ static void clock_after_fork(void **state) {
         int64_t d = v < s0 ? s0 - v : v > s1 ? v - s1 : 0;
         if (d > r.worst) r.worst = d;
       }
+      if (r.back || r.worst > BOUND_NS)
+        fprintf(stderr, "child %d: %ld back, worst %lld ns outside the bracket\n", k, r.back,
+                (long long)r.worst);
       _exit(r.back == 0 && r.worst <= BOUND_NS ? 0 : 1);
     }
     int st = 0;
