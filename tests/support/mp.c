@@ -3,12 +3,14 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -92,6 +94,27 @@ static int port_free(int port) {
   return ok;
 }
 
+/* Reserve `port` among the tests of this host: a lock on a file named
+ * after it, held (the fd left open) until this process and the ranks it
+ * forks end. Two tests beside each other (ctest -j) could both find the
+ * same port free before either listened: a rehearsal under stress-ng had
+ * cpu_sc's ranks register in cpu_failures' store ("closed by an earlier
+ * failure") and cpu_failures' diagnosis go unnamed. 1, or 0 when another
+ * process holds it. Where the lock cannot be made at all, the port is
+ * taken as before. */
+static int port_reserve(int port) {
+  char path[64];
+  snprintf(path, sizeof(path), "/tmp/tdist-test-port-%d.lock", port);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return 1;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int held = errno == EWOULDBLOCK;
+    close(fd);
+    return !held;
+  }
+  return 1; /* fd stays open: the reservation */
+}
+
 /* Why not bind(port 0): the kernel hands out such ports from its ephemeral
  * range, the same range every outgoing connect() draws from. Between this
  * check and the test's server listening, a connection of any test running
@@ -113,7 +136,7 @@ int tdist_mp_free_port(void) {
     int span = top - base + 1;
     for (int i = 0; i < 256; i++) {
       int port = base + (int)(rand_r(&seed) % (unsigned)span);
-      if (port_free(port)) return port;
+      if (port_free(port) && port_reserve(port)) return port;
     }
   }
   /* No room below the range (a tuned kernel): the kernel's pick. */

@@ -28,7 +28,9 @@ int tdist_mp_run_codes(int n, tdist_mp_fn fn, void *arg, int timeout_s, int *cod
 
 /* A TCP port free for a test server to listen on (checked, then released;
  * tests only): drawn below the kernel's ephemeral range, so that no
- * outgoing connection of a test running beside it can take it meanwhile. */
+ * outgoing connection of a test running beside it can take it meanwhile,
+ * and reserved against the other tests' picks for as long as this process
+ * (and the ranks it forks) lives (a lock on /tmp/tdist-test-port-N.lock). */
 int tdist_mp_free_port(void);
 
 #define MP_CHECK(cond)                                                                         \
