@@ -366,9 +366,11 @@ struct cpu_group {
   /* sc.h: the group's shared-memory channel (set on the caller thread at
    * creation, before registration), or NULL: the engine runs everything;
    * sc_lag: it has ops completed before every member's signature was
-   * checked (a p2p op, or an engine op that receives, waits). */
+   * checked (a p2p op, or an engine op that receives, waits);
+   * sc_waited: an engine op found itself held by sc_lag (the segment then
+   * checks at once instead of batching its checks, sc_op.c). */
   struct cpu_sc *sc;
-  int sc_lag;
+  int sc_lag, sc_waited;
 };
 
 /* One connection (progress thread once started; conn.c builds it on the

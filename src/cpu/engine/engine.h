@@ -155,8 +155,11 @@ void tdist__cpu_on_sig(cpu_conn_t *c); /* a SIG header arrived (transport) */
 static inline int tdist__cpu_lag_blocks(const cpu_op_t *op) {
   const cpu_op_t *l = op->cg->lagging;
   if (l && l != op && op->cseq > l->cseq) return 1;
-  /* Likewise behind a shared-memory op not checked yet (sc.h). */
-  return op->cg->sc_lag && (op->p2p || op->received);
+  /* Likewise behind a shared-memory op not checked yet (sc.h); the
+   * segment is told that someone waits (cg->sc_waited). */
+  if (!op->cg->sc_lag || !(op->p2p || op->received)) return 0;
+  op->cg->sc_waited = 1;
+  return 1;
 }
 /* Collectives lagging at most in one group (sigcheck.c): how far a rank
  * that only sends (a broadcast root in a loop) runs ahead of the

@@ -469,7 +469,7 @@ static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
     ch->nunverified--;
   }
   if (cg->sc_lag) {
-    cg->sc_lag = 0;
+    cg->sc_lag = cg->sc_waited = 0;
     tdist__list_t *n;
     tdist__list_foreach(n, &cg->ops) {
       cpu_op_t *o = tdist__list_entry(n, cpu_op_t, link);
@@ -500,14 +500,15 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
    * engine's lagging ones (sigcheck.c) of a group that runs both. */
   if (s->role != SC_ROLE_GIVE && (verify(cg, ch) != 0 || ch->nunverified || cg->lagging)) return 0;
   if (s->role != SC_ROLE_ALL) {
-    /* A giver, or a broadcast receiver (it checked the root only): checked
-     * against everyone now if every signature is in, else later. Not while
-     * older ops wait unchecked: members sign in order, so a signature those
-     * lack is missing here too (a root far ahead of its readers would read
-     * n - 1 cold lines per op for nothing). */
+    /* A broadcast receiver (it checked the root only): checked against
+     * everyone now if every signature is in, else later. Not while older
+     * ops wait unchecked: members sign in order, so a signature those lack
+     * is missing here too. A giver always later (defer_verify): it runs
+     * ahead of its readers, whose signatures are seldom in yet, and reading
+     * them now would cost n - 1 cold lines per op for nothing. */
     int role = s->role;
     s->role = SC_ROLE_ALL;
-    int r = ch->nunverified ? 0 : check_sigs(cg, ch, op);
+    int r = ch->nunverified || role == SC_ROLE_GIVE ? 0 : check_sigs(cg, ch, op);
     s->role = role;
     if (r < 0) return 0;
     if (r == 0) {
@@ -532,9 +533,25 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   return 1;
 }
 
+/* May a pass leave the unchecked ops for later? While a giver heads the
+ * queue (a broadcast root running ahead), fewer than SC_VERIFY_BATCH wait
+ * and nothing else needs them checked (an engine op they hold,
+ * cg->sc_waited; a receiving op checks them itself, in finish). A check
+ * that comes too early reads a reader's signature line before the reader
+ * writes it, and pulls it back once the reader has: the line crosses
+ * between the cores twice more per op, on both sides' paths. Checked in
+ * batches, each crosses once. */
+#define SC_VERIFY_BATCH 16
+static int defer_verify(const cpu_group_t *cg, const cpu_sc_t *ch) {
+  if (ch->nunverified >= SC_VERIFY_BATCH || cg->sc_waited) return 0;
+  tdist__list_t *n = tdist__list_first(&ch->ops);
+  return n && tdist__list_entry(n, cpu_op_t, sc.link)->sc.role == SC_ROLE_GIVE;
+}
+
 static int chan_pass(cpu_group_t *cg, cpu_sc_t *ch) {
   int moved = 0;
-  if (ch->nunverified && verify(cg, ch) == 0 && !ch->nunverified) moved = 1;
+  if (ch->nunverified && !defer_verify(cg, ch) && verify(cg, ch) == 0 && !ch->nunverified)
+    moved = 1;
   if (ch->unsigned_op) sign_pending(ch);
   tdist__list_t *n;
   while (!ch->broken && (n = tdist__list_first(&ch->ops))) {
@@ -591,7 +608,7 @@ void tdist__cpu_sc_abort(cpu_group_t *cg) {
   ch->broken = 1;
   ch->nunverified = 0;
   ch->unsigned_op = NULL;
-  cg->sc_lag = 0;
+  cg->sc_lag = cg->sc_waited = 0;
 }
 
 void tdist__cpu_sc_forget(cpu_op_t *op) {
