@@ -164,10 +164,14 @@ int tdist__group_finish_inline(tdist_work_t *w, tdist_work_t **out) {
   w->t_start_ns = w->t_enqueue_ns; /* it ran from its submission, on this thread */
   w->t_end_ns = atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed);
   tdist__trace_whole(w->group->trace, w);
-  if (out) *out = w;
-  /* The runtime's reference, and the caller's too when the op is
-   * synchronous (it is done): one atomic operation. */
-  tdist__work_unref_n(w, out ? 1 : 2);
+  /* The runtime's reference; a synchronous op's caller holds the other,
+   * and nobody else ever saw the work: it goes back with no atomic. */
+  if (out) {
+    *out = w;
+    tdist__work_unref(w);
+  } else {
+    tdist__work_release_owned(w);
+  }
   return 0;
 }
 

@@ -237,6 +237,10 @@ void tdist__work_unref(tdist_work_t *w) { tdist__work_unref_n(w, 1); }
 
 void tdist__work_unref_n(tdist_work_t *w, int n) {
   if (atomic_fetch_sub_explicit(&w->refs, n, memory_order_acq_rel) != n) return;
+  tdist__work_release_owned(w);
+}
+
+void tdist__work_release_owned(tdist_work_t *w) {
   if (w->args.p2p && w->args.p2p != w->p2p_inline) tdist__free(w->args.p2p);
   w->args.p2p = NULL;
   /* Any thread, the progress thread too: it keeps at most one, and asking

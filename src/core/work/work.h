@@ -105,6 +105,11 @@ void tdist__work_unref(tdist_work_t *w);
  * where n calls of tdist__work_unref would take n: a synchronous op that
  * finished inline drops the runtime's and the caller's together). */
 void tdist__work_unref_n(tdist_work_t *w, int n);
+/* Return w to the pool with no atomic operation: the calling thread holds
+ * every reference and no other thread has seen w (a synchronous op that
+ * finished inline, or one refused before it was handed over); what a
+ * locked subtraction cost, about a twentieth of a small op, is saved. */
+void tdist__work_release_owned(tdist_work_t *w);
 
 /* Progress thread: QUEUED -> RUNNING. */
 void tdist__work_running(tdist_work_t *w);
