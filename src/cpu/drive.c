@@ -91,7 +91,13 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
     pthread_mutex_lock(&ctx->mu);
     int had = ctx->loop_stale;
     ctx->caller = 1;
-    if (!cg->aborted && atomic_load(&cg->queued) == 0) {
+    if (!cg->aborted && atomic_load(&cg->queued) == 0 && tdist__param_CpuScNow() &&
+        tdist__cpu_sc_now(cg, bop->args)) {
+      /* Done in the now lane: no engine op; the core claims it at its
+       * first test, or its post hands the completion over (post_early). */
+      b->early = b->sc = 1;
+      atomic_store_explicit(&b->ok, 1, memory_order_release);
+    } else if (!cg->aborted && atomic_load(&cg->queued) == 0) {
       rc = tdist__cpu_post_op(cg, bop);
       if (rc == 0) {
         b->early = 1;

@@ -159,27 +159,30 @@ void tdist__cpu_op_put(cpu_op_t *op) {
  * lag: the op has not heard every member yet (sigcheck.c): the core's op
  * completes, but the engine's stays on the active list, without its core
  * op and buffers, until the last signature (tdist__cpu_lag_clear). */
+void tdist__cpu_done_note(const cpu_op_t *op) {
+  cpu_group_t *cg = op->cg;
+  struct cpu_done *d = &cg->done[op->cseq % DONE_RING];
+  *d = (struct cpu_done){.cseq = op->cseq,
+                         .count = op->count,
+                         .root = op->root,
+                         .type = (uint8_t)op->type,
+                         .dtype = (uint8_t)op->dtype,
+                         .redop = (uint8_t)op->redop,
+                         .valid = 1};
+  tdist__list_t *n;
+  tdist__list_foreach(n, &cg->ux) {
+    cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
+    if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
+        tdist__cpu_check_done(cg, &u->hdr, tdist__cpu_grank_of(cg, u->src)))
+      break;
+  }
+}
+
 void tdist__cpu_op_complete(cpu_op_t *op, int lag) {
   tdist_backend_op_t *bop = op->bop;
   cpu_group_t *cg = op->cg;
   if (op->finish_fn) op->finish_fn(op);
-  if (!op->p2p) {
-    struct cpu_done *d = &cg->done[op->cseq % DONE_RING];
-    *d = (struct cpu_done){.cseq = op->cseq,
-                           .count = op->count,
-                           .root = op->root,
-                           .type = (uint8_t)op->type,
-                           .dtype = (uint8_t)op->dtype,
-                           .redop = (uint8_t)op->redop,
-                           .valid = 1};
-    tdist__list_t *n;
-    tdist__list_foreach(n, &cg->ux) {
-      cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
-      if (u->hdr.kind == CPU_MSG_COLL && u->hdr.seq == op->cseq &&
-          tdist__cpu_check_done(cg, &u->hdr, tdist__cpu_grank_of(cg, u->src)))
-        break;
-    }
-  }
+  if (!op->p2p) tdist__cpu_done_note(op);
   if (lag) {
     release_stages(op);
     if (op->tmp) tdist__cpu_buf_put(cg->ctx, op->tmp);

@@ -108,6 +108,11 @@ void tdist__cpu_op_put(cpu_op_t *op);         /* off every list, back to the poo
 /* The engine is done with op: recorded in the done ring, back to the pool
  * (lag: kept for its signatures, sigcheck.c), and completed for the core. */
 void tdist__cpu_op_complete(cpu_op_t *op, int lag);
+/* Engine only: collective op is done here: remembered (tdist__cpu_done_of),
+ * and a message of it that arrived early and is still unclaimed means a
+ * peer ran another op (part of tdist__cpu_op_complete; the segment's
+ * give-now lane, which has no engine op to complete, calls it alone). */
+void tdist__cpu_done_note(const cpu_op_t *op);
 /* A transfer of op is done: op->pending--, and at 0 the op goes on the ready
  * list (once). Records only: safe anywhere in the transport. */
 void tdist__cpu_xfer_done(cpu_op_t *op);

@@ -126,6 +126,8 @@ _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, 
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
 /* How many steps a member that reads writes ahead of what it consumed. */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
+/* 0: a small op alone in its group takes the slow lane too (sc_op.c, tdist__cpu_sc_now) */
+TDIST_PARAM(CpuScNow, "TDIST_CPU_SC_NOW", 1)
 /* An all_to_all_v block of this many bytes and up is read in place from
  * its giver where blocks are lent (ch->lend, sc_data.c). Above the
  * engine's single-copy threshold (TDIST_CPU_CMA_BYTES, 256 KiB): with 4
@@ -385,6 +387,17 @@ int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op);
 /* (engine lock) Post op (on cg->ops already, its cseq set): sign it and
  * queue it. 0, or an error (reported as the group's failure by the caller). */
 int tdist__cpu_sc_post(cpu_op_t *op);
+/* (engine lock, a caller's submit) The now lane: a rooted op of at most
+ * SC_INLINE bytes a member, alone in its group, that can be done at once,
+ * is done in the submit with no engine op (the slow lane's post, passes
+ * and completion were a third of a broadcast root's instructions): a giver
+ * (a broadcast or scatter root, a reduce or gather member off root) signs
+ * it, writes its one step and leaves it to be checked later; a broadcast
+ * receiver only when every other member's signature and the root's step
+ * are in already, and nothing before it is left unchecked. 1 done (not
+ * posted, never completed: the core claims it), 0 not taken (nothing
+ * changed: post it). */
+int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a);
 /* (engine lock) Advance every sc op of the ctx's groups; ops that finish
  * are completed (tdist__cpu_op_done). Returns 1 if anything moved. */
 int tdist__cpu_sc_progress(cpu_ctx_t *ctx);
