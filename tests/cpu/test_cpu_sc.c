@@ -41,6 +41,9 @@
  *             names the op and both sides. Small ops carry the signature in
  *             the data's step line (sc_op.c, step_sig), read in place of the
  *             signature ring; this is that path's check.
+ *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
+ *             whose root is done in its submit (the now lane) and learns of
+ *             the mismatch at its next receiving op.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -636,9 +639,17 @@ static int small_mismatch(int rank, int n, void *arg) {
     rc = tdist_all_reduce(g, v, v, odd ? 3 : 2, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 2", theirs = "count 3";
     break;
-  default:
+  case 2:
     rc = tdist_all_reduce(g, v, v, 2, TDIST_INT32, odd ? TDIST_MAX : TDIST_SUM, NULL, NULL);
     mine = tdist_redop_name(TDIST_SUM), theirs = tdist_redop_name(TDIST_MAX);
+    break;
+  default:
+    /* A small broadcast: the root's is done in its submit (the now lane,
+     * sc_op.c) and checked later, so it may succeed; the root hears of the
+     * mismatch at its next op that receives, which must fail with it. */
+    rc = tdist_broadcast(g, v, odd ? 3 : 2, TDIST_INT32, 0, NULL, NULL);
+    if (rank == 0 && rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 2", theirs = "count 3";
     break;
   }
   const char *msg = tdist_last_error();
@@ -684,9 +695,9 @@ int main(int argc, char **argv) {
   RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
   static const char *const kMismatch[] = {"small_mismatch_dtype", "small_mismatch_count",
-                                          "small_mismatch_redop"};
+                                          "small_mismatch_redop", "small_mismatch_bcast"};
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1); /* no flight-recorder dumps of the aborts */
-  for (sh->variant = 0; sh->variant < 3; sh->variant++)
+  for (sh->variant = 0; sh->variant < 4; sh->variant++)
     RUN(kMismatch[sh->variant], small_mismatch);
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN
