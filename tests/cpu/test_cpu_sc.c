@@ -42,8 +42,8 @@
  *             the data's step line (sc_op.c, step_sig), read in place of the
  *             signature ring; this is that path's check.
  *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
- *             whose root is done in its submit (the now lane) and learns of
- *             the mismatch at its next receiving op.
+ *             whose root is done in its submit (the now lane): a rank whose
+ *             broadcast succeeded (checked later) fails at its next op.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -645,10 +645,12 @@ static int small_mismatch(int rank, int n, void *arg) {
     break;
   default:
     /* A small broadcast: the root's is done in its submit (the now lane,
-     * sc_op.c) and checked later, so it may succeed; the root hears of the
-     * mismatch at its next op that receives, which must fail with it. */
+     * sc_op.c) and checked later, and a receiver that agrees with the root
+     * checks the others later too where their signatures are not in yet:
+     * such a rank's broadcast may succeed, and its next op that receives
+     * must fail with the mismatch. */
     rc = tdist_broadcast(g, v, odd ? 3 : 2, TDIST_INT32, 0, NULL, NULL);
-    if (rank == 0 && rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 2", theirs = "count 3";
     break;
   }
