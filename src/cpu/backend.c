@@ -183,22 +183,8 @@ static int post_sc(cpu_group_t *cg, cpu_op_t *op) {
 /* Start bop in the engine (engine lock held: the progress thread's post, or
  * a caller's submit, drive.c). */
 int tdist__cpu_post_op(cpu_group_t *cg, tdist_backend_op_t *bop) {
-  cpu_op_t *op = tdist__cpu_op_get(cg);
+  cpu_op_t *op = tdist__cpu_op_new(cg, bop);
   if (!op) return TDIST_ERR_NO_MEMORY;
-  const tdist_backend_args_t *a = bop->args;
-  op->bop = bop;
-  op->args = a;
-  bop->priv = op;
-  op->type = a->type;
-  op->dtype = a->dtype;
-  op->redop = a->redop;
-  op->count = a->count;
-  op->es = tdist_dtype_size(a->dtype);
-  op->root = a->root;
-  op->rank = cg->rank;
-  op->size = cg->size;
-  op->p2p = tdist_backend_op_is_p2p(a->type);
-  tdist__list_push_back(&cg->ops, &op->link);
   if (op->p2p) {
     int rc = tdist__cpu_post_p2p(cg, op);
     /* Some transfers may be queued: fail the group rather than leave them;

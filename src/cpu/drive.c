@@ -91,14 +91,18 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
     pthread_mutex_lock(&ctx->mu);
     int had = ctx->loop_stale;
     ctx->caller = 1;
-    if (!cg->aborted && atomic_load(&cg->queued) == 0 && tdist__param_CpuScNow() &&
-        tdist__cpu_sc_now(cg, bop->args)) {
+    int now = !cg->aborted && atomic_load(&cg->queued) == 0 && tdist__param_CpuScNow()
+                  ? tdist__cpu_sc_now(cg, bop)
+                  : 0;
+    if (now == 1) {
       /* Done in the now lane: no engine op; the core claims it at its
        * first test, or its post hands the completion over (post_early). */
       b->early = b->sc = 1;
       atomic_store_explicit(&b->ok, 1, memory_order_release);
-    } else if (!cg->aborted && atomic_load(&cg->queued) == 0) {
-      rc = tdist__cpu_post_op(cg, bop);
+    } else if (now < 0) {
+      rc = now;
+    } else if (now == 2 || (!cg->aborted && atomic_load(&cg->queued) == 0)) {
+      if (now != 2) rc = tdist__cpu_post_op(cg, bop); /* 2: the now lane posted it */
       if (rc == 0) {
         b->early = 1;
         b->sc = ((cpu_op_t *)bop->priv)->sc.on;

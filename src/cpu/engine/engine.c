@@ -112,6 +112,26 @@ cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg) {
   return op;
 }
 
+cpu_op_t *tdist__cpu_op_new(cpu_group_t *cg, tdist_backend_op_t *bop) {
+  cpu_op_t *op = tdist__cpu_op_get(cg);
+  if (!op) return NULL;
+  const tdist_backend_args_t *a = bop->args;
+  op->bop = bop;
+  op->args = a;
+  bop->priv = op;
+  op->type = a->type;
+  op->dtype = a->dtype;
+  op->redop = a->redop;
+  op->count = a->count;
+  op->es = tdist_dtype_size(a->dtype);
+  op->root = a->root;
+  op->rank = cg->rank;
+  op->size = cg->size;
+  op->p2p = tdist_backend_op_is_p2p(a->type);
+  tdist__list_push_back(&cg->ops, &op->link);
+  return op;
+}
+
 static void release_stages(cpu_op_t *op) {
   for (int i = 0; i < op->nrecv; i++) {
     cpu_xfer_t *x = &op->recvs[i];

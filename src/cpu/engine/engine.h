@@ -104,7 +104,10 @@ cpu_ux_t *tdist__cpu_ux_new(cpu_ctx_t *ctx, const cpu_hdr_t *h, int src, int nod
 void tdist__cpu_ux_free(cpu_ctx_t *ctx, cpu_ux_t *u);
 void tdist__cpu_detach_rx(cpu_group_t *cg);   /* stop socket reads into cg's buffers */
 cpu_op_t *tdist__cpu_op_get(cpu_group_t *cg); /* from the group's pool */
-void tdist__cpu_op_put(cpu_op_t *op);         /* off every list, back to the pool */
+/* One from the pool for the core's op bop, its fields from bop's arguments,
+ * on cg->ops (its cseq and its start are the caller's); NULL: no memory. */
+cpu_op_t *tdist__cpu_op_new(cpu_group_t *cg, tdist_backend_op_t *bop);
+void tdist__cpu_op_put(cpu_op_t *op); /* off every list, back to the pool */
 /* The engine is done with op: recorded in the done ring, back to the pool
  * (lag: kept for its signatures, sigcheck.c), and completed for the core. */
 void tdist__cpu_op_complete(cpu_op_t *op, int lag);

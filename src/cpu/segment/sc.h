@@ -387,17 +387,21 @@ int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op);
 /* (engine lock) Post op (on cg->ops already, its cseq set): sign it and
  * queue it. 0, or an error (reported as the group's failure by the caller). */
 int tdist__cpu_sc_post(cpu_op_t *op);
-/* (engine lock, a caller's submit) The now lane: a rooted op of at most
- * SC_INLINE bytes a member, alone in its group, that can be done at once,
- * is done in the submit with no engine op (the slow lane's post, passes
- * and completion were a third of a broadcast root's instructions): a giver
- * (a broadcast or scatter root, a reduce or gather member off root) signs
- * it, writes its one step and leaves it to be checked later; a broadcast
- * receiver only when every other member's signature and the root's step
- * are in already, and nothing before it is left unchecked. 1 done (not
- * posted, never completed: the core claims it), 0 not taken (nothing
- * changed: post it). */
-int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a);
+/* (engine lock, a caller's submit) The now lane: a fixed-size collective
+ * of at most SC_INLINE bytes a member, alone in its group, is started in
+ * the submit with no engine op, and done there when it can be (the slow
+ * lane's post, passes and completion were a third of a small op's
+ * instructions): a giver (a broadcast or scatter root, a reduce or gather
+ * member off root) signs it, writes its one step and leaves it to be
+ * checked later; a member that only reads (a broadcast receiver) when
+ * every other member's signature and step are in already; any other (an
+ * all_reduce, a barrier) signs and writes its step, and is done if the
+ * others' are in, else it goes on as an engine op whose post and first
+ * pass are done. Nothing before it may be left unchecked, except before a
+ * giver. 1 done (not posted, never completed: the core claims it), 2
+ * started (bop->priv is its engine op, on the channel), 0 not taken
+ * (nothing changed: post it), or a failure reported for the group. */
+int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop);
 /* (engine lock) Advance every sc op of the ctx's groups; ops that finish
  * are completed (tdist__cpu_op_done). Returns 1 if anything moved. */
 int tdist__cpu_sc_progress(cpu_ctx_t *ctx);

@@ -612,11 +612,8 @@ static int all_in(cpu_sc_t *ch, const cpu_op_t *op) {
 }
 
 /* Has every other member posted collective cseq (its step st in its line,
- * or its signature in the ring)? The now lane's first look, a few loads.
- * Only for a broadcast receiver, which writes nothing: a member that
- * writes would read the others' lines before it writes its own, and so
- * make everyone wait one line's crossing longer (an all_reduce at n = 2
- * took 0.29 us against 0.27 in the slow lane). */
+ * or its signature in the ring)? The now lane's first look for a member
+ * that only reads, a few loads. */
 static int posted_all(const cpu_sc_t *ch, uint64_t cseq, uint64_t st) {
   for (int m = 0; m < ch->n; m++) {
     if (m == ch->me) continue;
@@ -628,28 +625,37 @@ static int posted_all(const cpu_sc_t *ch, uint64_t cseq, uint64_t st) {
   return 1;
 }
 
-/* Does this member only give in op (sc_data.c's roles, SC_ROLE_GIVE)? */
-static int gives(const tdist_backend_args_t *a, int rank) {
-  switch (a->type) {
-  case TDIST_OP_BROADCAST:
-  case TDIST_OP_SCATTER: return a->root == rank;
-  case TDIST_OP_REDUCE:
-  case TDIST_OP_GATHER: return a->root != rank;
-  default: return 0;
+/* The rest of a now-lane op once its step is consumed: as the slow lane's
+ * finish and completion, with no engine op to complete. */
+static void now_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+  tdist__cpu_sc_local_step(op, 1);
+  if (op->sc.role == SC_ROLE_GIVE) {
+    ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
+        (struct sc_unverified){.cseq = op->cseq,
+                               .count = op->count,
+                               .root = op->root,
+                               .optype = (uint8_t)op->type,
+                               .dtype = (uint8_t)op->dtype,
+                               .redop = (uint8_t)op->redop};
+    cg->sc_lag = 1;
   }
+  tdist__cpu_sc_ovf_done(ch);
+  atomic_store_explicit(&tdist__cpu_sc_ops,
+                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  tdist__cpu_done_note(op);
 }
 
-int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a) {
+int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
+  const tdist_backend_args_t *a = bop->args;
   cpu_sc_t *ch = cg->sc;
-  int giver = gives(a, cg->rank);
-  if (!giver && a->type != TDIST_OP_BROADCAST) return 0;
   /* Alone in its group: nothing queued before it on the channel or in the
    * engine (which numbers collectives with it), no engine message parked
    * for a number, its signature entry and its line free. */
-  if (!ch || ch->broken || cg->aborted || !tdist__list_empty(&ch->ops) ||
+  if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
+      tdist_backend_op_is_v(a->type) || !tdist__list_empty(&ch->ops) ||
       !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) ||
-      !sign_ready(ch, cg->next_cseq) || !room(ch, ch->next_step, SC_INLINE) ||
-      (!giver && !posted_all(ch, cg->next_cseq, ch->next_step)))
+      !sign_ready(ch, cg->next_cseq) || !room(ch, ch->next_step, SC_INLINE))
     return 0;
   /* The fields the segment's steps read, and its part zeroed (zeroing all
    * 416 bytes was a seventh of the lane): the engine's part is not used. */
@@ -667,14 +673,14 @@ int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a) {
   op.rank = cg->rank;
   op.size = cg->size;
   op.cseq = cg->next_cseq;
-  op.p2p = 0; /* a rooted collective (gives, above) */
+  op.p2p = 0;
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
   if (s->tmp || s->total > SC_INLINE) return 0;
   /* A giver checks later (its batch first, defer_verify's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
    * waits for the abort); a member that receives completes only with
-   * nothing left unchecked before it, and everyone's step in now. */
+   * nothing left unchecked before it. */
   if (s->role == SC_ROLE_GIVE) {
     if (!s->total) return 0;
     if (ch->nunverified >= SC_VERIFY_BATCH && verify(cg, ch) != 0) return 0;
@@ -682,6 +688,13 @@ int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a) {
   } else if (ch->nunverified || cg->lagging) {
     return 0;
   }
+  /* A member others wait for (its step, a barrier's signature) writes
+   * first and looks after (commit); one that only reads (a broadcast
+   * receiver) looks first, and takes the slow lane unchanged when what it
+   * reads is not in yet: a writer that looked first would read the others'
+   * lines before it wrote its own, and everyone would wait one line's
+   * crossing longer (an all_reduce at n = 2: 0.29 us against 0.27). */
+  int commit = s->role != SC_ROLE_GIVE && (s->total || op.type == TDIST_OP_BARRIER);
   s->s0 = ch->next_step;
   if (s->role == SC_ROLE_GIVE) {
     /* It reads nothing (no ranges). One step, as every member counts it
@@ -690,41 +703,51 @@ int tdist__cpu_sc_now(cpu_group_t *cg, const tdist_backend_args_t *a) {
      * reduce or gather. */
     s->nsteps = 1;
   } else {
+    if (!commit && !posted_all(ch, op.cseq, s->s0)) return 0; /* a few loads first */
     uint64_t mx = tdist__cpu_sc_ranges(ch, &op); /* the members' totals, what is read */
     if (mx > SC_INLINE) return 0;
     s->nsteps = sc_steps_of(ch, mx);
-    if (!all_in(ch, &op)) return 0;
+    if (!commit && !all_in(ch, &op)) return 0;
   }
-  /* post, start, the one step, finish: as the slow lane's passes would. */
+  /* post, start, its one step: as the slow lane's post and first pass. */
   cg->next_cseq++;
   sign(ch, &op);
   s->started = 1;
   ch->next_step = s->s0 + s->nsteps;
   ch->totals[ch->me] = s->total;
-  if (s->total) write_step(ch, &op, 0, s->s0);
+  if (s->total) {
+    write_step(ch, &op, 0, s->s0);
+    s->wstep = 1;
+  }
+  if (s->role != SC_ROLE_GIVE && !all_in(ch, &op)) {
+    /* Written, the others not in: the op goes on in the slow lane, as an
+     * engine op whose post and first pass are done. */
+    cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
+    if (!eop) {
+      tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
+                      "cpu: no memory for collective #%llu, which this rank signed",
+                      (unsigned long long)op.cseq);
+      return -1;
+    }
+    eop->cseq = op.cseq;
+    eop->posted_at = 0; /* as post_sc (backend.c) */
+    eop->probe_at = UINT64_MAX;
+    eop->sc = *s;
+    eop->sc.on = 1;
+    tdist__list_init(&eop->sc.link);
+    tdist__list_push_back(&ch->ops, &eop->sc.link);
+    publish_vseq(cg, ch);
+    tdist__cpu_sc_bells(ch, cg->ctx);
+    return 2;
+  }
   /* Every piece it reads is in (all_in; no v-op, so no count to refuse):
-   * the step is consumed. */
+   * the step is consumed, and the op is checked. */
   if (s->nsteps) {
     int consumed = consume_step(ch, &op, 0);
     assert(consumed == 1);
     (void)consumed;
   }
-  tdist__cpu_sc_local_step(&op, 1);
-  if (s->role == SC_ROLE_GIVE) {
-    ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
-        (struct sc_unverified){.cseq = op.cseq,
-                               .count = op.count,
-                               .root = op.root,
-                               .optype = (uint8_t)op.type,
-                               .dtype = (uint8_t)op.dtype,
-                               .redop = (uint8_t)op.redop};
-    cg->sc_lag = 1;
-  }
-  tdist__cpu_sc_ovf_done(ch);
-  atomic_store_explicit(&tdist__cpu_sc_ops,
-                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
-  tdist__cpu_done_note(&op);
+  now_done(cg, ch, &op);
   publish_vseq(cg, ch);
   tdist__cpu_sc_bells(ch, cg->ctx);
   return 1;
