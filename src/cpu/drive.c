@@ -101,8 +101,12 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
       atomic_store_explicit(&b->ok, 1, memory_order_release);
     } else if (now < 0) {
       rc = now;
-    } else if (now == 2 || (!cg->aborted && atomic_load(&cg->queued) == 0)) {
-      if (now != 2) rc = tdist__cpu_post_op(cg, bop); /* 2: the now lane posted it */
+    } else if (now == 2) {
+      /* Started in the now lane: its step is out and the others' are not
+       * in (it looked): the waiter's tests take it from here. */
+      b->early = b->sc = 1;
+    } else if (!cg->aborted && atomic_load(&cg->queued) == 0) {
+      rc = tdist__cpu_post_op(cg, bop);
       if (rc == 0) {
         b->early = 1;
         b->sc = ((cpu_op_t *)bop->priv)->sc.on;
@@ -165,13 +169,22 @@ static void poll_stop(cpu_ctx_t *ctx) {
  * for the progress thread to; a single look (the submitting thread's first,
  * tdist_work_is_completed) leaves those steps to it, so that an async call
  * returns at once. */
-static int test_pass(cpu_group_t *cg, cpu_bop_t *b, int spin) {
+static int test_pass(cpu_group_t *cg, tdist_backend_op_t *bop, int spin, int last) {
+  cpu_bop_t *b = cpu_bop(bop);
   cpu_ctx_t *ctx = cg->ctx;
   if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
   if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
   int had = ctx->loop_stale;
   ctx->caller = 1;
   uint64_t moves = ctx->moves;
+  /* An op the now lane started: only its own look while the waiter spins
+   * (the others' steps are all it waits for; a whole pass between two
+   * looks made it see them later); the run's last test makes a pass. */
+  int now = b->sc && spin && !last ? tdist__cpu_sc_now_test(cg, bop) : -1;
+  if (now >= 0) {
+    caller_leave(ctx, had);
+    return now;
+  }
   if (!cg->aborted) {
     /* An op over the segment needs no connection and no copy: their
      * traffic for other ops rings the bell (its waiter marks no polling),
@@ -209,7 +222,7 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
     tdist__cpu_shm_mark(ctx, 1);
     tl_polling = polling = ctx;
   }
-  int r = test_pass(cg, b, spin);
+  int r = test_pass(cg, bop, spin, (flags & TDIST_BACKEND_TEST_LAST) != 0);
   if (polling == ctx && (!spin || r == 1)) {
     poll_stop(ctx); /* the run ends: what came without a bell is read */
     if (r != 1 && atomic_load_explicit(&b->ok, memory_order_acquire)) r = 1;

@@ -744,6 +744,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     eop->probe_at = UINT64_MAX;
     eop->sc = *s;
     eop->sc.on = 1;
+    eop->sc.now = 1;
     tdist__list_init(&eop->sc.link);
     tdist__list_push_back(&ch->ops, &eop->sc.link);
     publish_vseq(cg, ch);
@@ -758,6 +759,34 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     (void)consumed;
   }
   now_done(cg, ch, &op);
+  publish_vseq(cg, ch);
+  tdist__cpu_sc_bells(ch, cg->ctx);
+  return 1;
+}
+
+int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop) {
+  cpu_sc_t *ch = cg->sc;
+  cpu_op_t *op = bop->priv;
+  if (!op || !op->sc.on || !op->sc.now || !ch || ch->broken || cg->aborted || ch->nunverified ||
+      cg->lagging || tdist__list_first(&ch->ops) != &op->sc.link || tdist__cpu_blocked(op))
+    return -1;
+  struct cpu_sc_opst *s = &op->sc;
+  if (!all_in(ch, op)) return 0;
+  /* As advance and finish would: its step consumed, checked, completed. */
+  if (s->nsteps) {
+    int consumed = consume_step(ch, op, 0);
+    assert(consumed == 1);
+    (void)consumed;
+    s->cstep = 1;
+  }
+  s->checked = 1;
+  tdist__cpu_sc_local_step(op, 1);
+  tdist__list_remove(&s->link);
+  tdist__cpu_sc_ovf_done(ch);
+  atomic_store_explicit(&tdist__cpu_sc_ops,
+                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  tdist__cpu_op_complete(op, 0);
   publish_vseq(cg, ch);
   tdist__cpu_sc_bells(ch, cg->ctx);
   return 1;
