@@ -404,8 +404,9 @@ int tdist__cpu_sc_post(cpu_op_t *op);
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop);
 /* (engine lock, a waiter's test) An op the now lane started (2 above),
  * alone on its channel: done at once if the others' steps are in (1),
- * with none of a pass's other work; 0 not yet; -1 not such an op (or
- * anything else to do first): a pass decides. */
+ * with none of a pass's other work; 0 not yet; -1 not such an op, or
+ * anything else to do first (a signature that disagrees: the pass reports
+ * it): a pass decides. */
 int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop);
 /* (engine lock) Advance every sc op of the ctx's groups; ops that finish
  * are completed (tdist__cpu_op_done). Returns 1 if anything moved. */

@@ -588,10 +588,10 @@ int tdist__cpu_sc_post(cpu_op_t *op) {
   return 0;
 }
 
-/* The now lane's look before it changes anything (tdist__cpu_sc_now): every
- * other member's signature of op is in and agrees, and each step line this
- * member reads holds op's step. A disagreement is left to the slow lane,
- * which reports it. */
+/* The now lane's look (tdist__cpu_sc_now, _now_test): every other
+ * member's signature of op is in and agrees, and each step line this
+ * member reads holds op's step: 1, else 0, or -1 where a signature
+ * disagrees (left to the slow lane's pass, which reports it). */
 static int all_in(cpu_sc_t *ch, const cpu_op_t *op) {
   for (int m = 0; m < op->size; m++) {
     if (m == op->rank) continue;
@@ -600,7 +600,7 @@ static int all_in(cpu_sc_t *ch, const cpu_op_t *op) {
     if (g.optype != op->type || g.dtype != op->dtype || g.count != op->count ||
         (tdist_backend_op_is_rooted(op->type) && g.root != op->root) ||
         (tdist_backend_op_is_reducing(op->type) && g.redop != op->redop))
-      return 0;
+      return -1;
     if (op->sc.nsteps && reads(ch, op, m, 0)) {
       const sc_step_t *h = sc_line(ch, m, op->sc.s0);
       if (atomic_load_explicit(&h->step, memory_order_acquire) != op->sc.s0 + 1 ||
@@ -709,7 +709,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     uint64_t mx = tdist__cpu_sc_ranges(ch, &op);   /* the members' totals, what is read */
     if (mx > SC_INLINE) return 0;
     s->nsteps = sc_steps_of(ch, mx);
-    if (!all_in(ch, &op)) return 0;
+    if (all_in(ch, &op) != 1) return 0;
   }
   /* post, start, its one step: as the slow lane's post and first pass. A
    * step line that carries the signature (step_sign) is written before
@@ -726,7 +726,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   }
   if (sig_in_line) sign(ch, &op);
   if (commit) tdist__cpu_sc_ranges(ch, &op); /* what it reads (lo, hi) */
-  if (commit && !all_in(ch, &op)) {          /* (a reader looked before: all in) */
+  if (commit && all_in(ch, &op) != 1) {      /* (a reader looked before: all in) */
     /* Written, the others not in: the op goes on in the slow lane, as an
      * engine op whose post and first pass are done. Made only now: the
      * member that comes first waits for the others anyway, and one made
@@ -771,7 +771,8 @@ int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop) {
       cg->lagging || tdist__list_first(&ch->ops) != &op->sc.link || tdist__cpu_blocked(op))
     return -1;
   struct cpu_sc_opst *s = &op->sc;
-  if (!all_in(ch, op)) return 0;
+  int in = all_in(ch, op);
+  if (in != 1) return in; /* a disagreement: a pass reports it */
   /* As advance and finish would: its step consumed, checked, completed. */
   if (s->nsteps) {
     int consumed = consume_step(ch, op, 0);
