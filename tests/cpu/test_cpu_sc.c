@@ -41,6 +41,8 @@
  *             names the op and both sides. Small ops carry the signature in
  *             the data's step line (sc_op.c, step_sig), read in place of the
  *             signature ring; this is that path's check.
+ *   small_mismatch_slot  the same at 1 KiB (256 vs 257 int32): the data in
+ *             a slot, the signatures in the ring only.
  *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
  *             whose root is done in its submit (the now lane): a rank whose
  *             broadcast succeeded (checked later) fails at its next op.
@@ -625,7 +627,7 @@ static int small_mismatch(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
-  int32_t v[4] = {rank, 1, 2, 3};
+  int32_t v[260] = {rank, 1, 2, 3};
   MP_CHECK_RC(tdist_all_reduce(g, v, v, 2, TDIST_INT32, TDIST_SUM, NULL, NULL)); /* agreed */
   MP_CHECK(v[0] == n * (n - 1) / 2 && v[1] == n);
   int odd = rank == n - 1, rc;
@@ -642,6 +644,11 @@ static int small_mismatch(int rank, int n, void *arg) {
   case 2:
     rc = tdist_all_reduce(g, v, v, 2, TDIST_INT32, odd ? TDIST_MAX : TDIST_SUM, NULL, NULL);
     mine = tdist_redop_name(TDIST_SUM), theirs = tdist_redop_name(TDIST_MAX);
+    break;
+  case 3:
+    /* 1 KiB: the step's data in a slot, the signature in the ring only */
+    rc = tdist_all_reduce(g, v, v, odd ? 257 : 256, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 256", theirs = "count 257";
     break;
   default:
     /* A small broadcast: the root's is done in its submit (the now lane,
@@ -697,9 +704,10 @@ int main(int argc, char **argv) {
   RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
   static const char *const kMismatch[] = {"small_mismatch_dtype", "small_mismatch_count",
-                                          "small_mismatch_redop", "small_mismatch_bcast"};
+                                          "small_mismatch_redop", "small_mismatch_slot",
+                                          "small_mismatch_bcast"};
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1); /* no flight-recorder dumps of the aborts */
-  for (sh->variant = 0; sh->variant < 4; sh->variant++)
+  for (sh->variant = 0; sh->variant < 5; sh->variant++)
     RUN(kMismatch[sh->variant], small_mismatch);
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN

@@ -115,6 +115,9 @@
 #define SC_LAG 4096
 _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, publish_vseq)");
 #define SC_INLINE 40u /* step data that fits in the step line */
+/* The largest stream of an op the now lane takes (sc_op.c): one step, in
+ * its line or in one slot (4 KiB: a slot is larger unless set smaller). */
+#define SC_NOW_BYTES 4096u
 /* all_to_all_v: bytes of a block read in place (single copy) per step:
  * SC_CMA_STEP over the n - 1 givers a reader reads, within [256 KiB,
  * 4 MiB] (sc_data.c, cma_piece). Few steps: at n = 4 (four ranks on two
@@ -388,7 +391,7 @@ int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op);
  * queue it. 0, or an error (reported as the group's failure by the caller). */
 int tdist__cpu_sc_post(cpu_op_t *op);
 /* (engine lock, a caller's submit) The now lane: a fixed-size collective
- * of at most SC_INLINE bytes a member, alone in its group, is started in
+ * of at most SC_NOW_BYTES a member (one step), alone in its group, is started in
  * the submit with no engine op, and done there when it can be (the slow
  * lane's post, passes and completion were a third of a small op's
  * instructions): a giver (a broadcast or scatter root, a reduce or gather

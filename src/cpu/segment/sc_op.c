@@ -654,8 +654,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * for a number, its signature entry and its line free. */
   if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
       tdist_backend_op_is_v(a->type) || !tdist__list_empty(&ch->ops) ||
-      !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) ||
-      !sign_ready(ch, cg->next_cseq) || !room(ch, ch->next_step, SC_INLINE))
+      !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
     return 0;
   /* The fields the segment's steps read, and its part zeroed (zeroing all
    * 416 bytes was a seventh of the lane): the engine's part is not used. */
@@ -676,7 +675,12 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op.p2p = 0;
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
-  if (s->tmp || s->total > SC_INLINE) return 0;
+  /* One step (SC_NOW_BYTES is below the two-phase size; a slot is at
+   * least as large unless set smaller), and room for it: its line, and its
+   * slot where the line cannot hold it. */
+  uint64_t most = min64(SC_NOW_BYTES, ch->F);
+  s->s0 = ch->next_step;
+  if (s->tmp || s->total > most || !room(ch, s->s0, s->total)) return 0;
   /* A giver checks later (its batch first, defer_verify's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
    * waits for the abort); a member that receives completes only with
@@ -695,7 +699,6 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * lines before it wrote its own, and everyone would wait one line's
    * crossing longer (an all_reduce at n = 2: 0.29 us against 0.27). */
   int commit = s->role != SC_ROLE_GIVE && (s->total || op.type == TDIST_OP_BARRIER);
-  s->s0 = ch->next_step;
   if (s->role == SC_ROLE_GIVE || commit) {
     /* One step, as every member counts it (start: the longest stream),
      * known without the ranges: a giver's stream is the longest of its
@@ -707,7 +710,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   } else {
     if (!posted_all(ch, op.cseq, s->s0)) return 0; /* a few loads first */
     uint64_t mx = tdist__cpu_sc_ranges(ch, &op);   /* the members' totals, what is read */
-    if (mx > SC_INLINE) return 0;
+    if (mx > most) return 0;
     s->nsteps = sc_steps_of(ch, mx);
     if (all_in(ch, &op) != 1) return 0;
   }
