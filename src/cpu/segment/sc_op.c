@@ -452,6 +452,29 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
 
 /* ---- checking later, completing ---------------------------------------------------- */
 
+/* op completed before every signature it needs was checked: queued to be
+ * checked later (verify); engine ops that receive wait for that. */
+static void leave_unchecked(cpu_group_t *cg, cpu_sc_t *ch, const cpu_op_t *op) {
+  ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
+      (struct sc_unverified){.cseq = op->cseq,
+                             .count = op->count,
+                             .root = op->root,
+                             .optype = (uint8_t)op->type,
+                             .dtype = (uint8_t)op->dtype,
+                             .redop = (uint8_t)op->redop};
+  cg->sc_lag = 1;
+}
+
+/* An op leaves the channel done: what givers overflowed in it is read, and
+ * it is counted (no locked add on a small op's path: transport.h says what
+ * that costs). */
+static void op_out(cpu_sc_t *ch) {
+  tdist__cpu_sc_ovf_done(ch);
+  atomic_store_explicit(&tdist__cpu_sc_ops,
+                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
+
 /* Ops that completed unchecked: check the oldest ones whose signatures are
  * all in. 0, or -1 on a mismatch (reported). Engine ops that waited on
  * them (sigcheck.c, tdist__cpu_lag_blocks) are readied when none is left. */
@@ -514,22 +537,11 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
     if (r < 0) return 0;
     if (r == 0) {
       if (ch->nunverified >= SC_LAG && (verify(cg, ch) != 0 || ch->nunverified >= SC_LAG)) return 0;
-      ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
-          (struct sc_unverified){.cseq = op->cseq,
-                                 .count = op->count,
-                                 .root = op->root,
-                                 .optype = (uint8_t)op->type,
-                                 .dtype = (uint8_t)op->dtype,
-                                 .redop = (uint8_t)op->redop};
-      cg->sc_lag = 1;
+      leave_unchecked(cg, ch, op);
     }
   }
   tdist__list_remove(&s->link);
-  tdist__cpu_sc_ovf_done(ch); /* what givers overflowed in it is read */
-  /* No locked add on a small op's path (transport.h says what that costs). */
-  atomic_store_explicit(&tdist__cpu_sc_ops,
-                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  op_out(ch);
   tdist__cpu_op_complete(op, 0);
   return 1;
 }
@@ -629,20 +641,8 @@ static int posted_all(const cpu_sc_t *ch, uint64_t cseq, uint64_t st) {
  * finish and completion, with no engine op to complete. */
 static void now_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   tdist__cpu_sc_local_step(op, 1);
-  if (op->sc.role == SC_ROLE_GIVE) {
-    ch->unverified[(ch->uv_head + ch->nunverified++) % SC_LAG] =
-        (struct sc_unverified){.cseq = op->cseq,
-                               .count = op->count,
-                               .root = op->root,
-                               .optype = (uint8_t)op->type,
-                               .dtype = (uint8_t)op->dtype,
-                               .redop = (uint8_t)op->redop};
-    cg->sc_lag = 1;
-  }
-  tdist__cpu_sc_ovf_done(ch);
-  atomic_store_explicit(&tdist__cpu_sc_ops,
-                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  if (op->sc.role == SC_ROLE_GIVE) leave_unchecked(cg, ch, op);
+  op_out(ch);
   tdist__cpu_done_note(op);
 }
 
@@ -786,10 +786,7 @@ int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop) {
   s->checked = 1;
   tdist__cpu_sc_local_step(op, 1);
   tdist__list_remove(&s->link);
-  tdist__cpu_sc_ovf_done(ch);
-  atomic_store_explicit(&tdist__cpu_sc_ops,
-                        atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  op_out(ch);
   tdist__cpu_op_complete(op, 0);
   publish_vseq(cg, ch);
   tdist__cpu_sc_bells(ch, cg->ctx);
