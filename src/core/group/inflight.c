@@ -160,19 +160,24 @@ void tdist_backend_complete(tdist_backend_op_t *op, int status, const char *fmt,
   tdist__progress_defer(w->group->ctx->progress, &w->dnode);
 }
 
+/* A work finished on its submitting thread, nobody else ever saw it: to
+ * the caller (out; the runtime's reference dropped), or, synchronous,
+ * back to the cache with no atomic (the caller held the other). */
+static int hand_out(tdist_work_t *w, tdist_work_t **out) {
+  if (!out) {
+    tdist__work_release_owned(w);
+    return 0;
+  }
+  *out = w;
+  tdist__work_unref(w);
+  return 0;
+}
+
 int tdist__group_finish_inline(tdist_work_t *w, tdist_work_t **out) {
   w->t_start_ns = w->t_enqueue_ns; /* it ran from its submission, on this thread */
   w->t_end_ns = atomic_load_explicit(&w->t_claimed_ns, memory_order_relaxed);
   tdist__trace_whole(w->group->trace, w);
-  /* The runtime's reference; a synchronous op's caller holds the other,
-   * and nobody else ever saw the work: it goes back with no atomic. */
-  if (out) {
-    *out = w;
-    tdist__work_unref(w);
-  } else {
-    tdist__work_release_owned(w);
-  }
-  return 0;
+  return hand_out(w, out);
 }
 
 int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
@@ -191,11 +196,7 @@ int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
   w->status = 0;
   atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
   tdist__trace_whole(g->trace, w);
-  if (out) *out = w;
-  /* The runtime's reference, and the caller's too when the op is
-   * synchronous (it is done): one atomic operation. */
-  tdist__work_unref_n(w, out ? 1 : 2);
-  return 0;
+  return hand_out(w, out);
 }
 
 /* ---- aborting ------------------------------------------------------------------ */

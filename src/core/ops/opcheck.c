@@ -11,7 +11,6 @@
  */
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "core/ops/opcheck.h"
 #include "util/error.h"

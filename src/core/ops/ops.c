@@ -33,7 +33,7 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
     w->args.p2p = a->np2p <= TDIST__P2P_INLINE ? w->p2p_inline : tdist__malloc(bytes);
     if (!w->args.p2p) {
       w->args.np2p = 0;
-      tdist__work_unref_n(w, 2);
+      tdist__work_release_owned(w);
       return tdist__error(TDIST_ERR_NO_MEMORY, "cannot copy %d point-to-point ops", a->np2p);
     }
     memcpy(w->args.p2p, a->p2p, bytes);
@@ -54,7 +54,7 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
     captured = rc == TDIST_BACKEND_CAPTURED;
     if (rc < 0) {
-      tdist__work_unref_n(w, 2);
+      tdist__work_release_owned(w);
       /* Refused because the group failed meanwhile: report the group's
        * cause (which names a dead rank), as check_group does. */
       if (atomic_load(&g->aborted))

@@ -233,11 +233,9 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   return w;
 }
 
-void tdist__work_unref(tdist_work_t *w) { tdist__work_unref_n(w, 1); }
-
-void tdist__work_unref_n(tdist_work_t *w, int n) {
-  if (atomic_fetch_sub_explicit(&w->refs, n, memory_order_acq_rel) != n) return;
-  tdist__work_release_owned(w);
+void tdist__work_unref(tdist_work_t *w) {
+  if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1)
+    tdist__work_release_owned(w);
 }
 
 void tdist__work_release_owned(tdist_work_t *w) {

@@ -101,10 +101,6 @@ static inline tdist_work_t *tdist__work_of(tdist_backend_op_t *op) {
 tdist_work_t *tdist__work_alloc(struct tdist_group *g);
 /* Drop one reference; the last returns the work to the pool. Any thread. */
 void tdist__work_unref(tdist_work_t *w);
-/* Drop n references the calling thread holds at once (one atomic operation
- * where n calls of tdist__work_unref would take n: a synchronous op that
- * finished inline drops the runtime's and the caller's together). */
-void tdist__work_unref_n(tdist_work_t *w, int n);
 /* Return w to the pool with no atomic operation: the calling thread holds
  * every reference and no other thread has seen w (a synchronous op that
  * finished inline, or one refused before it was handed over); what a
