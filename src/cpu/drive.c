@@ -91,23 +91,18 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
     pthread_mutex_lock(&ctx->mu);
     int had = ctx->loop_stale;
     ctx->caller = 1;
-    int now = !cg->aborted && atomic_load(&cg->queued) == 0 && tdist__param_CpuScNow()
-                  ? tdist__cpu_sc_now(cg, bop)
-                  : 0;
-    if (now == 1) {
-      /* Done in the now lane: no engine op; the core claims it at its
-       * first test, or its post hands the completion over (post_early). */
-      b->early = b->sc = 1;
-      atomic_store_explicit(&b->ok, 1, memory_order_release);
-    } else if (now < 0) {
-      rc = now;
-    } else if (now == 2) {
-      /* Started in the now lane: its step is out and the others' are not
-       * in (it looked): the waiter's tests take it from here. */
-      b->early = b->sc = 1;
-    } else if (!cg->aborted && atomic_load(&cg->queued) == 0) {
-      rc = tdist__cpu_post_op(cg, bop);
-      if (rc == 0) {
+    if (!cg->aborted && atomic_load(&cg->queued) == 0) {
+      int now = tdist__param_CpuScNow() ? tdist__cpu_sc_now(cg, bop) : 0;
+      if (now < 0) {
+        rc = now;
+      } else if (now > 0) {
+        /* The now lane took it, with no engine op: done (1; the core
+         * claims it at its first test, or its post hands the completion
+         * over: post_early), or started, its step out and the others' not
+         * in (2: the waiter's tests take it from here). */
+        b->early = b->sc = 1;
+        if (now == 1) atomic_store_explicit(&b->ok, 1, memory_order_release);
+      } else if ((rc = tdist__cpu_post_op(cg, bop)) == 0) {
         b->early = 1;
         b->sc = ((cpu_op_t *)bop->priv)->sc.on;
         if (!b->sc) { /* as in backend.c's post: an engine op's first rounds */

@@ -288,8 +288,8 @@ struct cpu_op {
     int started;         /* at the channel's head: s0 is set */
     int prefixed;        /* v-ops: the members' count arrays were read */
     int two;             /* a large all_reduce in two phases (sc_op.c) */
-    int now;             /* started by the now lane (sc_op.c): one step at most */
     int direct;          /* two: this member's share is read from its input */
+    int now;             /* started by the now lane (sc_op.c): one step at most */
     uint64_t blocked_at; /* a giver found no room since (ms; sc_ovf.c), 0: it did */
     int phase;           /* two: this member reduced its part of step cstep */
     uint64_t seen;       /* members whose signature was checked (bit m) */

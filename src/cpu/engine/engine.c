@@ -173,12 +173,6 @@ void tdist__cpu_op_put(cpu_op_t *op) {
 
 #define DONE_RING ((int)(sizeof(((cpu_group_t *)0)->done) / sizeof(((cpu_group_t *)0)->done[0])))
 
-/* Engine only: the op is done; the core hears after this I/O step. A
- * collective is remembered (tdist__cpu_check_done), and a message of it
- * that arrived early and is still unclaimed means a peer ran another op.
- * lag: the op has not heard every member yet (sigcheck.c): the core's op
- * completes, but the engine's stays on the active list, without its core
- * op and buffers, until the last signature (tdist__cpu_lag_clear). */
 void tdist__cpu_done_note(const cpu_op_t *op) {
   cpu_group_t *cg = op->cg;
   struct cpu_done *d = &cg->done[op->cseq % DONE_RING];
@@ -198,6 +192,12 @@ void tdist__cpu_done_note(const cpu_op_t *op) {
   }
 }
 
+/* Engine only: the op is done; the core hears after this I/O step. A
+ * collective is remembered (tdist__cpu_check_done), and a message of it
+ * that arrived early and is still unclaimed means a peer ran another op.
+ * lag: the op has not heard every member yet (sigcheck.c): the core's op
+ * completes, but the engine's stays on the active list, without its core
+ * op and buffers, until the last signature (tdist__cpu_lag_clear). */
 void tdist__cpu_op_complete(cpu_op_t *op, int lag) {
   tdist_backend_op_t *bop = op->bop;
   cpu_group_t *cg = op->cg;
