@@ -209,8 +209,17 @@ static size_t region_bytes(unsigned D, unsigned L, size_t F) {
  * process now (768 KiB a member by default): each op takes the next
  * signature entry and step line, so left to first use they cost every
  * process a page fault every 64 ops for their first 8192 (a 1 KiB
- * broadcast loop at n = 4 paid 15-20 % of its time). The slots are still
- * mapped on first use. */
+ * broadcast loop at n = 4 paid 15-20 % of its time). MADV_POPULATE_WRITE
+ * fills this process's page tables, but a guest whose page tables its
+ * host shadows (a PVM guest: this project's 2-core VM on 2026-11-29) pays
+ * a hidden fault to the host at the first access from user space to each
+ * page all the same: there every 64th 8-byte all_reduce of a fresh group
+ * took 6-14 us, three ops in a row (the step pages of both members and
+ * the signature page), and 2000 of them averaged 1.4 us for a median of
+ * 0.68 (0.84-0.87 with this read; Open MPI 0.79-0.89). So
+ * every page is also read once here, from user space (a read is enough:
+ * measured alike with a write to this member's own pages). The slots are
+ * still mapped on first use. */
 static void carve(cpu_sc_t *ch) {
   size_t head = round_up(
       sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)ch->L * sizeof(sc_step_t), 4096);
@@ -221,9 +230,9 @@ static void carve(cpu_sc_t *ch) {
     g->sig = (sc_sig_t *)(b + sizeof(sc_ctl_t));
     g->step = (sc_step_t *)(b + sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t));
     g->data = b + head;
-    if (madvise(b, head, MADV_POPULATE_WRITE) != 0) /* before Linux 5.14: a read a page */
-      for (size_t o = 0; o < head; o += 4096)
-        (void)*(volatile unsigned char *)(b + o);
+    (void)madvise(b, head, MADV_POPULATE_WRITE); /* before Linux 5.14: the reads below fault */
+    for (size_t o = 0; o < head; o += 4096)
+      (void)*(volatile unsigned char *)(b + o);
   }
 }
 
