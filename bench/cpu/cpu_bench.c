@@ -26,7 +26,10 @@
  * busbw: x 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
  * alltoall, 1 otherwise (nccl-tests). TDIST_BENCH_TAIL=1 adds, per rank on
  * stderr, the percentiles above p50 and the share of the time spent in the
- * slowest 1% (where a mean far above its p50 comes from).
+ * slowest 1% (where a mean far above its p50 comes from);
+ * TDIST_BENCH_SLOW_US=X prints, per rank on stderr, each timed op slower
+ * than X us with its index (a period in the indexes names its cause: every
+ * 64th op was a fresh page of the shared segment's lines, sc_chan.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +214,8 @@ static int rank_main(int rank, int n, void *arg) {
            n, g_budget, "op", "size", "count", "type", "redop", "time", "algbw", "busbw", "p50",
            "iters", "", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "");
   double *lat = malloc(sizeof(double) * 4000);
+  const char *slow_env = getenv("TDIST_BENCH_SLOW_US");
+  double slow_us = slow_env ? atof(slow_env) : 0;
   int failures = 0;
   snprintf(ops, sizeof(ops), "%s", g_ops);
   char *save = NULL;
@@ -244,6 +249,9 @@ static int rank_main(int rank, int n, void *arg) {
         double a = now_us();
         MP_CHECK_RC(run_once(g, op, &B));
         lat[i] = now_us() - a;
+        if (slow_us > 0 && lat[i] > slow_us)
+          fprintf(stderr, "  rank %d: %s %zu B op %d of %d took %.1f us\n", rank, op, bytes, i,
+                  iters, lat[i]);
       }
       double us = (now_us() - s) / iters;
       qsort(lat, (size_t)iters, sizeof(double), cmpd);
