@@ -46,6 +46,11 @@
  *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
  *             whose root is done in its submit (the now lane): a rank whose
  *             broadcast succeeded (checked later) fails at its next op.
+ *   small_mismatch_givers  every rank broadcasts as the root, 2000 times
+ *             at most: givers all, none checks before completing, so none
+ *             may drop a check on the others' vseq; each fails MISMATCH
+ *             naming collective #1 within the stream, or at its next
+ *             all_reduce where it ran them all before the others signed.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -650,6 +655,20 @@ static int small_mismatch(int rank, int n, void *arg) {
     rc = tdist_all_reduce(g, v, v, odd ? 257 : 256, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 256", theirs = "count 257";
     break;
+  case 5:
+    /* Every rank the root of its own broadcasts: each only gives, none
+     * checks another's signature before completing, and none's vseq passes
+     * the first (each leaves it unchecked), so no giver can take its
+     * agreement from the others' vseq (sc_op.c, verify_ops): a stream of
+     * them must still fail, once the givers read the signatures (from
+     * SC_VERIFY_DEEP ops on), or, for a rank that ran all of them before
+     * another signed its first (a loaded machine), at its next op that
+     * receives. */
+    for (int i = 0; i < 2000; i++)
+      if ((rc = tdist_broadcast(g, v, 2, TDIST_INT32, rank, NULL, NULL)) != 0) break;
+    if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "root", theirs = "broadcast";
+    break;
   default:
     /* A small broadcast: the root's is done in its submit (the now lane,
      * sc_op.c) and checked later, and a receiver that agrees with the root
@@ -705,9 +724,9 @@ int main(int argc, char **argv) {
   unsetenv("TDIST_CPU_CONNECT");
   static const char *const kMismatch[] = {"small_mismatch_dtype", "small_mismatch_count",
                                           "small_mismatch_redop", "small_mismatch_slot",
-                                          "small_mismatch_bcast"};
+                                          "small_mismatch_bcast", "small_mismatch_givers"};
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1); /* no flight-recorder dumps of the aborts */
-  for (sh->variant = 0; sh->variant < 5; sh->variant++)
+  for (sh->variant = 0; sh->variant < 6; sh->variant++)
     RUN(kMismatch[sh->variant], small_mismatch);
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN

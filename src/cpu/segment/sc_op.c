@@ -102,6 +102,12 @@ static void sign_pending(cpu_sc_t *ch) {
  * head op is at most SC_LAG + 1 ahead of the slowest member's, far inside
  * SC_H: a head op is always signable. */
 #define SC_VSEQ_STEP 256u
+/* Unchecked ops a giver leaves for later (verify_mode): it looks at the
+ * others' vseq from SC_VERIFY_BATCH on, reads their signatures from
+ * SC_VERIFY_DEEP on. */
+#define SC_VERIFY_BATCH 16
+#define SC_VERIFY_DEEP (2 * SC_VSEQ_STEP)
+_Static_assert(SC_VERIFY_DEEP < SC_LAG, "a giver reads signatures before it stops");
 static void publish_vseq(cpu_group_t *cg, cpu_sc_t *ch) {
   uint64_t v = cg->next_cseq;
   tdist__list_t *n = tdist__list_first(&ch->ops);
@@ -476,10 +482,37 @@ static void op_out(cpu_sc_t *ch) {
 
 /* Ops that completed unchecked: check the oldest ones whose signatures are
  * all in. 0, or -1 on a mismatch (reported). Engine ops that waited on
- * them (sigcheck.c, tdist__cpu_lag_blocks) are readied when none is left. */
-static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
+ * them (sigcheck.c, tdist__cpu_lag_blocks) are readied when none is left.
+ *
+ * An op below every other member's published vseq needs no signature
+ * read: each of them checked it against every member's signature, this
+ * one's included, before its vseq passed it (it completed it checked, or
+ * verified it so itself), and found them agreeing, or the group failed.
+ * A broadcast root running ahead so drops its readers' agreement a vseq
+ * step at a time, one line a member, where reading each op's signature
+ * line (written by its reader moments before) was a third of the root's
+ * time at n = 2. shallow: that only (ops not covered stay); else the
+ * others' signatures are read for the rest. */
+static int verify_ops(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
+  /* The members' vseq lines are also their done lines, which a reader
+   * rewrites every op: looked at again only every SC_VERIFY_BATCH ops
+   * when shallow. */
+  if (ch->nunverified && ch->unverified[ch->uv_head].cseq >= ch->vmin &&
+      (!shallow || ch->nunverified % SC_VERIFY_BATCH == 0)) {
+    uint64_t mn = UINT64_MAX;
+    for (int m = 0; m < ch->n; m++)
+      if (m != ch->me)
+        mn = min64(mn, atomic_load_explicit(&ch->rg[m].ctl->vseq, memory_order_acquire));
+    ch->vmin = mn;
+  }
   while (ch->nunverified) {
     const struct sc_unverified *u = &ch->unverified[ch->uv_head];
+    if (u->cseq < ch->vmin) {
+      ch->uv_head = (ch->uv_head + 1) % SC_LAG;
+      ch->nunverified--;
+      continue;
+    }
+    if (shallow) return 0;
     for (int m = 0; m < ch->n; m++) {
       sc_sig_t g;
       if (m == ch->me) continue;
@@ -501,6 +534,8 @@ static int verify(cpu_group_t *cg, cpu_sc_t *ch) {
   }
   return 0;
 }
+
+static int verify(cpu_group_t *cg, cpu_sc_t *ch) { return verify_ops(cg, ch, 0); }
 
 /* Complete the head op if what it must know is known: 1 done, 0 not yet. */
 static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
@@ -526,7 +561,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
     /* A broadcast receiver (it checked the root only): checked against
      * everyone now if every signature is in, else later. Not while older
      * ops wait unchecked: members sign in order, so a signature those lack
-     * is missing here too. A giver always later (defer_verify): it runs
+     * is missing here too. A giver always later (verify_mode): it runs
      * ahead of its readers, whose signatures are seldom in yet, and reading
      * them now would cost n - 1 cold lines per op for nothing. */
     int role = s->role;
@@ -545,25 +580,29 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   return 1;
 }
 
-/* May a pass leave the unchecked ops for later? While a giver heads the
- * queue (a broadcast root running ahead), fewer than SC_VERIFY_BATCH wait
- * and nothing else needs them checked (an engine op they hold,
- * cg->sc_waited; a receiving op checks them itself, in finish). A check
- * that comes too early reads a reader's signature line before the reader
- * writes it, and pulls it back once the reader has: the line crosses
- * between the cores twice more per op, on both sides' paths. Checked in
- * batches, each crosses once. */
-#define SC_VERIFY_BATCH 16
-static int defer_verify(const cpu_group_t *cg, const cpu_sc_t *ch) {
-  if (ch->nunverified >= SC_VERIFY_BATCH || cg->sc_waited) return 0;
+/* How a pass checks the unchecked ops: 2 not now, 1 by the others' vseq
+ * only (verify_ops, shallow), 0 to the end. While a giver heads the queue
+ * (a broadcast root running ahead) and nothing else needs them checked (an
+ * engine op they hold, cg->sc_waited; a receiving op checks them itself,
+ * in finish): not before SC_VERIFY_BATCH wait, then by vseq until
+ * SC_VERIFY_DEEP wait. A check that comes too early reads a reader's
+ * signature line before the reader writes it, and pulls it back once the
+ * reader has: the line crosses between the cores twice more per op, on
+ * both sides' paths; by vseq, a member's agreement to 256 ops crosses in
+ * one line. Past SC_VERIFY_DEEP the readers are that far behind (a vseq
+ * lags its member by less than SC_VSEQ_STEP), or one never checks (a
+ * member that gives too, in a mismatch): the signatures are read. */
+static int verify_mode(const cpu_group_t *cg, const cpu_sc_t *ch) {
+  if (cg->sc_waited) return 0;
   tdist__list_t *n = tdist__list_first(&ch->ops);
-  return n && tdist__list_entry(n, cpu_op_t, sc.link)->sc.role == SC_ROLE_GIVE;
+  if (!n || tdist__list_entry(n, cpu_op_t, sc.link)->sc.role != SC_ROLE_GIVE) return 0;
+  if (ch->nunverified < SC_VERIFY_BATCH) return 2;
+  return ch->nunverified < (int)SC_VERIFY_DEEP;
 }
 
 static int chan_pass(cpu_group_t *cg, cpu_sc_t *ch) {
-  int moved = 0;
-  if (ch->nunverified && !defer_verify(cg, ch) && verify(cg, ch) == 0 && !ch->nunverified)
-    moved = 1;
+  int moved = 0, mode = ch->nunverified ? verify_mode(cg, ch) : 2;
+  if (mode != 2 && verify_ops(cg, ch, mode) == 0 && !ch->nunverified) moved = 1;
   if (ch->unsigned_op) sign_pending(ch);
   tdist__list_t *n;
   while (!ch->broken && (n = tdist__list_first(&ch->ops))) {
@@ -690,13 +729,15 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   uint64_t most = min64(SC_NOW_BYTES, ch->F);
   s->s0 = ch->next_step;
   if (s->tmp || s->total > most || !room(ch, s->s0, s->total)) return 0;
-  /* A giver checks later (its batch first, defer_verify's rule: a mismatch
+  /* A giver checks later (its batch first, verify_mode's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
    * waits for the abort); a member that receives completes only with
    * nothing left unchecked before it. */
   if (s->role == SC_ROLE_GIVE) {
     if (!s->total) return 0;
-    if (ch->nunverified >= SC_VERIFY_BATCH && verify(cg, ch) != 0) return 0;
+    if (ch->nunverified >= SC_VERIFY_BATCH &&
+        verify_ops(cg, ch, ch->nunverified < (int)SC_VERIFY_DEEP) != 0)
+      return 0;
     if (ch->nunverified >= SC_LAG) return 0;
   } else if (ch->nunverified || cg->lagging) {
     return 0;
