@@ -103,11 +103,40 @@ TDIST_PARAM(InlineSync, "TDIST_INLINE_SYNC", 1)
  * whole window (20 us per op, where yielding at once takes 3): the window
  * closes until the threads are apart again. */
 static _Thread_local int64_t tl_busy_ns = -1;
-static _Thread_local int tl_slow; /* yields in a row that ran another thread */
+static _Thread_local int tl_slow;       /* yields in a row that ran another thread */
+static _Thread_local int tl_slow_limit; /* ... after which it moves (0: not drawn) */
+static _Thread_local uint64_t tl_rand;  /* that limit's draw (the clock mixed in) */
 
 static int64_t busy_window(void) {
   if (tl_busy_ns < 0) tl_busy_ns = tdist__param_DriveBusyUs() * 1000;
   return tl_busy_ns;
+}
+
+/* This thread leaves the CPU it shares with another that keeps yielding to
+ * it (yield_timed): its affinity is narrowed to the other CPUs it may use,
+ * which moves it at once, and put back, which leaves it where it went. A
+ * short sleep did that once (the thread woke where a CPU was idle), but a
+ * guest whose scheduler packs its vCPUs (this project's 2-core PVM VM,
+ * 2026-11-29) woke it beside its peer again, with the other CPU idle: 2 of
+ * 3 peers reps of 2000 8-byte all_reduces at n = 2 averaged 5-7 us, the
+ * third 0.75. A thread confined to one CPU, or whose mask cannot be read
+ * or set, sleeps briefly as before. TDIST_DRIVE_MOVE=0: always the sleep. */
+TDIST_PARAM(DriveMove, "TDIST_DRIVE_MOVE", 1)
+static void move_off_cpu(void) {
+  cpu_set_t mask, others;
+  int cpu = sched_getcpu();
+  if (tdist__param_DriveMove() && cpu >= 0 && cpu < CPU_SETSIZE &&
+      sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_ISSET(cpu, &mask) &&
+      CPU_COUNT(&mask) > 1) {
+    others = mask;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof(others), &others) == 0) {
+      (void)sched_setaffinity(0, sizeof(mask), &mask);
+      return;
+    }
+  }
+  struct timespec ts = {0, 1000};
+  nanosleep(&ts, NULL);
 }
 
 static void yield_timed(void) {
@@ -122,14 +151,21 @@ static void yield_timed(void) {
   tl_busy_ns = 0;
   /* Two threads that only yield to each other stay on one CPU: a yielding
    * thread stays runnable, and the balancer moves it late or never (whole
-   * 2000-op runs took turns on one CPU of two, 11 us an op). A short sleep
-   * takes it off the run queue: it wakes where a CPU is idle. Only where
+   * 2000-op runs took turns on one CPU of two, 11-13 us an op). Only where
    * busy polling is on at all (a core per rank): on a host whose ranks
    * outnumber its cores, taking turns is all there is. */
-  if (max > 0 && ++tl_slow >= 16) {
+  if (max <= 0) return;
+  /* Both threads count their yields alike, so both would move at once, to
+   * the same CPU: each draws its limit at random in [16, 48), anew after
+   * each move. */
+  if (!tl_slow_limit || tl_slow >= tl_slow_limit) {
+    tl_rand = (tl_rand ^ (uint64_t)t0) * 6364136223846793005ull + 1442695040888963407ull;
+    tl_slow_limit = 16 + (int)(tl_rand >> 59);
+  }
+  if (++tl_slow >= tl_slow_limit) {
     tl_slow = 0;
-    struct timespec ts = {0, 1000};
-    nanosleep(&ts, NULL);
+    tl_slow_limit = 0;
+    move_off_cpu();
   }
 }
 
