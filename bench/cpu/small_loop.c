@@ -17,8 +17,14 @@
  *
  * Set TDIST_* variables per run (e.g. TDIST_CPU_SC_NOW=0) to compare
  * settings, alternating the two runs several times.
+ *
+ * TDIST_BENCH_START_CPU=C: every rank moves its thread to CPU C before the
+ * rounds and gives its affinity back at once, so that the ranks start on
+ * one CPU, where a scheduler that packs vCPUs may leave them (work.c,
+ * move_off_cpu: TDIST_DRIVE_MOVE=0 against 1).
  */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +77,16 @@ int main(int argc, char **argv) {
   tdist_group_t *g = NULL;
   CHECK(tdist_init_process_group(&o, &g));
   int n = tdist_group_size(g), rank = tdist_group_rank(g);
+  const char *start_cpu = getenv("TDIST_BENCH_START_CPU");
+  if (start_cpu) {
+    cpu_set_t mask, one;
+    CPU_ZERO(&one);
+    CPU_SET(atoi(start_cpu), &one);
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0 ||
+        sched_setaffinity(0, sizeof(one), &one) != 0 ||
+        sched_setaffinity(0, sizeof(mask), &mask) != 0)
+      perror("small_loop: TDIST_BENCH_START_CPU");
+  }
   size_t count = bytes / 4 ? bytes / 4 : 1;
   float *a = calloc(count, 4), *b = calloc(count * (size_t)n, 4), one = 1;
   double *t = calloc((size_t)rounds, sizeof(double)), *all = calloc((size_t)rounds, sizeof(double));
