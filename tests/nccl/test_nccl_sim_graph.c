@@ -172,7 +172,10 @@ static int no_watchdog_child(int rank, int n, void *arg) {
   (void)arg;
   tdist_group_t *g = NULL;
   const int timeout_ms = 1000;
-  MP_CHECK_RC(ns_world(rank, n, port, timeout_ms, &g));
+  /* The rendezvous with room (a loaded machine under TSan took over a
+   * second to start the ranks and the store); the ops' timeout short. */
+  MP_CHECK_RC(ns_world(rank, n, port, 60000, &g));
+  MP_CHECK_RC(tdist_group_set_timeout(g, timeout_ms));
   float h[C];
   for (int i = 0; i < C; i++)
     h[i] = (float)(rank + i);

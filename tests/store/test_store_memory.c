@@ -649,7 +649,10 @@ static void test_large_value_in_place(void **state) {
  * of the old value. (Checked to fail with the pin ignored by the in-place
  * write: the reader then gets the new bytes past the first few MiB.) */
 static void test_get_outlives_overwrite(void **state) {
-  store_proc_t s = start_store(BUDGET, 5000, NULL);
+  /* An I/O timeout far above the other client's four 32 MiB requests: the
+   * stalled reader takes nothing meanwhile, and under TSan on a loaded
+   * machine they outlasted 5 s (the reader was cut off, as it should be). */
+  store_proc_t s = start_store(BUDGET, 60000, NULL);
   tdist_store_t *c;
   assert_int_equal(st_connect(s.port, 10000, &c), 0);
   size_t n = 32 * MIB;
