@@ -19,7 +19,8 @@
  *             its own, or with --store-in-process a thread of rank 0);
  *   extstore  fork/exec, an external tdist-store (TDIST_STORE_HOSTED=1);
  *   tdistrun  tdistrun --no-fail-fast (the launcher hosts the store).
- * Without --trials or --seconds: --seconds 60 (the test soak_short).
+ * Without --trials or --seconds: --seconds SOAK_DEFAULT_SECONDS (the test
+ * soak_short: 60, 20 in the sanitizer passes, CMakeLists.txt).
  * The first trial's seed is --seed X (default: from the clock), trial i's is
  * a hash of X and i; `soak --trials 1 --seed <trial seed>` replays a trial.
  * Meanwhile a CPU load runs (stress-ng --cpu 2, else 2 busy-loop children;
@@ -106,6 +107,9 @@
 #define HB_INTERVAL_MS 200
 #define HB_TIMEOUT_MS 1500
 #define SKIP_TIMEOUT_MS 1500
+#ifndef SOAK_DEFAULT_SECONDS
+#define SOAK_DEFAULT_SECONDS 60
+#endif
 #define TIMEOUT_MS (6000 * (SOAK_SCALE > 1 ? 2 : 1)) /* rendezvous, store, group ops */
 #define GUARD_S guard_s                              /* a trial still running after it: a hang */
 
@@ -1114,7 +1118,7 @@ int main(int argc, char **argv) {
   /* Orphans of a trial (a store whose rank 0 died first) become ours, not
    * PID 1's, and are reaped after each trial (run_trial). */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  if (opt.trials <= 0 && opt.seconds <= 0) opt.seconds = 60; /* the test soak_short */
+  if (opt.trials <= 0 && opt.seconds <= 0) opt.seconds = SOAK_DEFAULT_SECONDS; /* soak_short */
   if (!seed_given) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
