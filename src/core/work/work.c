@@ -149,8 +149,9 @@ static void yield_timed(void) {
    * the peer, on the other CPU, waits. Counted as a yield that found
    * nobody: busy again. With three busy processes of another job on the
    * two CPUs (bench/cpu/loaded.sh 3), 8-byte all_reduce at n = 2 took
-   * 0.31-142 us a call (median 0.26-0.68) against 1438-1590 (median
-   * 11.5-13) when such yields closed the window too. */
+   * 0.31-590 us a call in five runs (median 0.26-0.68) against 1438-1590
+   * in four of five (median 11.5-16) when such yields closed the window
+   * too. */
   if (dt <= 5000 || dt >= 200000) {
     tl_slow = 0;
     if (tl_busy_ns < max) tl_busy_ns = tl_busy_ns * 2 + 2000 < max ? tl_busy_ns * 2 + 2000 : max;
