@@ -101,8 +101,13 @@ static int never_child(int rank, int n, void *arg) {
 }
 static void never_posted_named(void **st) {
   (void)st;
+  /* The timed-out send waits for the monitor's verdict to name rank 1; its
+   * default 3 s of grace ran out under ASan with stress-ng on the 2-core
+   * VM (the message came at 6042 ms without it). */
+  setenv("TDIST_TIMEOUT_DIAG_MS", "20000", 1);
   port = tdist_mp_free_port();
   assert_int_equal(tdist_mp_run(3, never_child, NULL, 60), 0);
+  unsetenv("TDIST_TIMEOUT_DIAG_MS");
 }
 
 /* ---- a peer killed during p2p, then shrink ---------------------------------------- */
