@@ -624,13 +624,17 @@ void gs_comm_discard(ncclComm_t c) {
 }
 
 static void comm_free(ncclComm_t c) {
+  /* No launch from here on (nk_instance), before the communicator leaves
+   * the live count: a caller that saw the count drop (a test waiting for
+   * the abort) launched a graph while the drain below still ran, under
+   * TSan on a loaded machine. */
+  pthread_mutex_lock(&c->mu);
+  c->destroyed = 1;
+  pthread_mutex_unlock(&c->mu);
   reg_del(c);
   job_join(c);
   gs_comm_drain(c);
   gs_reg_free_all(c); /* commReclaim frees the registration cache */
-  pthread_mutex_lock(&c->mu);
-  c->destroyed = 1;
-  pthread_mutex_unlock(&c->mu);
   comm_leave_seg(c);
   gs_comm_release(c); /* kernels or graphs may hold it a little longer */
 }
