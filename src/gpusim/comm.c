@@ -624,10 +624,13 @@ void gs_comm_discard(ncclComm_t c) {
 }
 
 static void comm_free(ncclComm_t c) {
-  /* No launch from here on (nk_instance), before the communicator leaves
-   * the live count: a caller that saw the count drop (a test waiting for
-   * the abort) launched a graph while the drain below still ran, under
-   * TSan on a loaded machine. */
+  /* No launch from here on (nk_instance): ncclCommAbort sets the abort
+   * flags before it reclaims anything (init.cc, setCommAbortFlags, then
+   * commReclaim), and what a graph launched on an aborted communicator does
+   * NCCL leaves undefined; the simulation refuses it from the start. Set
+   * before the communicator leaves the live count, which tests wait on: a
+   * graph launched after the count dropped ran while the drain below still
+   * did (nccl_sim_graph abort_then_replay, TSan on a loaded machine). */
   pthread_mutex_lock(&c->mu);
   c->destroyed = 1;
   pthread_mutex_unlock(&c->mu);
