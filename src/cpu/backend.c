@@ -22,6 +22,7 @@
 
 #include "util/alloc.h"
 #include "util/error.h"
+#include "util/inject.h"
 #include "cpu/cpu.h"
 #include "cpu/transport/transport.h"
 #include "cpu/engine/engine.h"
@@ -42,7 +43,10 @@ static void register_task(void *arg) {
     cpu_ux_t *u = tdist__list_entry(n, cpu_ux_t, link);
     if (u->hdr.uid != cg->uid) continue;
     tdist__list_remove(n);
-    tdist__list_push_back(&cg->ux, n);
+    if (u->hdr.kind == CPU_MSG_ERR)
+      tdist__cpu_take_err(cg, u); /* a member failed it before it was here */
+    else
+      tdist__list_push_back(&cg->ux, n);
   }
   for (int i = 0; i < ctx->size; i++) {
     cpu_conn_t *c = ctx->conns[i];
@@ -103,6 +107,13 @@ static int attach(const tdist_backend_params_t *p, cpu_ctx_t *ctx, tdist_backend
   /* Collectives through one shared segment when every member is here
    * (sc_chan.c): a store exchange every member makes alike. */
   int rc = tdist__cpu_sc_setup(cg, p);
+  if (rc) {
+    group_free(cg);
+    return rc;
+  }
+  /* A slow member (tests): the others may finish creating the group,
+   * use it and fail before it registers here. */
+  rc = tdist__inject("cpu.group.register");
   if (rc) {
     group_free(cg);
     return rc;

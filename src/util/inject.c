@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "util/error.h"
 
@@ -23,6 +24,12 @@ int tdist__inject_slow(const char *site) {
     atomic_store(&tdist__inject_armed_, 0);
   }
   pthread_mutex_unlock(&mu);
+  if (rc > 0) { /* a delay, outside the lock */
+    struct timespec ts = {rc / 1000, (long)(rc % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    return 0;
+  }
   if (rc) return tdist__error(rc, "failure injected at %s", site);
   return 0;
 }

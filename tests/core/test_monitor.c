@@ -3,10 +3,16 @@
  * out, or one rank aborts on demand, the other ranks' copies of the group
  * abort at once (long before their own timeout) with a message naming the
  * rank and the cause. Real processes, a real TCP store, the test backend.
+ * Also for a rank still creating the group when the record comes (an
+ * injected delay before it registers): an abort record of the group, and
+ * a death record of one of its members, are kept and applied as it
+ * registers. The test backend sends nothing between ranks, so the records
+ * are the only way the cause can reach that rank.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,6 +24,7 @@
 #include "tb_world.h"
 #include "test_backend.h"
 #include "tdist/tdist.h"
+#include "util/inject.h"
 
 #define N 3
 static int port;
@@ -73,6 +80,67 @@ static int on_demand_child(int rank, int n, void *arg) {
   return tb_world_leave(&tw, N);
 }
 
+/* Wait up to 10 s for g to abort. */
+static int aborted_soon(tdist_group_t *g) {
+  for (int i = 0; i < 1000 && !tdist_group_is_aborted(g); i++)
+    usleep(10000);
+  return tdist_group_is_aborted(g);
+}
+
+/* arg: 0 rank 2 aborts the new group on demand, 1 rank 2 is killed. Rank 1
+ * registers its copy of the group 1.5 s late; the record comes meanwhile. */
+static int late_member_child(int rank, int n, void *arg) {
+  int kill_it = *(int *)arg;
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, N, port, 60000, &tw) == 0);
+  tb_set_mode(TB_HELD);
+  int all[N] = {0, 1, 2};
+  tdist_group_t *sub = NULL;
+  if (rank == 1) tdist__inject_arm("group.register", 1500);
+  MP_CHECK_RC(tdist_new_group(tw.g, all, N, NULL, &sub));
+  if (rank == 2) {
+    if (kill_it) raise(SIGKILL);
+    MP_CHECK_RC(tdist_group_abort(sub, "operator pulled the plug early"));
+  }
+  const char *want = kill_it ? "rank 2 (world rank 2) failed: the store declared it dead"
+                     : rank == 2
+                         ? "aborted on demand: operator pulled the plug early"
+                         : "rank 2 (world rank 2) aborted the group: aborted on demand: operator";
+  /* On rank 1 the record came before the group registered: it is applied
+   * as it registers, before tdist_new_group returns. */
+  if (rank == 1) MP_CHECK(tdist_group_is_aborted(sub));
+  MP_CHECK(aborted_soon(sub));
+  int rc = tdist_barrier(sub, NULL, NULL);
+  const char *msg = tdist_last_error();
+  if (rc == 0 || !strstr(msg, want))
+    fprintf(stderr, "rank %d: %s: %s\n", rank, tdist_err_name(rc), msg);
+  MP_CHECK(rc == (kill_it ? TDIST_ERR_REMOTE_FAILED : TDIST_ERR_ABORTED));
+  MP_CHECK(strstr(msg, want) != NULL);
+  tdist_group_destroy(sub);
+  tb_set_mode(TB_COMPLETE);
+  (void)n;
+  return tb_world_leave(&tw, kill_it ? N - 1 : N);
+}
+
+static void record_before_register(int kill_it) {
+  port = tdist_mp_free_port();
+  int codes[N];
+  tdist_mp_run_codes(N, late_member_child, &kill_it, 60, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], kill_it ? 128 + SIGKILL : 0);
+}
+
+static void abort_record_before_register(void **state) {
+  (void)state;
+  record_before_register(0);
+}
+
+static void death_record_before_register(void **state) {
+  (void)state;
+  record_before_register(1);
+}
+
 static void timeout_on_one_rank_aborts_all(void **state) {
   (void)state;
   port = tdist_mp_free_port();
@@ -89,6 +157,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(timeout_on_one_rank_aborts_all),
       cmocka_unit_test(abort_on_demand_reaches_all),
+      cmocka_unit_test(abort_record_before_register),
+      cmocka_unit_test(death_record_before_register),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

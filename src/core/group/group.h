@@ -35,6 +35,20 @@ enum {
   TDIST__ABORT_CB_CLOSED = 3,
 };
 
+/* A monitor record kept for groups registered after it came (inflight.c):
+ * an abort record no registered group took (its group is still being
+ * created on this rank while the other members already use it), and every
+ * death record (a group being created may contain the dead rank). */
+typedef struct tdist__kept_record {
+  int dead;
+  uint64_t uid;
+  int status;
+  int rank;
+  char reason[200];
+} tdist__kept_record_t;
+
+#define TDIST__KEPT_RECORDS 32
+
 typedef struct tdist__ctx {
   _Atomic int refs;
   tdist_progress_t *progress; /* (caller) a reference */
@@ -46,7 +60,9 @@ typedef struct tdist__ctx {
   tdist__monitor_t *monitor;  /* (caller) NULL without a store */
   tdist__list_t groups;       /* (progress) registered groups */
   tdist__ticker_t watchdog;   /* (progress) op deadlines */
-  tdist__list_t link;         /* (progress) on the list of live contexts */
+  tdist__kept_record_t kept[TDIST__KEPT_RECORDS]; /* (progress) a ring, the oldest overwritten */
+  unsigned nkept;                                 /* (progress) records kept so far */
+  tdist__list_t link;                             /* (progress) on the list of live contexts */
 } tdist__ctx_t;
 
 struct tdist_group {

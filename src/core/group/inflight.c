@@ -452,6 +452,8 @@ void tdist__group_poll_now(tdist_group_t *g) {
   if (g->registered && g->needs_poll && g->bk->ops->poll) (void)group_poll(&g->poller, &busy);
 }
 
+static int apply_record(tdist_group_t *g, const tdist__mon_record_t *r);
+
 void tdist__group_register_task(void *arg) {
   tdist_group_t *g = arg;
   tdist__list_push_back(&g->ctx->groups, &g->ctx_link);
@@ -463,6 +465,14 @@ void tdist__group_register_task(void *arg) {
   if (g->fail_held) {
     g->fail_held = 0;
     tdist__progress_defer(g->ctx->progress, &g->fail_node);
+  }
+  /* The records that came while g was being created (record_task). */
+  tdist__ctx_t *ctx = g->ctx;
+  unsigned n = ctx->nkept < TDIST__KEPT_RECORDS ? ctx->nkept : TDIST__KEPT_RECORDS;
+  for (unsigned i = 0; i < n; i++) {
+    const tdist__kept_record_t *k = &ctx->kept[i];
+    tdist__mon_record_t r = {k->dead, k->uid, k->status, k->rank, k->reason};
+    if (apply_record(g, &r)) break;
   }
 }
 
@@ -493,32 +503,54 @@ struct record_req {
   const tdist__mon_record_t *r;
 };
 
-/* Abort the local copies of the groups a record names. */
+/* Abort g if record r names it: a death record for a group containing
+ * the dead rank, an abort record for the group itself. 1 if it did. */
+static int apply_record(tdist_group_t *g, const tdist__mon_record_t *r) {
+  if (atomic_load(&g->aborted)) return 0;
+  int gr = group_rank_of(g, r->rank);
+  if (r->dead) {
+    if (gr < 0 || gr == g->rank) return 0;
+    tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, SPREAD_TELL,
+                           "rank %d (world rank %d) failed: the store declared it dead: %s", gr,
+                           r->rank, r->reason);
+    return 1;
+  }
+  if (g->uid != r->uid) return 0;
+  /* Both ranks: the group rank alone read as this rank's own number
+   * ("rank 1 aborted" on world rank 1, about world rank 3). */
+  if (gr >= 0)
+    tdist__group_abort_now(g, r->status, 0, "rank %d (world rank %d) aborted the group: %s", gr,
+                           r->rank, r->reason);
+  else
+    tdist__group_abort_now(g, r->status, 0, "world rank %d aborted the group: %s", r->rank,
+                           r->reason);
+  return 1;
+}
+
+/* Abort the local copies of the groups a record names. A record none of
+ * them takes may be about a group this rank is still creating: the other
+ * members finished their part of the creation, used the group and failed
+ * while this rank was still in its backend's setup (seen under ASan: a
+ * member of a subgroup waited out its whole timeout for a mismatch the
+ * others had named at once). It is kept, and applied when that group
+ * registers (tdist__group_register_task); death records always are. */
 static void record_task(void *arg) {
   struct record_req *q = arg;
   const tdist__mon_record_t *r = q->r;
+  tdist__ctx_t *ctx = q->ctx;
+  int taken = 0;
   tdist__list_t *it, *tmp;
-  tdist__list_foreach_safe(it, tmp, &q->ctx->groups) {
+  tdist__list_foreach_safe(it, tmp, &ctx->groups) {
     tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
-    if (atomic_load(&g->aborted)) continue;
-    if (r->dead) {
-      int gr = group_rank_of(g, r->rank);
-      if (gr >= 0 && gr != g->rank)
-        tdist__group_abort_now(g, TDIST_ERR_REMOTE_FAILED, SPREAD_TELL,
-                               "rank %d (world rank %d) failed: the store declared it dead: %s", gr,
-                               r->rank, r->reason);
-    } else if (g->uid == r->uid) {
-      /* Both ranks: the group rank alone read as this rank's own number
-       * ("rank 1 aborted" on world rank 1, about world rank 3). */
-      int gr = group_rank_of(g, r->rank);
-      if (gr >= 0)
-        tdist__group_abort_now(g, r->status, 0, "rank %d (world rank %d) aborted the group: %s", gr,
-                               r->rank, r->reason);
-      else
-        tdist__group_abort_now(g, r->status, 0, "world rank %d aborted the group: %s", r->rank,
-                               r->reason);
-    }
+    taken |= apply_record(g, r);
   }
+  if (taken && !r->dead) return; /* uids are never reused */
+  tdist__kept_record_t *k = &ctx->kept[ctx->nkept++ % TDIST__KEPT_RECORDS];
+  k->dead = r->dead;
+  k->uid = r->uid;
+  k->status = r->status;
+  k->rank = r->rank;
+  snprintf(k->reason, sizeof(k->reason), "%s", r->reason);
 }
 
 static void on_record(void *arg, const tdist__mon_record_t *r) {

@@ -150,6 +150,7 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
     cpu_ux_t *u = tdist__cpu_ux_new(ctx, h, c->peer, c->rx_rma);
     if (!u) return; /* no memory: the payload is discarded */
     if (h->kind != CPU_MSG_ERR) tdist__list_push_back(&ctx->orphans, &u->link);
+    /* an ERR joins them whole, if it still has no group (on_err) */
     c->rx_ux = u;
     c->rx_dst = u->data;
     return;
@@ -163,16 +164,30 @@ void tdist__cpu_on_header(cpu_conn_t *c) {
   rx_unexpected(c, cg, h);
 }
 
-static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
-  cpu_group_t *cg = tdist__cpu_group_find(c->ctx, u->hdr.uid);
-  if (cg && !cg->aborted) {
+void tdist__cpu_take_err(cpu_group_t *cg, cpu_ux_t *u) {
+  if (!cg->aborted) {
     int status =
         u->hdr.root < 0 && u->hdr.root > TDIST_ERR_MIN_ ? u->hdr.root : TDIST_ERR_REMOTE_FAILED;
     /* The text names the sender ("rank 1 aborted the group: ..."); the
      * sender published the abort record itself. */
     tdist__cpu_fail(cg, 1, status, "%.*s", (int)u->hdr.len, (const char *)u->data);
   }
-  tdist__cpu_ux_free(c->ctx, u);
+  tdist__cpu_ux_free(cg->ctx, u);
+}
+
+static void on_err(cpu_conn_t *c, cpu_ux_t *u) {
+  cpu_group_t *cg = tdist__cpu_group_find(c->ctx, u->hdr.uid);
+  if (cg) {
+    tdist__cpu_take_err(cg, u);
+    return;
+  }
+  /* A group this rank is still creating: the other members finished their
+   * part of its creation, used it and failed while this rank was still in
+   * its setup (sc_setup's store exchange). The cause waits with the
+   * orphans and fails the group as it registers (backend.c); dropped, it
+   * left this member waiting out its whole timeout. Uids are never reused. */
+  u->complete = 1;
+  tdist__list_push_back(&c->ctx->orphans, &u->link);
 }
 
 void tdist__cpu_on_payload(cpu_conn_t *c) {

@@ -48,6 +48,9 @@ int tdist__cpu_cma_failed(cpu_group_t *cg, int src_world, int aborted, const cha
 /* (engine lock) cg fails with text (REMOTE_FAILED) in 1 s unless a cause
  * (an ERR, the abort record) aborts it first (the timer of cma.c). */
 void tdist__cpu_fail_later(cpu_group_t *cg, const char *text);
+/* (progress, engine lock) An ERR message read whole (u, freed here) fails
+ * cg with its status and text, unless cg already failed (dispatch.c). */
+void tdist__cpu_take_err(cpu_group_t *cg, cpu_ux_t *u);
 void tdist__cpu_cma_ack(cpu_ctx_t *ctx, int src_world, uint64_t cookie); /* descriptor read */
 void tdist__cpu_cma_take(cpu_ctx_t *ctx, cpu_ux_t *u); /* pending u is read elsewhere */
 /* Set m's payload: ptr itself, or a descriptor of it when c's peer reads
