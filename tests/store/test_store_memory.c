@@ -547,6 +547,13 @@ static void purge_lines(const char *path, int *lines, int *freed) {
  * time). Deleting 32 MiB of 64 KiB values (which the allocator keeps) is
  * purged, and its line says resident fell. */
 static void test_purge_only_when_it_frees(void **state) {
+#ifdef ST_TSAN
+  /* Allocator behaviour (jemalloc's purges), which a sanitizer build does
+   * not have, and under TSan 64 MiB copies at a tenth of the speed: about
+   * a tenth of the TSan pass's CPU time, for lines it cannot have. The
+   * ASan pass keeps the check that no useless line is logged. */
+  skip();
+#endif
   char log[] = "/tmp/test_store_memory_purge_XXXXXX";
   int lfd = mkstemp(log);
   assert_true(lfd >= 0);
@@ -810,6 +817,12 @@ static void test_fair_reading(void **state) {
  * is given back: it must be stored, not refused FULL. (Checked to fail with
  * the spares kept when a frame does not fit.) */
 static void test_spare_blocks(void **state) {
+#ifdef ST_TSAN
+  /* Its check is the peak resident memory, which TSan's shadow hides
+   * (check_peak); the bytes of reused blocks are checked in the other
+   * passes. */
+  skip();
+#endif
   store_proc_t s = start_store(BUDGET, 5000, NULL);
   tdist_store_t *c;
   assert_int_equal(st_connect(s.port, 10000, &c), 0);
