@@ -189,6 +189,17 @@ out:
   return rc;
 }
 
+int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap) {
+  int st = 0;
+  if (!p || p->pid <= 0 || waitpid(p->pid, &st, WNOHANG) != p->pid) return 0;
+  if (WIFSIGNALED(st))
+    snprintf(why, cap, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  else
+    snprintf(why, cap, "exited with code %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  p->pid = -1;
+  return 1;
+}
+
 void tdist__store_proc_stop(tdist__store_proc_t *p) {
   if (!p || p->pid <= 0) return;
   int st = 0;

@@ -5,7 +5,8 @@
  * contradictory settings; two processes claiming one RANK; the rendezvous
  * per host (tdist_store_rendezvous_host, rdzv_host.c) mixed with ranks
  * joining directly, an agent calling twice, a host claimed twice, its
- * timeout naming how many arrived. Uses
+ * timeout naming how many arrived; rank 0's store process killed under it
+ * during the rendezvous, named in rank 0's error. Uses
  * tdist__rendezvous_join, the part of tdist_init_process_group before the
  * backend, so it runs without one.
  */
@@ -21,6 +22,7 @@
 #include <sys/mman.h>
 #include <pthread.h>
 #include <sys/wait.h>
+#include <dirent.h>
 
 #include "store/rendezvous.h"
 #include "store_test_util.h"
@@ -137,6 +139,77 @@ static void test_timeout_names_missing(void **state) {
   stop_server(pid);
   g_method[0] = 0;
   assert_int_equal(rc, 0);
+}
+
+/* The pid of the tdist-store that process `parent` started on g_port, or 0. */
+static pid_t store_of(pid_t parent) {
+  char want[32], port[16];
+  snprintf(want, sizeof(want), "%d", (int)parent);
+  snprintf(port, sizeof(port), "%d", g_port);
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = 0;
+  while (d && !found && (e = readdir(d))) {
+    char path[300], cmd[1024];
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(cmd, 1, sizeof(cmd) - 1, f);
+    fclose(f);
+    cmd[len] = 0;
+    int has_parent = 0, has_port = 0;
+    for (size_t i = 0; i < len; i += strlen(cmd + i) + 1) {
+      const char *next = i + strlen(cmd + i) + 1 < len ? cmd + i + strlen(cmd + i) + 1 : "";
+      has_parent |= !strcmp(cmd + i, "--parent") && !strcmp(next, want);
+      has_port |= !strcmp(cmd + i, "--port") && !strcmp(next, port);
+    }
+    if (strstr(cmd, "tdist-store") && has_parent && has_port) found = (pid_t)atoi(e->d_name);
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+static void *kill_my_store(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 500; i++) {
+    pid_t st = store_of(getpid());
+    if (st > 0) {
+      st_sleep_ms(200); /* rank 0 waits in the rendezvous by now */
+      kill(st, SIGKILL);
+      return NULL;
+    }
+    st_sleep_ms(10);
+  }
+  return NULL;
+}
+
+/* Rank 0 of two hosts the store as a process; it is killed while rank 0
+ * waits for rank 1 (which never comes): rank 0's error says so, beside
+ * what its client saw. */
+static int store_killed_child(int rank, int n, void *arg) {
+  (void)arg;
+  if (rank != 0) return 0;
+  set_env(0, n);
+  pthread_t t;
+  MP_CHECK(pthread_create(&t, NULL, kill_my_store, NULL) == 0);
+  tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT | TDIST_INIT_FIELD_HOST_STORE,
+                         .timeout_ms = 15000,
+                         .host_store = TDIST_HOST_STORE_PROCESS};
+  tdist__rdzv_t r;
+  int rc = tdist__rendezvous_join(&o, &r);
+  pthread_join(t, NULL);
+  const char *msg = tdist_last_error();
+  if (rc == 0 || !strstr(msg, "this rank started was killed by signal 9"))
+    fprintf(stderr, "rank 0: %s: %s\n", tdist_err_name(rc), msg);
+  MP_CHECK(rc != 0);
+  MP_CHECK(strstr(msg, "this rank started was killed by signal 9") != NULL);
+  return 0;
+}
+
+static void test_store_killed_is_named(void **state) {
+  g_port = tdist_mp_free_port();
+  g_method[0] = 0;
+  assert_int_equal(tdist_mp_run(2, store_killed_child, NULL, 40), 0);
 }
 
 /* Each case: environment, expected code, a word the message must contain. */
@@ -342,7 +415,7 @@ int main(void) {
       cmocka_unit_test(test_env_rank0_hosts),       cmocka_unit_test(test_tcp_external_server),
       cmocka_unit_test(test_file_method),           cmocka_unit_test(test_errors_name_the_variable),
       cmocka_unit_test(test_duplicate_rank),        cmocka_unit_test(test_rendezvous_per_host),
-      cmocka_unit_test(test_timeout_names_missing),
+      cmocka_unit_test(test_timeout_names_missing), cmocka_unit_test(test_store_killed_is_named),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
