@@ -16,6 +16,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -220,6 +221,19 @@ static void on_stop(uv_async_t *a) {
 
 static void *server_main(void *arg) {
   struct tdist_store_server *srv = arg;
+  /* libuv writes to a socket with write/writev, not send(MSG_NOSIGNAL): a
+   * client gone with a reply still being written (a killed rank, a reset)
+   * raised SIGPIPE, whose default action ended the whole process. Rank 0's
+   * store process runs with the default (spawn.c resets it), and a server
+   * in a user's process must not change that process's disposition; the
+   * signal is blocked on this thread instead, so the write fails with
+   * EPIPE and only that connection closes. (Found when test_store_memory
+   * started its servers with the default: every test that resets a reader
+   * killed the server.) */
+  sigset_t pipe_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
   uv_run(&srv->loop, UV_RUN_DEFAULT);
   return NULL;
 }
