@@ -7,7 +7,9 @@
  * injected delay before it registers): an abort record of the group, and
  * a death record of one of its members, are kept and applied as it
  * registers. The test backend sends nothing between ranks, so the records
- * are the only way the cause can reach that rank.
+ * are the only way the cause can reach that rank. And a timeout waiting on
+ * a member that destroyed the group names that (its heartbeat lists the
+ * destroyed group), not "had not reached".
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,6 +124,46 @@ static int late_member_child(int rank, int n, void *arg) {
   return tb_world_leave(&tw, kill_it ? N - 1 : N);
 }
 
+/* Rank 2 destroys a new group; ranks 0 and 1 then wait in a barrier on it
+ * (the test backend holds it: nothing tells them) until its 1.5 s timeout:
+ * the diagnosis, from rank 2's heartbeat, says rank 2 had destroyed the
+ * group, not that it had not reached the op. */
+static int destroyed_member_child(int rank, int n, void *arg) {
+  (void)arg;
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "100", 1);
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, N, port, 60000, &tw) == 0);
+  int all[N] = {0, 1, 2};
+  tdist_group_opts_t go = {.mask = TDIST_GROUP_FIELD_TIMEOUT, .timeout_ms = 1500};
+  tdist_group_t *sub = NULL;
+  MP_CHECK_RC(tdist_new_group(tw.g, all, N, &go, &sub));
+  if (rank == 2) {
+    MP_CHECK_RC(tdist_group_destroy(sub));
+    usleep(4000000); /* beats with the destroyed group listed */
+  } else {
+    usleep(500000); /* rank 2 destroyed it and beat since */
+    tb_set_mode(TB_STALL);
+    int rc = tdist_barrier(sub, NULL, NULL);
+    const char *msg = tdist_last_error();
+    const char *want = "rank 2 of group 'world/0' had destroyed the group before seq 0";
+    if (rc != TDIST_ERR_TIMEOUT || !strstr(msg, want))
+      fprintf(stderr, "rank %d: %s: %s\n", rank, tdist_err_name(rc), msg);
+    MP_CHECK(rc == TDIST_ERR_TIMEOUT);
+    MP_CHECK(strstr(msg, want) != NULL);
+    MP_CHECK(strstr(msg, "had not reached") == NULL);
+    tb_set_mode(TB_COMPLETE);
+    tdist_group_destroy(sub);
+  }
+  (void)n;
+  return tb_world_leave(&tw, N);
+}
+
+static void destroyed_member_is_named(void **state) {
+  (void)state;
+  port = tdist_mp_free_port();
+  assert_int_equal(tdist_mp_run(N, destroyed_member_child, NULL, 60), 0);
+}
+
 static void record_before_register(int kill_it) {
   port = tdist_mp_free_port();
   int codes[N];
@@ -159,6 +201,7 @@ int main(void) {
       cmocka_unit_test(abort_on_demand_reaches_all),
       cmocka_unit_test(abort_record_before_register),
       cmocka_unit_test(death_record_before_register),
+      cmocka_unit_test(destroyed_member_is_named),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

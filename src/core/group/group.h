@@ -62,7 +62,18 @@ typedef struct tdist__ctx {
   tdist__ticker_t watchdog;   /* (progress) op deadlines */
   tdist__kept_record_t kept[TDIST__KEPT_RECORDS]; /* (progress) a ring, the oldest overwritten */
   unsigned nkept;                                 /* (progress) records kept so far */
-  tdist__list_t link;                             /* (progress) on the list of live contexts */
+  /* (progress) the last groups destroyed here, uid and next_seq, which the
+   * heartbeat lists ("uid:next_seq-") until `until` (the group's timeout
+   * plus 30 s after its destruction: an op of another member that waits on
+   * this rank times out by then, unless submitted later still): that member
+   * is told this rank destroyed the group, not that it is behind. Eight at
+   * most, so a heartbeat stays short in a large job. */
+  struct {
+    uint64_t uid, next;
+    int64_t until;
+  } left[8];
+  unsigned nleft;
+  tdist__list_t link; /* (progress) on the list of live contexts */
 } tdist__ctx_t;
 
 struct tdist_group {

@@ -479,6 +479,11 @@ void tdist__group_register_task(void *arg) {
 void tdist__group_unregister_task(void *arg) {
   tdist_group_t *g = arg;
   if (g->registered) {
+    tdist__ctx_t *ctx = g->ctx;
+    unsigned k = ctx->nleft++ % (sizeof(ctx->left) / sizeof(ctx->left[0]));
+    ctx->left[k].uid = g->uid;
+    ctx->left[k].next = atomic_load(&g->next_seq);
+    ctx->left[k].until = tdist__now_ms() + atomic_load(&g->timeout_ms) + 30000;
     tdist__progress_poller_remove(g->ctx->progress, &g->poller);
     tdist__list_remove(&g->ctx_link);
     g->registered = 0;
@@ -575,6 +580,19 @@ static void snap_task(void *arg) {
                      (uint64_t)atomic_load(&g->next_seq));
     if (n < 0 || (size_t)n >= s->cap - s->len) break;
     s->len += (size_t)n;
+  }
+  /* The groups destroyed last, marked: the diagnosis (monitor.c) names a
+   * member that left rather than one that never reached the op. */
+  tdist__ctx_t *ctx = s->ctx;
+  unsigned cap = sizeof(ctx->left) / sizeof(ctx->left[0]);
+  unsigned n = ctx->nleft < cap ? ctx->nleft : cap;
+  int64_t now = tdist__now_ms();
+  for (unsigned i = 0; i < n; i++) {
+    if (ctx->left[i].until < now) continue;
+    int k = snprintf(s->buf + s->len, s->cap - s->len, "%016" PRIx64 ":%" PRIu64 "- ",
+                     ctx->left[i].uid, ctx->left[i].next);
+    if (k < 0 || (size_t)k >= s->cap - s->len) break;
+    s->len += (size_t)k;
   }
 }
 

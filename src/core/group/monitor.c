@@ -145,14 +145,18 @@ static void refresh_snapshot(tdist__monitor_t *m) {
 
 /* next_seq of group `uid` in a heartbeat value (not NUL-terminated); -1 if
  * absent. */
-static int64_t seq_in(const char *val, size_t len, uint64_t uid) {
+/* next_seq of group uid in a heartbeat value, or -1; *left = 1 when the
+ * entry is a destroyed group's ("uid:next_seq-", inflight.c snap_task). */
+static int64_t seq_in(const char *val, size_t len, uint64_t uid, int *left) {
   char want[24];
   snprintf(want, sizeof(want), "%016" PRIx64 ":", uid);
   for (size_t i = 0; i + 17 < len; i++) {
     if ((i != 0 && val[i - 1] != ' ') || memcmp(val + i, want, 17) != 0) continue;
     int64_t v = 0;
-    for (size_t j = i + 17; j < len && val[j] >= '0' && val[j] <= '9'; j++)
+    size_t j = i + 17;
+    for (; j < len && val[j] >= '0' && val[j] <= '9'; j++)
       v = v * 10 + (val[j] - '0');
+    *left = j < len && val[j] == '-';
     return v;
   }
   return -1;
@@ -180,15 +184,17 @@ static int exists(tdist__monitor_t *m, const char *key) {
 /* next_seq of group uid in world rank wr's heartbeat: its own key, or, for a
  * rank behind a host agent, its line "<wr> a <value>" in the host's
  * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>").
- * -1 if the heartbeat lists no such group; PEER_UNREAD. */
-static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc) {
+ * -1 if the heartbeat lists no such group; PEER_UNREAD. *left = 1 when
+ * the rank destroyed the group (its next_seq then is where it left). */
+static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc,
+                        int *left) {
   char key[48];
   void *val = NULL;
   size_t len = 0;
   int64_t next = PEER_UNREAD;
   snprintf(key, sizeof(key), "tdist/hb/%d", wr);
   if (exists(m, key) && tdist_store_get(m->conn, key, &val, &len, 100) == 0) {
-    next = seq_in(val, len, uid);
+    next = seq_in(val, len, uid, left);
     tdist_store_free(val);
     return next;
   }
@@ -213,7 +219,7 @@ static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_c
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     const char *le = nl ? nl : end;
     if (le - p >= wl && memcmp(p, want, (size_t)wl) == 0) {
-      next = seq_in(p + wl, (size_t)(le - p - wl), uid);
+      next = seq_in(p + wl, (size_t)(le - p - wl), uid, left);
       break;
     }
     p = le + 1;
@@ -248,9 +254,9 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
   }
   int found = m->h.members(m->h.arg, uid, &mb->rank, &mb->size, mb->ranks, 4096, mb->name,
                            sizeof(mb->name));
-  char text[256] = "";
-  size_t tl = 0;
-  int behind = 0;
+  char text[256] = "", gtext[256] = "";
+  size_t tl = 0, gl = 0;
+  int behind = 0, gone = 0;
   struct host_cache hc = {-1, NULL, 0};
   int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
   int looks = period * 2 <= timeout_ms ? 2 : 1;
@@ -267,13 +273,22 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
     for (int j = 0; j < n; j++) {
       int i = look == 0 ? j : late[j];
       if (i == mb->rank) continue;
-      int64_t next = peer_seq(m, mb->ranks[i], uid, &hc);
+      int left = 0;
+      int64_t next = peer_seq(m, mb->ranks[i], uid, &hc, &left);
       for (int again = 0; next == PEER_UNREAD && again < 3; again++) {
         struct timespec ts = {0, 50 * 1000000}; /* a loaded store: read it again */
         nanosleep(&ts, NULL);
-        next = peer_seq(m, mb->ranks[i], uid, &hc);
+        next = peer_seq(m, mb->ranks[i], uid, &hc, &left);
       }
       if (next > (int64_t)seq) continue; /* it submitted this op */
+      if (left) {
+        /* It destroyed the group before this op: the op can never finish,
+         * and "had not reached" would blame it for being slow. */
+        int k = snprintf(gtext + gl, sizeof(gtext) - gl, "%s%d", gone ? ", " : "", i);
+        if (k > 0 && (size_t)k < sizeof(gtext) - gl) gl += (size_t)k;
+        gone++;
+        continue;
+      }
       /* Still unread, or read without the group (a rank whose last beat
        * predates the group's creation, or one that destroyed it): it cannot
        * be vouched for, and counts as not having reached the op. */
@@ -288,6 +303,15 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
   char verdict[480];
   if (!found)
     verdict[0] = '\0';
+  else if (gone)
+    snprintf(verdict, sizeof(verdict),
+             "rank%s %.150s of group '%.95s' had destroyed the group before seq %" PRIu64
+             "%s%s%.150s%s",
+             gone > 1 ? "s" : "", gtext, mb->name, seq, behind ? "; " : "",
+             behind > 1 ? "ranks "
+             : behind   ? "rank "
+                        : "",
+             text, behind ? " had not reached it" : "");
   else if (behind)
     snprintf(verdict, sizeof(verdict),
              "rank%s %.255s of group '%.95s' had not reached seq %" PRIu64, behind > 1 ? "s" : "",
