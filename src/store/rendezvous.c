@@ -465,10 +465,11 @@ fail:
   tdist_store_server_stop(srv);
   {
     /* The store this rank started ended under it: say how, beside what
-     * the failed call saw (a closed connection, a timeout). */
+     * the failed call saw (a closed connection, a timeout). Half a second
+     * at most, on this failure path only. */
     char why[96], prev[512];
     pid_t pid = proc.pid;
-    if (tdist__store_proc_ended(&proc, why, sizeof(why))) {
+    if (tdist__store_proc_ended(&proc, why, sizeof(why), 500)) {
       snprintf(prev, sizeof(prev), "%s", tdist_last_error());
       rc = tdist__error(rc, "%s (the store process %d this rank started %s)", prev, (int)pid, why);
     }

@@ -189,9 +189,16 @@ out:
   return rc;
 }
 
-int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap) {
+int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap, int64_t wait_ms) {
   int st = 0;
-  if (!p || p->pid <= 0 || waitpid(p->pid, &st, WNOHANG) != p->pid) return 0;
+  if (!p || p->pid <= 0) return 0;
+  /* A killed process closes its sockets before it can be reaped: a client
+   * sees the connection close a moment before waitpid finds it. */
+  int64_t until = tdist__now_ms() + wait_ms;
+  pid_t r;
+  while ((r = waitpid(p->pid, &st, WNOHANG)) == 0 && tdist__now_ms() < until)
+    usleep(5000);
+  if (r != p->pid) return 0;
   if (WIFSIGNALED(st))
     snprintf(why, cap, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
   else

@@ -10,6 +10,8 @@
 #ifndef TDIST_STORE_SPAWN_H
 #define TDIST_STORE_SPAWN_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 typedef struct tdist__store_proc {
@@ -29,12 +31,12 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out);
 /* Stop (SIGTERM, then SIGKILL after 5 s) and reap it; pid -1 is ignored. */
 void tdist__store_proc_stop(tdist__store_proc_t *p);
 
-/* 1 when the store process has already ended (reaped here, p->pid set to
- * -1), with how in why ("exited with code 1", "was killed by signal 9
- * (Killed)"); 0 while it runs or for pid -1. Rank 0 names it when its own
+/* 1 when the store process has ended, within wait_ms (reaped here, p->pid
+ * set to -1), with how in why ("exited with code 1", "was killed by signal
+ * 9 (Killed)"); 0 while it runs or for pid -1. Rank 0 names it when its own
  * store failed under it: a rendezvous that only said "the server closed
  * the connection" could not tell a store that crashed or was killed from
  * a network fault. */
-int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap);
+int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap, int64_t wait_ms);
 
 #endif
