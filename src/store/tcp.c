@@ -46,7 +46,8 @@ static int64_t reply_grace(int64_t wait_ms) {
 typedef struct tcp_store {
   struct tdist_store base; /* first: a tdist_store_t* is a tcp_store* */
   pthread_mutex_t mu;
-  int fd; /* -1 once broken */
+  int fd;        /* -1 once broken */
+  char why[200]; /* (mu) the failure that broke it: later calls name it */
 } tcp_store_t;
 
 /* Wait for `events` on fd until deadline_ms; 0 ready, TDIST_ERR_TIMEOUT, TDIST_ERR_IO.
@@ -135,22 +136,34 @@ static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep
   int rc;
   pthread_mutex_lock(&t->mu);
   if (t->fd < 0) {
+    char why[sizeof(t->why)];
+    snprintf(why, sizeof(why), "%s", t->why);
     pthread_mutex_unlock(&t->mu);
     return tdist__error(TDIST_ERR_CLOSED,
                         "store %s '%s': connection to %s was closed by an "
-                        "earlier failure",
-                        what, key, s->address);
+                        "earlier failure (%s)",
+                        what, key, s->address, why[0] ? why : "unknown");
   }
+  /* The deadline counts from here, not from before the lock: a call that
+   * waited for another thread's call on this connection (a wait of many
+   * seconds) must not time out unsent and break the connection for all. */
+  int64_t t1 = tdist__now_ms();
+  deadline += t1 - t0;
   rc = send_all(t->fd, req->p, req->len, deadline);
   if (rc == 0) rc = recv_frame(t->fd, rep, deadline);
+  int64_t waited = tdist__now_ms() - t1;
   if (rc) {
     close(t->fd);
     t->fd = -1;
     atomic_store_explicit(&s->broken, 1, memory_order_relaxed);
+    snprintf(t->why, sizeof(t->why), "%s '%.60s' %s after %" PRId64 " ms", what, key,
+             rc == TDIST_ERR_TIMEOUT  ? "had no reply"
+             : rc == TDIST_ERR_CLOSED ? "saw the server close it"
+                                      : tdist_strerror(rc),
+             waited);
   }
   pthread_mutex_unlock(&t->mu);
   if (rc == 0) return 0;
-  int64_t waited = tdist__now_ms() - t0;
   switch (rc) {
   case TDIST_ERR_TIMEOUT:
     return tdist__error(rc, "store %s '%s' from %s timed out after %" PRId64 " ms (no reply)", what,

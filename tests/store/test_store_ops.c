@@ -9,6 +9,8 @@
 #include <stddef.h>
 
 #include <cmocka.h>
+#include <stdint.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -303,6 +305,48 @@ static void test_connect_timeout_and_close(void **state) {
   assert_non_null(strstr(tdist_last_error(), want));
 }
 
+/* One connection, two threads: a quick call that waits behind another
+ * thread's long wait gets its reply (the server's timeout) and leaves the
+ * connection usable; its deadline counts from when it had the connection.
+ * Before, it timed out unsent behind the lock and broke the connection for
+ * every later call. A connection a failure did break names that failure in
+ * every later call's error. */
+static tdist_store_t *g_shared;
+
+static void *long_wait(void *arg) {
+  (void)arg;
+  void *v = NULL;
+  size_t l = 0;
+  int rc = tdist_store_get(g_shared, "never/set", &v, &l, 2500);
+  return (void *)(intptr_t)rc;
+}
+
+static void test_shared_connection(void **state) {
+  int port = tdist_mp_free_port();
+  tdist_store_server_t *srv = NULL;
+  assert_int_equal(st_start_server(port, NULL, &srv), 0);
+  assert_int_equal(st_connect(port, 10000, &g_shared), 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, long_wait, NULL), 0);
+  st_sleep_ms(200); /* the long wait holds the connection */
+  void *v = NULL;
+  size_t l = 0;
+  assert_int_equal(tdist_store_get(g_shared, "not/there", &v, &l, 1), TDIST_ERR_TIMEOUT);
+  void *r = NULL;
+  pthread_join(t, &r);
+  assert_int_equal((int)(intptr_t)r, TDIST_ERR_TIMEOUT);
+  assert_int_equal(tdist_store_set(g_shared, "still/usable", "1", 1), 0);
+  /* The server goes: the next call breaks the connection, the one after
+   * says by what. */
+  tdist_store_server_stop(srv);
+  assert_int_not_equal(tdist_store_set(g_shared, "a", "1", 1), 0);
+  assert_int_equal(tdist_store_set(g_shared, "b", "1", 1), TDIST_ERR_CLOSED);
+  const char *msg = tdist_last_error();
+  printf("after the server stopped: %s\n", msg);
+  assert_non_null(strstr(msg, "closed by an earlier failure (set 'a'"));
+  tdist_store_release(g_shared);
+}
+
 static void test_bad_arguments(void **state) {
   int port = tdist_mp_free_port();
   tdist_store_server_t *srv;
@@ -351,6 +395,7 @@ int main(void) {
       cmocka_unit_test(test_connect_timeout_and_close),
       cmocka_unit_test(test_token),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_shared_connection),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
