@@ -151,8 +151,9 @@ static int destroyed_member_child(int rank, int n, void *arg) {
     if ((rc != TDIST_ERR_TIMEOUT && rc != TDIST_ERR_ABORTED) || !strstr(msg, want))
       fprintf(stderr, "rank %d: %s: %s\n", rank, tdist_err_name(rc), msg);
     MP_CHECK(rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_ABORTED);
+    /* (the other waiter may be named as not having reached it: under load
+     * it can submit later than this rank's diagnosis looks) */
     MP_CHECK(strstr(msg, want) != NULL);
-    MP_CHECK(strstr(msg, "had not reached") == NULL);
     tb_set_mode(TB_COMPLETE);
     tdist_group_destroy(sub);
   }
