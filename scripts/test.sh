@@ -8,7 +8,7 @@
 #      the same tree (its library objects are the ASan ones);
 #   3. clang with ThreadSanitizer, every test (short variants as in 2).
 # Build trees: build/test, build/asan, build/tsan; the two sanitizer trees
-# build in the background (nice 10) while the gcc pass's tests run. Each pass runs its tests in
+# build in the background while the gcc pass's tests run. Each pass runs its tests in
 # parallel (ctest -j, TDIST_TEST_JOBS, default 4 on any core count: most
 # tests wait on sockets and timers); the tests that need the machine to
 # themselves are RUN_SERIAL, the ones that must not overlap one another share
@@ -71,11 +71,12 @@ pass() { # name, cmake args..., -- ctest args...
   fi
   if [ "$name" = test ] && [ "${TDIST_TEST_QUICK:-0}" != 1 ]; then
     # The sanitizer trees build while the gcc pass's tests run (most of
-    # them wait on sockets and timers), at nice 10 so the tests come first:
-    # CI's 2 cores spent ~180 s on these two builds between passes. The load
-    # is one the suite must bear anyway (it passes under stress-ng --cpu 2).
+    # them wait on sockets and timers): CI's 2 cores spent ~180 s on these
+    # two builds between passes. The load is one the suite must bear anyway
+    # (it passes under stress-ng --cpu 2). Not niced: at nice 10 beside
+    # stress-ng's two nice-0 workers the build got ~5 % of the CPUs and was
+    # still at half when the ASan pass began waiting for it.
     (
-      renice -n 10 "$BASHPID" >/dev/null 2>&1
       build_tree asan "${asan_args[@]}"
       build_tree tsan "${tsan_args[@]}"
     ) &
