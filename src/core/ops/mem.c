@@ -67,6 +67,12 @@ int tdist_mem_register(tdist_group_t *g, void *ptr, size_t bytes, unsigned flags
   return 0;
 fail:
   tdist__free(m);
+  /* The group aborted while the backend registered (another member's
+   * failure, its record applied meanwhile): the backend knows only that it
+   * did ("group aborted"); the cause and its code are the group's. */
+  if (rc == TDIST_ERR_ABORTED && atomic_load(&g->aborted))
+    rc = tdist__error(g->abort_status, "tdist_mem_register: group '%s' was aborted: %s", g->name,
+                      g->abort_reason);
   return rc;
 }
 
