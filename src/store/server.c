@@ -227,9 +227,9 @@ static void *server_main(void *arg) {
    * store process runs with the default (spawn.c resets it), and a server
    * in a user's process must not change that process's disposition; the
    * signal is blocked on this thread instead, so the write fails with
-   * EPIPE and only that connection closes. (Found when test_store_memory
-   * started its servers with the default: every test that resets a reader
-   * killed the server.) */
+   * EPIPE and only that connection closes. (Defensive: libuv closes a
+   * connection on its first write error, ECONNRESET after a reset, and no
+   * test here made a second write reach EPIPE.) */
   sigset_t pipe_set;
   sigemptyset(&pipe_set);
   sigaddset(&pipe_set, SIGPIPE);
