@@ -107,12 +107,14 @@ static int await_ready(int fd, char *text, size_t tl) {
   }
 }
 
-/* Reap pid within ms; 1 reaped, 0 not. */
+/* Reap pid within ms: 1 reaped (*status set), -1 not our child (gone, no
+ * status), 0 still running after ms. */
 static int reap(pid_t pid, int64_t ms, int *status) {
   int64_t deadline = tdist__now_ms() + ms;
   for (;;) {
     pid_t r = waitpid(pid, status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return 1;
+    if (r == pid) return 1;
+    if (r < 0 && errno == ECHILD) return -1;
     if (tdist__now_ms() >= deadline) return 0;
     usleep(2000);
   }
@@ -191,14 +193,9 @@ out:
 
 int tdist__store_proc_ended(tdist__store_proc_t *p, char *why, size_t cap, int64_t wait_ms) {
   int st = 0;
-  if (!p || p->pid <= 0) return 0;
   /* A killed process closes its sockets before it can be reaped: a client
    * sees the connection close a moment before waitpid finds it. */
-  int64_t until = tdist__now_ms() + wait_ms;
-  pid_t r;
-  while ((r = waitpid(p->pid, &st, WNOHANG)) == 0 && tdist__now_ms() < until)
-    usleep(5000);
-  if (r != p->pid) return 0;
+  if (!p || p->pid <= 0 || reap(p->pid, wait_ms, &st) != 1) return 0;
   if (WIFSIGNALED(st))
     snprintf(why, cap, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
   else

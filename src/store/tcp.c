@@ -131,8 +131,6 @@ static void tcp_close(tdist_store_t *s) {
 static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep, int64_t wait_ms,
                     const char *what, const char *key) {
   tcp_store_t *t = (tcp_store_t *)s;
-  int64_t t0 = tdist__now_ms();
-  int64_t deadline = t0 + (wait_ms > 0 ? wait_ms + reply_grace(wait_ms) : s->timeout_ms);
   int rc;
   pthread_mutex_lock(&t->mu);
   if (t->fd < 0) {
@@ -147,11 +145,11 @@ static int tcp_call(tdist_store_t *s, const tdist__buf_t *req, tdist__buf_t *rep
   /* The deadline counts from here, not from before the lock: a call that
    * waited for another thread's call on this connection (a wait of many
    * seconds) must not time out unsent and break the connection for all. */
-  int64_t t1 = tdist__now_ms();
-  deadline += t1 - t0;
+  int64_t t0 = tdist__now_ms();
+  int64_t deadline = t0 + (wait_ms > 0 ? wait_ms + reply_grace(wait_ms) : s->timeout_ms);
   rc = send_all(t->fd, req->p, req->len, deadline);
   if (rc == 0) rc = recv_frame(t->fd, rep, deadline);
-  int64_t waited = tdist__now_ms() - t1;
+  int64_t waited = tdist__now_ms() - t0;
   if (rc) {
     close(t->fd);
     t->fd = -1;

@@ -1,6 +1,7 @@
 /* inject.c - see inject.h. */
 #include "util/inject.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +27,7 @@ int tdist__inject_slow(const char *site) {
   pthread_mutex_unlock(&mu);
   if (rc > 0) { /* a delay, outside the lock */
     struct timespec ts = {rc / 1000, (long)(rc % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
     return 0;
   }

@@ -40,14 +40,12 @@ enum {
  * created on this rank while the other members already use it), and every
  * death record (a group being created may contain the dead rank). */
 typedef struct tdist__kept_record {
-  int dead;
-  uint64_t uid;
-  int status;
-  int rank;
+  tdist__mon_record_t r; /* r.reason points at reason */
   char reason[200];
 } tdist__kept_record_t;
 
 #define TDIST__KEPT_RECORDS 32
+#define TDIST__LEFT_GROUPS 8
 
 typedef struct tdist__ctx {
   _Atomic int refs;
@@ -66,12 +64,12 @@ typedef struct tdist__ctx {
    * heartbeat lists ("uid:next_seq-") until `until` (the group's timeout
    * plus 30 s after its destruction: an op of another member that waits on
    * this rank times out by then, unless submitted later still): that member
-   * is told this rank destroyed the group, not that it is behind. Eight at
-   * most, so a heartbeat stays short in a large job. */
+   * is told this rank destroyed the group, not that it is behind. A few
+   * at most, so a heartbeat stays short in a large job. */
   struct {
     uint64_t uid, next;
     int64_t until;
-  } left[8];
+  } left[TDIST__LEFT_GROUPS];
   unsigned nleft;
   tdist__list_t link; /* (progress) on the list of live contexts */
 } tdist__ctx_t;

@@ -469,18 +469,15 @@ void tdist__group_register_task(void *arg) {
   /* The records that came while g was being created (record_task). */
   tdist__ctx_t *ctx = g->ctx;
   unsigned n = ctx->nkept < TDIST__KEPT_RECORDS ? ctx->nkept : TDIST__KEPT_RECORDS;
-  for (unsigned i = 0; i < n; i++) {
-    const tdist__kept_record_t *k = &ctx->kept[i];
-    tdist__mon_record_t r = {k->dead, k->uid, k->status, k->rank, k->reason};
-    if (apply_record(g, &r)) break;
-  }
+  for (unsigned i = 0; i < n; i++)
+    if (apply_record(g, &ctx->kept[i].r)) break;
 }
 
 void tdist__group_unregister_task(void *arg) {
   tdist_group_t *g = arg;
   if (g->registered) {
     tdist__ctx_t *ctx = g->ctx;
-    unsigned k = ctx->nleft++ % (sizeof(ctx->left) / sizeof(ctx->left[0]));
+    unsigned k = ctx->nleft++ % TDIST__LEFT_GROUPS;
     ctx->left[k].uid = g->uid;
     ctx->left[k].next = atomic_load(&g->next_seq);
     ctx->left[k].until = tdist__now_ms() + atomic_load(&g->timeout_ms) + 30000;
@@ -551,11 +548,9 @@ static void record_task(void *arg) {
   }
   if (taken && !r->dead) return; /* uids are never reused */
   tdist__kept_record_t *k = &ctx->kept[ctx->nkept++ % TDIST__KEPT_RECORDS];
-  k->dead = r->dead;
-  k->uid = r->uid;
-  k->status = r->status;
-  k->rank = r->rank;
+  k->r = *r;
   snprintf(k->reason, sizeof(k->reason), "%s", r->reason);
+  k->r.reason = k->reason;
 }
 
 static void on_record(void *arg, const tdist__mon_record_t *r) {
@@ -584,8 +579,7 @@ static void snap_task(void *arg) {
   /* The groups destroyed last, marked: the diagnosis (monitor.c) names a
    * member that left rather than one that never reached the op. */
   tdist__ctx_t *ctx = s->ctx;
-  unsigned cap = sizeof(ctx->left) / sizeof(ctx->left[0]);
-  unsigned n = ctx->nleft < cap ? ctx->nleft : cap;
+  unsigned n = ctx->nleft < TDIST__LEFT_GROUPS ? ctx->nleft : TDIST__LEFT_GROUPS;
   int64_t now = tdist__now_ms();
   for (unsigned i = 0; i < n; i++) {
     if (ctx->left[i].until < now) continue;

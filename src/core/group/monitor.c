@@ -144,9 +144,8 @@ static void refresh_snapshot(tdist__monitor_t *m) {
 /* ---- timeout diagnosis (monitor thread) ------------------------------------------ */
 
 /* next_seq of group `uid` in a heartbeat value (not NUL-terminated); -1 if
- * absent. */
-/* next_seq of group uid in a heartbeat value, or -1; *left = 1 when the
- * entry is a destroyed group's ("uid:next_seq-", inflight.c snap_task). */
+ * absent. *left = 1 when the entry is a destroyed group's
+ * ("uid:next_seq-", inflight.c snap_task). */
 static int64_t seq_in(const char *val, size_t len, uint64_t uid, int *left) {
   char want[24];
   snprintf(want, sizeof(want), "%016" PRIx64 ":", uid);
@@ -244,9 +243,22 @@ struct members {
  * Without the second look a loaded machine named a rank that was waiting
  * in the op itself (cpu_failures stopped, 1.5 s timeout, under stress-ng
  * and two builds: "ranks 0, 2 had not reached seq 1", rank 0 had). */
+/* "0, 2, 5" of ranks r[0..n-1] into text (cut short when full). */
+static void rank_list(char *text, size_t cap, const int *r, int n) {
+  size_t tl = 0;
+  text[0] = '\0';
+  for (int j = 0; j < n; j++) {
+    int k = snprintf(text + tl, cap - tl, "%s%d", j ? ", " : "", r[j]);
+    if (k < 0 || (size_t)k >= cap - tl) break;
+    tl += (size_t)k;
+  }
+}
+
 static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
-  int *late = tdist__calloc(4096, sizeof(int));
+  /* late[]: ranks found behind; gone_r[] (its second half): ranks that
+   * had destroyed the group */
+  int *late = tdist__calloc(2 * 4096, sizeof(int)), *gone_r = late ? late + 4096 : NULL;
   if (!mb || !late) {
     tdist__free(mb);
     tdist__free(late);
@@ -254,8 +266,7 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
   }
   int found = m->h.members(m->h.arg, uid, &mb->rank, &mb->size, mb->ranks, 4096, mb->name,
                            sizeof(mb->name));
-  char text[256] = "", gtext[256] = "";
-  size_t tl = 0, gl = 0;
+  char text[256], gtext[256];
   int behind = 0, gone = 0;
   struct host_cache hc = {-1, NULL, 0};
   int64_t period = tdist__param_HeartbeatIntervalMs() + tdist__param_MonitorIntervalMs();
@@ -284,22 +295,19 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
       if (left) {
         /* It destroyed the group before this op: the op can never finish,
          * and "had not reached" would blame it for being slow. */
-        int k = snprintf(gtext + gl, sizeof(gtext) - gl, "%s%d", gone ? ", " : "", i);
-        if (k > 0 && (size_t)k < sizeof(gtext) - gl) gl += (size_t)k;
-        gone++;
+        gone_r[gone++] = i;
         continue;
       }
       /* Still unread, or read without the group (a rank whose last beat
-       * predates the group's creation, or one that destroyed it): it cannot
-       * be vouched for, and counts as not having reached the op. */
+       * predates the group's creation, or one that destroyed it longer ago
+       * than its heartbeat lists): it cannot be vouched for, and counts as
+       * not having reached the op. */
       late[still++] = i;
     }
     behind = still;
   }
-  for (int j = 0; j < behind; j++) {
-    int n = snprintf(text + tl, sizeof(text) - tl, "%s%d", j ? ", " : "", late[j]);
-    if (n > 0 && (size_t)n < sizeof(text) - tl) tl += (size_t)n;
-  }
+  rank_list(text, sizeof(text), late, behind);
+  rank_list(gtext, sizeof(gtext), gone_r, gone);
   char verdict[480];
   if (!found)
     verdict[0] = '\0';

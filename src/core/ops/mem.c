@@ -22,6 +22,12 @@ struct tdist_mem {
   unsigned flags;
 };
 
+/* The group's abort as call's error: its cause's code and words. */
+static int aborted_error(const tdist_group_t *g, const char *call) {
+  return tdist__error(g->abort_status, "%s: group '%s' was aborted: %s", call, g->name,
+                      g->abort_reason);
+}
+
 /* The checks both calls share: a live group whose backend registers. */
 static int usable(tdist_group_t *g, const char *call) {
   if (!g) return tdist__error(TDIST_ERR_INVALID_ARGUMENT, "%s: NULL group", call);
@@ -55,9 +61,7 @@ int tdist_mem_register(tdist_group_t *g, void *ptr, size_t bytes, unsigned flags
                         "tdist_mem_register on group '%s': unknown flags 0x%x (want "
                         "TDIST_MEM_REGISTER_LOCAL or TDIST_MEM_REGISTER_WINDOW)",
                         g->name, flags);
-  if (atomic_load(&g->aborted))
-    return tdist__error(g->abort_status, "tdist_mem_register: group '%s' was aborted: %s", g->name,
-                        g->abort_reason);
+  if (atomic_load(&g->aborted)) return aborted_error(g, "tdist_mem_register");
   m = tdist__calloc(1, sizeof(*m));
   if (!m) return tdist__error(TDIST_ERR_NO_MEMORY, "tdist_mem_register: out of memory");
   m->group = g;
@@ -71,8 +75,7 @@ fail:
    * failure, its record applied meanwhile): the backend knows only that it
    * did ("group aborted"); the cause and its code are the group's. */
   if (rc == TDIST_ERR_ABORTED && atomic_load(&g->aborted))
-    rc = tdist__error(g->abort_status, "tdist_mem_register: group '%s' was aborted: %s", g->name,
-                      g->abort_reason);
+    rc = aborted_error(g, "tdist_mem_register");
   return rc;
 }
 
