@@ -30,7 +30,6 @@
  *             data) at most the first, with the root's data; rank 2 none;
  *             all fail with MISMATCH.
  */
-#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -344,39 +343,6 @@ static int host_gone(int rank, int n, void *arg) {
   return 0;
 }
 
-/* The pid of the tdist-store started by `parent` (its --parent) on `port`,
- * or 0. The port too: with pid_max 32768 and a whole suite forking beside
- * this test, the dead rank 0's pid can already be another test's rank 0,
- * whose store this test would then have killed. */
-static pid_t store_of(pid_t parent, int port) {
-  char want[32], wport[16];
-  snprintf(want, sizeof(want), "%d", (int)parent);
-  snprintf(wport, sizeof(wport), "%d", port);
-  DIR *d = opendir("/proc");
-  struct dirent *e;
-  pid_t found = 0;
-  while (d && !found && (e = readdir(d))) {
-    char path[300], cmd[1024];
-    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t len = fread(cmd, 1, sizeof(cmd) - 1, f);
-    fclose(f);
-    cmd[len] = 0;
-    /* NUL-separated: "--parent" and "--port", each followed by its value */
-    int has_parent = 0, has_port = 0;
-    for (size_t i = 0; i < len; i += strlen(cmd + i) + 1) {
-      size_t next = i + strlen(cmd + i) + 1;
-      const char *v = next < len ? cmd + next : "";
-      has_parent |= !strcmp(cmd + i, "--parent") && !strcmp(v, want);
-      has_port |= !strcmp(cmd + i, "--port") && !strcmp(v, wport);
-    }
-    if (strstr(cmd, "tdist-store") && has_parent && has_port) found = (pid_t)atoi(e->d_name);
-  }
-  if (d) closedir(d);
-  return found;
-}
-
 static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_dead) {
   int codes[3] = {0, 0, 0}, n = sh->n ? sh->n : 3;
   sh->port = tdist_mp_free_port();
@@ -391,7 +357,7 @@ static int run(const char *name, tdist_mp_fn fn, struct shared *sh, int expect_d
      * every 250 ms); one still there after 10 s is a leak. */
     pid_t st = 0;
     for (int64_t t0 = tdist__now_ms();
-         (st = store_of(sh->pids[0], sh->port)) && tdist__now_ms() - t0 < 10000;)
+         (st = tdist_mp_store_of(sh->pids[0], sh->port)) && tdist__now_ms() - t0 < 10000;)
       usleep(20000);
     if (st) {
       printf("cpu_failures %s: the store process %d of rank 0 is still running\n", name, (int)st);

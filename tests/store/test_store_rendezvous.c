@@ -22,7 +22,6 @@
 #include <sys/mman.h>
 #include <pthread.h>
 #include <sys/wait.h>
-#include <dirent.h>
 
 #include "store/rendezvous.h"
 #include "store_test_util.h"
@@ -141,38 +140,10 @@ static void test_timeout_names_missing(void **state) {
   assert_int_equal(rc, 0);
 }
 
-/* The pid of the tdist-store that process `parent` started on g_port, or 0. */
-static pid_t store_of(pid_t parent) {
-  char want[32], port[16];
-  snprintf(want, sizeof(want), "%d", (int)parent);
-  snprintf(port, sizeof(port), "%d", g_port);
-  DIR *d = opendir("/proc");
-  struct dirent *e;
-  pid_t found = 0;
-  while (d && !found && (e = readdir(d))) {
-    char path[300], cmd[1024];
-    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t len = fread(cmd, 1, sizeof(cmd) - 1, f);
-    fclose(f);
-    cmd[len] = 0;
-    int has_parent = 0, has_port = 0;
-    for (size_t i = 0; i < len; i += strlen(cmd + i) + 1) {
-      const char *next = i + strlen(cmd + i) + 1 < len ? cmd + i + strlen(cmd + i) + 1 : "";
-      has_parent |= !strcmp(cmd + i, "--parent") && !strcmp(next, want);
-      has_port |= !strcmp(cmd + i, "--port") && !strcmp(next, port);
-    }
-    if (strstr(cmd, "tdist-store") && has_parent && has_port) found = (pid_t)atoi(e->d_name);
-  }
-  if (d) closedir(d);
-  return found;
-}
-
 static void *kill_my_store(void *arg) {
   (void)arg;
   for (int i = 0; i < 500; i++) {
-    pid_t st = store_of(getpid());
+    pid_t st = tdist_mp_store_of(getpid(), g_port);
     if (st > 0) {
       st_sleep_ms(200); /* rank 0 waits in the rendezvous by now */
       kill(st, SIGKILL);

@@ -2,6 +2,7 @@
 #include "mp.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -154,4 +155,33 @@ int tdist_mp_free_port(void) {
   }
   close(fd);
   return ntohs(a.sin_port);
+}
+
+pid_t tdist_mp_store_of(pid_t parent, int port) {
+  char want[32], wport[16];
+  snprintf(want, sizeof(want), "%d", (int)parent);
+  snprintf(wport, sizeof(wport), "%d", port);
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = 0;
+  while (d && !found && (e = readdir(d))) {
+    char path[300], cmd[1024];
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(cmd, 1, sizeof(cmd) - 1, f);
+    fclose(f);
+    cmd[len] = 0;
+    /* NUL-separated: "--parent" and "--port", each followed by its value */
+    int has_parent = 0, has_port = 0;
+    for (size_t i = 0; i < len; i += strlen(cmd + i) + 1) {
+      size_t next = i + strlen(cmd + i) + 1;
+      const char *v = next < len ? cmd + next : "";
+      has_parent |= !strcmp(cmd + i, "--parent") && !strcmp(v, want);
+      has_port |= !strcmp(cmd + i, "--port") && !strcmp(v, wport);
+    }
+    if (strstr(cmd, "tdist-store") && has_parent && has_port) found = (pid_t)atoi(e->d_name);
+  }
+  if (d) closedir(d);
+  return found;
 }

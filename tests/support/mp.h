@@ -17,6 +17,7 @@
 #define TDIST_TEST_MP_H
 
 #include <stdio.h>
+#include <sys/types.h>
 
 typedef int (*tdist_mp_fn)(int rank, int n, void *arg);
 
@@ -32,6 +33,12 @@ int tdist_mp_run_codes(int n, tdist_mp_fn fn, void *arg, int timeout_s, int *cod
  * and reserved against the other tests' picks for as long as this process
  * (and the ranks it forks) lives (a lock on /tmp/tdist-test-port-N.lock). */
 int tdist_mp_free_port(void);
+
+/* The pid of the tdist-store that process `parent` started (its --parent)
+ * on `port` (its --port), or 0. Both: pid_max can be 32768, so a dead
+ * parent's pid may already be another test's process, with a store of its
+ * own. */
+pid_t tdist_mp_store_of(pid_t parent, int port);
 
 #define MP_CHECK(cond)                                                                         \
   do {                                                                                         \
