@@ -168,13 +168,22 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
   close(pipefd[1]);
   pipefd[1] = -1;
   if (!await_ready(pipefd[0], text, sizeof(text))) {
-    int st = 0;
-    kill(pid, SIGKILL);
-    reap(pid, STOP_MS, &st);
+    /* EOF before the ready line: the child ended (or is ending). Name how,
+     * as a failure after the start does (tdist__store_proc_ended), so that
+     * a store killed while it starts reads the same as one killed later. */
+    tdist__store_proc_t early = {.pid = pid};
+    char why[96], ended[160] = "";
+    if (tdist__store_proc_ended(&early, why, sizeof(why), 500))
+      snprintf(ended, sizeof(ended), "; the store process %d this rank started %s", (int)pid, why);
+    else {
+      int st = 0;
+      kill(pid, SIGKILL);
+      reap(pid, STOP_MS, &st);
+    }
     char *nl = strrchr(text, '\n');
     if (nl && nl[1] == '\0') *nl = '\0';
-    rc = tdist__error(TDIST_ERR_IO, "the store (%s --port %d) did not start: %s", bin, port,
-                      text[0] ? text : "no answer");
+    rc = tdist__error(TDIST_ERR_IO, "the store (%s --port %d) did not start: %s%s", bin, port,
+                      text[0] ? text : "no answer", ended);
     goto out;
   }
   TDIST_INFO(STORE, "store process %d serves port %d for %d ranks (%s)", (int)pid, port, world_size,

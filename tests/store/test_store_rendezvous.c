@@ -19,7 +19,11 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <sys/wait.h>
 
@@ -158,17 +162,18 @@ static void *kill_my_store(void *arg) {
  * waits for rank 1 (which never comes): rank 0's error says so, beside
  * what its client saw. */
 static int store_killed_child(int rank, int n, void *arg) {
-  (void)arg;
+  const char *self_killing_bin = arg;
   if (rank != 0) return 0;
   set_env(0, n);
+  if (self_killing_bin) setenv("TDIST_STORE_BIN", self_killing_bin, 1);
   pthread_t t;
-  MP_CHECK(pthread_create(&t, NULL, kill_my_store, NULL) == 0);
+  if (!self_killing_bin) MP_CHECK(pthread_create(&t, NULL, kill_my_store, NULL) == 0);
   tdist_init_opts_t o = {.mask = TDIST_INIT_FIELD_TIMEOUT | TDIST_INIT_FIELD_HOST_STORE,
                          .timeout_ms = 15000,
                          .host_store = TDIST_HOST_STORE_PROCESS};
   tdist__rdzv_t r;
   int rc = tdist__rendezvous_join(&o, &r);
-  pthread_join(t, NULL);
+  if (!self_killing_bin) pthread_join(t, NULL);
   const char *msg = tdist_last_error();
   if (rc == 0 || !strstr(msg, "this rank started was killed by signal 9"))
     fprintf(stderr, "rank 0: %s: %s\n", tdist_err_name(rc), msg);
@@ -181,6 +186,27 @@ static void test_store_killed_is_named(void **state) {
   g_port = tdist_mp_free_port();
   g_method[0] = 0;
   assert_int_equal(tdist_mp_run(2, store_killed_child, NULL, 40), 0);
+}
+
+/* The same, killed before it said it listens (CI once killed the store of
+ * the case above while it started, under load): the start's error names
+ * the signal too. The store program here kills itself at once. */
+static void test_store_killed_at_start_is_named(void **state) {
+  (void)state;
+  char dir[] = "/tmp/tdist-rdzv-XXXXXX", bin[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(bin, sizeof(bin), "%s/tdist-store", dir);
+  FILE *f = fopen(bin, "w");
+  assert_non_null(f);
+  fputs("#!/bin/sh\nkill -9 $$\n", f);
+  fclose(f);
+  assert_int_equal(chmod(bin, 0755), 0);
+  g_port = tdist_mp_free_port();
+  g_method[0] = 0;
+  int rc = tdist_mp_run(2, store_killed_child, bin, 40);
+  unlink(bin);
+  rmdir(dir);
+  assert_int_equal(rc, 0);
 }
 
 /* Each case: environment, expected code, a word the message must contain. */
@@ -383,10 +409,15 @@ static void test_rendezvous_per_host(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_env_rank0_hosts),       cmocka_unit_test(test_tcp_external_server),
-      cmocka_unit_test(test_file_method),           cmocka_unit_test(test_errors_name_the_variable),
-      cmocka_unit_test(test_duplicate_rank),        cmocka_unit_test(test_rendezvous_per_host),
-      cmocka_unit_test(test_timeout_names_missing), cmocka_unit_test(test_store_killed_is_named),
+      cmocka_unit_test(test_env_rank0_hosts),
+      cmocka_unit_test(test_tcp_external_server),
+      cmocka_unit_test(test_file_method),
+      cmocka_unit_test(test_errors_name_the_variable),
+      cmocka_unit_test(test_duplicate_rank),
+      cmocka_unit_test(test_rendezvous_per_host),
+      cmocka_unit_test(test_timeout_names_missing),
+      cmocka_unit_test(test_store_killed_is_named),
+      cmocka_unit_test(test_store_killed_at_start_is_named),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
