@@ -244,6 +244,16 @@ static int closed_within(int fd, int ms) {
 }
 
 /* The best of five num_keys round trips on an open client, in ms. */
+/* The bound on a bystander's best ping of five: the stalls this file
+ * guards against lasted 1.3-2.6 s (issue 44); the figure itself is the
+ * bench's (bench/store). A sanitized server under stress-ng took longer
+ * than 100 ms once, so its bound is 1 s. */
+#if defined(ST_ASAN) || defined(ST_TSAN)
+#define PING_MAX_MS 1000
+#else
+#define PING_MAX_MS 100
+#endif
+
 static int64_t ping_ms(tdist_store_t *s) {
   int64_t best = INT64_MAX;
   for (int i = 0; i < 5; i++) {
@@ -295,7 +305,7 @@ static void test_unread_replies(void **state) {
   int64_t ping = ping_ms(c);
   printf("unread replies: resident %.1f MiB before, %.1f MiB held; ping %lld ms\n",
          (double)base / MIB, (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
-  assert_true(ping < 100);
+  assert_true(ping < PING_MAX_MS);
   check_peak(&s, "unread replies");
   /* A full budget answers a new large read with TDIST_ERR_NO_MEMORY, naming it. */
   void *g = NULL;
@@ -352,7 +362,7 @@ static void test_unauthenticated_large_frames(void **state) {
   int64_t ping = ping_ms(c);
   printf("unauthenticated: resident %.1f MiB before, %.1f MiB after; ping %lld ms\n",
          (double)base / MIB, (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
-  assert_true(ping < 100);
+  assert_true(ping < PING_MAX_MS);
   for (int i = 0; i < 4; i++) {
     assert_true(closed_within(fds[i], 3000));
     close(fds[i]);
@@ -399,7 +409,7 @@ static void test_authenticated_large_frames(void **state) {
   int64_t ping = ping_ms(c);
   printf("authenticated: resident %.1f MiB held; ping %lld ms\n",
          (double)proc_mem(s.pid, "VmRSS") / MIB, (long long)ping);
-  assert_true(ping < 100);
+  assert_true(ping < PING_MAX_MS);
   check_peak(&s, "authenticated");
   int ok = 0, full = 0;
   for (int i = 0; i < 8; i++) {
