@@ -7,13 +7,13 @@
  *   tdistrun -n 2 tdist_bench_small OP BYTES [ROUNDS [OPS]]
  *
  * OP: allreduce (in-place float32 sum), broadcast (root 0), allgather,
- * barrier (BYTES ignored). Each round: an 8-byte all_reduce (every rank
- * starts together, and a broadcast root cannot run ahead from one round
- * into the next), then OPS ops (default 2000, the peers bench's largest
- * count for small sizes) timed on every rank with two clock reads around
- * the loop, not around each op. Rank 0 prints one line: p10, p50 and mean
- * of the rounds' per-op us (default 200 rounds), and the same for the
- * slowest rank of each round (max over ranks, gathered after the rounds).
+ * alltoall (BYTES per block), alltoallv (BYTES a rank sends, split over the
+ * ranks as alltoallv_bench's Zipf split), barrier (BYTES ignored). Each round: an 8-byte all_reduce
+ * (every rank starts together, and a broadcast root cannot run ahead from one round into the next),
+ * then OPS ops (default 2000, the peers bench's largest count for small sizes) timed on every rank
+ * with two clock reads around the loop, not around each op. Rank 0 prints one line: p10, p50 and
+ * mean of the rounds' per-op us (default 200 rounds), and the same for the slowest rank of each
+ * round (max over ranks, gathered after the rounds).
  *
  * Set TDIST_* variables per run (e.g. TDIST_CPU_SC_NOW=0) to compare
  * settings, alternating the two runs several times.
@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "tdist/tdist.h"
+#include "zipf_split.h"
 
 #define CHECK(x)                                                                  \
   do {                                                                            \
@@ -64,7 +65,9 @@ static void stats(double *v, int n, double *p10, double *p50, double *mean) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s allreduce|broadcast|allgather|barrier BYTES [ROUNDS [OPS]]\n",
+    fprintf(stderr,
+            "usage: %s allreduce|broadcast|allgather|alltoall|alltoallv|barrier BYTES "
+            "[ROUNDS [OPS]]\n",
             argv[0]);
     return 2;
   }
@@ -91,6 +94,19 @@ int main(int argc, char **argv) {
   float *a = calloc(count, 4), *b = calloc(count * (size_t)n, 4), one = 1;
   double *t = calloc((size_t)rounds, sizeof(double)), *all = calloc((size_t)rounds, sizeof(double));
   if (!a || !b || !t || !all) return 1;
+  /* alltoallv: the Zipf split of count elements (sc), and what this rank
+   * receives from each (rc: every rank sends the same split). */
+  size_t sc[256] = {0}, rc[256] = {0}, rtotal = 0;
+  if (n > 256) return 2;
+  zipf_split(count, n, sc);
+  for (int i = 0; i < n; i++)
+    rtotal += rc[i] = sc[rank];
+  float *va = calloc(count, 4), *vb = calloc(rtotal ? rtotal : 1, 4), *xa = NULL, *xb = NULL;
+  if (!strcmp(op, "alltoall")) {
+    xa = calloc(count * (size_t)n, 4);
+    xb = calloc(count * (size_t)n, 4);
+  }
+  if (!va || !vb || (!strcmp(op, "alltoall") && (!xa || !xb))) return 1;
   for (int r = 0; r < rounds; r++) {
     CHECK(tdist_all_reduce(g, &one, &one, 1, TDIST_FLOAT32, TDIST_SUM, NULL, NULL));
     double s = now_us();
@@ -101,6 +117,10 @@ int main(int argc, char **argv) {
         CHECK(tdist_broadcast(g, a, count, TDIST_FLOAT32, 0, NULL, NULL));
       else if (!strcmp(op, "allgather"))
         CHECK(tdist_all_gather(g, a, b, count, TDIST_FLOAT32, NULL, NULL));
+      else if (!strcmp(op, "alltoall"))
+        CHECK(tdist_all_to_all(g, xa, xb, count, TDIST_FLOAT32, NULL, NULL));
+      else if (!strcmp(op, "alltoallv"))
+        CHECK(tdist_all_to_all_v(g, va, sc, NULL, vb, rc, NULL, TDIST_FLOAT32, NULL, NULL));
       else if (!strcmp(op, "barrier"))
         CHECK(tdist_barrier(g, NULL, NULL));
       else
@@ -124,5 +144,9 @@ int main(int argc, char **argv) {
   free(b);
   free(t);
   free(all);
+  free(va);
+  free(vb);
+  free(xa);
+  free(xb);
   return 0;
 }
