@@ -168,14 +168,16 @@ int tdist__store_proc_start(int port, int world_size, tdist__store_proc_t *out) 
   close(pipefd[1]);
   pipefd[1] = -1;
   if (!await_ready(pipefd[0], text, sizeof(text))) {
-    /* EOF before the ready line: the child ended (or is ending). Name how,
-     * as a failure after the start does (tdist__store_proc_ended), so that
-     * a store killed while it starts reads the same as one killed later. */
+    /* No ready line: EOF (the child ended, or is ending) or READY_MS
+     * passed. A child that ended is named as a failure after the start
+     * names it (tdist__store_proc_ended), so that a store killed while it
+     * starts reads the same as one killed later; one still running is
+     * killed. */
     tdist__store_proc_t early = {.pid = pid};
     char why[96], ended[160] = "";
-    if (tdist__store_proc_ended(&early, why, sizeof(why), 500))
+    if (tdist__store_proc_ended(&early, why, sizeof(why), 500)) {
       snprintf(ended, sizeof(ended), "; the store process %d this rank started %s", (int)pid, why);
-    else {
+    } else {
       int st = 0;
       kill(pid, SIGKILL);
       reap(pid, STOP_MS, &st);
