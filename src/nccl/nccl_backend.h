@@ -92,6 +92,10 @@ typedef struct tdist__nccl {
   ncclComm_t comm;     /* (call and mu to write) NULL once destroyed or aborted */
   int dead;            /* (mu) aborted: no new NCCL call */
   int jobs;            /* (mu) abort threads not yet finished on this state */
+  /* (mu) The core's group is gone (destroy gave up waiting for an abort
+   * thread): abort_main calls tdist_backend_released no more. `telling`:
+   * an abort thread is inside that call, which destroy waits out. */
+  int detached, telling;
   /* (mu) The op whose enqueue NCCL has not finished (ncclInProgress): on
    * `inflight`, its end event not yet recorded. At most one: the next NCCL
    * call waits until the communicator is ready, which finishes it. */

@@ -47,6 +47,7 @@
 #include "nccl/nccl_backend.h"
 #include "util/alloc.h"
 #include "util/clock.h"
+#include "util/inject.h"
 #include "util/param.h"
 
 /* At most this many completions per poll (bounded stack array). */
@@ -301,10 +302,18 @@ static void *abort_main(void *arg) {
    * group's failures are released once every kernel of it stopped. */
   tdist__nccl_pairs_abort(nc);
   /* NCCL's kernels and job thread are done: the aborted ops' buffers are
-   * the callers' again, and their failures may be published. */
-  tdist_backend_released(nc->group);
+   * the callers' again, and their failures may be published. Not once the
+   * core's group is gone (destroy gave up waiting: detached); destroy waits
+   * for a call in progress (telling), which only queues a task. */
+  (void)tdist__inject("nccl.abort.released"); /* a slow abort thread (tests: a delay) */
+  pthread_mutex_lock(&nc->mu);
+  int tell = !nc->detached;
+  nc->telling = tell;
+  pthread_mutex_unlock(&nc->mu);
+  if (tell) tdist_backend_released(nc->group);
   pthread_mutex_lock(&nc->call);
   pthread_mutex_lock(&nc->mu);
+  nc->telling = 0;
   if (nc->comm == comm) nc->comm = NULL;
   nc->has_premul = 0; /* freed with the communicator */
   if (--nc->jobs == 0) pthread_cond_broadcast(&nc->idle);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nccl/nccl_backend.h"
 #include "util/alloc.h"
@@ -247,9 +248,28 @@ int tdist__nccl_destroy(void *state) {
   tdist__nccl_t *nc = state;
   if (!nc) return 0;
   pthread_mutex_lock(&nc->mu);
+  /* The core frees its group once this returns, also when graphs keep nc:
+   * an abort thread, which calls back into that group
+   * (tdist_backend_released), ends first. One that outlives the wait is
+   * detached from the group. */
+  int rc = tdist__nccl_wait_jobs(nc);
+  if (rc != 0) {
+    nc->detached = 1;
+    while (nc->telling) {
+      pthread_mutex_unlock(&nc->mu);
+      usleep(1000);
+      pthread_mutex_lock(&nc->mu);
+    }
+  }
   int graphs = nc->graphs;
   if (graphs > 0) nc->orphaned = 1;
   pthread_mutex_unlock(&nc->mu);
+  if (rc != 0) {
+    /* The abort thread still uses nc: leak it rather than free it under
+     * the thread (destroy_now's rule). */
+    TDIST_WARN(NCCL, "%s", tdist_last_error());
+    return rc;
+  }
   if (graphs > 0) {
     TDIST_INFO(NCCL,
                "group '%s' destroyed while %d CUDA graph%s that captured its ops exist: its "

@@ -42,6 +42,7 @@
 #include <cmocka.h>
 
 #include "nccl_sim_util.h"
+#include "util/inject.h"
 
 static int port;
 
@@ -323,6 +324,10 @@ static int abort_child(int rank, int n, void *arg) {
   cudaGraphExec_t ex = NULL;
   NS_CUDA(cudaGraphInstantiate(&ex, graph, 0));
   int live = tdist_gpusim_live_comms();
+  /* The abort thread reports to the core 300 ms after its ncclCommAbort:
+   * the destroy below comes first, and must wait for that report (CI's
+   * ASan pass once saw the report read the freed group). */
+  tdist__inject_arm("nccl.abort.released", 300);
   NS_EXPECT(tdist_group_abort(g, "test: abort with a graph"), 0);
   /* The abort thread aborts the communicator (ncclCommAbort). */
   NS_WAIT_FOR(tdist_gpusim_live_comms() == live - 1, 20000);
@@ -332,6 +337,9 @@ static int abort_child(int rank, int n, void *arg) {
   MP_CHECK(cudaGraphLaunch(ex, s) == cudaErrorLaunchFailure);
   cudaGetLastError();
   tdist_group_destroy(g);
+  /* A report that destroy did not wait for would come now, into the freed
+   * group (ASan names it): the process stays until it would have. */
+  usleep(500 * 1000);
   NS_CUDA(cudaGraphExecDestroy(ex));
   NS_CUDA(cudaGraphDestroy(graph));
   return 0;
