@@ -88,7 +88,7 @@
 typedef struct tdist__nccl {
   pthread_mutex_t call; /* NCCL calls on comm (see above) */
   pthread_mutex_t mu;
-  pthread_cond_t idle; /* signalled (under mu) when `jobs` drops to 0 */
+  pthread_cond_t idle; /* signalled (under mu) when `jobs` drops to 0 or `telling` clears */
   ncclComm_t comm;     /* (call and mu to write) NULL once destroyed or aborted */
   int dead;            /* (mu) aborted: no new NCCL call */
   int jobs;            /* (mu) abort threads not yet finished on this state */

@@ -315,8 +315,8 @@ static void *abort_main(void *arg) {
   pthread_mutex_lock(&nc->mu);
   nc->telling = 0;
   if (nc->comm == comm) nc->comm = NULL;
-  nc->has_premul = 0; /* freed with the communicator */
-  if (--nc->jobs == 0) pthread_cond_broadcast(&nc->idle);
+  nc->has_premul = 0;                                             /* freed with the communicator */
+  if (--nc->jobs == 0 || tell) pthread_cond_broadcast(&nc->idle); /* destroy waits on either */
   pthread_mutex_unlock(&nc->mu);
   pthread_mutex_unlock(&nc->call);
   return NULL;

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "nccl/nccl_backend.h"
 #include "util/alloc.h"
@@ -255,11 +254,8 @@ int tdist__nccl_destroy(void *state) {
   int rc = tdist__nccl_wait_jobs(nc);
   if (rc != 0) {
     nc->detached = 1;
-    while (nc->telling) {
-      pthread_mutex_unlock(&nc->mu);
-      usleep(1000);
-      pthread_mutex_lock(&nc->mu);
-    }
+    while (nc->telling) /* abort_main signals `idle` as it clears it */
+      pthread_cond_wait(&nc->idle, &nc->mu);
   }
   int graphs = nc->graphs;
   if (graphs > 0) nc->orphaned = 1;
