@@ -398,6 +398,13 @@ void tdist__group_start_work(tdist__qnode_t *node) {
     finish_fmt(w, rc, "backend '%s' could not start the op: %s", g->bk->name, tdist_strerror(rc));
 }
 
+/* The member a timed-out op waits for alone: a send's or receive's peer
+ * (group rank), else -1 (a collective, or a batch of several peers). */
+static int diag_peer(const tdist_work_t *w) {
+  const tdist_backend_args_t *a = w->bop.args;
+  return a && (a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV) ? a->root : -1;
+}
+
 int tdist__group_watchdog(tdist__ticker_t *t) {
   tdist__ctx_t *ctx = tdist__list_entry(t, tdist__ctx_t, watchdog);
   int64_t now = tdist__now_ns();
@@ -415,8 +422,8 @@ int tdist__group_watchdog(tdist__ticker_t *t) {
        * never reached this op (bounded: past the grace, fail without it). */
       int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
       if (g->size > 1 && ctx->monitor && in_grace &&
-          (g->diag_pending ||
-           tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq, w->bop.timeout_ms))) {
+          (g->diag_pending || tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq,
+                                                      diag_peer(w), w->bop.timeout_ms))) {
         g->diag_pending = 1;
         break;
       }

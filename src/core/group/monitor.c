@@ -39,7 +39,8 @@ void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const
   pthread_mutex_unlock(&m->mu);
 }
 
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms) {
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
+                            int64_t timeout_ms) {
   int queued = 0;
   if (!m) return 0;
   pthread_mutex_lock(&m->mu);
@@ -47,6 +48,7 @@ int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int
     m->diag[m->ndiag].uid = uid;
     m->diag[m->ndiag].seq = seq;
     m->diag[m->ndiag].timeout_ms = timeout_ms;
+    m->diag[m->ndiag].peer = peer;
     m->ndiag++;
     queued = 1;
   }
@@ -254,7 +256,8 @@ static void rank_list(char *text, size_t cap, const int *r, int n) {
   }
 }
 
-static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms) {
+static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
+                     int64_t timeout_ms) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
   /* late[]: ranks found behind; gone_r[] (its second half): ranks that
    * had destroyed the group */
@@ -280,9 +283,13 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t ti
       hc.val = NULL;
       hc.host = -1;
     }
-    int n = look == 0 ? mb->size : behind, still = 0;
+    /* A send or receive waits for its peer alone: another member's late
+     * heartbeat says nothing about it (under load, nccl_sim_p2p's timed-out
+     * send to rank 1 named "ranks 1, 2", and rank 2 had posted its ops). */
+    int one = look == 0 && peer >= 0 && peer < mb->size;
+    int n = one ? 1 : look == 0 ? mb->size : behind, still = 0;
     for (int j = 0; j < n; j++) {
-      int i = look == 0 ? j : late[j];
+      int i = one ? peer : look == 0 ? j : late[j];
       if (i == mb->rank) continue;
       int left = 0;
       int64_t next = peer_seq(m, mb->ranks[i], uid, &hc, &left);
@@ -343,7 +350,7 @@ static void run_diagnoses(tdist__monitor_t *m) {
   m->ndiag = 0;
   pthread_mutex_unlock(&m->mu);
   for (int i = 0; i < n; i++)
-    diagnose(m, reqs[i].uid, reqs[i].seq, reqs[i].timeout_ms);
+    diagnose(m, reqs[i].uid, reqs[i].seq, reqs[i].peer, reqs[i].timeout_ms);
 }
 
 /* Keep the connection usable and notice a store that stopped answering.

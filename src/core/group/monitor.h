@@ -90,7 +90,10 @@ void tdist__monitor_stop(tdist__monitor_t *m);
 void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const char *reason);
 /* Any thread, never blocks: queue a diagnosis of op seq of group uid, whose
  * timeout was timeout_ms (it bounds how long the diagnosis may take: see
- * monitor.c diagnose). 1 if queued. */
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int64_t timeout_ms);
+ * monitor.c diagnose). peer: the group rank a send or receive waits for,
+ * the only member then looked at; -1 for a collective (every member). 1 if
+ * queued. */
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
+                            int64_t timeout_ms);
 
 #endif

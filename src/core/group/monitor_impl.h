@@ -44,6 +44,7 @@ struct tdist__monitor {
   struct diag_req {
     uint64_t uid, seq;
     int64_t timeout_ms;
+    int peer; /* a send's or receive's peer (group rank), or -1 */
   } diag[QUEUE_MAX];
 
   /* monitor thread (and start/stop) */
