@@ -12,6 +12,9 @@
  *       load of a shared machine falls on both alike; lines end interleaved=1.
  *       With STORE_LARGE_PAIR_SAME=redis|tdist both ports run that server
  *       (peers redis-a/-b or tdist-store-a/-b): the control for the loop.
+ *       Its lines add p50_us, the median rep (a few slow reps of this
+ *       shared machine move a mean by tens of percent at 1 MiB).
+ *   Both take STORE_LARGE_SIZES=B1,B2,...: only those value sizes.
  *   store_large ping PROTO HOST PORT [SECONDS] [ATTACKERS] [LABEL]
  *       ATTACKERS (default 8) connections SET 64 MiB values in a loop while
  *       another client connects, authenticates and asks the number of keys
@@ -23,7 +26,7 @@
  * $TDIST_STORE_TOKEN) or "redis" (RESP). Blocking sockets, one thread per
  * connection: the client is the same simple one for both servers. Lines are
  * in the peers format (../shared/peers/README.md):
- *   peer=P op=set|get bytes=B us=MEAN best_us=MIN MBps=B/best reps=R
+ *   peer=P op=set|get bytes=B us=MEAN best_us=MIN [p50_us=MEDIAN] MBps=B/best reps=R
  *   peer=P op=ping_under_set64m|ping_under_get64m attackers=A n=N p50_us p99_us max_us
  */
 #include <arpa/inet.h>
@@ -277,6 +280,27 @@ static int cmp_d(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n-1] (sorts v). */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(double), cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* STORE_LARGE_SIZES="65536,1048576": only those value sizes (default: all),
+ * e.g. to count a server's page faults per op of one size. */
+static int size_wanted(size_t n) {
+  const char *e = getenv("STORE_LARGE_SIZES");
+  if (!e || !*e) return 1;
+  for (const char *p = e; *p;) {
+    char *end = NULL;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (end == p) return 1; /* unreadable: every size */
+    if (v == n) return 1;
+    p = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
 static int large(const char *peer, int reps) {
   static const size_t sizes[] = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
   uint8_t *v = malloc(64 << 20);
@@ -287,6 +311,7 @@ static int large(const char *peer, int reps) {
   cl_open(&c);
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
     size_t n = sizes[s];
+    if (!size_wanted(n)) continue;
     char key[32];
     snprintf(key, sizeof(key), "large/%zu", n);
     double tset = 0, tget = 0, bset = 1e30, bget = 1e30;
@@ -347,10 +372,13 @@ static int large_pair(int rport, int tport, int reps) {
   }
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
     size_t n = sizes[s];
+    if (!size_wanted(n)) continue;
     char key[32];
     snprintf(key, sizeof(key), "large/%zu", n);
     double tset[2] = {0}, tget[2] = {0}, bset[2] = {1e30, 1e30}, bget[2] = {1e30, 1e30};
     int r = n <= (1 << 20) ? reps * 20 : reps;
+    double *lat = malloc(sizeof(double) * 4 * (size_t)r); /* [p][set, get][rep] */
+    if (!lat) die("malloc");
     for (int i = 0; i < r + 1; i++) { /* the first is a warmup */
       for (int k = 0; k < 2; k++) {
         int p = (i + k) % 2;
@@ -370,14 +398,21 @@ static int large_pair(int rport, int tport, int reps) {
         tget[p] += t2 - t1;
         if (t1 - t0 < bset[p]) bset[p] = t1 - t0;
         if (t2 - t1 < bget[p]) bget[p] = t2 - t1;
+        lat[(size_t)(2 * p) * r + i - 1] = t1 - t0;
+        lat[(size_t)(2 * p + 1) * r + i - 1] = t2 - t1;
       }
     }
     for (int p = 0; p < 2; p++) {
-      printf("peer=%s op=set bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
-             names[p], n, tset[p] / r, bset[p], n / bset[p], r);
-      printf("peer=%s op=get bytes=%zu us=%.1f best_us=%.1f MBps=%.1f reps=%d interleaved=1\n",
-             names[p], n, tget[p] / r, bget[p], n / bget[p], r);
+      printf("peer=%s op=set bytes=%zu us=%.1f best_us=%.1f p50_us=%.1f MBps=%.1f reps=%d "
+             "interleaved=1\n",
+             names[p], n, tset[p] / r, bset[p], median(lat + (size_t)(2 * p) * r, r), n / bset[p],
+             r);
+      printf("peer=%s op=get bytes=%zu us=%.1f best_us=%.1f p50_us=%.1f MBps=%.1f reps=%d "
+             "interleaved=1\n",
+             names[p], n, tget[p] / r, bget[p], median(lat + (size_t)(2 * p + 1) * r, r),
+             n / bget[p], r);
     }
+    free(lat);
     fflush(stdout);
   }
   for (int p = 0; p < 2; p++)

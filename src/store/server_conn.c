@@ -333,9 +333,9 @@ static void on_written(uv_write_t *req, int status) {
 
 /* Hand the kernel more of the batch in wbuf (and wref): what uv_try_write
  * takes, then the rest of the chunk in one uv_write (on_written goes on).
- * A batch larger than SRV_KEEP_BYTES is written in chunks of at most
- * SRV_READ_SLICE out of the loop iteration's write allowance (shared by all
- * connections, like reads: "fair reading"), and waits on the held list for
+ * A batch larger than SRV_KEEP_BYTES is written out of the loop
+ * iteration's write allowance (shared by all connections, like reads:
+ * "fair reading"), and waits on the held list for
  * the next iteration when it is spent: libuv alone writes as much as the
  * socket takes, several MiB per connection, so 8 clients reading 64 MiB
  * values held every iteration for tens of ms. 1: the whole batch is out
@@ -351,9 +351,15 @@ static int write_more(conn_t *c) {
         hold(c, 1);
         return 0;
       }
-      n = n < srv->write_left ? n : srv->write_left;
-      n = n < SRV_READ_SLICE ? n : SRV_READ_SLICE;
-      srv->write_left -= n;
+      /* What is left of the allowance, in one write (the kernel takes a
+       * MiB on loopback at once: four 256 KiB slices made a 1 MiB GET's
+       * reply four writes, a POLLOUT and two epoll_ctl, where Redis
+       * writes it with one writev); and, as a large frame's reading
+       * (on_alloc), a rest of at most one slice past the allowance goes
+       * now, not an iteration later (the reply's 9-byte head waited for
+       * a poll). */
+      if (n > srv->write_left + SRV_READ_SLICE) n = srv->write_left;
+      srv->write_left -= n < srv->write_left ? n : srv->write_left;
     }
     uv_buf_t b[3];
     int nb = slice_bufs(c, c->wpos, n, b);

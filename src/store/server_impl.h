@@ -43,7 +43,8 @@
  * frames are never held back. */
 #define SRV_READ_TURN (1024 * 1024)
 /* (The same allowance, counted apart, bounds what replies larger than
- * SRV_KEEP_BYTES write per iteration, in chunks of SRV_READ_SLICE.) */
+ * SRV_KEEP_BYTES write per iteration, in one write each; a rest of at most
+ * SRV_READ_SLICE past it is written with it.) */
 /* Buffers above this are freed once empty, so an idle connection that once
  * moved a large value keeps no large buffer. */
 #define SRV_KEEP_BYTES (64 * 1024)

@@ -20,7 +20,7 @@
 # tdist-store runs with its default budget (1 GiB); redis-server with
 # --save '' --appendonly no. Uses the build in $TDIST_BENCH_BUILD (default:
 # build/test next to this repository's root).
-# Lines: peer=tdist-store|redis op=set|get bytes=B us=MEAN best_us= MBps= reps= interleaved=1
+# Lines: peer=tdist-store|redis op=set|get bytes=B us=MEAN best_us= p50_us= MBps= reps= interleaved=1
 #        peer=tdist-store|redis op=ping_under_set64m load=idle|stress attackers=8
 #        n= p50_us= p99_us= max_us=
 set -euo pipefail
