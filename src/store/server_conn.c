@@ -356,8 +356,8 @@ static int write_more(conn_t *c) {
        * reply four writes, a POLLOUT and two epoll_ctl, where Redis
        * writes it with one writev); and, as a large frame's reading
        * (on_alloc), a rest of at most one slice past the allowance goes
-       * now, not an iteration later (the reply's 9-byte head waited for
-       * a poll). */
+       * now, not an iteration later (the reply's last 9 bytes, as many as
+       * its head, waited for a poll). */
       if (n > srv->write_left + SRV_READ_SLICE) n = srv->write_left;
       srv->write_left -= n < srv->write_left ? n : srv->write_left;
     }
