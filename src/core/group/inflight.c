@@ -398,11 +398,12 @@ void tdist__group_start_work(tdist__qnode_t *node) {
     finish_fmt(w, rc, "backend '%s' could not start the op: %s", g->bk->name, tdist_strerror(rc));
 }
 
-/* The member a timed-out op waits for alone: a send's or receive's peer
- * (group rank), else -1 (a collective, or a batch of several peers). */
+/* The member a timed-out op waits for alone: the peer (group rank) of an
+ * op kind that has one (the kind table's PEER: send, recv), else -1 (a
+ * collective, or a batch of several peers). */
 static int diag_peer(const tdist_work_t *w) {
   const tdist_backend_args_t *a = w->bop.args;
-  return a && (a->type == TDIST_OP_SEND || a->type == TDIST_OP_RECV) ? a->root : -1;
+  return a && (tdist_backend_op_props(a->type) & TDIST_BACKEND_OP_PEER) ? a->root : -1;
 }
 
 int tdist__group_watchdog(tdist__ticker_t *t) {
