@@ -16,9 +16,10 @@
  *   ignore-term R       rank R exits 1; the others ignore SIGTERM
  *   late-exit R MS DIR  like a tdist job whose ranks dump after a failure:
  *                       once every other rank is waiting, rank R exits 3;
- *                       the others learn it (through the store), take MS
- *                       ms (writing their dump), create DIR/done.<rank>
- *                       and exit 1
+ *                       the others learn it (through the store), wait until
+ *                       tdistrun reaped it (its pid is gone), take MS ms
+ *                       (writing their dump), create DIR/done.<rank> and
+ *                       exit 1
  *   wait-signal         print "ready", then report SIGUSR1 and exit 0 on
  *                       SIGTERM/SIGINT ("got SIGxxx")
  *   init [R]            join the tdist job (tdist_init_process_group), a
@@ -296,13 +297,29 @@ int main(int argc, char **argv) {
     if (rank == atoi(argv[2])) {
       while (n < size - 1 && tdist_store_add(s, "waiting", 0, &n) == 0)
         usleep(10000);
-      tdist_store_set(s, "failed", "", 0);
+      char pid[16];
+      snprintf(pid, sizeof(pid), "%d", (int)getpid());
+      tdist_store_set(s, "failed", pid, strlen(pid));
       tdist_store_release(s);
       return 3;
     }
     const char *key = "failed";
     tdist_store_add(s, "waiting", 1, &n);
     if (tdist_store_wait(s, &key, 1, 20000)) return 9;
+    /* The MS ms count from when tdistrun reaped rank R, as the dump grace
+     * does: an ASan rank R exits (its leak check) long after it set the
+     * key, and under stress-ng the others' 300 ms had passed before
+     * tdistrun saw it (test_dump_grace: 2 done files with no grace). */
+    void *v = NULL;
+    size_t vl = 0;
+    if (tdist_store_get(s, "failed", &v, &vl, 20000)) return 9;
+    char pid[16] = "";
+    snprintf(pid, sizeof(pid), "%.*s", (int)(vl < sizeof(pid) ? vl : sizeof(pid) - 1),
+             v ? (const char *)v : "");
+    tdist_store_free(v);
+    pid_t failed = (pid_t)atoi(pid);
+    for (int i = 0; failed > 0 && i < 20000 && kill(failed, 0) == 0; i++)
+      usleep(1000);
     usleep((useconds_t)atoi(argv[3]) * 1000);
     char path[512];
     snprintf(path, sizeof(path), "%s/done.%d", argv[4], rank);
