@@ -295,10 +295,11 @@ static ncclResult_t launch_plan(ncclComm_t c, void *arg) {
     goto out;
   }
   int captured = 0;
+  const char *kname = k->name; /* static; gs_launch consumes k, even on failure */
   cudaError_t e = gs_launch(s0, k, &captured);
   if (e != cudaSuccess) {
     r = gs_fail(ncclUnhandledCudaError, "Cuda failure '%s' (launching %s)", cudaGetErrorString(e),
-                k->name);
+                kname);
     goto out;
   }
   for (int i = 1; i < p->n; i++)
