@@ -9,7 +9,8 @@
  * registers. The test backend sends nothing between ranks, so the records
  * are the only way the cause can reach that rank. And a timeout waiting on
  * a member that destroyed the group names that (its heartbeat lists the
- * destroyed group), not "had not reached".
+ * destroyed group), not "had not reached"; and ranks named right after
+ * p2p ops that only some ranks ran (their seqs no longer line up).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -167,6 +168,75 @@ static void destroyed_member_is_named(void **state) {
   assert_int_equal(tdist_mp_run(N, destroyed_member_child, NULL, 60), 0);
 }
 
+/* Ranks 1 and 2 exchange three p2p ops that rank 0 has no part in (a
+ * pipeline's stages do so), so the group's seqs no longer line up: rank 0's
+ * next op is its seq 0, rank 2's its seq 3. Then rank 1 hangs.
+ *   arg 0: ranks 0 and 2 wait in a barrier (collective 0 everywhere) until
+ *          its 1.5 s timeout: both name rank 1 alone (was: rank 0 said
+ *          "every rank ... had reached seq 0 (stuck in the backend)", its
+ *          seq 0 against rank 1's 3; rank 2 said "ranks 0, 1").
+ *   arg 1: rank 0 receives from rank 1, which never sends: its verdict
+ *          names rank 1 as the peer without claiming that it posted the
+ *          send (was: "every rank ... had reached seq 0 (stuck in the
+ *          backend)"); heartbeats do not count the ops of each pair.
+ * The work's own message (its bounded copy) is checked. */
+static int p2p_shift_child(int rank, int n, void *arg) {
+  int recv_case = *(int *)arg;
+  setenv("TDIST_HEARTBEAT_INTERVAL_MS", "100", 1);
+  tb_world_t tw;
+  MP_CHECK(tb_world_join(rank, N, port, 60000, &tw) == 0);
+  int all[N] = {0, 1, 2};
+  tdist_group_opts_t go = {.mask = TDIST_GROUP_FIELD_TIMEOUT, .timeout_ms = 1500};
+  tdist_group_t *sub = NULL;
+  MP_CHECK_RC(tdist_new_group(tw.g, all, N, &go, &sub));
+  float x[4] = {0};
+  for (int i = 0; i < 3; i++) {
+    if (rank == 1) MP_CHECK_RC(tdist_send(sub, x, 4, TDIST_FLOAT32, 2, NULL));
+    if (rank == 2) MP_CHECK_RC(tdist_recv(sub, x, 4, TDIST_FLOAT32, 1, NULL));
+  }
+  if (rank == 1) {
+    usleep(4000000); /* hangs; beats with 3 p2p ops and no collective */
+  } else if (!recv_case || rank == 0) {
+    usleep(500000); /* every rank beat since the exchange */
+    tb_set_mode(TB_STALL);
+    tdist_work_t *w = NULL;
+    MP_CHECK_RC(recv_case ? tdist_irecv(sub, x, 4, TDIST_FLOAT32, 1, NULL, &w)
+                          : tdist_barrier(sub, NULL, &w));
+    int rc = tdist_work_wait(w, 20000);
+    const char *msg = tdist_work_error_message(w);
+    fprintf(stderr, "p2p_shift (%s) rank %d: %s: %s\n", recv_case ? "recv" : "barrier", rank,
+            tdist_err_name(rc), msg);
+    MP_CHECK(rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_ABORTED);
+    MP_CHECK(strstr(msg, "stuck in the backend") == NULL);
+    MP_CHECK(strstr(msg, "ranks ") == NULL);
+    if (recv_case)
+      MP_CHECK(strstr(msg, "its peer, rank 1 of group 'world/0', had submitted every collective "
+                           "before seq 0") != NULL);
+    else
+      MP_CHECK(strstr(msg, "rank 1 of group 'world/0' had not reached seq") != NULL);
+    tdist_work_release(w);
+    tb_set_mode(TB_COMPLETE);
+  } else {
+    usleep(3000000);
+  }
+  tdist_group_destroy(sub);
+  (void)n;
+  return tb_world_leave(&tw, N);
+}
+
+static void p2p_shift(int recv_case) {
+  port = tdist_mp_free_port();
+  assert_int_equal(tdist_mp_run(N, p2p_shift_child, &recv_case, 60), 0);
+}
+static void p2p_does_not_shift_collectives(void **state) {
+  (void)state;
+  p2p_shift(0);
+}
+static void p2p_peer_past_collectives(void **state) {
+  (void)state;
+  p2p_shift(1);
+}
+
 static void record_before_register(int kill_it) {
   port = tdist_mp_free_port();
   int codes[N];
@@ -205,6 +275,8 @@ int main(void) {
       cmocka_unit_test(abort_record_before_register),
       cmocka_unit_test(death_record_before_register),
       cmocka_unit_test(destroyed_member_is_named),
+      cmocka_unit_test(p2p_does_not_shift_collectives),
+      cmocka_unit_test(p2p_peer_past_collectives),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,6 +94,10 @@ struct tdist_group {
   /* (atomic) */
   _Atomic int64_t timeout_ms;
   _Atomic uint64_t next_seq;
+  /* Collectives submitted (their numbers: tdist_work_t.coll): what the
+   * heartbeat publishes for the timeout's diagnosis, which compares ranks
+   * (next_seq counts p2p ops too, which only some ranks run). */
+  _Atomic uint64_t next_coll;
   _Atomic int aborted;      /* set once; abort_status/reason valid after */
   _Atomic int64_t pending;  /* submitted and not yet finished */
   atomic_uint split_count;  /* number of splits made from this group */

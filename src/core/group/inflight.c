@@ -423,7 +423,7 @@ int tdist__group_watchdog(tdist__ticker_t *t) {
        * never reached this op (bounded: past the grace, fail without it). */
       int in_grace = now < w->deadline_ns + tdist__param_DiagGraceMs() * 1000000;
       if (g->size > 1 && ctx->monitor && in_grace &&
-          (g->diag_pending || tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq,
+          (g->diag_pending || tdist__monitor_diagnose(ctx->monitor, g->uid, w->bop.seq, w->coll,
                                                       diag_peer(w), w->bop.timeout_ms))) {
         g->diag_pending = 1;
         break;
@@ -487,7 +487,7 @@ void tdist__group_unregister_task(void *arg) {
     tdist__ctx_t *ctx = g->ctx;
     unsigned k = ctx->nleft++ % TDIST__LEFT_GROUPS;
     ctx->left[k].uid = g->uid;
-    ctx->left[k].next = atomic_load(&g->next_seq);
+    ctx->left[k].next = atomic_load(&g->next_coll);
     ctx->left[k].until = tdist__now_ms() + atomic_load(&g->timeout_ms) + 30000;
     tdist__progress_poller_remove(g->ctx->progress, &g->poller);
     tdist__list_remove(&g->ctx_link);
@@ -572,7 +572,8 @@ struct snap_req {
   size_t cap, len;
 };
 
-/* "uid:next_seq ..." of every group, the heartbeat's value. */
+/* "uid:next_coll ..." of every group, the heartbeat's value: collectives
+ * only, the count every member's agree on (monitor.c diagnose). */
 static void snap_task(void *arg) {
   struct snap_req *s = arg;
   tdist__list_t *it;
@@ -580,7 +581,7 @@ static void snap_task(void *arg) {
   tdist__list_foreach(it, &s->ctx->groups) {
     tdist_group_t *g = tdist__list_entry(it, tdist_group_t, ctx_link);
     int n = snprintf(s->buf + s->len, s->cap - s->len, "%016" PRIx64 ":%" PRIu64 " ", g->uid,
-                     (uint64_t)atomic_load(&g->next_seq));
+                     (uint64_t)atomic_load(&g->next_coll));
     if (n < 0 || (size_t)n >= s->cap - s->len) break;
     s->len += (size_t)n;
   }

@@ -39,14 +39,15 @@ void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const
   pthread_mutex_unlock(&m->mu);
 }
 
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
-                            int64_t timeout_ms) {
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, uint64_t coll,
+                            int peer, int64_t timeout_ms) {
   int queued = 0;
   if (!m) return 0;
   pthread_mutex_lock(&m->mu);
   if (m->ndiag < QUEUE_MAX) {
     m->diag[m->ndiag].uid = uid;
     m->diag[m->ndiag].seq = seq;
+    m->diag[m->ndiag].coll = coll;
     m->diag[m->ndiag].timeout_ms = timeout_ms;
     m->diag[m->ndiag].peer = peer;
     m->ndiag++;
@@ -145,9 +146,9 @@ static void refresh_snapshot(tdist__monitor_t *m) {
 
 /* ---- timeout diagnosis (monitor thread) ------------------------------------------ */
 
-/* next_seq of group `uid` in a heartbeat value (not NUL-terminated); -1 if
+/* next_coll of group `uid` in a heartbeat value (not NUL-terminated); -1 if
  * absent. *left = 1 when the entry is a destroyed group's
- * ("uid:next_seq-", inflight.c snap_task). */
+ * ("uid:next_coll-", inflight.c snap_task). */
 static int64_t seq_in(const char *val, size_t len, uint64_t uid, int *left) {
   char want[24];
   snprintf(want, sizeof(want), "%016" PRIx64 ":", uid);
@@ -182,11 +183,11 @@ static int exists(tdist__monitor_t *m, const char *key) {
  * group is not in it). */
 #define PEER_UNREAD (-2)
 
-/* next_seq of group uid in world rank wr's heartbeat: its own key, or, for a
+/* next_coll of group uid in world rank wr's heartbeat: its own key, or, for a
  * rank behind a host agent, its line "<wr> a <value>" in the host's
  * heartbeat (the store's detector wrote which host: "tdist/hbat/<wr>").
  * -1 if the heartbeat lists no such group; PEER_UNREAD. *left = 1 when
- * the rank destroyed the group (its next_seq then is where it left). */
+ * the rank destroyed the group (its next_coll then is where it left). */
 static int64_t peer_seq(tdist__monitor_t *m, int wr, uint64_t uid, struct host_cache *hc,
                         int *left) {
   char key[48];
@@ -235,7 +236,11 @@ struct members {
 };
 
 /* Which members of the group never submitted op `seq`? Learnt from their
- * heartbeats, which are at most one heartbeat period old: a rank that
+ * heartbeats (each member's count of the group's collectives: `coll` is
+ * the op's number among them, tdist_work_t.coll; seqs count p2p ops too,
+ * and so differ across ranks once some ran p2p ops: a 3-stage pipeline's
+ * middle rank is twice as far as the others), which are at most one
+ * heartbeat period old: a rank that
  * submitted the op just before the deadline may not have beaten since. So
  * the ranks found behind are read once more after one period (the
  * monitor's thread may wait; the op waits for the verdict) and only a rank
@@ -256,7 +261,7 @@ static void rank_list(char *text, size_t cap, const int *r, int n) {
   }
 }
 
-static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
+static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, uint64_t coll, int peer,
                      int64_t timeout_ms) {
   struct members *mb = tdist__calloc(1, sizeof(*mb));
   /* late[]: ranks found behind; gone_r[] (its second half): ranks that
@@ -285,7 +290,11 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
     }
     /* A send or receive waits for its peer alone: another member's late
      * heartbeat says nothing about it (under load, nccl_sim_p2p's timed-out
-     * send to rank 1 named "ranks 1, 2", and rank 2 had posted its ops). */
+     * send to rank 1 named "ranks 1, 2", and rank 2 had posted its ops).
+     * Heartbeats count collectives, not the ops of each pair: the peer is
+     * known to be behind only when it had not submitted every collective
+     * that came before this op here (coll of them); when it had, whether
+     * it posted the matching op is not known (the verdict says so). */
     int one = look == 0 && peer >= 0 && peer < mb->size;
     int n = one ? 1 : look == 0 ? mb->size : behind, still = 0;
     for (int j = 0; j < n; j++) {
@@ -298,7 +307,9 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
         nanosleep(&ts, NULL);
         next = peer_seq(m, mb->ranks[i], uid, &hc, &left);
       }
-      if (next > (int64_t)seq) continue; /* it submitted this op */
+      /* A collective: it submitted this op. A p2p op: it is past the
+       * collectives before it (inconclusive). */
+      if (peer >= 0 ? next >= (int64_t)coll : next > (int64_t)coll) continue;
       if (left) {
         /* It destroyed the group before this op: the op can never finish,
          * and "had not reached" would blame it for being slow. */
@@ -331,6 +342,12 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
     snprintf(verdict, sizeof(verdict),
              "rank%s %.255s of group '%.95s' had not reached seq %" PRIu64, behind > 1 ? "s" : "",
              text, mb->name, seq);
+  else if (peer >= 0 && peer < mb->size)
+    snprintf(
+        verdict, sizeof(verdict),
+        "its peer, rank %d of group '%.95s', had submitted every collective before seq %" PRIu64
+        " (whether it posted the matching op is not known)",
+        peer, mb->name, seq);
   else
     snprintf(verdict, sizeof(verdict),
              "every rank of group '%.95s' had reached seq %" PRIu64 " (stuck in the backend)",
@@ -350,7 +367,7 @@ static void run_diagnoses(tdist__monitor_t *m) {
   m->ndiag = 0;
   pthread_mutex_unlock(&m->mu);
   for (int i = 0; i < n; i++)
-    diagnose(m, reqs[i].uid, reqs[i].seq, reqs[i].peer, reqs[i].timeout_ms);
+    diagnose(m, reqs[i].uid, reqs[i].seq, reqs[i].coll, reqs[i].peer, reqs[i].timeout_ms);
 }
 
 /* Keep the connection usable and notice a store that stopped answering.

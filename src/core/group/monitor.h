@@ -93,7 +93,7 @@ void tdist__monitor_publish(tdist__monitor_t *m, uint64_t uid, int status, const
  * monitor.c diagnose). peer: the group rank a send or receive waits for,
  * the only member then looked at; -1 for a collective (every member). 1 if
  * queued. */
-int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, int peer,
-                            int64_t timeout_ms);
+int tdist__monitor_diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, uint64_t coll,
+                            int peer, int64_t timeout_ms);
 
 #endif

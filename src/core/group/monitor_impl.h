@@ -42,7 +42,7 @@ struct tdist__monitor {
   char queue[QUEUE_MAX][320];
   int ndiag; /* timeout diagnoses asked for by the progress thread */
   struct diag_req {
-    uint64_t uid, seq;
+    uint64_t uid, seq, coll; /* coll: tdist_work_t.coll */
     int64_t timeout_ms;
     int peer; /* a send's or receive's peer (group rank), or -1 */
   } diag[QUEUE_MAX];

@@ -66,6 +66,9 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   /* Numbered only once it is certain to run: a refused op takes no number,
    * so every rank's sequence stays in step (work.h). */
   w->bop.seq = atomic_fetch_add_explicit(&g->next_seq, 1, memory_order_relaxed);
+  w->coll = tdist_backend_op_is_p2p(a->type)
+                ? atomic_load_explicit(&g->next_coll, memory_order_relaxed)
+                : atomic_fetch_add_explicit(&g->next_coll, 1, memory_order_relaxed);
   /* Every rank captures the same ops in the same order, so a captured op
    * takes its number once, here; its launches are the graph's. */
   if (captured) return tdist__group_finish_captured(w, out);

@@ -61,6 +61,13 @@ struct tdist_work {
   tdist_backend_args_t args; /* (caller) the validated op */
   tdist_backend_op_t bop;    /* what the backend sees: bop.args == &args */
   int64_t t_enqueue_ns, t_start_ns, t_end_ns, deadline_ns;
+  /* (caller, then read-only) Its place among the group's collectives: a
+   * collective's number among them, or, for a send, receive or batch of
+   * them, how many this rank had submitted before it (ops.c). seq counts
+   * every op, and point-to-point ops only on the ranks that run them, so
+   * seqs of different ranks do not line up once some ranks ran p2p ops;
+   * the timeout's diagnosis compares this number (monitor.c diagnose). */
+  uint64_t coll;
   /* (atomic) When a caller claimed the success (drive, work.c): written
    * before its claim CAS, so whoever sees the claim sees it; the record's
    * end time then (a quiet op's completion may reach the loop later). */
@@ -75,7 +82,7 @@ struct tdist_work {
   int cb_state; /* 0 none, 1 registered, 2 ran */
 
   tdist_p2p_op_t p2p_inline[TDIST__P2P_INLINE];
-  char msg[352];
+  char msg[344];
 };
 /* A work is a whole number of cache lines, so every work of a slab (work.c)
  * sits the same way across its lines and the hot words of neighbours (a
