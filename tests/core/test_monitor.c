@@ -179,6 +179,8 @@ static void destroyed_member_is_named(void **state) {
  *          names rank 1 as the peer without claiming that it posted the
  *          send (was: "every rank ... had reached seq 0 (stuck in the
  *          backend)"); heartbeats do not count the ops of each pair.
+ *   arg 2: as 1, but rank 1 destroyed the group: named so (a peer gone
+ *          from the group never posts its side).
  * The work's own message (its bounded copy) is checked. */
 static int p2p_shift_child(int rank, int n, void *arg) {
   int recv_case = *(int *)arg;
@@ -195,7 +197,11 @@ static int p2p_shift_child(int rank, int n, void *arg) {
     if (rank == 2) MP_CHECK_RC(tdist_recv(sub, x, 4, TDIST_FLOAT32, 1, NULL));
   }
   if (rank == 1) {
-    usleep(4000000); /* hangs; beats with 3 p2p ops and no collective */
+    if (recv_case == 2) { /* gone from the group, not hung */
+      MP_CHECK_RC(tdist_group_destroy(sub));
+      sub = NULL;
+    }
+    usleep(4000000); /* beats with 3 p2p ops and no collective */
   } else if (!recv_case || rank == 0) {
     usleep(500000); /* every rank beat since the exchange */
     tb_set_mode(TB_STALL);
@@ -209,7 +215,10 @@ static int p2p_shift_child(int rank, int n, void *arg) {
     MP_CHECK(rc == TDIST_ERR_TIMEOUT || rc == TDIST_ERR_ABORTED);
     MP_CHECK(strstr(msg, "stuck in the backend") == NULL);
     MP_CHECK(strstr(msg, "ranks ") == NULL);
-    if (recv_case)
+    if (recv_case == 2)
+      MP_CHECK(strstr(msg, "rank 1 of group 'world/0' had destroyed the group before seq 0") !=
+               NULL);
+    else if (recv_case)
       MP_CHECK(strstr(msg, "its peer, rank 1 of group 'world/0', had submitted every collective "
                            "before seq 0") != NULL);
     else
@@ -219,7 +228,7 @@ static int p2p_shift_child(int rank, int n, void *arg) {
   } else {
     usleep(3000000);
   }
-  tdist_group_destroy(sub);
+  if (sub) tdist_group_destroy(sub);
   (void)n;
   return tb_world_leave(&tw, N);
 }
@@ -235,6 +244,10 @@ static void p2p_does_not_shift_collectives(void **state) {
 static void p2p_peer_past_collectives(void **state) {
   (void)state;
   p2p_shift(1);
+}
+static void p2p_peer_destroyed_group(void **state) {
+  (void)state;
+  p2p_shift(2);
 }
 
 static void record_before_register(int kill_it) {
@@ -277,6 +290,7 @@ int main(void) {
       cmocka_unit_test(destroyed_member_is_named),
       cmocka_unit_test(p2p_does_not_shift_collectives),
       cmocka_unit_test(p2p_peer_past_collectives),
+      cmocka_unit_test(p2p_peer_destroyed_group),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

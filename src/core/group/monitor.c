@@ -308,8 +308,9 @@ static void diagnose(tdist__monitor_t *m, uint64_t uid, uint64_t seq, uint64_t c
         next = peer_seq(m, mb->ranks[i], uid, &hc, &left);
       }
       /* A collective: it submitted this op. A p2p op: it is past the
-       * collectives before it (inconclusive). */
-      if (peer >= 0 ? next >= (int64_t)coll : next > (int64_t)coll) continue;
+       * collectives before it (inconclusive), and has not destroyed the
+       * group (then it never will post its side). */
+      if (peer >= 0 ? !left && next >= (int64_t)coll : next > (int64_t)coll) continue;
       if (left) {
         /* It destroyed the group before this op: the op can never finish,
          * and "had not reached" would blame it for being slow. */
