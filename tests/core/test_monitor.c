@@ -174,7 +174,8 @@ static void destroyed_member_is_named(void **state) {
  *   arg 0: ranks 0 and 2 wait in a barrier (collective 0 everywhere) until
  *          its 1.5 s timeout: both name rank 1 alone (was: rank 0 said
  *          "every rank ... had reached seq 0 (stuck in the backend)", its
- *          seq 0 against rank 1's 3; rank 2 said "ranks 0, 1").
+ *          seq 0 against rank 1's 3; rank 2's would have named "ranks 0, 1",
+ *          and its diagnosis outlasted the grace: no verdict at 4.5 s).
  *   arg 1: rank 0 receives from rank 1, which never sends: its verdict
  *          names rank 1 as the peer without claiming that it posted the
  *          send (was: "every rank ... had reached seq 0 (stuck in the

@@ -573,7 +573,7 @@ struct snap_req {
 };
 
 /* "uid:next_coll ..." of every group, the heartbeat's value: collectives
- * only, the count every member's agree on (monitor.c diagnose). */
+ * only, the count all members agree on (monitor.c diagnose). */
 static void snap_task(void *arg) {
   struct snap_req *s = arg;
   tdist__list_t *it;
