@@ -219,7 +219,8 @@ static size_t region_bytes(unsigned D, unsigned L, size_t F) {
  * 0.68 (0.84-0.87 with this read; Open MPI 0.79-0.89). So
  * every page is also read once here, from user space (a read is enough:
  * measured alike with a write to this member's own pages). The slots are
- * still mapped on first use. */
+ * mapped on first use (tdist__cpu_sc_warm): a group of small ops never
+ * touches most of their pages. */
 static void carve(cpu_sc_t *ch) {
   size_t head = round_up(
       sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t) + (size_t)ch->L * sizeof(sc_step_t), 4096);
@@ -234,6 +235,37 @@ static void carve(cpu_sc_t *ch) {
     for (size_t o = 0; o < head; o += 4096)
       (void)*(volatile unsigned char *)(b + o);
   }
+}
+
+/* Map [p, p + bytes) into this process (pages, as carve does): populated
+ * writable in its own region, readable in the others' (which it only
+ * reads), and each page read once from user space. */
+static void touch(unsigned char *p, size_t bytes, int own) {
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, e = round_up((uintptr_t)p + bytes, 4096);
+  (void)madvise((void *)a, e - a, own ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  for (uintptr_t o = a; o < e; o += 4096)
+    (void)*(volatile unsigned char *)o;
+}
+
+/* (engine lock) What sc_slot_data asks: the slots' first `len` bytes, at
+ * least four times what was warm, so that a group touches its slots in at
+ * most a few goes however its ops grow (log4(F / 4096)), all of them in
+ * its first op of a size: the pages that op would have faulted one step at
+ * a time, and those of the ops of that size after it. */
+void tdist__cpu_sc_warm(cpu_sc_t *ch, size_t len) {
+  size_t want = round_up(len, 4096);
+  if (want < ch->warm * 4) want = ch->warm * 4;
+  if (want >= ch->F) want = ch->F;
+  for (int r = 0; r < ch->n; r++) {
+    unsigned char *d = ch->rg[r].data;
+    if (want == ch->F || ch->F < 4096) { /* the whole data area at once */
+      touch(d, (size_t)ch->D * ch->F, r == ch->me);
+      continue;
+    }
+    for (unsigned k = 0; k < ch->D; k++)
+      touch(d + (size_t)k * ch->F + ch->warm, want - ch->warm, r == ch->me);
+  }
+  ch->warm = ch->F < 4096 ? SIZE_MAX : want;
 }
 
 static void chan_free(cpu_sc_t *ch) {

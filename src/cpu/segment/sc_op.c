@@ -258,7 +258,7 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
   size_t len = step_len(ch, op, j);
   unsigned slot = sc_slot(ch, st);
   sc_step_t *h = sc_line(ch, ch->me, st);
-  uint8_t *dst = len <= SC_INLINE ? h->inl : ch->rg[ch->me].data + (size_t)slot * ch->F;
+  uint8_t *dst = len <= SC_INLINE ? h->inl : sc_slot_data(ch, ch->me, slot, len);
   if (op->sc.direct) {
     /* A two-phase all_reduce: this member's share of the step stays where
      * it is (consume_two reads it there): only the others' shares go in. */
@@ -298,7 +298,7 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
     sc_step_t *h = sc_line(ch, m, st);
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
     len = h->len;
-    pcs[m] = len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
+    pcs[m] = len <= SC_INLINE ? h->inl : sc_slot_data(ch, m, slot, len);
   }
   if (!s->phase) {
     share(op, len, op->rank, &a, &b);
@@ -359,7 +359,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       if (!(pcs[m] = tdist__cpu_sc_ovf_piece(ch, op, m, j))) return 0;
       continue;
     }
-    pcs[m] = h->len <= SC_INLINE ? h->inl : ch->rg[m].data + (size_t)slot * ch->F;
+    pcs[m] = h->len <= SC_INLINE ? h->inl : sc_slot_data(ch, m, slot, h->len);
   }
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
