@@ -131,6 +131,10 @@ _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, 
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
 /* 0: a small op alone in its group takes the slow lane too (sc_op.c, tdist__cpu_sc_now) */
 TDIST_PARAM(CpuScNow, "TDIST_CPU_SC_NOW", 1)
+/* Looks a writer of the now lane makes at the others' steps after writing
+ * its own, before its op takes the slow lane (sc_op.c); 0 where the
+ * group's ranks outnumber the CPUs (the others are seldom running). */
+TDIST_PARAM(CpuScNowLooks, "TDIST_CPU_SC_NOW_LOOKS", tdist__ranks_exceed_cpus() ? 0 : 128)
 /* An all_to_all_v block of this many bytes and up is read in place from
  * its giver where blocks are lent (ch->lend, sc_data.c). Above the
  * engine's single-copy threshold (TDIST_CPU_CMA_BYTES, 256 KiB): with 4

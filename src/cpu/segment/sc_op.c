@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/spin.h"
 #include "cpu/base/base.h"
 #include "cpu/transport/transport.h"
 #include "cpu/engine/engine.h"
@@ -784,8 +785,22 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * now: the member that comes first waits for the others anyway, and one
    * made before the write delayed the step everyone waits for (0.278
    * against 0.262 us an all_reduce at n = 2). */
-  if (commit) tdist__cpu_sc_ranges(ch, &op);
-  if (commit && all_in(ch, &op) != 1) {
+  int in = 1;
+  if (commit) {
+    tdist__cpu_sc_ranges(ch, &op);
+    in = all_in(ch, &op);
+    /* The others write theirs about now, where each has a CPU: a member
+     * that wrote first sees their steps within a line's crossing or two.
+     * Looking again here a few times completes the op in the lane; the slow
+     * lane instead made it an engine op, went back to the core, and took
+     * the engine lock once more per test (at n = 2 the member that wrote
+     * first, nearly every op of an 8-byte all_gather loop, went there). */
+    for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
+      tdist__cpu_pause();
+      in = all_in(ch, &op);
+    }
+  }
+  if (in != 1) {
     cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
     if (!eop) {
       tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
