@@ -39,6 +39,10 @@
  *             seven 1 MiB all_reduces after the first fault no page in
  *             (getrusage's minor faults; left to each step, the second
  *             took about 512: the slots it reached first);
+ *   warm_bcast  after eight 1 MiB broadcasts from rank 0, every process has
+ *             mapped the lines of every member and the slots of rank 0
+ *             only (the segment's resident set in /proc/self/smaps): a
+ *             receiver maps no other member's slots, which no one wrote;
  *   small_mismatch_{dtype,count,redop}  the last rank disagrees on a small
  *             all_reduce (int32 vs float32 of the same bytes, 2 vs 3
  *             elements, SUM vs MAX): every rank fails MISMATCH, the message
@@ -669,6 +673,62 @@ static int warm(int rank, int n, void *arg) {
   return 0;
 }
 
+/* The segment's mapping in /proc/self/smaps (the largest mapping of a
+ * "tdist-shm" memfd: the rings' are 512 KiB): its size and resident KiB. */
+static int seg_rss(size_t *size_kb, size_t *rss_kb) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  size_t cur = 0, best = 0, best_rss = 0;
+  int in = 0;
+  while (fgets(line, sizeof(line), f)) {
+    unsigned long a, b;
+    size_t kb;
+    if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = strstr(line, "memfd:tdist-shm") != NULL;
+      cur = (b - a) / 1024;
+    } else if (in && sscanf(line, "Rss: %zu kB", &kb) == 1 && cur > best) {
+      best = cur;
+      best_rss = kb;
+    }
+  }
+  fclose(f);
+  *size_kb = best;
+  *rss_kb = best_rss;
+  return best ? 0 : -1;
+}
+
+static int warm_bcast(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  enum { CNT = 256 << 10 }; /* 1 MiB of int32 */
+  int32_t *v = malloc(sizeof(int32_t) * CNT);
+  MP_CHECK(v != NULL);
+  for (int k = 0; k < 8; k++) {
+    for (int i = 0; i < CNT; i++)
+      v[i] = rank == 0 ? i + k : -1;
+    MP_CHECK_RC(tdist_broadcast(g, v, CNT, TDIST_INT32, 0, NULL, NULL));
+    for (int i = 0; i < CNT; i++)
+      MP_CHECK(v[i] == i + k);
+  }
+  /* Lines of every member (mapped at setup) and rank 0's slots (the
+   * test's 16 of 128 KiB), and a page or two of slack. */
+  size_t size_kb = 0, rss_kb = 0, data_kb = 16 * 128;
+  MP_CHECK(seg_rss(&size_kb, &rss_kb) == 0);
+  size_t lines_kb = size_kb - (size_t)n * data_kb, most = lines_kb + data_kb + 8;
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  free(v);
+  MP_CHECK_RC(tdist_group_destroy(g));
+  if (rss_kb > most || rss_kb < lines_kb + data_kb / 2) {
+    fprintf(stderr,
+            "[rank %d] warm_bcast: %zu KiB of the %zu KiB segment resident (%zu expected)\n", rank,
+            rss_kb, size_kb, lines_kb + data_kb);
+    return 1;
+  }
+  return 0;
+}
+
 static int small_mismatch(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
@@ -764,6 +824,24 @@ int main(int argc, char **argv) {
   RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
   RUN("warm", warm);
+  {
+    /* the sizes warm_bcast counts, then the run's own (cpu_sc_tiny's) */
+    const char *d0 = getenv("TDIST_CPU_SC_SLOTS"), *f0 = getenv("TDIST_CPU_SC_SLOT_BYTES");
+    char *d = d0 ? strdup(d0) : NULL, *f = f0 ? strdup(f0) : NULL;
+    setenv("TDIST_CPU_SC_SLOTS", "16", 1);
+    setenv("TDIST_CPU_SC_SLOT_BYTES", "131072", 1);
+    RUN("warm_bcast", warm_bcast);
+    if (d)
+      setenv("TDIST_CPU_SC_SLOTS", d, 1);
+    else
+      unsetenv("TDIST_CPU_SC_SLOTS");
+    if (f)
+      setenv("TDIST_CPU_SC_SLOT_BYTES", f, 1);
+    else
+      unsetenv("TDIST_CPU_SC_SLOT_BYTES");
+    free(d);
+    free(f);
+  }
   static const char *const kMismatch[] = {"small_mismatch_dtype", "small_mismatch_count",
                                           "small_mismatch_redop", "small_mismatch_slot",
                                           "small_mismatch_bcast", "small_mismatch_givers"};

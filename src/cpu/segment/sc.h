@@ -248,9 +248,10 @@ typedef struct cpu_sc {
    * givers' count prefixes): where each lies in its giver (addr 0: in the
    * giver's slots) and the giver group's live word (cma.c). */
   cpu_rma_desc_t *desc;
-  /* Bytes at the start of every slot of every member this process has
-   * touched once (sc_slot_data, tdist__cpu_sc_warm): page-aligned, up to F. */
-  size_t warm;
+  /* [n] Bytes at the start of every slot of member m's region this process
+   * has touched once (sc_slot_data, tdist__cpu_sc_warm): page-aligned, up
+   * to F. Per member: a broadcast receiver maps only its root's slots. */
+  size_t *warm;
   int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
   int bell_wanted; /* the value of our want_bell */
   int broken;      /* aborted: no more sc ops */
@@ -292,15 +293,15 @@ static inline unsigned sc_slot(const cpu_sc_t *ch, uint64_t st) {
 }
 
 /* (engine lock) Touch the first `len` bytes (rounded up, and at least four
- * times what was warm) of every member's every slot once (sc_chan.c). */
-void tdist__cpu_sc_warm(cpu_sc_t *ch, size_t len);
+ * times what was warm) of member m's every slot once (sc_chan.c). */
+void tdist__cpu_sc_warm(cpu_sc_t *ch, int m, size_t len);
 /* Member m's slot `slot`, about to be written or read for `len` bytes: the
  * slots' pages are touched once, all at once, before their first use
  * (tdist__cpu_sc_warm). Left to each step, a fresh group's first 1 MiB
  * all_to_all_v ops took 2-6 ms each for eight ops (their pages faulted one
  * step at a time, 15 us a fault in this VM's slow state), against 0.06. */
 static inline uint8_t *sc_slot_data(cpu_sc_t *ch, int m, unsigned slot, size_t len) {
-  if (__builtin_expect(len > ch->warm, 0)) tdist__cpu_sc_warm(ch, len);
+  if (__builtin_expect(len > ch->warm[m], 0)) tdist__cpu_sc_warm(ch, m, len);
   return ch->rg[m].data + (size_t)slot * ch->F;
 }
 

@@ -247,25 +247,25 @@ static void touch(unsigned char *p, size_t bytes, int own) {
     (void)*(volatile unsigned char *)o;
 }
 
-/* (engine lock) What sc_slot_data asks: the slots' first `len` bytes, at
- * least four times what was warm, so that a group touches its slots in at
- * most a few goes however its ops grow (log4(F / 4096)), all of them in
- * its first op of a size: the pages that op would have faulted one step at
- * a time, and those of the ops of that size after it. */
-void tdist__cpu_sc_warm(cpu_sc_t *ch, size_t len) {
-  size_t want = round_up(len, 4096);
-  if (want < ch->warm * 4) want = ch->warm * 4;
-  if (want >= ch->F) want = ch->F;
-  for (int r = 0; r < ch->n; r++) {
-    unsigned char *d = ch->rg[r].data;
-    if (want == ch->F || ch->F < 4096) { /* the whole data area at once */
-      touch(d, (size_t)ch->D * ch->F, r == ch->me);
-      continue;
-    }
-    for (unsigned k = 0; k < ch->D; k++)
-      touch(d + (size_t)k * ch->F + ch->warm, want - ch->warm, r == ch->me);
+/* (engine lock) What sc_slot_data asks: member m's slots' first `len`
+ * bytes, at least four times what was warm, so that a group touches them
+ * in at most a few goes however its ops grow (log4(F / 4096)), all of them
+ * in its first op of a size: the pages that op would have faulted one step
+ * at a time, and those of the ops of that size after it. Only the regions
+ * this process reads or writes: a member's pages are the memfd's, and one
+ * no member writes is never allocated. */
+void tdist__cpu_sc_warm(cpu_sc_t *ch, int m, size_t len) {
+  size_t have = ch->warm[m], want = round_up(len, 4096);
+  unsigned char *d = ch->rg[m].data;
+  if (want < have * 4) want = have * 4;
+  if (want >= ch->F || ch->F < 4096) { /* the whole data area at once */
+    touch(d, (size_t)ch->D * ch->F, m == ch->me);
+    ch->warm[m] = SIZE_MAX;
+    return;
   }
-  ch->warm = ch->F < 4096 ? SIZE_MAX : want;
+  for (unsigned k = 0; k < ch->D; k++)
+    touch(d + (size_t)k * ch->F + have, want - have, m == ch->me);
+  ch->warm[m] = want;
 }
 
 static void chan_free(cpu_sc_t *ch) {
@@ -281,6 +281,7 @@ static void chan_free(cpu_sc_t *ch) {
   tdist__free(ch->totals);
   tdist__free(ch->lo);
   tdist__free(ch->hi);
+  tdist__free(ch->warm);
   tdist__free(ch->desc);
   tdist__free(ch);
 }
@@ -383,12 +384,13 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->totals = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->lo = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
+  ch->warm = tdist__calloc((size_t)n, sizeof(size_t));
   ch->ovf = tdist__calloc((size_t)n, sizeof(*ch->ovf));
   ch->pid = tdist__calloc((size_t)n, sizeof(*ch->pid));
   ch->desc = tdist__calloc((size_t)n, sizeof(*ch->desc));
   ch->uid = cg->uid;
   if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
-      !ch->ovf || !ch->pid || !ch->desc)
+      !ch->warm || !ch->ovf || !ch->pid || !ch->desc)
     ok = 0;
   /* Single copy for large all_to_all_v blocks: this member can read every
    * other's memory (the mapping above needed less: /proc/<pid>/fd). */
