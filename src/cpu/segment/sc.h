@@ -249,8 +249,9 @@ typedef struct cpu_sc {
    * giver's slots) and the giver group's live word (cma.c). */
   cpu_rma_desc_t *desc;
   /* [n] Bytes at the start of every slot of member m's region this process
-   * has touched once (sc_slot_data, tdist__cpu_sc_warm): page-aligned, up
-   * to F. Per member: a broadcast receiver maps only its root's slots. */
+   * has touched once (sc_slot_data, tdist__cpu_sc_warm): page-aligned,
+   * SIZE_MAX once the whole region is. Per member: a broadcast receiver
+   * maps only its root's slots. */
   size_t *warm;
   int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
   int bell_wanted; /* the value of our want_bell */
