@@ -684,7 +684,7 @@ static int seg_rss(size_t *size_kb, size_t *rss_kb) {
   while (fgets(line, sizeof(line), f)) {
     unsigned long a, b;
     size_t kb;
-    if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+    if (sscanf(line, "%lx-%lx ", &a, &b) == 2) { /* a mapping's first line */
       in = strstr(line, "memfd:tdist-shm") != NULL;
       cur = (b - a) / 1024;
     } else if (in && sscanf(line, "Rss: %zu kB", &kb) == 1 && cur > best) {

@@ -296,7 +296,7 @@ static inline unsigned sc_slot(const cpu_sc_t *ch, uint64_t st) {
 /* (engine lock) Touch the first `len` bytes (rounded up, and at least four
  * times what was warm) of member m's every slot once (sc_chan.c). */
 void tdist__cpu_sc_warm(cpu_sc_t *ch, int m, size_t len);
-/* Member m's slot `slot`, about to be written or read for `len` bytes: the
+/* Member m's slot `slot`, about to be written or read for `len` bytes: m's
  * slots' pages are touched once, all at once, before their first use
  * (tdist__cpu_sc_warm). Left to each step, a fresh group's first 1 MiB
  * all_to_all_v ops took 2-6 ms each for eight ops (their pages faulted one

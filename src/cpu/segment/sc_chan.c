@@ -205,6 +205,17 @@ static size_t region_bytes(unsigned D, unsigned L, size_t F) {
   return round_up(head, 4096) + (size_t)D * F;
 }
 
+/* Map [p, p + bytes) into this process, whole pages: its page tables
+ * filled (writable or readable only), then each page read once from user
+ * space, for a guest whose host shadows its page tables (carve). */
+static void touch(unsigned char *p, size_t bytes, int writable) {
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, e = round_up((uintptr_t)p + bytes, 4096);
+  /* before Linux 5.14: no populate, the reads below fault */
+  (void)madvise((void *)a, e - a, writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  for (uintptr_t o = a; o < e; o += 4096)
+    (void)*(volatile unsigned char *)o;
+}
+
 /* Also maps every member's control, signature and step lines into this
  * process now (768 KiB a member by default): each op takes the next
  * signature entry and step line, so left to first use they cost every
@@ -231,24 +242,13 @@ static void carve(cpu_sc_t *ch) {
     g->sig = (sc_sig_t *)(b + sizeof(sc_ctl_t));
     g->step = (sc_step_t *)(b + sizeof(sc_ctl_t) + SC_H * sizeof(sc_sig_t));
     g->data = b + head;
-    (void)madvise(b, head, MADV_POPULATE_WRITE); /* before Linux 5.14: the reads below fault */
-    for (size_t o = 0; o < head; o += 4096)
-      (void)*(volatile unsigned char *)(b + o);
+    touch(b, head, 1);
   }
 }
 
-/* Map [p, p + bytes) into this process (pages, as carve does): populated
- * writable in its own region, readable in the others' (which it only
- * reads), and each page read once from user space. */
-static void touch(unsigned char *p, size_t bytes, int own) {
-  uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, e = round_up((uintptr_t)p + bytes, 4096);
-  (void)madvise((void *)a, e - a, own ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
-  for (uintptr_t o = a; o < e; o += 4096)
-    (void)*(volatile unsigned char *)o;
-}
-
 /* (engine lock) What sc_slot_data asks: member m's slots' first `len`
- * bytes, at least four times what was warm, so that a group touches them
+ * bytes (writable in this member's own region, read only in the others'),
+ * at least four times what was warm, so that a group touches them
  * in at most a few goes however its ops grow (log4(F / 4096)), all of them
  * in its first op of a size: the pages that op would have faulted one step
  * at a time, and those of the ops of that size after it. Only the regions
