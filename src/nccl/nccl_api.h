@@ -157,6 +157,8 @@ typedef cudaError_t (*tdist__cudaStreamGetCaptureInfo_fn)(
 typedef cudaError_t (*tdist__cudaStreamGetCaptureInfo_v3_fn)(
     cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
     cudaGraph_t *graph, const cudaGraphNode_t **deps, const void **edges, size_t *ndeps);
+/* The runtime's version, 1000 * major + 10 * minor (13000 for 13.0). */
+typedef cudaError_t (*tdist__cudaRuntimeGetVersion_fn)(int *version);
 typedef cudaError_t (*tdist__cudaUserObjectCreate_fn)(cudaUserObject_t *obj, void *ptr,
                                                       cudaHostFn_t destroy, unsigned int refs,
                                                       unsigned int flags);

@@ -148,11 +148,21 @@ static int load_locked(void) {
   TDIST__NCCL_OPTIONAL(OPT_NCCL_)
   TDIST__CUDART_OPTIONAL(OPT_CUDA_)
   /* One capture query by its signature (nccl_api.h): _v3 where the runtime
-   * has it (12.3+, and 13, whose plain name is _v3's), else 12's. */
+   * has it (12.3 to 12.x), the plain name from CUDA 13 (whose libcudart.so.13
+   * exports neither _v2 nor _v3, and whose plain name has _v3's seven
+   * arguments: called with 12's six, it wrote through a stack word and the
+   * H200's graph step died of SIGSEGV), else 12's. The runtime's version
+   * says which the plain name is. */
+  int cuv = 0;
+  tdist__cudaRuntimeGetVersion_fn cu_version;
+  *(void **)(&cu_version) = dlsym(cu, "cudaRuntimeGetVersion");
+  if (cu_version && cu_version(&cuv) != cudaSuccess) cuv = 0;
   *(void **)(&a.cudaStreamGetCaptureInfo_v3) = dlsym(cu, "cudaStreamGetCaptureInfo_v3");
+  if (!a.cudaStreamGetCaptureInfo_v3 && cuv >= 13000)
+    *(void **)(&a.cudaStreamGetCaptureInfo_v3) = dlsym(cu, "cudaStreamGetCaptureInfo");
   if (!a.cudaStreamGetCaptureInfo_v3) {
     *(void **)(&a.cudaStreamGetCaptureInfo) = dlsym(cu, "cudaStreamGetCaptureInfo_v2");
-    if (!a.cudaStreamGetCaptureInfo)
+    if (!a.cudaStreamGetCaptureInfo && cuv > 0 && cuv < 13000)
       *(void **)(&a.cudaStreamGetCaptureInfo) = dlsym(cu, "cudaStreamGetCaptureInfo");
   }
   dlerror(); /* a missing optional call is no error */

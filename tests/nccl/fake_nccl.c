@@ -624,6 +624,25 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
   *st = s == FAKE_CAPTURING_STREAM ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
+/* FAKE_CUDA_VERSION (tests only): the runtime version reported; unset, the
+ * call fails, as if the runtime could not say. The capture query is
+ * exported under its plain name only, with CUDA 13's signature (seven
+ * arguments, edgeData_out before numDependencies_out), as libcudart.so.13
+ * exports it: which signature the backend takes it for depends on the
+ * version (nccl_load_cuda13, nccl_load_cuda12). Never called by a test. */
+cudaError_t cudaRuntimeGetVersion(int *v) {
+  const char *e = getenv("FAKE_CUDA_VERSION");
+  if (!e) return cudaErrorUnknown;
+  *v = atoi(e);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *st,
+                                     unsigned long long *id, cudaGraph_t *graph,
+                                     const cudaGraphNode_t **deps, const void **edges,
+                                     size_t *ndeps) {
+  (void)s, (void)st, (void)id, (void)graph, (void)deps, (void)edges, (void)ndeps;
+  return cudaErrorUnknown;
+}
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) {
   return cudaSuccess;
 }

@@ -14,17 +14,25 @@
  *            naming 2.25, high_priority without the runtime's priority calls,
  *            a window refused naming 2.27; the 2.17 fields accepted;
  *   missing  (TDIST_NCCL_LIBRARY names no file) init fails with the clear
- *            message; a CPU group in the same process still works.
+ *            message; a CPU group in the same process still works;
+ *   cudaver  (FAKE_CUDA_VERSION=13000 or 12080) the fake exports the capture
+ *            query under its plain name only, as libcudart.so.13 does: a
+ *            13 runtime's is taken with CUDA 13's seven arguments (_v3's),
+ *            a 12 runtime's with 12's six. On the H200 the plain name was
+ *            taken for 12's and the graph step died of SIGSEGV.
  */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "nccl/nccl_backend.h"
 #include "nccl_test_util.h"
 
 static char buf[1024];
@@ -211,6 +219,27 @@ static void test_missing(void **state) {
   assert_int_equal(tdist_group_destroy(g), 0);
 }
 
+/* ---- cudaver -------------------------------------------------------------------- */
+
+static void test_cuda_version(void **state) {
+  (void)state;
+  const char *v = getenv("FAKE_CUDA_VERSION");
+  assert_non_null(v);
+  fake_reset();
+  tdist_group_t *g = NULL;
+  assert_int_equal(world("nccl", 0, &g), 0);
+  void *plain = dlsym(RTLD_DEFAULT, "cudaStreamGetCaptureInfo");
+  assert_non_null(plain);
+  if (atoi(v) >= 13000) {
+    assert_ptr_equal((void *)tdist__nccl_fn.cudaStreamGetCaptureInfo_v3, plain);
+    assert_null((void *)tdist__nccl_fn.cudaStreamGetCaptureInfo);
+  } else {
+    assert_null((void *)tdist__nccl_fn.cudaStreamGetCaptureInfo_v3);
+    assert_ptr_equal((void *)tdist__nccl_fn.cudaStreamGetCaptureInfo, plain);
+  }
+  assert_int_equal(tdist_group_destroy(g), 0);
+}
+
 int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "";
   if (!strcmp(c, "checks")) {
@@ -238,6 +267,10 @@ int main(int argc, char **argv) {
     const struct CMUnitTest t[] = {cmocka_unit_test(test_missing)};
     return cmocka_run_group_tests(t, NULL, NULL);
   }
-  fprintf(stderr, "usage: %s checks|old|cfgold|tooold|missing\n", argv[0]);
+  if (!strcmp(c, "cudaver")) {
+    const struct CMUnitTest t[] = {cmocka_unit_test(test_cuda_version)};
+    return cmocka_run_group_tests(t, NULL, NULL);
+  }
+  fprintf(stderr, "usage: %s checks|old|cfgold|tooold|missing|cudaver\n", argv[0]);
   return 2;
 }
