@@ -16,8 +16,12 @@
  *     range goes when its last reference does;
  *   - ncclCommWindowRegister: NULL or 0 bytes is success with no window;
  *     otherwise ncclCommEnsureReady, then a group task run at
- *     ncclGroupEnd -- on a non-blocking communicator its job answers
- *     ncclInProgress and writes *win at the end. The task
+ *     ncclGroupEnd -- on a non-blocking communicator the call itself
+ *     returns ncclSuccess while its job runs (it returns its own result,
+ *     not the group end's ncclInProgress: seen on the H200, NCCL 2.28.9);
+ *     ncclCommGetAsyncError says ncclInProgress until the job wrote *win
+ *     and ended, and a call that needs a ready communicator meanwhile is
+ *     ncclInvalidArgument (ncclCommEnsureReady). The task
  *     (ncclDevrWindowRegisterInGroup) registers locally, finds the
  *     allocation (cuMemGetAddressRange: memory that is no device allocation
  *     is a CUDA error, ncclUnhandledCudaError), refuses a buffer whose offset
@@ -234,6 +238,7 @@ GS_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t s
       j->flags = winFlags;
       j->out = win;
       r = gs_comm_job(comm, window_job, j);
+      if (r == ncclInProgress) r = ncclSuccess; /* dev_runtime.cc: `return ret` */
     }
   }
   gs_comm_leave(comm);

@@ -58,11 +58,17 @@ static int check_buffer(const tdist__nccl_t *nc, const void *ptr) {
   return 0;
 }
 
-/* `call` held, device current: the enqueue NCCL had not finished is done,
- * then `r` (the registration call's answer) is waited for. */
+/* `call` held, device current: `r` (the registration call's answer), then
+ * the communicator waited for until NCCL's job ended, whatever `r` said.
+ * ncclSuccess does not mean done: 2.28's ncclCommWindowRegister queues its
+ * task, runs ncclGroupEndInternal and returns its own ncclSuccess, not the
+ * group end's ncclInProgress (dev_runtime.cc; the enqueue calls, unlike it,
+ * return ncclCommGetAsyncError). On the H200 the next all_reduce then found
+ * the job running ("Attempt to use communicator before the previous
+ * operation returned ncclSuccess"). On a ready communicator the wait is one
+ * ncclCommGetAsyncError. */
 static int finish(tdist__nccl_t *nc, ncclResult_t r, const char *what) {
   if (r != ncclSuccess && r != ncclInProgress) return tdist__nccl_err(nc->comm, r, what);
-  if (r == ncclSuccess) return 0;
   return tdist__nccl_wait_ready(nc->comm, nc->group, nc->name, what, nc->timeout_ms);
 }
 
