@@ -260,7 +260,13 @@ static void overlap(tdist_group_t *g) {
   cudaFree(a);
 }
 
-// Last: the group ends aborted.
+// Last: the group ends aborted. The spinning kernel holds the op's NCCL
+// kernel on the stream, and ncclCommAbort waits for that kernel (commReclaim
+// synchronises the communicator's work): the abort returns only once the flag
+// is released below. So the timed-out op is published at the hold's deadline
+// (TDIST_ABORT_RELEASE_MS, set to 2000 by main; by default the group's
+// timeout, 30 s here), with the note that the device had not let go of its
+// buffers. On the H200 with the default the 20 s wait returned IN_PROGRESS.
 static void timeout_abort(tdist_group_t *g) {
   int *flag_h, *flag_d;
   CUDA(cudaHostAlloc(&flag_h, sizeof(int), cudaHostAllocMapped));
@@ -282,6 +288,9 @@ static void timeout_abort(tdist_group_t *g) {
   int st2 = rc2 ? rc2 : tdist_work_wait(w2, 20000);
   CHECK(st == TDIST_ERR_TIMEOUT && tdist_work_state(w) == TDIST_WORK_TIMED_OUT,
         "spinning kernel -> op TIMEOUT", "status %s: %s", tdist_err_name(st),
+        w ? tdist_work_error_message(w) : "");
+  CHECK(w && strstr(tdist_work_error_message(w), "had not stopped using the buffers"),
+        "published at the hold's deadline, saying the device still held the buffers", "%s",
         w ? tdist_work_error_message(w) : "");
   CHECK(st2 == TDIST_ERR_ABORTED, "queued op behind it -> ABORTED", "status %s",
         tdist_err_name(st2));
@@ -339,6 +348,7 @@ static int run_two(int rank, int port) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   printf("tdist %s\n", tdist_version_string());
+  setenv("TDIST_ABORT_RELEASE_MS", "2000", 0); // timeout_abort: read once, at the first hold
   if (argc >= 3 && strcmp(argv[1], "one") == 0) return run_one(atoi(argv[2]));
   if (argc >= 4 && strcmp(argv[1], "two") == 0) return run_two(atoi(argv[2]), atoi(argv[3]));
   fprintf(stderr, "usage: %s one PORT | two RANK PORT\n", argv[0]);
