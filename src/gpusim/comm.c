@@ -303,6 +303,7 @@ typedef struct gs_job {
 static void *job_main(void *p) {
   gs_job_t j = *(gs_job_t *)p;
   free(p);
+  gs_check_exit("an NCCL job's cudaSetDevice");
   gs_set_current_device(j.c->dev); /* NCCL's job threads cudaSetDevice(comm->cudaDev) */
   ncclResult_t r = j.fn(j.c, j.arg);
   gs_comm_set_async(j.c, r);

@@ -59,7 +59,30 @@ static void log_once(void) {
   if (dot) *dot = '\0';
 }
 
+/* The runtime's teardown at exit. A real CUDA runtime (and the static one
+ * inside libnccl) frees its state in an exit handler registered when it
+ * first initialises; a call made after that, from a thread still running,
+ * uses freed state: on the H200 an NCCL job thread's cudaSetDevice
+ * (commDestroySync) died of SIGSEGV while the process exited. The
+ * simulation registers its handler at its first call, as the runtime does,
+ * and stops the process, loudly, at any call that needs a context after it
+ * ran. An exit handler registered later (after the runtime was in use) runs
+ * before it: that is where a library must finish its CUDA work. */
+static atomic_int g_exited;
+
+static void at_exit(void) { atomic_store(&g_exited, 1); }
+
+void gs_check_exit(const char *what) {
+  if (!atomic_load(&g_exited)) return;
+  fprintf(stderr,
+          "gpusim: %s after the CUDA runtime's teardown at exit (a real runtime reads freed "
+          "state here: SIGSEGV); stopping the process\n",
+          what);
+  abort();
+}
+
 static void init_once(void) {
+  atexit(at_exit);
   int nphys = 8;
   const char *nd = getenv("TDIST_GPUSIM_DEVICES");
   if (nd && *nd) {
@@ -171,6 +194,7 @@ cudaError_t gs_context_use(int dev) {
    * any CUDA API calls. Attempting to use a CUDA API may result in
    * cudaErrorNotPermitted". Every call that needs a context comes here. */
   if (gs_in_host_fn()) return GS_ERR_NOT_PERMITTED;
+  gs_check_exit("a CUDA call");
   if (g_ndev == 0) return cudaErrorNoDevice;
   if (dev < 0 || dev >= g_ndev) return cudaErrorInvalidDevice;
   if (atomic_exchange(&g_ctx[dev], 1) == 0) gs_info("primary context created on device %d", dev);

@@ -68,6 +68,9 @@ void gs_set_current_device(int dev);
 /* The primary context of `dev` is in use: created (and counted) on first
  * use. Returns the device's sticky error, or cudaSuccess. Any thread. */
 cudaError_t gs_context_use(int dev);
+/* Stops the process (abort, with a message naming `what`) when called after
+ * the runtime's exit handler ran (device.c). Any thread. */
+void gs_check_exit(const char *what);
 /* The current device's context, for API calls that need one (CUDA creates
  * it lazily on the thread's current device, 0 if never set). */
 static inline cudaError_t gs_context_current(void) { return gs_context_use(gs_current_device()); }

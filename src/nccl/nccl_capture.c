@@ -39,6 +39,15 @@
  * thread, which may not call CUDA, so it only hands the destroy to the
  * worker thread (tdist_backend_worker_run).
  *
+ * Exit: a graph destroyed just before the process exits hands its destroy
+ * to the worker while exit runs the CUDA runtime's exit handlers; NCCL's
+ * job thread then called cudaSetDevice on the freed runtime and the H200's
+ * graph step died of SIGSEGV. So the first hold registers an exit handler
+ * (after NCCL and the runtime registered theirs: it runs before them) that
+ * waits for the destroys already handed over, bounded by their groups'
+ * timeouts, and makes later destructors leave the communicator to the
+ * process's end (no CUDA or NCCL call once exit began).
+ *
  * Ops that are refused under capture, with NOT_SUPPORTED: a separate send
  * or recv (the graph runs its nodes in capture order on one stream, so a
  * ring of captured send-then-recv would deadlock at every launch; batch
@@ -53,7 +62,9 @@
  * the enqueue is ready.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nccl/nccl_backend.h"
 
@@ -112,6 +123,43 @@ int tdist__nccl_capture_check(const tdist__nccl_t *nc, const tdist_backend_args_
   return 0;
 }
 
+/* Destroys handed to the worker and not finished, and whether the process
+ * is exiting (the exit handler ran). Any thread, under exit_mu. */
+static pthread_mutex_t exit_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t exit_cv = PTHREAD_COND_INITIALIZER;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static int exit_pending, exit_begun;
+static int64_t exit_wait_ms; /* the longest timeout of a pending destroy's group */
+
+/* The exit handler: wait for the destroys under way (each ends within its
+ * group's timeout: tdist__nccl_destroy_now bounds its waits by it), then
+ * let none start. */
+static void at_exit(void) {
+  pthread_mutex_lock(&exit_mu);
+  exit_begun = 1;
+  if (exit_pending > 0) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ms = exit_wait_ms > 0 ? exit_wait_ms : 600000;
+    until.tv_sec += (time_t)(ms / 1000);
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000;
+    }
+    while (exit_pending > 0)
+      if (pthread_cond_timedwait(&exit_cv, &exit_mu, &until) != 0) break;
+    if (exit_pending > 0)
+      TDIST_WARN(NCCL, "exit: %d communicator destroy(s) of released CUDA graphs still running",
+                 exit_pending);
+  }
+  pthread_mutex_unlock(&exit_mu);
+}
+
+static void register_at_exit(void) {
+  if (atexit(at_exit) != 0) TDIST_WARN(NCCL, "atexit failed: a graph's destroy may race exit");
+}
+
 /* The user object's destructor: CUDA runs it on an internal thread once
  * the last graph holding it is gone, and it may not call CUDA (Runtime
  * API, cudaUserObjectCreate). A group destroyed meanwhile is destroyed now,
@@ -126,6 +174,10 @@ static void destroy_job(void *arg) {
              "its communicator",
              nc->name);
   tdist__nccl_destroy_now(nc);
+  pthread_mutex_lock(&exit_mu);
+  exit_pending--;
+  pthread_cond_broadcast(&exit_cv);
+  pthread_mutex_unlock(&exit_mu);
 }
 
 static void graph_released(void *arg) {
@@ -133,7 +185,16 @@ static void graph_released(void *arg) {
   pthread_mutex_lock(&nc->mu);
   int last = --nc->graphs == 0 && nc->orphaned;
   pthread_mutex_unlock(&nc->mu);
-  if (last) tdist_backend_worker_run(destroy_job, nc);
+  if (!last) return;
+  pthread_mutex_lock(&exit_mu);
+  int go = !exit_begun;
+  if (go) {
+    exit_pending++;
+    if (nc->timeout_ms > exit_wait_ms) exit_wait_ms = nc->timeout_ms;
+  }
+  pthread_mutex_unlock(&exit_mu);
+  /* Exiting: the runtime may be gone; the process's end frees it all. */
+  if (go) tdist_backend_worker_run(destroy_job, nc);
 }
 
 /* `call` held: the capture's graph holds nc (once per capture). */
@@ -141,6 +202,7 @@ static int hold(tdist__nccl_t *nc, unsigned long long id, cudaGraph_t graph) {
   int rc = 0;
   cudaUserObject_t obj = NULL;
   if (nc->held && nc->held_id == id) return 0;
+  pthread_once(&exit_once, register_at_exit);
   pthread_mutex_lock(&nc->mu);
   nc->graphs++;
   pthread_mutex_unlock(&nc->mu);
