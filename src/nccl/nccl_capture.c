@@ -156,8 +156,16 @@ static void at_exit(void) {
   pthread_mutex_unlock(&exit_mu);
 }
 
+/* A child of fork has none of the parent's worker jobs: it waits for none. */
+static void at_fork_child(void) {
+  pthread_mutex_init(&exit_mu, NULL);
+  pthread_cond_init(&exit_cv, NULL);
+  exit_pending = 0;
+}
+
 static void register_at_exit(void) {
-  if (atexit(at_exit) != 0) TDIST_WARN(NCCL, "atexit failed: a graph's destroy may race exit");
+  if (atexit(at_exit) != 0 || pthread_atfork(NULL, NULL, at_fork_child) != 0)
+    TDIST_WARN(NCCL, "atexit or pthread_atfork failed: a graph's destroy may race exit");
 }
 
 /* The user object's destructor: CUDA runs it on an internal thread once
