@@ -138,15 +138,11 @@ static void at_exit(void) {
   pthread_mutex_lock(&exit_mu);
   exit_begun = 1;
   if (exit_pending > 0) {
-    struct timespec until;
+    struct timespec until; /* exit_cv keeps the default clock, CLOCK_REALTIME */
     clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ms = exit_wait_ms > 0 ? exit_wait_ms : 600000;
-    until.tv_sec += (time_t)(ms / 1000);
-    until.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000;
-    }
+    int64_t ns = (int64_t)until.tv_nsec + (exit_wait_ms > 0 ? exit_wait_ms : 600000) * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
     while (exit_pending > 0)
       if (pthread_cond_timedwait(&exit_cv, &exit_mu, &until) != 0) break;
     if (exit_pending > 0)

@@ -640,7 +640,6 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatu
                                      unsigned long long *id, cudaGraph_t *graph,
                                      const cudaGraphNode_t **deps, const void **edges,
                                      size_t *ndeps) {
-  (void)s, (void)st, (void)id, (void)graph, (void)deps, (void)edges, (void)ndeps;
   return cudaErrorUnknown;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m) {
