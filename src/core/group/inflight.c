@@ -184,6 +184,7 @@ int tdist__group_finish_captured(tdist_work_t *w, tdist_work_t **out) {
   tdist_group_t *g = w->group;
   int64_t now = tdist__now_ns();
   w->captured = 1;
+  tdist__work_stamp(w, now);
   w->t_start_ns = w->t_end_ns = now;
   atomic_store_explicit(&w->t_claimed_ns, now, memory_order_relaxed);
   snprintf(w->msg, sizeof(w->msg),

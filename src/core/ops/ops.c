@@ -41,14 +41,14 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   w->bop.timeout_ms = (opts && (opts->mask & TDIST_OP_FIELD_TIMEOUT) && opts->timeout_ms > 0)
                           ? opts->timeout_ms
                           : atomic_load_explicit(&g->timeout_ms, memory_order_relaxed);
-  w->t_enqueue_ns = tdist__now_ns();
-  w->deadline_ns = w->t_enqueue_ns + w->bop.timeout_ms * 1000000;
   w->qnode.run = tdist__group_start_work;
   /* The flight recorder's start: a backend with a submit hook may start the
    * op there (NCCL launches it, the CPU backend posts it to its engine),
    * and a waiter may claim its end before the progress thread ever posts
-   * it, so the start is the submission (work.c keeps a start already set). */
-  if (g->bk->ops->submit) w->t_start_ns = w->t_enqueue_ns;
+   * it, so the start is the submission (work.c keeps a start already set).
+   * Submission time and deadline: stamped after the submit and the first
+   * test (tdist__work_stamp). */
+  w->start_at_stamp = g->bk->ops->submit != NULL;
   int captured = 0; /* captured into a CUDA graph: finished here (backend.h) */
   if (g->bk->ops->submit) {
     int rc = g->bk->ops->submit(g->bstate, &w->bop);
@@ -82,6 +82,7 @@ int tdist__ops_submit(tdist_group_t *g, const tdist_backend_args_t *a, const tdi
   if (tdist__work_start(w, !out, &g->aborted)) return tdist__group_finish_inline(w, out);
   /* Not done (or its group aborted): the progress thread takes it over as
    * any op, and a synchronous wait below sleeps. */
+  if (!w->t_enqueue_ns) tdist__work_stamp(w, tdist__now_ns()); /* where no test did */
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
   tdist__progress_push(g->ctx->progress, &w->qnode);
   if (out) {

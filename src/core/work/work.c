@@ -270,6 +270,7 @@ tdist_work_t *tdist__work_alloc(struct tdist_group *g) {
   atomic_store_explicit(&w->t_claimed_ns, 0, memory_order_relaxed);
   tdist__list_init(&w->bop.link);
   w->t_enqueue_ns = w->t_start_ns = w->t_end_ns = w->deadline_ns = 0;
+  w->start_at_stamp = 0;
   w->waiters = 0;
   w->cb = NULL;
   w->cb_arg = NULL;
@@ -395,8 +396,11 @@ static int test_once(tdist_work_t *w, unsigned flags, int owned) {
    * small synchronous op's. */
   if (!owned) atomic_fetch_add(&testing, 1);
   int r = w->test(w->test_state, &w->bop, flags);
+  if (owned && r != 1 && !w->t_enqueue_ns) tdist__work_stamp(w, tdist__now_ns());
   if (r == 1 && owned) {
-    atomic_store_explicit(&w->t_claimed_ns, tdist__now_ns(), memory_order_relaxed);
+    int64_t now = tdist__now_ns();
+    tdist__work_stamp(w, now); /* done at its first test: the op's only clock read */
+    atomic_store_explicit(&w->t_claimed_ns, now, memory_order_relaxed);
     atomic_store_explicit(&w->claim, TDIST__CLAIM_CALLER, memory_order_relaxed);
     w->status = 0;
     atomic_store_explicit(&w->state, TDIST_WORK_COMPLETED, memory_order_release);
@@ -472,6 +476,13 @@ static int spin(tdist_work_t *w, int owned, int64_t deadline_ns, const atomic_in
   /* Not owned: a success seen here may have lost its claim to the progress
    * thread, which publishes it in a moment (the waiter sleeps until then). */
   return owned ? r == 1 : tdist__work_done(w);
+}
+
+void tdist__work_stamp(tdist_work_t *w, int64_t now) {
+  if (w->t_enqueue_ns) return;
+  w->t_enqueue_ns = now;
+  w->deadline_ns = now + w->bop.timeout_ms * 1000000;
+  if (w->start_at_stamp) w->t_start_ns = now;
 }
 
 int tdist__work_start(tdist_work_t *w, int sync, const atomic_int *aborted) {

@@ -44,11 +44,13 @@ struct tdist_work {
   tdist__list_t inflight;       /* group's in-flight list (progress) */
   struct tdist_work *pool_next; /* free list (pool mutex) */
   _Atomic int refs;
-  _Atomic int state; /* tdist_work_state_t, release-stored */
-  int status;        /* valid once state is terminal */
-  int completing;    /* (progress) a completion is queued: status and msg are set */
-  int captured;      /* (caller) captured into a CUDA graph (TDIST_BACKEND_CAPTURED):
-                        finished at submission, never seen by the progress thread */
+  _Atomic int state;  /* tdist_work_state_t, release-stored */
+  int status;         /* valid once state is terminal */
+  int completing;     /* (progress) a completion is queued: status and msg are set */
+  int captured;       /* (caller) captured into a CUDA graph (TDIST_BACKEND_CAPTURED):
+                         finished at submission, never seen by the progress thread */
+  int start_at_stamp; /* (caller) its backend starts ops at submit: its flight-recorder
+                         start is its submission's stamp (tdist__work_stamp) */
   /* Caller-observed completion (backend.h, vtable->test; work.c): the
    * backend's test and its state, set at submission (caller), NULL when the
    * backend has none; and who decides the outcome, once: TDIST__CLAIM_*. */
@@ -60,6 +62,9 @@ struct tdist_work {
   struct tdist_group *group;
   tdist_backend_args_t args; /* (caller) the validated op */
   tdist_backend_op_t bop;    /* what the backend sees: bop.args == &args */
+  /* (caller, then read-only) Its submission's time and deadline, stamped
+   * by tdist__work_stamp after the backend's submit (0 until then); the
+   * start too where start_at_stamp. */
   int64_t t_enqueue_ns, t_start_ns, t_end_ns, deadline_ns;
   /* (caller, then read-only) Its place among the group's collectives: a
    * collective's number among them, or, for a send, receive or batch of
@@ -152,6 +157,20 @@ static inline int tdist__work_caller_claimed(const tdist_work_t *w) {
  * Thread: the submitting caller, before anyone else knows the work.
  */
 int tdist__work_start(tdist_work_t *w, int sync, const atomic_int *aborted);
+
+/*
+ * tdist__work_stamp - the submission's time (now, a tdist__now_ns reading)
+ * and its deadline (now + bop.timeout_ms), if not stamped yet. The
+ * submitting thread reads the clock once its first test answered (work.c,
+ * test_once): an op that succeeded there is stamped with the reading that
+ * also ends it, one clock read where there were two (each 26 ns where the
+ * kernel keeps time with kvm-clock, a sixth of an 8-byte broadcast root's
+ * op); an op the backend has no test for is stamped before it is handed
+ * over (ops.c). The stamp is late by the backend's submit and one test
+ * (a microsecond; a NCCL launch), which the deadline allows.
+ * Thread: the submitting caller, before anyone else knows the work.
+ */
+void tdist__work_stamp(tdist_work_t *w, int64_t now);
 
 /* Caller thread: return once no caller thread is inside a backend's test,
  * so a group whose works are all finished may free its backend state. */
