@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,7 +143,8 @@ static void report(const char *op, int n, size_t bytes, size_t count, double us,
 
 /* TDIST_BENCH_TAIL=1: where the mean goes (the share of the total spent in
  * the slowest 1% of iterations), per rank, on stderr. */
-static void tail_report(int rank, const double *lat, int iters, double mean) {
+static void tail_report(int rank, const double *lat, int iters, double mean,
+                        const struct rusage *r0, const struct rusage *r1) {
   double top = 0, all = 0;
   for (int i = 0; i < iters; i++)
     all += lat[i];
@@ -150,10 +152,13 @@ static void tail_report(int rank, const double *lat, int iters, double mean) {
     top += lat[i];
   fprintf(stderr,
           "  rank %d: mean %.2f p60 %.2f p70 %.2f p80 %.2f p90 %.2f p99 %.2f max %.1f; "
-          "slowest 1%% = %.0f%% of time\n",
+          "slowest 1%% = %.0f%% of time; in the loop, this thread's page faults %ld, "
+          "switches %ld (preempted %ld)\n",
           rank, mean, lat[iters * 6 / 10], lat[iters * 7 / 10], lat[iters * 8 / 10],
           lat[iters * 9 / 10], lat[iters * 99 / 100], lat[iters - 1],
-          all > 0 ? 100.0 * top / all : 0.0);
+          all > 0 ? 100.0 * top / all : 0.0, r1->ru_minflt - r0->ru_minflt,
+          r1->ru_nvcsw - r0->ru_nvcsw + r1->ru_nivcsw - r0->ru_nivcsw,
+          r1->ru_nivcsw - r0->ru_nivcsw);
 }
 
 static int agree_iters(tdist_group_t *g, double warm_us, int lo, int hi) {
@@ -213,7 +218,10 @@ static int rank_main(int rank, int n, void *arg) {
            "%14s %12s %12s %8s %6s %11s %7s %7s %11s %6s\n",
            n, g_budget, "op", "size", "count", "type", "redop", "time", "algbw", "busbw", "p50",
            "iters", "", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "");
-  double *lat = malloc(sizeof(double) * 4000);
+  /* Written now: the loop's first writes to each page were a page fault
+   * every 512 ops inside the timed loop (12-15 us each, both ranks). */
+  double *lat = calloc(4000, sizeof(double));
+  if (lat) memset(lat, 0, sizeof(double) * 4000);
   const char *slow_env = getenv("TDIST_BENCH_SLOW_US");
   double slow_us = slow_env ? atof(slow_env) : 0;
   int failures = 0;
@@ -244,19 +252,25 @@ static int rank_main(int rank, int n, void *arg) {
         MP_CHECK_RC(run_once(g, op, &B));
       int iters = agree_iters(g, (now_us() - w) / warm, lo, hi);
       MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+      struct rusage r0, r1;
+      getrusage(RUSAGE_THREAD, &r0);
       double s = now_us();
       for (int i = 0; i < iters; i++) {
         double a = now_us();
         MP_CHECK_RC(run_once(g, op, &B));
         lat[i] = now_us() - a;
-        if (slow_us > 0 && lat[i] > slow_us)
-          fprintf(stderr, "  rank %d: %s %zu B op %d of %d took %.1f us\n", rank, op, bytes, i,
-                  iters, lat[i]);
       }
       double us = (now_us() - s) / iters;
+      getrusage(RUSAGE_THREAD, &r1);
+      /* Told after the loop: a line written inside it stalled the op after
+       * it, and that one's peers with it. */
+      for (int i = 0; slow_us > 0 && i < iters; i++)
+        if (lat[i] > slow_us)
+          fprintf(stderr, "  rank %d: %s %zu B op %d of %d took %.1f us\n", rank, op, bytes, i,
+                  iters, lat[i]);
       qsort(lat, (size_t)iters, sizeof(double), cmpd);
       if (rank == 0) report(op, n, bytes, B.count, us, lat[iters / 2], iters);
-      if (getenv("TDIST_BENCH_TAIL")) tail_report(rank, lat, iters, us);
+      if (getenv("TDIST_BENCH_TAIL")) tail_report(rank, lat, iters, us, &r0, &r1);
       MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
       free(B.a);
       free(B.b);
