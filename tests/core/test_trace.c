@@ -129,6 +129,11 @@ static void recorder(void **state) {
   assert_string_equal(str(entry(11), "state"), "running");
   assert_string_equal(str(entry(11), "status"), "");
   assert_int_equal(num(entry(11), "t_end_us"), 0); /* not ended */
+  /* Stamped at submission (tdist__work_stamp), whether the op ended there
+   * or was handed over; started then too, the backend having a submit. */
+  assert_true(num(entry(4), "t_enqueue_us") > 0);
+  assert_true(num(entry(11), "t_enqueue_us") > 0);
+  assert_int_equal(num(entry(11), "t_start_us"), num(entry(11), "t_enqueue_us"));
   assert_int_equal(num(entry(4), "root"), -1);
 
   /* This rank's own abort writes no dump: the program asked for it. The
