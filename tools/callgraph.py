@@ -24,7 +24,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layers import nm_symbols  # noqa: E402  (one reading of nm for both tools)
+from check_layers import nm_symbols_all  # noqa: E402  (one reading of nm for both tools)
 
 
 def rel_of(path):
@@ -82,11 +82,9 @@ def main():
     ap.add_argument("--edges", action="store_true", help="print every file edge")
     ap.add_argument("objects", nargs="+")
     a = ap.parse_args()
-    files = {}
-    for o in a.objects:
-        r = rel_of(o)
-        if r.startswith(a.prefix):
-            files[r] = nm_symbols(o)
+    mine = {rel_of(o): o for o in a.objects if rel_of(o).startswith(a.prefix)}
+    syms = nm_symbols_all(list(mine.values()))
+    files = {r: syms[o] for r, o in mine.items()}
     if not files:
         print(f"callgraph: no object under src/{a.prefix}")
         return 1

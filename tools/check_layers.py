@@ -116,16 +116,38 @@ def layer_of(layers, path):
         d = os.path.dirname(d)
 
 
+def _parse_nm(fields, defined, undefined):
+    if len(fields) == 2 and fields[0] == "U":
+        undefined.add(fields[1])
+    elif len(fields) == 3 and fields[1] in "TDBRCVW" and fields[1].isupper():
+        defined.add(fields[2])
+
+
 def nm_symbols(obj):
-    out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
-    defined, undefined = set(), set()
+    """(defined, undefined) global symbols of one object file."""
+    return nm_symbols_all([obj])[obj]
+
+
+def nm_symbols_all(objects):
+    """{object: (defined, undefined)}, from one run of nm for all of them:
+    one process per object cost the layering tests most of their time (23
+    runs of nm, 0.1 s each on a loaded 2-core machine, four times over in
+    layers_inject.py, whose 60 s it reached under stress-ng)."""
+    res = {o: (set(), set()) for o in objects}
+    if not objects:
+        return res
+    out = subprocess.run(["nm", "--print-file-name"] + list(objects), capture_output=True,
+                         text=True, check=True).stdout
+    cur = None
     for line in out.splitlines():
-        f = line.split()
-        if len(f) == 2 and f[0] == "U":
-            undefined.add(f[1])
-        elif len(f) == 3 and f[1] in "TDBRCVW" and f[1].isupper():
-            defined.add(f[2])
-    return defined, undefined
+        # "path:value T name" or "path:                 U name", in the
+        # order of the arguments.
+        if cur is None or not line.startswith(cur + ":"):
+            cur = next((o for o in objects if line.startswith(o + ":")), None)
+            if cur is None:
+                continue
+        _parse_nm(line[len(cur) + 1:].split(), *res[cur])
+    return res
 
 
 def is_public(sym):
@@ -159,8 +181,9 @@ def check_symbols(layers, objects):
     if not objs:
         return ["no objects given"]
     owner, info, bad = {}, {}, []
+    syms = nm_symbols_all(list(objs.values()))
     for rel, full in objs.items():
-        d, u = nm_symbols(full)
+        d, u = syms[full]
         info[rel] = (d, u)
         for s in d:
             owner[s] = rel
