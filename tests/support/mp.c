@@ -51,17 +51,18 @@ int tdist_mp_run_codes(int n, tdist_mp_fn fn, void *arg, int timeout_s, int *cod
   double deadline = now_s() + timeout_s;
   int left = n;
   while (left > 0) {
-    int status;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (int r = 0; r < n; r++) {
-        if (pids[r] != pid) continue;
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pids[r] = 0;
-        left--;
-      }
-      continue;
+    /* Only its own children: a helper the test forked before (a killer, a
+     * server) is the test's to reap, with its status. */
+    int reaped = 0;
+    for (int r = 0; r < n; r++) {
+      int status;
+      if (pids[r] <= 0 || waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+      codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pids[r] = 0;
+      left--;
+      reaped = 1;
     }
+    if (reaped) continue;
     if (now_s() > deadline) {
       for (int r = 0; r < n; r++)
         if (pids[r] > 0) {
