@@ -116,21 +116,9 @@ def layer_of(layers, path):
         d = os.path.dirname(d)
 
 
-def _parse_nm(fields, defined, undefined):
-    if len(fields) == 2 and fields[0] == "U":
-        undefined.add(fields[1])
-    elif len(fields) == 3 and fields[1] in "TDBRCVW" and fields[1].isupper():
-        defined.add(fields[2])
-
-
-def nm_symbols(obj):
-    """(defined, undefined) global symbols of one object file."""
-    return nm_symbols_all([obj])[obj]
-
-
 def nm_symbols_all(objects):
-    """{object: (defined, undefined)}, from one run of nm for all of them:
-    one process per object cost the layering tests most of their time (23
+    """{object: (defined, undefined) global symbols}, from one run of nm for
+    all of them: one process per object cost the layering tests most of their time (23
     runs of nm, 0.1 s each on a loaded 2-core machine, four times over in
     layers_inject.py, whose 60 s it reached under stress-ng)."""
     res = {o: (set(), set()) for o in objects}
@@ -146,7 +134,12 @@ def nm_symbols_all(objects):
             cur = next((o for o in objects if line.startswith(o + ":")), None)
             if cur is None:
                 continue
-        _parse_nm(line[len(cur) + 1:].split(), *res[cur])
+        f = line[len(cur) + 1:].split()
+        defined, undefined = res[cur]
+        if len(f) == 2 and f[0] == "U":
+            undefined.add(f[1])
+        elif len(f) == 3 and f[1] in "TDBRCVW" and f[1].isupper():
+            defined.add(f[2])
     return res
 
 
