@@ -465,6 +465,10 @@ static int window_child(int rank, int n, void *arg) {
   MP_CHECK_RC(tdist_mem_deregister(g, w));
   MP_CHECK(tdist_gpusim_registrations("world", 1) == 0);
   MP_CHECK(tdist_gpusim_mismatches() == 0);
+  /* Every rank past its all_reduce first: a member whose copy of it ended
+   * sooner would otherwise abort the group below while another still waits
+   * for its own, which then fails naming that abort (a stressed ASan run). */
+  MP_CHECK_RC(ns_sync(g, "window/done", 20000));
   /* Not at a 4096-byte offset of its allocation: NCCL refuses it, and the
    * communicator keeps the error (every rank makes the same mistake). */
   NS_EXPECT(tdist_mem_register(g, (char *)d + 256, 4096, TDIST_MEM_REGISTER_WINDOW, &w),
