@@ -54,6 +54,11 @@
  *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
  *             whose root is done in its submit (the now lane): a rank whose
  *             broadcast succeeded (checked later) fails at its next op.
+ *   lanes_mismatch{,_bcast}  the last rank disagrees on the count of an
+ *             all_reduce (a broadcast from rank 0) across
+ *             TDIST_CPU_SC_MAX_BYTES (1 KiB here): its op runs on the
+ *             engine, the others' over the segment; every rank fails
+ *             MISMATCH naming both counts (the root at its next op).
  *   small_mismatch_givers  every rank broadcasts as the root, 2000 times
  *             at most: givers all, none checks before completing, so none
  *             may drop a check on the others' vseq; each fails MISMATCH
@@ -770,6 +775,21 @@ static int small_mismatch(int rank, int n, void *arg) {
     if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "root", theirs = "broadcast";
     break;
+  case 6:
+    /* Either side of TDIST_CPU_SC_MAX_BYTES (1024, set by main): the last
+     * rank's all_reduce runs on the engine, the others' over the segment
+     * (sc.h, "Which ops"): its messages meet their channel op. */
+    rc = tdist_all_reduce(g, v, v, odd ? 257 : 255, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 255", theirs = "count 257";
+    break;
+  case 7:
+    /* The same for a broadcast whose root (rank 0, the segment's side)
+     * gives and is done in its submit: the last rank, on the engine, fails
+     * it, the root its next op that receives. */
+    rc = tdist_broadcast(g, v, odd ? 257 : 255, TDIST_INT32, 0, NULL, NULL);
+    if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 255", theirs = "count 257";
+    break;
   default:
     /* A small broadcast: the root's is done in its submit (the now lane,
      * sc_op.c) and checked later, and a receiver that agrees with the root
@@ -848,6 +868,13 @@ int main(int argc, char **argv) {
   setenv("TDIST_TRACE_ON_FAILURE", "0", 1); /* no flight-recorder dumps of the aborts */
   for (sh->variant = 0; sh->variant < 6; sh->variant++)
     RUN(kMismatch[sh->variant], small_mismatch);
+  /* Disagreements across the lanes: one view below TDIST_CPU_SC_MAX_BYTES,
+   * the other at or above it. */
+  setenv("TDIST_CPU_SC_MAX_BYTES", "1024", 1);
+  static const char *const kLanes[] = {"lanes_mismatch", "lanes_mismatch_bcast"};
+  for (sh->variant = 6; sh->variant < 8; sh->variant++)
+    RUN(kLanes[sh->variant - 6], small_mismatch);
+  unsetenv("TDIST_CPU_SC_MAX_BYTES");
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN
   return fails != 0;

@@ -60,7 +60,9 @@
  * with MISMATCH naming both sides (tdist__cpu_mismatch).
  *
  * Which ops: every collective of an sc group but gather_v and scatter_v
- * (their streams' lengths are known to the root alone). The choice depends
+ * (their streams' lengths are known to the root alone) and, where
+ * TDIST_CPU_SC_MAX_BYTES is set, a fixed-size one of that many bytes a
+ * member and up. The choice depends
  * only on the op, so every member that agrees on it chooses alike; one
  * that does not is caught either way (an engine message or probe for an sc
  * op is checked against it: dispatch.c, probe.c).
@@ -144,6 +146,16 @@ TDIST_PARAM(CpuScNowLooks, "TDIST_CPU_SC_NOW_LOOKS", tdist__ranks_exceed_cpus() 
 TDIST_PARAM(CpuScCmaBytes, "TDIST_CPU_SC_CMA_BYTES", 1 << 20)
 /* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
 TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
+/* A fixed-size collective of this many bytes a member and up (count times
+ * the element size) runs on the engine, where a receiver reads the giver's
+ * buffer by single copy, not through the slots; 0: no limit. Where the
+ * host keeps the two processes' caches apart, a reader of the slots
+ * copies at a third of memcpy's speed: a 64 MiB broadcast at n = 2 took
+ * 35-40 ms over the slots and 24 over the engine (Open MPI 19); where the
+ * caches are shared, the slots won by 2x (bench/cpu/RESULTS.md,
+ * 2026-11-30). The size decides, so members that agree on the op choose
+ * alike ("Which ops"). */
+TDIST_PARAM(CpuScMaxBytes, "TDIST_CPU_SC_MAX_BYTES", 0)
 
 /* One op's signature in its member's sig ring (64 bytes). */
 typedef struct sc_sig {

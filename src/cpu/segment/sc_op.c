@@ -42,13 +42,20 @@ _Atomic uint64_t tdist__cpu_sc_ops;
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
+/* Is a fixed-size collective of count elements of es bytes below
+ * TDIST_CPU_SC_MAX_BYTES (sc.h)? */
+static int below_max(size_t count, size_t es) {
+  int64_t max = tdist__param_CpuScMaxBytes();
+  return max <= 0 || (unsigned __int128)count * es < (uint64_t)max;
+}
+
 int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
   const cpu_sc_t *ch = cg->sc;
   if (!ch || ch->broken) return 0;
   switch (op->type) {
   case TDIST_OP_GATHER_V:
   case TDIST_OP_SCATTER_V: return 0; /* stream lengths known to the root alone */
-  default: return 1;
+  default: return tdist_backend_op_is_v(op->type) || below_max(op->count, op->es);
   }
 }
 
@@ -703,8 +710,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * engine (which numbers collectives with it), no engine message parked
    * for a number, its signature entry and its line free. */
   if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
-      tdist_backend_op_is_v(a->type) || !tdist__list_empty(&ch->ops) ||
-      !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
+      tdist_backend_op_is_v(a->type) || !below_max(a->count, tdist_dtype_size(a->dtype)) ||
+      !tdist__list_empty(&ch->ops) || !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) ||
+      !sign_ready(ch, cg->next_cseq))
     return 0;
   /* The fields the segment's steps read, and its part zeroed (zeroing all
    * 416 bytes was a seventh of the lane): the engine's part is not used. */
