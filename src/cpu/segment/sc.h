@@ -151,10 +151,10 @@ TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
  * buffer by single copy, not through the slots; 0: no limit. Where the
  * host keeps the two processes' caches apart, a reader of the slots
  * copies at a third of memcpy's speed: a 64 MiB broadcast at n = 2 took
- * 35-40 ms over the slots and 24 over the engine (Open MPI 19); where the
- * caches are shared, the slots won by 2x (bench/cpu/RESULTS.md,
- * 2026-11-30). The size decides, so members that agree on the op choose
- * alike ("Which ops"). */
+ * 35-40 ms over the slots and 24 over the engine (Open MPI 19); on the
+ * machine before, the slots took 4.5 ms, half of Open MPI's time
+ * (bench/cpu/RESULTS.md, 2026-11-30). The size decides, so members that
+ * agree on the op choose alike ("Which ops"). */
 TDIST_PARAM(CpuScMaxBytes, "TDIST_CPU_SC_MAX_BYTES", 0)
 
 /* One op's signature in its member's sig ring (64 bytes). */
