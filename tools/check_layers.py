@@ -118,9 +118,9 @@ def layer_of(layers, path):
 
 def nm_symbols_all(objects):
     """{object: (defined, undefined) global symbols}, from one run of nm for
-    all of them: one process per object cost the layering tests most of their time (23
-    runs of nm, 0.1 s each on a loaded 2-core machine, four times over in
-    layers_inject.py, whose 60 s it reached under stress-ng)."""
+    all of them: one process per object cost the layering tests most of
+    their time (23 runs of nm, 0.1 s each on a loaded 2-core machine, four
+    times over in layers_inject.py, whose 60 s it reached under stress-ng)."""
     res = {o: (set(), set()) for o in objects}
     if not objects:
         return res

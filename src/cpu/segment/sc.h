@@ -62,8 +62,9 @@
  * Which ops: every collective of an sc group but gather_v and scatter_v
  * (their streams' lengths are known to the root alone) and, where
  * TDIST_CPU_SC_MAX_BYTES is set, a fixed-size one of that many bytes a
- * member and up. The choice depends
- * only on the op, so every member that agrees on it chooses alike; one
+ * member and up (tdist__cpu_sc_takes, which the now lane asks too). The
+ * choice depends only on the op, so every member that agrees on it
+ * chooses alike; one
  * that does not is caught either way (an engine message or probe for an sc
  * op is checked against it: dispatch.c, probe.c).
  *

@@ -710,9 +710,8 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * engine (which numbers collectives with it), no engine message parked
    * for a number, its signature entry and its line free. */
   if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
-      tdist_backend_op_is_v(a->type) || !below_max(a->count, tdist_dtype_size(a->dtype)) ||
-      !tdist__list_empty(&ch->ops) || !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) ||
-      !sign_ready(ch, cg->next_cseq))
+      tdist_backend_op_is_v(a->type) || !tdist__list_empty(&ch->ops) ||
+      !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
     return 0;
   /* The fields the segment's steps read, and its part zeroed (zeroing all
    * 416 bytes was a seventh of the lane): the engine's part is not used. */
@@ -730,7 +729,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op.rank = cg->rank;
   op.size = cg->size;
   op.cseq = cg->next_cseq;
-  op.p2p = 0; /* and no v-op: every fixed collective runs over the channel (takes) */
+  op.p2p = 0; /* and no v-op */
+  /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES): one the engine runs
+   * takes the slow lane, which posts it there. */
+  if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
   /* One step (SC_NOW_BYTES is below the two-phase size; a slot is at
    * least as large unless set smaller), and room for it: its line, and its
