@@ -372,6 +372,58 @@ static int a2av_big(int rank, int n, void *arg) {
   return 0;
 }
 
+/* ---- all_gather blocks lent (read in place) ----------------------------------------- */
+
+/* all_gather blocks of TDIST_CPU_SC_LEND_BYTES (32 KiB) and up are read
+ * from their giver's buffer (sc_data.c, lend): just under and at the
+ * threshold, one that spans slot steps, and one over two 1 MiB pieces with
+ * a short last one, out of place and in place. A member scribbles its input
+ * as soon as its op returns: a reader still reading it would get the
+ * scribble, and the next check would fail. */
+static int allgather_lent(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  static const size_t counts[] = {8191, 8192, 40000, 600001};
+  int many = TEST_TSAN ? 3 : 4;
+  for (int c = 0; c < many; c++) {
+    for (int inplace = 0; inplace < 2; inplace++) {
+      size_t cnt = counts[c];
+      int32_t *out = malloc(cnt * (size_t)n * 4),
+              *mine = inplace ? out + cnt * (size_t)rank : malloc(cnt * 4);
+      MP_CHECK(out && mine);
+      memset(out, 0x77, cnt * (size_t)n * 4);
+      for (size_t i = 0; i < cnt; i++)
+        mine[i] = in(rank, i, c + 40 * inplace);
+      uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
+      MP_CHECK_RC(tdist_all_gather(g, mine, out, cnt, TDIST_INT32, NULL, NULL));
+      uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;
+      if (!inplace) memset(mine, 0x5a, cnt * 4); /* the caller's again */
+      for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < cnt; i++)
+          if (out[(size_t)r * cnt + i] != in(r, i, c + 40 * inplace)) {
+            fprintf(stderr, "[rank %d] allgather_lent %zu%s: from %d element %zu is %d, want %d\n",
+                    rank, cnt, inplace ? " in place" : "", r, i, out[(size_t)r * cnt + i],
+                    in(r, i, c + 40 * inplace));
+            return 1;
+          }
+      if (inplace) memset(out, 0x5a, cnt * (size_t)n * 4);
+      /* A lent block is read with a system call per piece: at least one
+       * from each other member (where single copy works at all). */
+      uint64_t want = cnt * 4 >= 32768 ? (uint64_t)(n - 1) : 0;
+      if (reads < want) {
+        fprintf(stderr, "[rank %d] allgather_lent %zu: %llu single-copy reads, want %llu\n", rank,
+                cnt, (unsigned long long)reads, (unsigned long long)want);
+        return 1;
+      }
+      if (!inplace) free(mine);
+      free(out);
+    }
+  }
+  MP_CHECK_RC(tdist_group_destroy(g));
+  return 0;
+}
+
 /* ---- a giver runs ahead ------------------------------------------------------------ */
 
 static int ahead(int rank, int n, void *arg) {
@@ -835,6 +887,7 @@ int main(int argc, char **argv) {
   setenv("TDIST_CPU_SC_CMA", "1", 1); /* lend whatever the CPUs (by default: n > CPUs) */
   RUN("a2av_big", a2av_big);
   unsetenv("TDIST_CPU_SC_CMA");
+  RUN("allgather_lent", allgather_lent);
   RUN("ahead", ahead);
   RUN("async", async_ops);
   RUN("deep", deep);

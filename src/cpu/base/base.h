@@ -289,6 +289,7 @@ struct cpu_op {
     int prefixed;        /* v-ops: the members' count arrays were read */
     int two;             /* a large all_reduce in two phases (sc_op.c) */
     int direct;          /* two: this member's share is read from its input */
+    int lent;            /* this member's stream is read in place (sc_data.c, lend) */
     int now;             /* started by the now lane (sc_op.c): one step at most */
     uint64_t blocked_at; /* a giver found no room since (ms; sc_ovf.c), 0: it did */
     int phase;           /* two: this member reduced its part of step cstep */

@@ -145,6 +145,14 @@ TDIST_PARAM(CpuScNowLooks, "TDIST_CPU_SC_NOW_LOOKS", tdist__ranks_exceed_cpus() 
  * read in place against 140-240 through the slots, and 16 MiB the same
  * either way (8.6-9.5 ms; 4 MiB here made it 11.5-13.5). */
 TDIST_PARAM(CpuScCmaBytes, "TDIST_CPU_SC_CMA_BYTES", 1 << 20)
+/* An all_gather block of this many bytes and up is read in place from its
+ * giver's buffer (process_vm_readv) a step at a time instead of passing
+ * through the giver's slots, where every member can read every other's
+ * memory (ch->cma): sc_data.c, "lend". 0: never. */
+TDIST_PARAM(CpuScLendBytes, "TDIST_CPU_SC_LEND_BYTES", 32 << 10)
+/* Bytes of a lent block a reader reads with one system call, at the first
+ * of the steps they span: under the engine lock, about 0.2 ms here. */
+#define SC_LEND_PIECE (1u << 20)
 /* An all_reduce of this many bytes and up runs in two phases (sc_op.c). */
 TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
 /* A fixed-size collective of this many bytes a member and up (count times
@@ -187,6 +195,16 @@ typedef struct sc_step {
   unsigned char inl[SC_INLINE];
 } sc_step_t;
 #define SC_STEP_SIG 1u
+/* A step line's len with this bit: the step's bytes (len without it) are
+ * not in the segment but in the writer's buffer, read in place; the line
+ * holds where (sc_lent_t). */
+#define SC_LEN_LENT 0x80000000u
+typedef struct sc_lent {
+  uint64_t addr;  /* the step's first byte in the writer's address space */
+  uint64_t word;  /* the writer group's live word (cma.c) ... */
+  uint64_t token; /* ... and what it holds while the group is alive */
+} sc_lent_t;
+_Static_assert(sizeof(sc_lent_t) <= SC_INLINE, "a lent step's place fits its line");
 #define SC_SIG_INLINE (SC_INLINE - 12u) /* data bytes that leave room for count and root */
 
 /* A member's control lines. */
@@ -396,10 +414,17 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all);
  * is consumed, which may overwrite the input (an input over another
  * member's block). */
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given);
+/* Does this member lend its stream of op (read in place)? Decided by the
+ * giver alone, at post; its lines tell the readers. */
+int tdist__cpu_sc_lends(const cpu_op_t *op);
+/* Where bytes [off, off + len) of this member's lent stream lie. */
+void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out);
 /* (engine lock) Consume step j: pcs[m] is member m's piece of the step
- * (covering its stream bytes [jF, jF + lens[m])), NULL where not read. 0,
+ * (covering its stream bytes [jF, jF + lens[m])), NULL where not read, or
+ * where bit m of lent is set, an sc_lent_t saying where it lies in m. 0,
  * or -1 when a single-copy read failed (the group's failure reported). */
-int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs);
+int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs,
+                          uint64_t lent);
 
 /* ---- sc_ovf.c: a giver's overflow ------------------------------------------------ */
 /* (engine lock) The giver op is blocked on room: after TDIST_CPU_DEFER_US

@@ -266,6 +266,17 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
   size_t len = step_len(ch, op, j);
   unsigned slot = sc_slot(ch, st);
   sc_step_t *h = sc_line(ch, ch->me, st);
+  if (op->sc.lent) {
+    /* Lent (sc_data.c): the line says where the step's bytes lie; an
+     * all_gather's own block is copied from the input directly. */
+    sc_lent_t l;
+    tdist__cpu_sc_lent_at(op, off, &l);
+    memcpy(h->inl, &l, sizeof(l));
+    tdist__cpu_sc_own_step(ch, op, j, (const uint8_t *)op->args->sendbuf + off);
+    h->sig = 0;
+    h->len = SC_LEN_LENT | (uint32_t)len;
+    goto written;
+  }
   uint8_t *dst = len <= SC_INLINE ? h->inl : sc_slot_data(ch, ch->me, slot, len);
   if (op->sc.direct) {
     /* A two-phase all_reduce: this member's share of the step stays where
@@ -280,6 +291,7 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
   }
   step_sign(h, op, j, len);
   h->len = (uint32_t)len;
+written:
   h->cseq = op->cseq;
   atomic_store_explicit(&h->step, st + 1, memory_order_release);
   ch->wrote = 1;
@@ -353,6 +365,7 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   uint64_t st = op->sc.s0 + j;
   unsigned slot = sc_slot(ch, st);
   const uint8_t *pcs[SC_MAX_RANKS];
+  uint64_t lent = 0;
   if (op->sc.two) {
     if (!consume_two(ch, op, j)) return 0;
     goto consumed;
@@ -367,13 +380,15 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       if (!(pcs[m] = tdist__cpu_sc_ovf_piece(ch, op, m, j))) return 0;
       continue;
     }
-    pcs[m] = h->len <= SC_INLINE ? h->inl : sc_slot_data(ch, m, slot, h->len);
+    if (h->len & SC_LEN_LENT) lent |= 1ull << m; /* the line says where (sc_data.c) */
+    pcs[m] =
+        h->len <= SC_INLINE || (h->len & SC_LEN_LENT) ? h->inl : sc_slot_data(ch, m, slot, h->len);
   }
   if (j == 0 && tdist__cpu_sc_has_prefix(op) && !op->sc.prefixed) {
     if (tdist__cpu_sc_prefixes(ch, op, pcs) != 0) return -1;
     op->sc.prefixed = 1;
   }
-  if (tdist__cpu_sc_consume(ch, op, j, pcs) != 0) return -1;
+  if (tdist__cpu_sc_consume(ch, op, j, pcs, lent) != 0) return -1;
 consumed:
   ch->done = st + 1;
   atomic_store_explicit(&ch->rg[ch->me].ctl->done, st + 1, memory_order_release);
@@ -402,6 +417,7 @@ static void start(cpu_sc_t *ch, cpu_op_t *op) {
   s->two = op->type == TDIST_OP_ALL_REDUCE && op->count >= (size_t)op->size &&
            (uint64_t)op->count * op->es >= (uint64_t)tdist__param_CpuScTwoBytes();
   s->direct = s->two && !tdist__cpu_sc_scales(op);
+  s->lent = tdist__cpu_sc_lends(op);
 }
 
 /* Move the head op as far as it goes: 1 moved, 0 not, -1 a failure was
@@ -416,11 +432,12 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
    * others' step j, and the pieces it reads are still in cache (1 MiB
    * all_reduce at n = 2: writing all 8 steps first, then reducing, cost a
    * third more). A giver reads nothing: it writes as far as the slots go. */
-  uint64_t lead = s->role == SC_ROLE_GIVE ? UINT64_MAX : (uint64_t)tdist__param_CpuScLead();
+  uint64_t lead =
+      s->role == SC_ROLE_GIVE || s->lent ? UINT64_MAX : (uint64_t)tdist__param_CpuScLead();
   do {
     pass = 0;
     while (s->wstep < mine && (s->wstep < s->cstep || s->wstep - s->cstep < lead)) {
-      if (!room(ch, s->s0 + s->wstep, step_len(ch, op, s->wstep))) {
+      if (!room(ch, s->s0 + s->wstep, s->lent ? 0 : step_len(ch, op, s->wstep))) {
         /* A giver does not wait for its readers for long (sc_ovf.c). */
         if (s->role == SC_ROLE_GIVE && tdist__cpu_sc_overflow(ch, op)) pass = 1;
         break;
@@ -551,10 +568,10 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (s->nsteps == UINT64_MAX || s->cstep < s->nsteps || s->wstep < sc_steps_of(ch, s->total))
     return 0;
   if (s->role != SC_ROLE_GIVE && !s->checked) return 0; /* a barrier: nothing but signatures */
-  /* An all_to_all_v that lent blocks to be read in place: its buffer goes
-   * back to the caller only once every member consumed every step, i.e.
-   * read all of it. */
-  if (op->type == TDIST_OP_ALL_TO_ALL_V && ch->cma && tdist__cpu_sc_a2av_lends(op)) {
+  /* An all_gather or all_to_all_v that lent its input to be read in place:
+   * its buffer goes back to the caller only once every member consumed
+   * every step, i.e. read all of it (test_cpu_sc allgather_lent, a2av_big). */
+  if (s->lent || (op->type == TDIST_OP_ALL_TO_ALL_V && ch->cma && tdist__cpu_sc_a2av_lends(op))) {
     for (int m = 0; m < ch->n; m++)
       if (m != ch->me &&
           atomic_load_explicit(&ch->rg[m].ctl->done, memory_order_acquire) < s->s0 + s->nsteps)
