@@ -377,9 +377,10 @@ static int a2av_big(int rank, int n, void *arg) {
 /* all_gather blocks of TDIST_CPU_SC_LEND_BYTES (32 KiB) and up are read
  * from their giver's buffer (sc_data.c, lend): just under and at the
  * threshold, one that spans slot steps, and one over two 1 MiB pieces with
- * a short last one, out of place and in place. A member scribbles its input
- * as soon as its op returns: a reader still reading it would get the
- * scribble, and the next check would fail. */
+ * a short last one, out of place and in place; then an all_reduce of the
+ * same count (lent from 32 KiB in this case). A member scribbles its
+ * buffers as soon as its op returns: a reader still reading them would get
+ * the scribble, and a check would fail. */
 static int allgather_lent(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
@@ -418,6 +419,27 @@ static int allgather_lent(int rank, int n, void *arg) {
       }
       if (!inplace) free(mine);
       free(out);
+      /* all_reduce (lent where TDIST_CPU_SC_LEND_REDUCE_BYTES allows: two
+       * phases, inputs and the results' shares read in place). */
+      int32_t *x = malloc(cnt * 4), *y = inplace ? x : malloc(cnt * 4);
+      MP_CHECK(x && y);
+      for (size_t i = 0; i < cnt; i++)
+        x[i] = in(rank, i, c + 80 * inplace);
+      MP_CHECK_RC(tdist_all_reduce(g, x, y, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
+      if (!inplace) memset(x, 0x5a, cnt * 4);
+      for (size_t i = 0; i < cnt; i++) {
+        int32_t w = 0;
+        for (int r = 0; r < n; r++)
+          w += in(r, i, c + 80 * inplace);
+        if (y[i] != w) {
+          fprintf(stderr, "[rank %d] allreduce_lent %zu%s: element %zu is %d, want %d\n", rank, cnt,
+                  inplace ? " in place" : "", i, y[i], w);
+          return 1;
+        }
+      }
+      memset(y, 0x5a, cnt * 4);
+      if (!inplace) free(y);
+      free(x);
     }
   }
   MP_CHECK_RC(tdist_group_destroy(g));
@@ -887,7 +909,9 @@ int main(int argc, char **argv) {
   setenv("TDIST_CPU_SC_CMA", "1", 1); /* lend whatever the CPUs (by default: n > CPUs) */
   RUN("a2av_big", a2av_big);
   unsetenv("TDIST_CPU_SC_CMA");
-  RUN("allgather_lent", allgather_lent);
+  setenv("TDIST_CPU_SC_LEND_REDUCE_BYTES", "32768", 1); /* every all_reduce above 32 KiB */
+  RUN("lent", allgather_lent);
+  unsetenv("TDIST_CPU_SC_LEND_REDUCE_BYTES");
   RUN("ahead", ahead);
   RUN("async", async_ops);
   RUN("deep", deep);

@@ -300,6 +300,7 @@ struct cpu_op {
     uint64_t cstep;      /* steps consumed */
     uint64_t total;      /* bytes of this member's stream */
     uint8_t *tmp;        /* a private copy of the input (overlapping buffers) */
+    uint8_t *ltmp;       /* two: the others' lent pieces of a step (sc_op.c) */
     /* The local part still to copy (sc_data.c: a large own block of an
      * all_to_all or all_to_all_v, copied while the op waits for others) */
     uint8_t *lc_dst;

@@ -104,29 +104,37 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
  * giver's buffer. A lent block never enters the segment: only its lines
  * are written. The lender completes once every member consumed every step
  * (sc_op.c, finish): its buffer goes back to the caller only after all of
- * it was read. Only all_gather: every member of it waits for the others'
- * blocks anyway, where a broadcast root would now wait for its readers
- * (sc.h: a giver never waits for its readers for long). */
+ * it was read. A large all_reduce (two phases, TDIST_CPU_SC_LEND_REDUCE_BYTES)
+ * lends too: its line also says where the step lies in the member's
+ * output, and each member reads its share of the others' inputs into a
+ * private buffer, reduces, publishes red, then reads the others' shares of
+ * the result from their outputs (sc_op.c, consume_two). Only these two:
+ * every member of them waits for the others anyway, where a broadcast root
+ * would now wait for its readers (sc.h: a giver never waits for its
+ * readers for long). */
 int tdist__cpu_sc_lends(const cpu_op_t *op) {
   const cpu_sc_t *ch = op->cg->sc;
-  int64_t min = tdist__param_CpuScLendBytes();
-  return op->type == TDIST_OP_ALL_GATHER && ch && ch->cma && op->cg->live && min > 0 &&
-         (uint64_t)op->count * op->es >= (uint64_t)min;
+  int reduce = op->type == TDIST_OP_ALL_REDUCE;
+  int64_t min = reduce ? tdist__param_CpuScLendReduceBytes() : tdist__param_CpuScLendBytes();
+  if (!ch || !ch->cma || !op->cg->live || min <= 0 || (uint64_t)op->count * op->es < (uint64_t)min)
+    return 0;
+  /* all_reduce: in two phases, its input given unscaled (read as it is). */
+  return op->type == TDIST_OP_ALL_GATHER || (reduce && op->sc.direct);
 }
 
 void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out) {
-  out->addr = (uint64_t)(uintptr_t)op->args->sendbuf + off;
+  const uint8_t *in = op->sc.tmp ? op->sc.tmp : (const uint8_t *)op->args->sendbuf;
+  out->addr = (uint64_t)(uintptr_t)in + off;
+  out->out = op->type == TDIST_OP_ALL_REDUCE ? (uint64_t)(uintptr_t)op->args->recvbuf + off : 0;
   out->word = (uint64_t)(uintptr_t)op->cg->live;
   out->token = op->cg->live_token;
 }
 
-/* Bytes [0, len) of a step lent by member m (where: l) into dst: 0, or -1
- * with the group's failure reported. */
-static int lent_read(cpu_sc_t *ch, cpu_op_t *op, int m, const sc_lent_t *l, uint8_t *dst,
-                     size_t len) {
+int tdist__cpu_sc_lent_read(cpu_sc_t *ch, cpu_op_t *op, int m, const sc_lent_t *l, uint64_t addr,
+                            uint8_t *dst, size_t len) {
   char why[160];
   int aborted = 0;
-  cpu_rma_desc_t d = {.addr = l->addr, .len = len, .word = l->word, .token = l->token};
+  cpu_rma_desc_t d = {.addr = addr, .len = len, .word = l->word, .token = l->token};
   if (tdist__cpu_cma_read_range(ch->pid[m], dst, &d, 0, len, why, sizeof(why), &aborted) == 0 &&
       tdist__cpu_cma_read_end(ch->pid[m], &d, why, sizeof(why), &aborted) == 0)
     return 0;
@@ -554,7 +562,9 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       hi = min64(ch->hi[m], lo + per);
       memcpy(&l, pcs[m], sizeof(l));
       l.addr += lo - s_lo;
-      if (lent_read(ch, op, m, &l, dest_of(op, m) + (lo - ch->lo[m]), hi - lo) != 0) return -1;
+      if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.addr, dest_of(op, m) + (lo - ch->lo[m]),
+                                  hi - lo) != 0)
+        return -1;
       continue;
     }
     memcpy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);

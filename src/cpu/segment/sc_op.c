@@ -314,23 +314,47 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   uint8_t *out = (uint8_t *)op->args->recvbuf + j * ch->F;
   const uint8_t *pcs[SC_MAX_RANKS];
   size_t len = 0, a, b;
+  uint64_t lent = 0;
   for (int m = 0; m < op->size; m++) {
     sc_step_t *h = sc_line(ch, m, st);
     if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1) return 0;
-    len = h->len;
-    pcs[m] = len <= SC_INLINE ? h->inl : sc_slot_data(ch, m, slot, len);
+    len = h->len & ~SC_LEN_LENT;
+    if (h->len & SC_LEN_LENT) lent |= 1ull << m; /* its line says where (sc_data.c, lend) */
+    pcs[m] = len <= SC_INLINE || (lent >> m & 1) ? h->inl : sc_slot_data(ch, m, slot, len);
   }
   if (!s->phase) {
     share(op, len, op->rank, &a, &b);
-    if (b > a && s->direct) {
-      /* This member's share of its own input is read where it is (the
-       * slot holds only the others' shares: write_step). */
-      const uint8_t *in = (s->tmp ? s->tmp : (const uint8_t *)op->args->sendbuf) + j * ch->F;
-      tdist__cpu_sc_reduce_share(op, out + a, in + a, pcs, a, b - a);
-      memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
-    } else if (b > a) {
-      tdist__cpu_sc_reduce(op, out + a, pcs, a, b - a);
-      memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
+    if (b > a) {
+      /* The pieces of this member's share, each member's at pc[m]: in its
+       * slot, or read from its input into ltmp where it lent it. */
+      const uint8_t *pc[SC_MAX_RANKS];
+      size_t k = 0, most = ch->F / (size_t)op->size + op->es;
+      for (int m = 0; m < op->size; m++) {
+        pc[m] = pcs[m] + a;
+        if (m == op->rank || !(lent >> m & 1)) continue;
+        if (!s->ltmp &&
+            !(s->ltmp = tdist__cpu_buf_get(op->cg->ctx, most * (size_t)(op->size - 1)))) {
+          tdist__cpu_fail(op->cg, 0, TDIST_ERR_NO_MEMORY,
+                          "cpu: no memory for all_reduce #%llu's pieces read in place",
+                          (unsigned long long)op->cseq);
+          return -1;
+        }
+        sc_lent_t l;
+        memcpy(&l, pcs[m], sizeof(l));
+        uint8_t *to = s->ltmp + most * k++;
+        if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.addr + a, to, b - a) != 0) return -1;
+        pc[m] = to;
+      }
+      if (s->direct) {
+        /* This member's share of its own input is read where it is (a slot
+         * holds only the others' shares: write_step). */
+        const uint8_t *in = (s->tmp ? s->tmp : (const uint8_t *)op->args->sendbuf) + j * ch->F;
+        tdist__cpu_sc_reduce_share(op, out + a, in + a, pc, 0, b - a);
+      } else {
+        tdist__cpu_sc_reduce(op, out + a, pc, 0, b - a);
+      }
+      /* Lent: the others read this share from the output (line's out). */
+      if (!s->lent) memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
     }
     atomic_store_explicit(&ch->rg[ch->me].ctl->red, st + 1, memory_order_release);
     s->phase = 1;
@@ -343,7 +367,14 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   for (int m = 0; m < op->size; m++) {
     if (m == op->rank) continue;
     share(op, len, m, &a, &b);
-    if (b > a) memcpy(out + a, pcs[m] + a, b - a);
+    if (b <= a) continue;
+    if (lent >> m & 1) {
+      sc_lent_t l;
+      memcpy(&l, pcs[m], sizeof(l));
+      if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.out + a, out + a, b - a) != 0) return -1;
+    } else {
+      memcpy(out + a, pcs[m] + a, b - a);
+    }
   }
   s->phase = 0;
   return 1;
@@ -367,7 +398,8 @@ static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   const uint8_t *pcs[SC_MAX_RANKS];
   uint64_t lent = 0;
   if (op->sc.two) {
-    if (!consume_two(ch, op, j)) return 0;
+    int r = consume_two(ch, op, j);
+    if (r <= 0) return r;
     goto consumed;
   }
   if (op->sc.role == SC_ROLE_GIVE) goto consumed; /* it reads nothing: the step is only counted */
@@ -912,7 +944,8 @@ void tdist__cpu_sc_forget(cpu_op_t *op) {
   }
   if (tdist__list_linked(&s->link)) tdist__list_remove(&s->link);
   if (s->tmp) tdist__cpu_buf_put(op->cg->ctx, s->tmp);
-  s->tmp = NULL;
+  if (s->ltmp) tdist__cpu_buf_put(op->cg->ctx, s->ltmp);
+  s->tmp = s->ltmp = NULL;
   s->on = 0;
 }
 
