@@ -13,7 +13,11 @@
  *     old divide by (T)size gave the wrong sign at 128 and SIGFPE at 256;
  *   - float MIN/MAX of every pair of special values (+-0, NaN, +-inf) give
  *     the same bits in either operand order, NaN if either is NaN, -0 < +0;
- *   - bool and the bitwise reductions.
+ *   - bool and the bitwise reductions;
+ *   - the payload copies (src/cpu/base/copy.c): every length 0..1100 and
+ *     some large ones at every source and destination offset 0..63 give
+ *     memcpy's bytes and touch nothing around them; the move handles both
+ *     directions of overlap.
  */
 #include "cpu_test_util.h"
 
@@ -289,8 +293,46 @@ static int test_bool_bitwise(void) {
   return 0;
 }
 
+static int test_copy(void) {
+  enum { ROOM = 70000 };
+  uint8_t *src = malloc(ROOM + 128), *dst = malloc(ROOM + 128), *ref = malloc(ROOM + 128);
+  CHECK(src && dst && ref, "no memory");
+  for (size_t i = 0; i < ROOM + 128; i++)
+    src[i] = (uint8_t)(i * 131 + 7);
+  static const size_t big[] = {4095, 4096, 4097, 65536 + 37, ROOM};
+  for (size_t k = 0; k < 1101 + 5; k++) {
+    size_t n = k <= 1100 ? k : big[k - 1101];
+    for (size_t so = 0; so < 64; so += (k <= 1100 ? 1 : 7))
+      for (size_t d = 0; d < 64; d += (k <= 1100 ? 13 : 5)) {
+        size_t span = n + 128; /* the copy and the bytes around it */
+        memset(dst, 0xee, span);
+        memset(ref, 0xee, span);
+        tdist__cpu_copy(dst + d, src + so, n);
+        memcpy(ref + d, src + so, n);
+        CHECK(memcmp(dst, ref, span) == 0, "copy of %zu bytes, offsets %zu -> %zu", n, so, d);
+      }
+  }
+  /* Overlapping moves, both ways, as memmove. */
+  for (size_t n = 200; n < 5000; n += 977)
+    for (size_t sh = 1; sh < 300; sh += 37) {
+      memcpy(dst, src, ROOM);
+      memcpy(ref, src, ROOM);
+      tdist__cpu_move(dst + sh, dst, n);
+      memmove(ref + sh, ref, n);
+      CHECK(memcmp(dst, ref, ROOM) == 0, "move up %zu by %zu", n, sh);
+      tdist__cpu_move(dst, dst + sh, n);
+      memmove(ref, ref + sh, n);
+      CHECK(memcmp(dst, ref, ROOM) == 0, "move down %zu by %zu", n, sh);
+    }
+  free(src);
+  free(dst);
+  free(ref);
+  return 0;
+}
+
 int main(void) {
   int rc = 0;
+  rc |= test_copy();
   for (int i = 0; i < 2; i++)
     rc |= test_fp8_table(&fmts[i]) | test_fp8_rounding(&fmts[i]);
   rc |= test_avg_wide();

@@ -384,64 +384,72 @@ static int a2av_big(int rank, int n, void *arg) {
 static int allgather_lent(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
+  /* variant 1: every other member lends, the others never do (a member's
+   * lines say which; each reads each giver as it gave). */
+  if (sh->variant == 1) setenv("TDIST_CPU_SC_LEND", rank % 2 ? "0" : "1", 1);
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
   static const size_t counts[] = {8191, 8192, 40000, 600001};
   int many = TEST_TSAN ? 3 : 4;
-  for (int c = 0; c < many; c++) {
-    for (int inplace = 0; inplace < 2; inplace++) {
-      size_t cnt = counts[c];
-      int32_t *out = malloc(cnt * (size_t)n * 4),
-              *mine = inplace ? out + cnt * (size_t)rank : malloc(cnt * 4);
-      MP_CHECK(out && mine);
-      memset(out, 0x77, cnt * (size_t)n * 4);
-      for (size_t i = 0; i < cnt; i++)
-        mine[i] = in(rank, i, c + 40 * inplace);
-      uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
-      MP_CHECK_RC(tdist_all_gather(g, mine, out, cnt, TDIST_INT32, NULL, NULL));
-      uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;
-      if (!inplace) memset(mine, 0x5a, cnt * 4); /* the caller's again */
-      for (int r = 0; r < n; r++)
+  /* variant 2: the lane measured (TDIST_CPU_SC_LEND unset): enough ops of
+   * each class that its look (alternate lanes) ends and its choice runs. */
+  int reps = sh->variant == 2 ? 12 : 1;
+  for (int rep = 0; rep < reps; rep++)
+    for (int c = 0; c < many; c++) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        size_t cnt = counts[c];
+        int32_t *out = malloc(cnt * (size_t)n * 4),
+                *mine = inplace ? out + cnt * (size_t)rank : malloc(cnt * 4);
+        MP_CHECK(out && mine);
+        memset(out, 0x77, cnt * (size_t)n * 4);
         for (size_t i = 0; i < cnt; i++)
-          if (out[(size_t)r * cnt + i] != in(r, i, c + 40 * inplace)) {
-            fprintf(stderr, "[rank %d] allgather_lent %zu%s: from %d element %zu is %d, want %d\n",
-                    rank, cnt, inplace ? " in place" : "", r, i, out[(size_t)r * cnt + i],
-                    in(r, i, c + 40 * inplace));
-            return 1;
-          }
-      if (inplace) memset(out, 0x5a, cnt * (size_t)n * 4);
-      /* A lent block is read with a system call per piece: at least one
-       * from each other member (where single copy works at all). */
-      uint64_t want = cnt * 4 >= 32768 ? (uint64_t)(n - 1) : 0;
-      if (reads < want) {
-        fprintf(stderr, "[rank %d] allgather_lent %zu: %llu single-copy reads, want %llu\n", rank,
-                cnt, (unsigned long long)reads, (unsigned long long)want);
-        return 1;
-      }
-      if (!inplace) free(mine);
-      free(out);
-      /* all_reduce (lent where TDIST_CPU_SC_LEND_REDUCE_BYTES allows: two
-       * phases, inputs and the results' shares read in place). */
-      int32_t *x = malloc(cnt * 4), *y = inplace ? x : malloc(cnt * 4);
-      MP_CHECK(x && y);
-      for (size_t i = 0; i < cnt; i++)
-        x[i] = in(rank, i, c + 80 * inplace);
-      MP_CHECK_RC(tdist_all_reduce(g, x, y, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
-      if (!inplace) memset(x, 0x5a, cnt * 4);
-      for (size_t i = 0; i < cnt; i++) {
-        int32_t w = 0;
+          mine[i] = in(rank, i, c + 40 * inplace + rep);
+        uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
+        MP_CHECK_RC(tdist_all_gather(g, mine, out, cnt, TDIST_INT32, NULL, NULL));
+        uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;
+        if (!inplace) memset(mine, 0x5a, cnt * 4); /* the caller's again */
         for (int r = 0; r < n; r++)
-          w += in(r, i, c + 80 * inplace);
-        if (y[i] != w) {
-          fprintf(stderr, "[rank %d] allreduce_lent %zu%s: element %zu is %d, want %d\n", rank, cnt,
-                  inplace ? " in place" : "", i, y[i], w);
+          for (size_t i = 0; i < cnt; i++)
+            if (out[(size_t)r * cnt + i] != in(r, i, c + 40 * inplace + rep)) {
+              fprintf(stderr,
+                      "[rank %d] allgather_lent %zu%s: from %d element %zu is %d, want %d\n", rank,
+                      cnt, inplace ? " in place" : "", r, i, out[(size_t)r * cnt + i],
+                      in(r, i, c + 40 * inplace + rep));
+              return 1;
+            }
+        if (inplace) memset(out, 0x5a, cnt * (size_t)n * 4);
+        /* A lent block is read with a system call per piece: at least one
+         * from each other member (where single copy works at all). */
+        uint64_t want = cnt * 4 >= 32768 && sh->variant == 0 ? (uint64_t)(n - 1) : 0;
+        if (reads < want) {
+          fprintf(stderr, "[rank %d] allgather_lent %zu: %llu single-copy reads, want %llu\n", rank,
+                  cnt, (unsigned long long)reads, (unsigned long long)want);
           return 1;
         }
+        if (!inplace) free(mine);
+        free(out);
+        /* all_reduce (lent where TDIST_CPU_SC_LEND_REDUCE_BYTES allows: two
+         * phases, inputs and the results' shares read in place). */
+        int32_t *x = malloc(cnt * 4), *y = inplace ? x : malloc(cnt * 4);
+        MP_CHECK(x && y);
+        for (size_t i = 0; i < cnt; i++)
+          x[i] = in(rank, i, c + 80 * inplace + rep);
+        MP_CHECK_RC(tdist_all_reduce(g, x, y, cnt, TDIST_INT32, TDIST_SUM, NULL, NULL));
+        if (!inplace) memset(x, 0x5a, cnt * 4);
+        for (size_t i = 0; i < cnt; i++) {
+          int32_t w = 0;
+          for (int r = 0; r < n; r++)
+            w += in(r, i, c + 80 * inplace + rep);
+          if (y[i] != w) {
+            fprintf(stderr, "[rank %d] allreduce_lent %zu%s: element %zu is %d, want %d\n", rank,
+                    cnt, inplace ? " in place" : "", i, y[i], w);
+            return 1;
+          }
+        }
+        memset(y, 0x5a, cnt * 4);
+        if (!inplace) free(y);
+        free(x);
       }
-      memset(y, 0x5a, cnt * 4);
-      if (!inplace) free(y);
-      free(x);
     }
-  }
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }
@@ -910,7 +918,15 @@ int main(int argc, char **argv) {
   RUN("a2av_big", a2av_big);
   unsetenv("TDIST_CPU_SC_CMA");
   setenv("TDIST_CPU_SC_LEND_REDUCE_BYTES", "32768", 1); /* every all_reduce above 32 KiB */
+  setenv("TDIST_CPU_SC_LEND", "1", 1);                  /* lend, not measure which is faster */
+  sh->variant = 0;
   RUN("lent", allgather_lent);
+  unsetenv("TDIST_CPU_SC_LEND");
+  sh->variant = 1;
+  RUN("lent_mixed", allgather_lent);
+  sh->variant = 2;
+  RUN("lent_tuned", allgather_lent);
+  sh->variant = 0;
   unsetenv("TDIST_CPU_SC_LEND_REDUCE_BYTES");
   RUN("ahead", ahead);
   RUN("async", async_ops);

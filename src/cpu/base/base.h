@@ -72,6 +72,7 @@
 #include "util/list.h"
 #include "util/log.h"
 #include "util/param.h"
+#include "cpu/base/copy.h"
 #include "cpu/base/shm.h"
 
 #define CPU_MAGIC 0x31434454u  /* "TDC1" */
@@ -290,6 +291,8 @@ struct cpu_op {
     int two;             /* a large all_reduce in two phases (sc_op.c) */
     int direct;          /* two: this member's share is read from its input */
     int lent;            /* this member's stream is read in place (sc_data.c, lend) */
+    int tune, tune_c;    /* the tuner's look: 1 slots, 2 lent (0: none); size class */
+    int64_t t0;          /* tune: when the op started (ns) */
     int now;             /* started by the now lane (sc_op.c): one step at most */
     uint64_t blocked_at; /* a giver found no room since (ms; sc_ovf.c), 0: it did */
     int phase;           /* two: this member reduced its part of step cstep */

@@ -10,9 +10,10 @@
  * code is lock-free and makes no system call: acquire/release on head and
  * tail order the memcpy of the data against the other side.
  *
- * Layer: util only (errors); no libuv, nothing of core/.
+ * Layer: util only (errors) and copy.c; no libuv, nothing of core/.
  */
 #include "cpu/base/shm.h"
+#include "cpu/base/copy.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -168,16 +169,16 @@ void tdist__cpu_ring_init(struct tdist__cpu_ring *r, size_t cap) {
 static inline void copy_in(struct tdist__cpu_ring *r, uint64_t pos, const void *src, size_t n) {
   size_t cap = (size_t)r->cap, off = (size_t)(pos & (cap - 1));
   size_t first = cap - off < n ? cap - off : n;
-  memcpy(r->data + off, src, first);
-  if (n > first) memcpy(r->data, (const char *)src + first, n - first);
+  tdist__cpu_copy(r->data + off, src, first);
+  if (n > first) tdist__cpu_copy(r->data, (const char *)src + first, n - first);
 }
 
 /* Copy n bytes out from stream position pos: at most two memcpy. */
 static inline void copy_out(const struct tdist__cpu_ring *r, uint64_t pos, void *dst, size_t n) {
   size_t cap = (size_t)r->cap, off = (size_t)(pos & (cap - 1));
   size_t first = cap - off < n ? cap - off : n;
-  memcpy(dst, r->data + off, first);
-  if (n > first) memcpy((char *)dst + first, r->data, n - first);
+  tdist__cpu_copy(dst, r->data + off, first);
+  if (n > first) tdist__cpu_copy((char *)dst + first, r->data, n - first);
 }
 
 size_t tdist__cpu_ring_writev(struct tdist__cpu_ring *r, const struct iovec *iov, int cnt) {

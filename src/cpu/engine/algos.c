@@ -126,7 +126,7 @@ static int rd_round(cpu_op_t *op, int k) {
     logp++;
   if (k > 0 && len && rd_from_lower(op, k - 1, logp)) {
     tdist__cpu_reduce(op->tmp, op->buf, op->count, op->dtype, op->redop); /* lower op mine */
-    memcpy(op->buf, op->tmp, len);
+    tdist__cpu_copy(op->buf, op->tmp, len);
   }
   if (k == 0) {
     if (r < 2 * extra) {
@@ -198,7 +198,7 @@ static int rs_round(cpu_op_t *op, int k) {
 
 static void rs_finish(cpu_op_t *op) {
   size_t bytes = op->count * op->es;
-  if (bytes) memcpy(op->buf, op->tmp + (size_t)op->rank * bytes, bytes);
+  if (bytes) tdist__cpu_copy(op->buf, op->tmp + (size_t)op->rank * bytes, bytes);
   avg_finish(op);
 }
 
@@ -370,7 +370,7 @@ static int use_tmp(cpu_op_t *op, size_t bytes) {
  * with sendbuf over another block, ops.c); every algorithm copies the input
  * before anything is received. */
 static void copy_in(void *dst, const void *src, size_t bytes) {
-  if (bytes && dst != src) memmove(dst, src, bytes);
+  if (bytes && dst != src) tdist__cpu_move(dst, src, bytes);
 }
 
 /* The input copy needs tdist__cpu_scale: PREMUL_SUM's factor, or BOOL's

@@ -151,7 +151,7 @@ static int no_round(cpu_op_t *op, int k) {
 }
 
 static void copy_in(void *dst, const void *src, size_t bytes) {
-  if (bytes && dst != src) memcpy(dst, src, bytes);
+  if (bytes && dst != src) tdist__cpu_copy(dst, src, bytes);
 }
 
 int tdist__cpu_algo_setup_v(cpu_op_t *op) {
@@ -205,7 +205,7 @@ int tdist__cpu_algo_setup_v(cpu_op_t *op) {
       op->tmp = tdist__cpu_buf_get(op->cg->ctx, total * es);
       if (!op->tmp) return TDIST_ERR_NO_MEMORY;
       op->tmp_cap = total * es;
-      memcpy(op->tmp, a->sendbuf, total * es);
+      tdist__cpu_copy(op->tmp, a->sendbuf, total * es);
       tdist__cpu_scale(op->tmp, total, op->dtype, a->scalar);
       in = op->tmp;
     }

@@ -128,7 +128,7 @@ static void read_failed(cpu_copy_t *k, int aborted, const char *why) {
 /* (progress) take bytes of k; 0, or -1 when k failed (handled, unlinked). */
 static int step(cpu_copy_t *k, size_t take) {
   if (k->kind != COPY_READ && k->kind != COPY_STAGE) {
-    memcpy(k->dst + k->off, k->src + k->off, take);
+    tdist__cpu_copy(k->dst + k->off, k->src + k->off, take);
     return 0;
   }
   char why[120];
@@ -219,7 +219,7 @@ void tdist__cpu_copy_self(cpu_group_t *cg, cpu_op_t *op, cpu_ux_t *u, const void
     if (queue(cg->ctx, k)) return;
   }
   /* Small (or no memory for the bookkeeping): at once, as before. */
-  if (len) memcpy(u->data, src, len);
+  if (len) tdist__cpu_copy(u->data, src, len);
   u->complete = 1;
   tdist__cpu_claim_p2p(cg, u);
   tdist__cpu_xfer_done(op);

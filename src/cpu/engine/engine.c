@@ -292,7 +292,7 @@ void tdist__cpu_deliver_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_
     u->data = NULL;
   } else if (u->hdr.len) {
     if (tdist__cpu_copy_deliver(cg, op, x, u)) return; /* in steps; it finishes x */
-    memcpy(x->ptr, u->data, u->hdr.len);
+    tdist__cpu_copy(x->ptr, u->data, u->hdr.len);
   }
   x->done = 1;
   tdist__cpu_ux_free(cg->ctx, u);
@@ -317,7 +317,7 @@ static void adopt_ux(cpu_group_t *cg, cpu_op_t *op, cpu_xfer_t *x, cpu_ux_t *u) 
     c->rx_dst = u->data; /* becomes x->stage when complete */
     u->data = NULL;
   } else {
-    if (c->rx_got) memcpy(x->ptr, u->data, c->rx_got);
+    if (c->rx_got) tdist__cpu_copy(x->ptr, u->data, c->rx_got);
     c->rx_dst = x->ptr;
   }
   c->rx_op = op;

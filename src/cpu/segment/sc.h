@@ -157,6 +157,16 @@ TDIST_PARAM(CpuScLendBytes, "TDIST_CPU_SC_LEND_BYTES", 32 << 10)
  * alternated with the slots: 1 MiB 250-340 us against 341-446 (Open MPI
  * 167-191), 64 MiB 26-30 ms against 30-34; 64 KiB 24-46 us against 6.6-7.9. */
 TDIST_PARAM(CpuScLendReduceBytes, "TDIST_CPU_SC_LEND_REDUCE_BYTES", 512 << 10)
+/* Whether such an op lends is measured (sc_data.c, lend_now): per kind
+ * (all_gather, all_reduce) and size class (a power of two), SC_TUNE_LOOK
+ * ops of every SC_TUNE_EVERY (after SC_TUNE_SKIP) alternate slots and
+ * lending, and the others take the one whose fastest op was faster. 1:
+ * always lend where the sizes allow, 0: never. */
+TDIST_PARAM(CpuScLend, "TDIST_CPU_SC_LEND", -1)
+#define SC_TUNE_SKIP 2u
+#define SC_TUNE_LOOK 8u
+#define SC_TUNE_EVERY 512u
+#define SC_TUNE_CLASSES 12 /* 32 KiB (or less) .. 64 MiB (or more) */
 /* Bytes of a lent block a reader reads with one system call, at the first
  * of the steps they span: under the engine lock, about 0.2 ms here. */
 #define SC_LEND_PIECE (1u << 20)
@@ -283,6 +293,14 @@ typedef struct cpu_sc {
    * reader copy at once, which pays only with a core each). Decided by
    * the giver alone: its count prefix tells the readers. */
   int lend;
+  /* Lending by measure (sc_data.c, lend_now), [all_reduce?][size class]:
+   * ops seen, the fastest of the current look in each lane (ns, [lent?]),
+   * and the lane taken between looks. */
+  struct sc_tune {
+    uint32_t seen;
+    int64_t best[2];
+    int lend;
+  } tune[2][SC_TUNE_CLASSES];
   /* The head all_to_all_v's blocks for this member, per giver (from the
    * givers' count prefixes): where each lies in its giver (addr 0: in the
    * giver's slots) and the giver group's live word (cma.c). */
@@ -423,8 +441,12 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all);
  * member's block). */
 void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const uint8_t *given);
 /* Does this member lend its stream of op (read in place)? Decided by the
- * giver alone, at post; its lines tell the readers. */
-int tdist__cpu_sc_lends(const cpu_op_t *op);
+ * giver alone, when the op starts (measured: lend_now); its lines tell the
+ * readers. */
+int tdist__cpu_sc_lends(cpu_op_t *op);
+/* (engine lock) op, which looked at a lane for the tuner (sc.tune), took
+ * ns from its start to its completion. */
+void tdist__cpu_sc_tune_took(cpu_op_t *op, int64_t ns);
 /* Where bytes [off, off + len) of this member's lent stream lie. */
 void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out);
 /* (engine lock) Copy len bytes at addr in member m's memory (lent: its

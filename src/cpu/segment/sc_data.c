@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util/alloc.h"
 #include "util/error.h"
 #include "cpu/base/base.h"
 #include "cpu/transport/transport.h"
@@ -112,14 +113,57 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
  * every member of them waits for the others anyway, where a broadcast root
  * would now wait for its readers (sc.h: a giver never waits for its
  * readers for long). */
-int tdist__cpu_sc_lends(const cpu_op_t *op) {
-  const cpu_sc_t *ch = op->cg->sc;
+/* Lend now? Measured per kind and size class (sc.h, TDIST_CPU_SC_LEND):
+ * neither lane wins on every host, nor on one host in every state. On the
+ * 2026-12-01 machine some runs of the same binary had the slots at 100 us
+ * for a 1 MiB all_reduce at n = 2 and lending at 250 (Open MPI 175), other
+ * runs 400-480 against 250; a 1 MiB all_gather 121 against 190, or 490
+ * against 190. SC_TUNE_LOOK ops of every SC_TUNE_EVERY of a class look
+ * (even ones through the slots, odd ones lent); each member
+ * counts the same ops, so the members look at the same lane at once. The
+ * lane is the giver's choice alone (its lines tell its readers), so
+ * members that decide apart still agree on the data. */
+static int lend_now(cpu_op_t *op, size_t bytes) {
+  int64_t mode = tdist__param_CpuScLend();
+  if (mode >= 0) return mode > 0;
+  unsigned c = 0;
+  while (c + 1 < SC_TUNE_CLASSES && ((size_t)32768 << (c + 1)) <= bytes)
+    c++;
+  struct sc_tune *t = &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][c];
+  /* The first ops of a class warm its pages and buffers: the look starts
+   * after SC_TUNE_SKIP of them. */
+  uint32_t k = t->seen++ % SC_TUNE_EVERY;
+  if (k < SC_TUNE_SKIP || k >= SC_TUNE_SKIP + SC_TUNE_LOOK) return t->lend;
+  k -= SC_TUNE_SKIP;
+  if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
+  op->sc.tune = 1 + (int)(k & 1);
+  op->sc.tune_c = (int)c;
+  op->sc.t0 = tdist__now_ns();
+  return (int)(k & 1);
+}
+
+void tdist__cpu_sc_tune_took(cpu_op_t *op, int64_t ns) {
+  struct sc_tune *t = &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][op->sc.tune_c];
+  int lent = op->sc.tune - 1;
+  if (ns < t->best[lent]) t->best[lent] = ns;
+  int lend = t->best[1] < t->best[0];
+  if (lend != t->lend && t->best[0] != INT64_MAX && t->best[1] != INT64_MAX) {
+    TDIST_INFO(CPU, "sc: %s of %d..%d KiB now %s (fastest %lld ns lent, %lld through the slots)",
+               tdist_op_name(op->type), 32 << op->sc.tune_c, 64 << op->sc.tune_c,
+               lend ? "lent" : "through the slots", (long long)t->best[1], (long long)t->best[0]);
+    t->lend = lend;
+  }
+}
+
+int tdist__cpu_sc_lends(cpu_op_t *op) {
+  cpu_sc_t *ch = op->cg->sc;
   int reduce = op->type == TDIST_OP_ALL_REDUCE;
   int64_t min = reduce ? tdist__param_CpuScLendReduceBytes() : tdist__param_CpuScLendBytes();
   if (!ch || !ch->cma || !op->cg->live || min <= 0 || (uint64_t)op->count * op->es < (uint64_t)min)
     return 0;
   /* all_reduce: in two phases, its input given unscaled (read as it is). */
-  return op->type == TDIST_OP_ALL_GATHER || (reduce && op->sc.direct);
+  return (op->type == TDIST_OP_ALL_GATHER || (reduce && op->sc.direct)) &&
+         lend_now(op, (size_t)op->count * op->es);
 }
 
 void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out) {
@@ -208,7 +252,7 @@ static void local_later(cpu_op_t *op, uint8_t *dst, const uint8_t *src, size_t l
     op->sc.lc_src = src;
     op->sc.lc_left = len;
   } else if (len) {
-    memmove(dst, src, len);
+    tdist__cpu_move(dst, src, len);
   }
 }
 
@@ -216,7 +260,7 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all) {
   struct cpu_sc_opst *s = &op->sc;
   if (!s->lc_left) return 0;
   size_t l = all ? s->lc_left : min64(op->cg->sc->F, s->lc_left);
-  memcpy(s->lc_dst, s->lc_src, l);
+  tdist__cpu_copy(s->lc_dst, s->lc_src, l);
   s->lc_dst += l;
   s->lc_src += l;
   s->lc_left -= l;
@@ -232,13 +276,14 @@ static void local_part(cpu_op_t *op) {
   case TDIST_OP_ALL_GATHER:
     /* Out of place: a slot at a time as it is given (tdist__cpu_sc_consume),
      * while that part of the input is still in cache. */
-    if (L && rb + r * L != sb && (!op->cg->sc || L <= op->cg->sc->F)) memmove(rb + r * L, sb, L);
+    if (L && rb + r * L != sb && (!op->cg->sc || L <= op->cg->sc->F))
+      tdist__cpu_move(rb + r * L, sb, L);
     break;
   case TDIST_OP_GATHER:
-    if (L && op->rank == op->root && rb + r * L != sb) memmove(rb + r * L, sb, L);
+    if (L && op->rank == op->root && rb + r * L != sb) tdist__cpu_move(rb + r * L, sb, L);
     break;
   case TDIST_OP_SCATTER:
-    if (L && op->rank == op->root) memmove(rb, sb + r * L, L);
+    if (L && op->rank == op->root) tdist__cpu_move(rb, sb + r * L, L);
     break;
   case TDIST_OP_ALL_TO_ALL:
     if (L) local_later(op, rb + r * L, sb + r * L, L);
@@ -255,7 +300,8 @@ static void local_part(cpu_op_t *op) {
   case TDIST_OP_ALL_GATHER_V:
     for (size_t j = 0; j < r; j++)
       own += a->rcounts[j];
-    if (op->count) memmove(elem(rb, displ(a->rdispls, (int)r, own), es), sb, op->count * es);
+    if (op->count)
+      tdist__cpu_move(elem(rb, displ(a->rdispls, (int)r, own), es), sb, op->count * es);
     break;
   default: break;
   }
@@ -299,7 +345,7 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   if (in && !in_place && overlaps(sb, in, out, L)) {
     s->tmp = tdist__cpu_buf_get(op->cg->ctx, in);
     if (!s->tmp) return TDIST_ERR_NO_MEMORY;
-    memcpy(s->tmp, sb, in);
+    tdist__cpu_copy(s->tmp, sb, in);
   }
   local_part(op);
   return 0;
@@ -357,8 +403,8 @@ static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
     size_t bo = displ(a->sdispls, (int)q, so) * es;
     so += a->scounts[q];
     if (q == (size_t)op->rank || lo >= bl || a2av_lent(op, (int)q, bl)) continue;
-    memcpy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
-           min64(c, bl - lo));
+    tdist__cpu_copy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
+                    min64(c, bl - lo));
   }
 }
 
@@ -372,7 +418,7 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   }
   if (op->type == TDIST_OP_BROADCAST) base = a->recvbuf;
   if (!tdist__cpu_sc_has_prefix(op)) {
-    if (len) memcpy(dst, base + off, len);
+    if (len) tdist__cpu_copy(dst, base + off, len);
     if (tdist__cpu_sc_scales(op)) tdist__cpu_scale(dst, len / es, op->dtype, a->scalar);
     return;
   }
@@ -387,7 +433,7 @@ void tdist__cpu_sc_produce(const cpu_op_t *op, uint64_t off, uint8_t *dst, size_
   }
   if (done == len) return;
   uint64_t d = off + done - pre; /* offset in the data part */
-  memcpy(dst + done, base + d, len - done);
+  tdist__cpu_copy(dst + done, base + d, len - done);
   if (tdist__cpu_sc_scales(op))
     tdist__cpu_scale(dst + done, (len - done) / es, op->dtype, a->scalar);
 }
@@ -475,7 +521,7 @@ void tdist__cpu_sc_reduce(const cpu_op_t *op, uint8_t *out, const uint8_t *const
     size_t l = min64(blk, len - o);
     /* memmove: GCC expands a memcpy of at most 4 KiB inline, 8 bytes a
      * turn (128 turns for 1 KiB); the C library's moves 32 at a time. */
-    memmove(out + o, pcs[0] + at + o, l);
+    tdist__cpu_move(out + o, pcs[0] + at + o, l);
     for (int m = 1; m < op->size; m++)
       tdist__cpu_reduce(out + o, pcs[m] + at + o, l >> sh, op->dtype, op->redop);
   }
@@ -487,7 +533,7 @@ void tdist__cpu_sc_reduce_share(const cpu_op_t *op, uint8_t *out, const uint8_t 
   size_t es = op->es, blk = 4096;
   for (size_t o = 0; o < len; o += blk) {
     size_t l = min64(blk, len - o);
-    if (out != mine) memcpy(out + o, mine + o, l);
+    if (out != mine) tdist__cpu_copy(out + o, mine + o, l);
     for (int m = 0; m < op->size; m++)
       if (m != op->rank) tdist__cpu_reduce(out + o, pcs[m] + at + o, l / es, op->dtype, op->redop);
   }
@@ -536,7 +582,7 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       if (ch->desc[m].addr) {
         if (a2av_read(ch, op, m, dest_of(op, m), j * c, len) != 0) return -1;
       } else {
-        memcpy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
+        tdist__cpu_copy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
       }
     }
     return 0;
@@ -567,7 +613,7 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
         return -1;
       continue;
     }
-    memcpy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
+    tdist__cpu_copy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
   }
   return 0;
 }
@@ -577,5 +623,5 @@ void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const 
   uint64_t L = (uint64_t)op->count * op->es, lo = j * ch->F;
   if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || lo >= L) return;
   uint8_t *own = (uint8_t *)a->recvbuf + (size_t)op->rank * L;
-  if (own != a->sendbuf) memcpy(own + lo, given, min64(ch->F, L - lo));
+  if (own != a->sendbuf) tdist__cpu_copy(own + lo, given, min64(ch->F, L - lo));
 }

@@ -287,8 +287,8 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
     tdist__cpu_sc_produce(op, off + b, dst + b, len - b);
   } else {
     tdist__cpu_sc_produce(op, off, dst, len);
-    tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block, from the hot copy */
   }
+  if (!op->sc.direct) tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block */
   step_sign(h, op, j, len);
   h->len = (uint32_t)len;
 written:
@@ -354,7 +354,7 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
         tdist__cpu_sc_reduce(op, out + a, pc, 0, b - a);
       }
       /* Lent: the others read this share from the output (line's out). */
-      if (!s->lent) memcpy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
+      if (!s->lent) tdist__cpu_copy((uint8_t *)pcs[op->rank] + a, out + a, b - a);
     }
     atomic_store_explicit(&ch->rg[ch->me].ctl->red, st + 1, memory_order_release);
     s->phase = 1;
@@ -373,7 +373,7 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       memcpy(&l, pcs[m], sizeof(l));
       if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.out + a, out + a, b - a) != 0) return -1;
     } else {
-      memcpy(out + a, pcs[m] + a, b - a);
+      tdist__cpu_copy(out + a, pcs[m] + a, b - a);
     }
   }
   s->phase = 0;
@@ -633,6 +633,7 @@ static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   }
   tdist__list_remove(&s->link);
   op_out(ch);
+  if (s->tune) tdist__cpu_sc_tune_took(op, tdist__now_ns() - s->t0);
   tdist__cpu_op_complete(op, 0);
   return 1;
 }

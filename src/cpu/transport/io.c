@@ -302,7 +302,7 @@ void tdist__cpu_conn_forget(cpu_conn_t *c, uint64_t uid) {
     uint8_t *copy = tdist__malloc(m->hdr.len ? m->hdr.len : 1);
     if (copy && m->hdr.len) {
       size_t poff = m->off > hs ? m->off - hs : 0;
-      memcpy(copy + poff, m->data + poff, m->hdr.len - poff);
+      tdist__cpu_copy(copy + poff, m->data + poff, m->hdr.len - poff);
     }
     tdist__free(m->owned);
     m->owned = copy;
@@ -340,7 +340,7 @@ static int parse(cpu_conn_t *c) {
     size_t need = c->rh.len - c->rx_got, have = c->rx_hi - c->rx_lo;
     size_t take = need < have ? need : have;
     if (take) {
-      if (c->rx_dst) memcpy(c->rx_dst + c->rx_got, c->rx + c->rx_lo, take);
+      if (c->rx_dst) tdist__cpu_copy(c->rx_dst + c->rx_got, c->rx + c->rx_lo, take);
       c->rx_lo += take;
       c->rx_got += take;
     }
@@ -397,7 +397,7 @@ int tdist__cpu_conn_read(cpu_conn_t *c) {
       }
     } else {
       if (c->rx_lo > 0) {
-        memmove(c->rx, c->rx + c->rx_lo, c->rx_hi - c->rx_lo);
+        tdist__cpu_move(c->rx, c->rx + c->rx_lo, c->rx_hi - c->rx_lo);
         c->rx_hi -= c->rx_lo;
         c->rx_lo = 0;
       }
