@@ -91,18 +91,18 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
 
 /* ---- lending: a block read in place -------------------------------------------------
  *
- * An all_gather member whose block is TDIST_CPU_SC_LEND_BYTES or more lends
- * it: each step's line says where that step's bytes lie in the member's
+ * An all_gather member whose block is TDIST_CPU_SC_LEND_BYTES or more may
+ * lend it (lend_now, below, decides): each step's line says where that
+ * step's bytes lie in the member's
  * buffer (sc_lent_t, len with SC_LEN_LENT) and its readers copy them from
  * there with process_vm_readv, checking its live word after each piece,
  * as the engine's single copy does (cma.c). Why: a slot's lines are
  * written by one process and read by another every op, so every write
- * first takes each line back from the other's cache; on a host whose two
- * CPUs keep their caches apart (the 2-core CI VM, 2026-12-01) writing
- * 64 KiB into lines the other had read took 5.2 us against 1.7 for a
- * private memcpy, and a 64 KiB all_gather at n = 2 took 48-71 us through
- * the slots against Open MPI's 14-18, whose reader copies once, from the
- * giver's buffer. A lent block never enters the segment: only its lines
+ * first takes each line back from the other's cache; on the 2-core CI VM
+ * (2026-12-01) writing 64 KiB into lines the other had read took 5-33 us
+ * against 1.7 for a private copy (bench/cpu/shared_write.c), where Open
+ * MPI's reader copies once, from the giver's buffer, and nobody writes a
+ * shared line. A lent block never enters the segment: only its lines
  * are written. The lender completes once every member consumed every step
  * (sc_op.c, finish): its buffer goes back to the caller only after all of
  * it was read. A large all_reduce (two phases, TDIST_CPU_SC_LEND_REDUCE_BYTES)
@@ -113,6 +113,7 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
  * every member of them waits for the others anyway, where a broadcast root
  * would now wait for its readers (sc.h: a giver never waits for its
  * readers for long). */
+
 /* Lend now? Measured per kind and size class (sc.h, TDIST_CPU_SC_LEND):
  * neither lane wins on every host, nor on one host in every state. On the
  * 2026-12-01 machine some runs of the same binary had the slots at 100 us
