@@ -391,8 +391,9 @@ static int allgather_lent(int rank, int n, void *arg) {
   static const size_t counts[] = {8191, 8192, 40000, 600001};
   int many = TEST_TSAN ? 3 : 4;
   /* variant 2: the lane measured (TDIST_CPU_SC_LEND unset): enough ops of
-   * each class that its look (alternate lanes) ends and its choice runs. */
-  int reps = sh->variant == 2 ? 12 : 1;
+   * each class that its look (after 16 ops, 8 in two lanes) ends and its
+   * choice runs. */
+  int reps = sh->variant == 2 ? 16 : 1;
   for (int rep = 0; rep < reps; rep++)
     for (int c = 0; c < many; c++) {
       for (int inplace = 0; inplace < 2; inplace++) {

@@ -159,11 +159,12 @@ TDIST_PARAM(CpuScLendBytes, "TDIST_CPU_SC_LEND_BYTES", 32 << 10)
 TDIST_PARAM(CpuScLendReduceBytes, "TDIST_CPU_SC_LEND_REDUCE_BYTES", 512 << 10)
 /* Whether such an op lends is measured (sc_data.c, lend_now): per kind
  * (all_gather, all_reduce) and size class (a power of two), SC_TUNE_LOOK
- * ops of every SC_TUNE_EVERY (after SC_TUNE_SKIP) alternate slots and
- * lending, and the others take the one whose fastest op was faster. 1:
+ * ops of every SC_TUNE_EVERY (after SC_TUNE_SKIP) look: half through the
+ * slots, then half lent, the first of each half untimed; the others take
+ * the lane whose fastest timed op was faster. 1:
  * always lend where the sizes allow, 0: never. */
 TDIST_PARAM(CpuScLend, "TDIST_CPU_SC_LEND", -1)
-#define SC_TUNE_SKIP 2u
+#define SC_TUNE_SKIP 16u
 #define SC_TUNE_LOOK 8u
 #define SC_TUNE_EVERY 512u
 #define SC_TUNE_CLASSES 12 /* 32 KiB (or less) .. 64 MiB (or more) */

@@ -120,7 +120,7 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
  * for a 1 MiB all_reduce at n = 2 and lending at 250 (Open MPI 175), other
  * runs 400-480 against 250; a 1 MiB all_gather 121 against 190, or 490
  * against 190. SC_TUNE_LOOK ops of every SC_TUNE_EVERY of a class look
- * (even ones through the slots, odd ones lent); each member
+ * (the first half through the slots, the second lent); each member
  * counts the same ops, so the members look at the same lane at once. The
  * lane is the giver's choice alone (its lines tell its readers), so
  * members that decide apart still agree on the data. */
@@ -131,16 +131,25 @@ static int lend_now(cpu_op_t *op, size_t bytes) {
   while (c + 1 < SC_TUNE_CLASSES && ((size_t)32768 << (c + 1)) <= bytes)
     c++;
   struct sc_tune *t = &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][c];
-  /* The first ops of a class warm its pages and buffers: the look starts
-   * after SC_TUNE_SKIP of them. */
+  /* The first ops of a class go through the slots: they warm its pages
+   * and buffers, and a class of few ops (the largest, often) is not worth
+   * a look (at 16 and 64 MiB the slots were within 10 % of lending or
+   * ahead of it in every state measured). The look starts after
+   * SC_TUNE_SKIP of them. */
   uint32_t k = t->seen++ % SC_TUNE_EVERY;
   if (k < SC_TUNE_SKIP || k >= SC_TUNE_SKIP + SC_TUNE_LOOK) return t->lend;
+  /* Half the look through the slots, then half lent, each half's first op
+   * untimed: a lane's ops in a row, as it would run them (a slot op right
+   * after a lent one meets lines the others have not just read). */
   k -= SC_TUNE_SKIP;
+  int lent = k >= SC_TUNE_LOOK / 2;
   if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
-  op->sc.tune = 1 + (int)(k & 1);
-  op->sc.tune_c = (int)c;
-  op->sc.t0 = tdist__now_ns();
-  return (int)(k & 1);
+  if (k % (SC_TUNE_LOOK / 2)) {
+    op->sc.tune = 1 + lent;
+    op->sc.tune_c = (int)c;
+    op->sc.t0 = tdist__now_ns();
+  }
+  return lent;
 }
 
 void tdist__cpu_sc_tune_took(cpu_op_t *op, int64_t ns) {

@@ -328,7 +328,8 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       /* The pieces of this member's share, each member's at pc[m]: in its
        * slot, or read from its input into ltmp where it lent it. */
       const uint8_t *pc[SC_MAX_RANKS];
-      size_t k = 0, most = ch->F / (size_t)op->size + op->es;
+      /* Each piece at a multiple of 64 bytes: elements stay aligned. */
+      size_t k = 0, most = (ch->F / (size_t)op->size + op->es + 63) / 64 * 64;
       for (int m = 0; m < op->size; m++) {
         pc[m] = pcs[m] + a;
         if (m == op->rank || !(lent >> m & 1)) continue;
