@@ -656,8 +656,14 @@ static void run_trial(long index, const plan_t *p, trial_result_t *res) {
     perror("soak: mkdtemp");
     exit(2);
   }
-  char env[8][640], rank_env[MAX_N][8][64], *envp[MAX_N + 1][24];
+  char env[16][640], rank_env[MAX_N][8][64], *envp[MAX_N + 1][32];
   int k = 0;
+  /* The soak's own settings of the shared segment go to every rank: the
+   * faults then hit the lane they choose (TDIST_CPU_SC_LEND=1: large
+   * all_reduces read in place). At most 6. */
+  extern char **environ;
+  for (char **e = environ; *e && k < 6; e++)
+    if (!strncmp(*e, "TDIST_CPU_SC_", 13)) snprintf(env[k++], 640, "%s", *e);
   snprintf(env[k++], 640, "TDIST_HEARTBEAT_INTERVAL_MS=%d", HB_INTERVAL_MS);
   snprintf(env[k++], 640, "TDIST_HEARTBEAT_TIMEOUT_MS=%d", HB_TIMEOUT_MS);
   snprintf(env[k++], 640, "TDIST_TIMEOUT_MS=%d", TIMEOUT_MS);
