@@ -71,11 +71,3 @@ void tdist__cpu_copy_big(void *dst, const void *src, size_t n) {
 #else
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif
-
-void tdist__cpu_move(void *dst, const void *src, size_t n) {
-  const uint8_t *d = dst, *s = src;
-  if (d < s + n && s < d + n)
-    memmove(dst, src, n); /* overlapping: the C library's, which handles it */
-  else
-    tdist__cpu_copy(dst, src, n);
-}

@@ -20,7 +20,14 @@ static inline void tdist__cpu_copy(void *dst, const void *src, size_t n) {
     tdist__cpu_copy_big(dst, src, n);
 }
 
-/* memmove for payload: tdist__cpu_copy unless the ranges overlap. */
-void tdist__cpu_move(void *dst, const void *src, size_t n);
+/* memmove for payload: tdist__cpu_copy unless the ranges overlap. Inline:
+ * a reduction's first block (sc_data.c) takes it on every small op. */
+static inline void tdist__cpu_move(void *dst, const void *src, size_t n) {
+  const unsigned char *d = dst, *s = src;
+  if (n < 256 || (d < s + n && s < d + n))
+    memmove(dst, src, n); /* small, or overlapping: the C library's */
+  else
+    tdist__cpu_copy_big(dst, src, n);
+}
 
 #endif

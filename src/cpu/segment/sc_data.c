@@ -124,13 +124,20 @@ size_t tdist__cpu_sc_a2av_chunk(const cpu_op_t *op) {
  * counts the same ops, so the members look at the same lane at once. The
  * lane is the giver's choice alone (its lines tell its readers), so
  * members that decide apart still agree on the data. */
-static int lend_now(cpu_op_t *op, size_t bytes) {
+/* op's kind and size class: its tuner entry (c: the class). */
+static struct sc_tune *tune_of(const cpu_op_t *op, unsigned *c) {
+  size_t bytes = op->count * op->es;
+  *c = 0;
+  while (*c + 1 < SC_TUNE_CLASSES && ((size_t)32768 << (*c + 1)) <= bytes)
+    (*c)++;
+  return &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][*c];
+}
+
+static int lend_now(cpu_op_t *op) {
   int64_t mode = tdist__param_CpuScLend();
   if (mode >= 0) return mode > 0;
-  unsigned c = 0;
-  while (c + 1 < SC_TUNE_CLASSES && ((size_t)32768 << (c + 1)) <= bytes)
-    c++;
-  struct sc_tune *t = &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][c];
+  unsigned c;
+  struct sc_tune *t = tune_of(op, &c);
   /* The first ops of a class go through the slots: they warm its pages
    * and buffers, and a class of few ops (the largest, often) is not worth
    * a look (at 16 and 64 MiB the slots were within 10 % of lending or
@@ -146,21 +153,21 @@ static int lend_now(cpu_op_t *op, size_t bytes) {
   if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
   if (k % (SC_TUNE_LOOK / 2)) {
     op->sc.tune = 1 + lent;
-    op->sc.tune_c = (int)c;
     op->sc.t0 = tdist__now_ns();
   }
   return lent;
 }
 
 void tdist__cpu_sc_tune_took(cpu_op_t *op, int64_t ns) {
-  struct sc_tune *t = &op->cg->sc->tune[op->type == TDIST_OP_ALL_REDUCE][op->sc.tune_c];
+  unsigned c;
+  struct sc_tune *t = tune_of(op, &c);
   int lent = op->sc.tune - 1;
   if (ns < t->best[lent]) t->best[lent] = ns;
   int lend = t->best[1] < t->best[0];
   if (lend != t->lend && t->best[0] != INT64_MAX && t->best[1] != INT64_MAX) {
     TDIST_INFO(CPU, "sc: %s of %d..%d KiB now %s (fastest %lld ns lent, %lld through the slots)",
-               tdist_op_name(op->type), 32 << op->sc.tune_c, 64 << op->sc.tune_c,
-               lend ? "lent" : "through the slots", (long long)t->best[1], (long long)t->best[0]);
+               tdist_op_name(op->type), 32 << c, 64 << c, lend ? "lent" : "through the slots",
+               (long long)t->best[1], (long long)t->best[0]);
     t->lend = lend;
   }
 }
@@ -172,8 +179,7 @@ int tdist__cpu_sc_lends(cpu_op_t *op) {
   if (!ch || !ch->cma || !op->cg->live || min <= 0 || (uint64_t)op->count * op->es < (uint64_t)min)
     return 0;
   /* all_reduce: in two phases, its input given unscaled (read as it is). */
-  return (op->type == TDIST_OP_ALL_GATHER || (reduce && op->sc.direct)) &&
-         lend_now(op, (size_t)op->count * op->es);
+  return (op->type == TDIST_OP_ALL_GATHER || (reduce && op->sc.direct)) && lend_now(op);
 }
 
 void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out) {
@@ -184,16 +190,25 @@ void tdist__cpu_sc_lent_at(const cpu_op_t *op, uint64_t off, sc_lent_t *out) {
   out->token = op->cg->live_token;
 }
 
-int tdist__cpu_sc_lent_read(cpu_sc_t *ch, cpu_op_t *op, int m, const sc_lent_t *l, uint64_t addr,
-                            uint8_t *dst, size_t len) {
+/* Bytes [off, off + len) of what member m lends (where: d) into dst + off,
+ * read in place (single copy), its live word checked after: 0, or -1 with
+ * the group's failure reported. */
+static int read_in_place(cpu_sc_t *ch, cpu_op_t *op, int m, const cpu_rma_desc_t *d, uint64_t off,
+                         uint8_t *dst, size_t len) {
   char why[160];
   int aborted = 0;
-  cpu_rma_desc_t d = {.addr = addr, .len = len, .word = l->word, .token = l->token};
-  if (tdist__cpu_cma_read_range(ch->pid[m], dst, &d, 0, len, why, sizeof(why), &aborted) == 0 &&
-      tdist__cpu_cma_read_end(ch->pid[m], &d, why, sizeof(why), &aborted) == 0)
+  if (tdist__cpu_cma_read_range(ch->pid[m], dst, d, (size_t)off, len, why, sizeof(why), &aborted) ==
+          0 &&
+      tdist__cpu_cma_read_end(ch->pid[m], d, why, sizeof(why), &aborted) == 0)
     return 0;
   tdist__cpu_cma_failed(op->cg, tdist__cpu_wrank_of(op->cg, m), aborted, why);
   return -1;
+}
+
+int tdist__cpu_sc_lent_read(cpu_sc_t *ch, cpu_op_t *op, int m, const sc_lent_t *l, uint64_t addr,
+                            uint8_t *dst, size_t len) {
+  cpu_rma_desc_t d = {.addr = addr, .len = len, .word = l->word, .token = l->token};
+  return read_in_place(ch, op, m, &d, 0, dst, len);
 }
 
 /* Where writer m's chunk for destination q sits in its slot: after the
@@ -567,19 +582,6 @@ static uint8_t *dest_of(const cpu_op_t *op, int m) {
   }
 }
 
-/* Bytes [off, off + len) of member m's block, read in place (single copy)
- * into dst + off: 0, or -1 with the group's failure reported. */
-static int a2av_read(cpu_sc_t *ch, cpu_op_t *op, int m, uint8_t *dst, uint64_t off, size_t len) {
-  char why[160];
-  int aborted = 0;
-  if (tdist__cpu_cma_read_range(ch->pid[m], dst, &ch->desc[m], (size_t)off, len, why, sizeof(why),
-                                &aborted) == 0 &&
-      tdist__cpu_cma_read_end(ch->pid[m], &ch->desc[m], why, sizeof(why), &aborted) == 0)
-    return 0;
-  tdist__cpu_cma_failed(op->cg, tdist__cpu_wrank_of(op->cg, m), aborted, why);
-  return -1;
-}
-
 int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t *const *pcs,
                           uint64_t lent) {
   uint64_t F = ch->F, s_lo = j * F, s_hi = s_lo + F;
@@ -590,7 +592,7 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       if (!pcs[m] || j * c >= ch->hi[m]) continue;
       size_t len = (size_t)min64(c, ch->hi[m] - j * c);
       if (ch->desc[m].addr) {
-        if (a2av_read(ch, op, m, dest_of(op, m), j * c, len) != 0) return -1;
+        if (read_in_place(ch, op, m, &ch->desc[m], j * c, dest_of(op, m), len) != 0) return -1;
       } else {
         tdist__cpu_copy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
       }
@@ -607,19 +609,17 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       return 0;
     }
     if (lent >> m & 1) {
-      /* Read in place (lend): the line says where step j's bytes lie. A
-       * reduction never gets here (only all_gather lends). */
-      /* A piece of SC_LEND_PIECE at a time (the first step of each reads
-       * it, the others nothing): a system call per step cost a fifth of a
-       * 1 MiB all_gather at n = 2. */
+      /* An all_gather block read in place (lend; a lent all_reduce is
+       * consume_two's), SC_LEND_PIECE at a time: the first step of each
+       * piece reads it, the others nothing (a system call per step cost a
+       * fifth of a 1 MiB all_gather at n = 2). */
       sc_lent_t l;
       uint64_t per = F * max64(1, SC_LEND_PIECE / F);
       if ((lo - ch->lo[m]) % per) continue; /* read with an earlier step */
       hi = min64(ch->hi[m], lo + per);
       memcpy(&l, pcs[m], sizeof(l));
-      l.addr += lo - s_lo;
-      if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.addr, dest_of(op, m) + (lo - ch->lo[m]),
-                                  hi - lo) != 0)
+      if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.addr + (lo - s_lo),
+                                  dest_of(op, m) + (lo - ch->lo[m]), hi - lo) != 0)
         return -1;
       continue;
     }

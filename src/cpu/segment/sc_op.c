@@ -287,8 +287,8 @@ static void write_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, uint64_t st
     tdist__cpu_sc_produce(op, off + b, dst + b, len - b);
   } else {
     tdist__cpu_sc_produce(op, off, dst, len);
+    tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block, from the hot copy */
   }
-  if (!op->sc.direct) tdist__cpu_sc_own_step(ch, op, j, dst); /* an all_gather's own block */
   step_sign(h, op, j, len);
   h->len = (uint32_t)len;
 written:
@@ -331,8 +331,10 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       /* Each piece at a multiple of 64 bytes: elements stay aligned. */
       size_t k = 0, most = (ch->F / (size_t)op->size + op->es + 63) / 64 * 64;
       for (int m = 0; m < op->size; m++) {
-        pc[m] = pcs[m] + a;
-        if (m == op->rank || !(lent >> m & 1)) continue;
+        if (m == op->rank || !(lent >> m & 1)) {
+          pc[m] = pcs[m] + a;
+          continue;
+        }
         if (!s->ltmp &&
             !(s->ltmp = tdist__cpu_buf_get(op->cg->ctx, most * (size_t)(op->size - 1)))) {
           tdist__cpu_fail(op->cg, 0, TDIST_ERR_NO_MEMORY,
