@@ -204,10 +204,12 @@ typedef struct sc_step {
   _Atomic uint64_t step; /* step + 1 once the data is in (release) */
   uint32_t len;          /* bytes of this step in the slot (or inline) */
   /* The op's first step, when its data leaves room (len <= SC_SIG_INLINE,
-   * fixed-size ops): SC_STEP_SIG | optype << 8 | dtype << 16 | redop << 24,
-   * with the count and root in the line's last 12 bytes -- the signature
-   * again, where a reader finds it with the data (one line from this
-   * member per small op, not two: sc_op.c, step_sig). 0 otherwise. */
+   * fixed-size ops, or data in the slot, any op not lent):
+   * SC_STEP_SIG | optype << 8 | dtype << 16 | redop << 24, with the count
+   * and root in the line's last 12 bytes and, for data in the slot, the
+   * stream's length in its first 8 -- the signature again, where a reader
+   * finds it with the data (one line from this member per small op, not
+   * two: sc_op.c, step_sig). 0 otherwise. */
   uint32_t sig;
   uint64_t cseq;
   unsigned char inl[SC_INLINE];
@@ -349,6 +351,19 @@ static inline sc_step_t *sc_line(const cpu_sc_t *ch, int m, uint64_t st) {
 }
 static inline unsigned sc_slot(const cpu_sc_t *ch, uint64_t st) {
   return (unsigned)(st & (ch->D - 1));
+}
+
+/* Ask for the line at p for writing, without waiting for it. A member's
+ * next step line was last read by the others' cores (L steps ago); written
+ * cold, its store waited in the store buffer for that line, and the engine
+ * lock's release (a locked instruction, which drains the buffer) waited
+ * with it: a line's crossing on every op of a broadcast root. */
+static inline void sc_prefetch_w(const void *p) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
 }
 
 /* (engine lock) Touch the first `len` bytes (rounded up, and at least four
