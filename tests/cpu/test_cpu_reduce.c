@@ -16,8 +16,8 @@
  *   - bool and the bitwise reductions;
  *   - the payload copies (src/cpu/base/copy.c): every length 0..1100 and
  *     some large ones at every source and destination offset 0..63 give
- *     memcpy's bytes and touch nothing around them; the move handles both
- *     directions of overlap.
+ *     memcpy's bytes and touch nothing around them, plain and streaming;
+ *     the move handles both directions of overlap.
  */
 #include "cpu_test_util.h"
 
@@ -310,6 +310,10 @@ static int test_copy(void) {
         tdist__cpu_copy(dst + d, src + so, n);
         memcpy(ref + d, src + so, n);
         CHECK(memcmp(dst, ref, span) == 0, "copy of %zu bytes, offsets %zu -> %zu", n, so, d);
+        memset(dst, 0xee, span);
+        tdist__cpu_copy_stream(dst + d, src + so, n); /* its aligned head and plain tail too */
+        CHECK(memcmp(dst, ref, span) == 0, "streaming copy of %zu bytes, offsets %zu -> %zu", n, so,
+              d);
       }
   }
   /* Overlapping moves, both ways, as memmove. */

@@ -291,6 +291,7 @@ struct cpu_op {
     int two;             /* a large all_reduce in two phases (sc_op.c) */
     int direct;          /* two: this member's share is read from its input */
     int lent;            /* this member's stream is read in place (sc_data.c, lend) */
+    int stream;          /* its output is large: copies into it stream (sc.h, sc_out_copy) */
     int tune;            /* the tuner's look: 1 slots, 2 lent (0: none; sc_data.c) */
     int64_t t0;          /* tune: when the op started (ns) */
     int now;             /* started by the now lane (sc_op.c): one step at most */

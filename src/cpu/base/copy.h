@@ -12,6 +12,11 @@
 /* n bytes (256 and up), not overlapping, in vector loads and stores. */
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n);
 
+/* n bytes, not overlapping, with streaming stores (the destination's lines
+ * are not read first and leave the cache) and a store fence: for an op
+ * whose output is larger than the cache (TDIST_CPU_SC_STREAM_BYTES). */
+void tdist__cpu_copy_stream(void *dst, const void *src, size_t n);
+
 /* memcpy for payload: not overlapping. */
 static inline void tdist__cpu_copy(void *dst, const void *src, size_t n) {
   if (n < 256)

@@ -184,6 +184,13 @@ TDIST_PARAM(CpuScTwoBytes, "TDIST_CPU_SC_TWO_BYTES", 32 << 10)
  * agree on the op choose alike ("Which ops"). */
 TDIST_PARAM(CpuScMaxBytes, "TDIST_CPU_SC_MAX_BYTES", 0)
 
+/* An op whose output on a member (what the member's consumed steps write
+ * into its receive buffer) is this many bytes and up copies its data into
+ * it with streaming stores (copy.h, tdist__cpu_copy_stream): larger than
+ * what the cache keeps for it, the destination would otherwise be read
+ * from memory only to be overwritten. 0: never. */
+TDIST_PARAM(CpuScStreamBytes, "TDIST_CPU_SC_STREAM_BYTES", 8 << 20)
+
 /* One op's signature in its member's sig ring (64 bytes). */
 typedef struct sc_sig {
   _Atomic uint64_t seq; /* cseq + 1 once the rest is written (release) */
@@ -364,6 +371,14 @@ static inline void sc_prefetch_w(const void *p) {
 #else
   __builtin_prefetch(p, 1, 3);
 #endif
+}
+
+/* A copy of an op's data into its receive buffer (sc_data.c, sc_op.c). */
+static inline void sc_out_copy(const cpu_op_t *op, void *dst, const void *src, size_t n) {
+  if (op->sc.stream)
+    tdist__cpu_copy_stream(dst, src, n);
+  else
+    tdist__cpu_copy(dst, src, n);
 }
 
 /* (engine lock) Touch the first `len` bytes (rounded up, and at least four

@@ -264,6 +264,26 @@ static uint64_t my_v_total(const cpu_op_t *op) {
   }
 }
 
+/* Bytes this member's op writes into its receive buffer (for
+ * TDIST_CPU_SC_STREAM_BYTES). */
+static uint64_t out_bytes(const cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
+  uint64_t L = (uint64_t)op->count * op->es, n = (uint64_t)op->size, sum = 0;
+  switch (op->type) {
+  case TDIST_OP_ALL_GATHER:
+  case TDIST_OP_ALL_TO_ALL: return L * n;
+  case TDIST_OP_GATHER: return op->rank == op->root ? L * n : 0;
+  case TDIST_OP_REDUCE: return op->rank == op->root ? L : 0;
+  case TDIST_OP_ALL_TO_ALL_V:
+  case TDIST_OP_ALL_GATHER_V:
+    for (int m = 0; m < op->size; m++)
+      sum += a->rcounts[m];
+    return sum * op->es;
+  case TDIST_OP_BARRIER: return 0;
+  default: return L; /* broadcast, scatter, all_reduce, reduce_scatter */
+  }
+}
+
 /* The local part: copied at post (what algos.c / algos_v.c copy at setup),
  * or, for the own block of an all_to_all or all_to_all_v larger than a
  * slot (disjoint buffers: the core refuses others), a slot's worth at a
@@ -285,7 +305,7 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all) {
   struct cpu_sc_opst *s = &op->sc;
   if (!s->lc_left) return 0;
   size_t l = all ? s->lc_left : min64(op->cg->sc->F, s->lc_left);
-  tdist__cpu_copy(s->lc_dst, s->lc_src, l);
+  sc_out_copy(op, s->lc_dst, s->lc_src, l);
   s->lc_dst += l;
   s->lc_src += l;
   s->lc_left -= l;
@@ -354,6 +374,8 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   default: s->role = SC_ROLE_ALL; break;
   }
   s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op) : total_of(op, op->rank);
+  int64_t stream = tdist__param_CpuScStreamBytes();
+  s->stream = stream > 0 && out_bytes(op) >= (uint64_t)stream;
   /* The input an output written step by step could overwrite first. */
   size_t L = op->count * op->es, in = 0;
   const uint8_t *out = a->recvbuf, *sb = a->sendbuf;
@@ -594,7 +616,7 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       if (ch->desc[m].addr) {
         if (read_in_place(ch, op, m, &ch->desc[m], j * c, dest_of(op, m), len) != 0) return -1;
       } else {
-        tdist__cpu_copy(dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
+        sc_out_copy(op, dest_of(op, m) + j * c, pcs[m] + a2av_at(op, m, op->rank), len);
       }
     }
     return 0;
@@ -623,7 +645,7 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
         return -1;
       continue;
     }
-    tdist__cpu_copy(dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
+    sc_out_copy(op, dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
   }
   return 0;
 }
@@ -633,5 +655,5 @@ void tdist__cpu_sc_own_step(cpu_sc_t *ch, const cpu_op_t *op, uint64_t j, const 
   uint64_t L = (uint64_t)op->count * op->es, lo = j * ch->F;
   if (op->type != TDIST_OP_ALL_GATHER || L <= ch->F || lo >= L) return;
   uint8_t *own = (uint8_t *)a->recvbuf + (size_t)op->rank * L;
-  if (own != a->sendbuf) tdist__cpu_copy(own + lo, given, min64(ch->F, L - lo));
+  if (own != a->sendbuf) sc_out_copy(op, own + lo, given, min64(ch->F, L - lo));
 }

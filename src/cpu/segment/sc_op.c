@@ -391,7 +391,7 @@ static int consume_two(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
       memcpy(&l, pcs[m], sizeof(l));
       if (tdist__cpu_sc_lent_read(ch, op, m, &l, l.out + a, out + a, b - a) != 0) return -1;
     } else {
-      tdist__cpu_copy(out + a, pcs[m] + a, b - a);
+      sc_out_copy(op, out + a, pcs[m] + a, b - a);
     }
   }
   s->phase = 0;
