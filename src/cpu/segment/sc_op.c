@@ -549,7 +549,7 @@ static void leave_unchecked(cpu_group_t *cg, cpu_sc_t *ch, const cpu_op_t *op) {
  * it is counted (no locked add on a small op's path: transport.h says what
  * that costs). */
 static void op_out(cpu_sc_t *ch) {
-  tdist__cpu_sc_ovf_done(ch);
+  if (ch->novf) tdist__cpu_sc_ovf_done(ch);
   atomic_store_explicit(&tdist__cpu_sc_ops,
                         atomic_load_explicit(&tdist__cpu_sc_ops, memory_order_relaxed) + 1,
                         memory_order_relaxed);
@@ -611,6 +611,17 @@ static int verify_ops(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
 }
 
 static int verify(cpu_group_t *cg, cpu_sc_t *ch) { return verify_ops(cg, ch, 0); }
+
+/* Has verify_ops anything to do for a giver that runs ahead (nunverified
+ * at least SC_VERIFY_BATCH)? Not while its oldest unchecked op is at or
+ * above the members' lowest vseq seen, their vseq is not due for another
+ * look and the signatures are not due to be read (SC_VERIFY_DEEP): the
+ * now lane of a broadcast root asks every op, and the call was a
+ * twenty-fifth of the root's instructions. */
+static int verify_due(const cpu_sc_t *ch) {
+  return ch->nunverified >= (int)SC_VERIFY_DEEP || ch->nunverified % SC_VERIFY_BATCH == 0 ||
+         ch->unverified[ch->uv_head].cseq < ch->vmin;
+}
 
 /* Complete the head op if what it must know is known: 1 done, 0 not yet. */
 static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
@@ -798,9 +809,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op.size = cg->size;
   op.cseq = cg->next_cseq;
   op.p2p = 0; /* and no v-op */
-  /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES): one the engine runs
-   * takes the slow lane, which posts it there. */
-  if (!tdist__cpu_sc_takes(cg, &op)) return 0;
+  /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES; tdist__cpu_sc_takes
+   * for a fixed-size op of a working channel): one the engine runs takes
+   * the slow lane, which posts it there. */
+  if (!below_max(op.count, op.es)) return 0;
   if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
   /* One step (SC_NOW_BYTES is below the two-phase size; a slot is at
    * least as large unless set smaller), and room for it: its line, and its
@@ -814,7 +826,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * nothing left unchecked before it. */
   if (s->role == SC_ROLE_GIVE) {
     if (!s->total) return 0;
-    if (ch->nunverified >= SC_VERIFY_BATCH &&
+    if (ch->nunverified >= SC_VERIFY_BATCH && verify_due(ch) &&
         verify_ops(cg, ch, ch->nunverified < (int)SC_VERIFY_DEEP) != 0)
       return 0;
     if (ch->nunverified >= SC_LAG) return 0;
