@@ -510,8 +510,21 @@ void tdist__cpu_sc_bell_drain(cpu_ctx_t *ctx);
 void tdist__cpu_sc_ovf_forget(cpu_ctx_t *ctx, uint64_t uid);
 
 /* ---- sc_op.c: the ops -------------------------------------------------------- */
-/* This collective of cg runs over the channel (see "Which ops" above). */
-int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op);
+/* This collective of cg runs over the channel (see "Which ops" above).
+ * Inline: the now lane asks it on every small op. */
+static inline int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
+  const cpu_sc_t *ch = cg->sc;
+  if (!ch || ch->broken) return 0;
+  switch (op->type) {
+  case TDIST_OP_GATHER_V:
+  case TDIST_OP_SCATTER_V: return 0; /* stream lengths known to the root alone */
+  default: {
+    if (tdist_backend_op_is_v(op->type)) return 1;
+    int64_t max = tdist__param_CpuScMaxBytes(); /* fixed size: below the limit? */
+    return max <= 0 || (unsigned __int128)op->count * op->es < (uint64_t)max;
+  }
+  }
+}
 /* (engine lock) Post op (on cg->ops already, its cseq set): sign it and
  * queue it. 0, or an error (reported as the group's failure by the caller). */
 int tdist__cpu_sc_post(cpu_op_t *op);

@@ -42,23 +42,6 @@ _Atomic uint64_t tdist__cpu_sc_ops;
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-/* Is a fixed-size collective of count elements of es bytes below
- * TDIST_CPU_SC_MAX_BYTES (sc.h)? */
-static int below_max(size_t count, size_t es) {
-  int64_t max = tdist__param_CpuScMaxBytes();
-  return max <= 0 || (unsigned __int128)count * es < (uint64_t)max;
-}
-
-int tdist__cpu_sc_takes(const cpu_group_t *cg, const cpu_op_t *op) {
-  const cpu_sc_t *ch = cg->sc;
-  if (!ch || ch->broken) return 0;
-  switch (op->type) {
-  case TDIST_OP_GATHER_V:
-  case TDIST_OP_SCATTER_V: return 0; /* stream lengths known to the root alone */
-  default: return tdist_backend_op_is_v(op->type) || below_max(op->count, op->es);
-  }
-}
-
 /* ---- signatures ---------------------------------------------------------------- */
 
 /* May this member write its signature entry of collective cseq (entry
@@ -568,7 +551,7 @@ static void op_out(cpu_sc_t *ch) {
  * line (written by its reader moments before) was a third of the root's
  * time at n = 2. shallow: that only (ops not covered stay); else the
  * others' signatures are read for the rest. */
-static int verify_ops(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
+static int verify_scan(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
   /* The members' vseq lines are also their done lines, which a reader
    * rewrites every op: looked at again only every SC_VERIFY_BATCH ops
    * when shallow. */
@@ -610,18 +593,19 @@ static int verify_ops(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
   return 0;
 }
 
-static int verify(cpu_group_t *cg, cpu_sc_t *ch) { return verify_ops(cg, ch, 0); }
-
-/* Has verify_ops anything to do for a giver that runs ahead (nunverified
- * at least SC_VERIFY_BATCH)? Not while its oldest unchecked op is at or
- * above the members' lowest vseq seen, their vseq is not due for another
- * look and the signatures are not due to be read (SC_VERIFY_DEEP): the
- * now lane of a broadcast root asks every op, and the call was a
- * twenty-fifth of the root's instructions. */
-static int verify_due(const cpu_sc_t *ch) {
-  return ch->nunverified >= (int)SC_VERIFY_DEEP || ch->nunverified % SC_VERIFY_BATCH == 0 ||
-         ch->unverified[ch->uv_head].cseq < ch->vmin;
+/* verify_scan, which a shallow check leaves at once while the members'
+ * vseq is not due for another look and the oldest unchecked op is not
+ * below the lowest vseq seen: asked here, inline, the now lane of a
+ * broadcast root (which checks every op) no longer paid a twenty-fifth of
+ * its instructions for the call. */
+static inline int verify_ops(cpu_group_t *cg, cpu_sc_t *ch, int shallow) {
+  if (shallow && ch->nunverified % SC_VERIFY_BATCH != 0 &&
+      ch->unverified[ch->uv_head].cseq >= ch->vmin)
+    return 0;
+  return verify_scan(cg, ch, shallow);
 }
+
+static int verify(cpu_group_t *cg, cpu_sc_t *ch) { return verify_ops(cg, ch, 0); }
 
 /* Complete the head op if what it must know is known: 1 done, 0 not yet. */
 static int finish(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
@@ -809,10 +793,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op.size = cg->size;
   op.cseq = cg->next_cseq;
   op.p2p = 0; /* and no v-op */
-  /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES; tdist__cpu_sc_takes
-   * for a fixed-size op of a working channel): one the engine runs takes
-   * the slow lane, which posts it there. */
-  if (!below_max(op.count, op.es)) return 0;
+  /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES): one the engine runs
+   * takes the slow lane, which posts it there. */
+  if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
   /* One step (SC_NOW_BYTES is below the two-phase size; a slot is at
    * least as large unless set smaller), and room for it: its line, and its
@@ -826,7 +809,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * nothing left unchecked before it. */
   if (s->role == SC_ROLE_GIVE) {
     if (!s->total) return 0;
-    if (ch->nunverified >= SC_VERIFY_BATCH && verify_due(ch) &&
+    if (ch->nunverified >= SC_VERIFY_BATCH &&
         verify_ops(cg, ch, ch->nunverified < (int)SC_VERIFY_DEEP) != 0)
       return 0;
     if (ch->nunverified >= SC_LAG) return 0;
