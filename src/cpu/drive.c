@@ -74,7 +74,7 @@
 static void caller_leave(cpu_ctx_t *ctx, int had) {
   int wake = ctx->loop_stale && !had;
   ctx->caller = 0;
-  pthread_mutex_unlock(&ctx->mu);
+  tdist__mutex_unlock(&ctx->mu);
   if (wake) tdist_backend_wake_any();
 }
 
@@ -88,7 +88,7 @@ int tdist__cpu_submit(void *state, tdist_backend_op_t *bop) {
   /* A lock, not a try: the progress thread holds it for one short pass,
    * and starting the op here saves the hand-off to that thread. */
   if (tdist__param_CpuDrive() && atomic_load(&cg->queued) == 0) {
-    pthread_mutex_lock(&ctx->mu);
+    tdist__mutex_lock(&ctx->mu);
     int had = ctx->loop_stale;
     ctx->caller = 1;
     if (!cg->aborted && atomic_load(&cg->queued) == 0) {
@@ -145,8 +145,8 @@ static void poll_stop(cpu_ctx_t *ctx) {
      * polls a group only while it has ops in flight, and what waits may be
      * a control message of a finished op (an ACK, a signature), so this
      * caller retries them itself, waiting for the lock as submit does. */
-    pthread_mutex_lock(&ctx->mu);
-  } else if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) {
+    tdist__mutex_lock(&ctx->mu);
+  } else if (!tdist__param_CpuDrive() || !tdist__mutex_trylock(&ctx->mu)) {
     tdist_backend_wake_any();
     return;
   }
@@ -168,7 +168,7 @@ static int test_pass(cpu_group_t *cg, tdist_backend_op_t *bop, int spin, int las
   cpu_bop_t *b = cpu_bop(bop);
   cpu_ctx_t *ctx = cg->ctx;
   if (atomic_load_explicit(&b->ok, memory_order_acquire)) return 1;
-  if (!tdist__param_CpuDrive() || pthread_mutex_trylock(&ctx->mu) != 0) return 0;
+  if (!tdist__param_CpuDrive() || !tdist__mutex_trylock(&ctx->mu)) return 0;
   int had = ctx->loop_stale;
   ctx->caller = 1;
   uint64_t moves = ctx->moves;

@@ -71,6 +71,7 @@
 #include "util/clock.h"
 #include "util/list.h"
 #include "util/log.h"
+#include "util/mutex.h"
 #include "util/param.h"
 #include "cpu/base/copy.h"
 #include "cpu/base/shm.h"
@@ -494,7 +495,7 @@ struct cpu_ctx {
   tdist__cpu_shm_seg_t shm;
   uv_idle_t ring_idle;
   int ring_idle_on;
-  pthread_mutex_t mu;
+  tdist__mutex_t mu;  /* util/mutex.h: its free paths inline */
   int caller;         /* the holder is a caller thread: the loop is not ours to touch */
   int loop_stale;     /* a caller left loop work (watch, timers, failures, completions) */
   tdist__list_t held; /* tdist_backend_op_t.link: completions not given to the core yet */

@@ -57,7 +57,7 @@ static void loop_sync(cpu_ctx_t *ctx) {
 /* What a caller left is handed over first: its completions and failures
  * came before anything this entry finds. */
 void tdist__cpu_enter(cpu_ctx_t *ctx) {
-  pthread_mutex_lock(&ctx->mu);
+  tdist__mutex_lock(&ctx->mu);
   if (ctx->loop_stale) loop_sync(ctx);
 }
 
@@ -66,7 +66,7 @@ void tdist__cpu_leave(cpu_ctx_t *ctx) {
    * segment's sleeping pass), before the loop is brought up to date. */
   ctx->hooks->leave(ctx);
   if (ctx->loop_stale) loop_sync(ctx);
-  pthread_mutex_unlock(&ctx->mu);
+  tdist__mutex_unlock(&ctx->mu);
 }
 
 /* ---- reports the progress thread makes for a driving caller ------------------- */

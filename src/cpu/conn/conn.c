@@ -279,7 +279,7 @@ static cpu_ctx_t *ctx_new(const tdist_backend_params_t *p, const cpu_tp_events_t
   tdist__list_init(&ctx->ready);
   tdist__list_init(&ctx->held);
   tdist__list_init(&ctx->ovfs);
-  pthread_mutex_init(&ctx->mu, NULL);
+  tdist__mutex_init(&ctx->mu);
   pthread_mutex_init(&ctx->mark_mu, NULL);
   return ctx;
 }
@@ -304,7 +304,6 @@ static void ctx_free_unstarted(cpu_ctx_t *ctx) {
   tdist__cpu_shm_release(ctx);
   tdist__cpu_sc_bell_close(ctx); /* never watched: closes its sockets */
   tdist__cpu_sc_ovf_forget(ctx, 0);
-  pthread_mutex_destroy(&ctx->mu);
   pthread_mutex_destroy(&ctx->mark_mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
@@ -483,7 +482,6 @@ void tdist__cpu_ctx_maybe_free(cpu_ctx_t *ctx) {
   tdist__cpu_buf_drain(ctx);
   tdist__cpu_sc_ovf_forget(ctx, 0);
   tdist__cpu_shm_release(ctx);
-  pthread_mutex_destroy(&ctx->mu);
   pthread_mutex_destroy(&ctx->mark_mu);
   tdist__free(ctx->conns);
   tdist__free(ctx);
