@@ -489,6 +489,9 @@ int tdist__work_start(tdist_work_t *w, int sync, const atomic_int *aborted) {
   if (!w->test) return 0;
   if (sync && tdist__param_InlineSync()) {
     w->spun = 1; /* a wait that follows goes to sleep at once (wait_until) */
+    /* The run's first test before spin sets its windows up: most small ops
+     * are done here (the CPU backend's now lane finished them in submit). */
+    if (test_once(w, TDIST_BACKEND_TEST_SPIN, 1) == 1) return 1;
     return spin(w, 1, 0, aborted);
   }
   return test_once(w, 0, 1) == 1; /* progress once inline */
