@@ -12,8 +12,6 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
-#include <stdint.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
