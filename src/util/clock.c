@@ -10,14 +10,13 @@
  * when the two counter reads are close, so a thread preempted between them
  * does not skew the line.
  *
- * Re-anchoring, once a period (the origin's age, up to 1 s): the new line
- * starts where the old one is when it replaces it, a hair ahead
- * (publish_slew: so no reader ever sees time go back), and reaches
- * CLOCK_MONOTONIC one period later. Only a gap above 1 ms (no read
- * for a long time, the rate far off) steps it to CLOCK_MONOTONIC at once,
- * forward: every value handed out before came from the old line's span,
- * which ended before. A line ahead of CLOCK_MONOTONIC slows down (to half
- * speed at most) until it is caught up.
+ * Re-anchoring, once a period (the origin's age, up to 1 s), and only
+ * then: the new line starts where the old one is when it replaces it, a
+ * hair ahead (publish_slew: so no reader ever sees time go back), or at
+ * CLOCK_MONOTONIC if the old line is behind it (a step forward), and
+ * reaches CLOCK_MONOTONIC one period later. A line ahead of
+ * CLOCK_MONOTONIC slows down (to half speed at most) until it is caught
+ * up.
  *
  * Threads: any. The anchoring thread holds `mu` for a few clock reads; a
  * reader that finds it held does not take it: it reads the current line,
@@ -47,7 +46,6 @@ static int64_t sys_ns(void) {
 
 #define CAL_NS 1000000LL       /* the origin's age before the line is used */
 #define PERIOD_NS 1000000000LL /* between anchorings, at most */
-#define STEP_NS 1000000LL      /* a gap larger than this is stepped, not slewed */
 #define SLEW_AHEAD 256u        /* ticks (about 0.1 us): an out-of-order window and more */
 #define PAIR_TICKS 2000u       /* two counter reads further apart (about 0.8 us): preempted */
 
@@ -155,16 +153,22 @@ static void publish(uint64_t tsc0, int64_t ns0, uint64_t mult, uint64_t span) {
   store_line(tsc0, ns0, mult, span, line_open());
 }
 
-/* (mu) The slew: the new line starts where the old one is at a counter
- * value read once readers can no longer take the old one (seq odd, and a
- * full fence: RDTSC is then ordered after the store), plus SLEW_AHEAD
- * ticks. Had it started at the pair's counter value, a reader that took
- * the old line after the pair would find the new one, if slower, below
- * what it read a moment before (core_clock under TSan saw that once); the
- * margin covers a reader whose RDTSC ran late, out of order, after the
- * load that validated the old line. It reaches the pair's CLOCK_MONOTONIC,
- * carried on at the rate, one period later; a line ahead runs at half
- * speed at the least. */
+/* (mu) The new line starts where the old one is at a counter value read
+ * once readers can no longer take the old one (seq odd, and a full fence:
+ * RDTSC is then ordered after the store), plus SLEW_AHEAD ticks, or at
+ * CLOCK_MONOTONIC there if the old line is behind it (a step forward).
+ * Had it started at the pair's counter value, a reader that took the old
+ * line after the pair would find the new one, if slower, below what it
+ * read a moment before (core_clock under TSan saw that once); the margin
+ * covers a reader whose RDTSC ran late, out of order, after the load that
+ * validated the old line. Once the line is on, every value handed out is
+ * the line's, so starting at the larger of the two never goes back.
+ * Stepping rather than slewing up matters when the old line ran past its
+ * span (this thread preempted before anchoring): a young line's rate is
+ * off by up to a pair's width over a millisecond, and a slew from where it
+ * ended up would carry that error through the whole next period. The line
+ * reaches the pair's CLOCK_MONOTONIC, carried on at the rate, one period
+ * later; a line ahead runs at half speed at the least. */
 static void publish_slew(uint64_t t, int64_t r, uint64_t rate, int64_t pns, uint64_t period) {
   struct tdist__clock_line *l = &tdist__clock;
   uint32_t s = line_open();
@@ -173,17 +177,32 @@ static void publish_slew(uint64_t t, int64_t r, uint64_t rate, int64_t pns, uint
   int64_t f = at(atomic_load_explicit(&l->tsc0, memory_order_relaxed),
                  atomic_load_explicit(&l->ns0, memory_order_relaxed),
                  atomic_load_explicit(&l->mult, memory_order_relaxed), tp + SLEW_AHEAD);
+  int64_t now = r + (int64_t)(((unsigned __int128)(tp - t) * rate) >> 32);
+  if (f < now) f = now;
   int64_t target = r + (int64_t)(((unsigned __int128)(tp - t + period) * rate) >> 32);
   int64_t want = target - f;
   if (want < pns / 2) want = pns / 2;
   store_line(tp, f, (uint64_t)(((unsigned __int128)(uint64_t)want << 32) / period), period, s);
 }
 
-/* (mu) Anchor the line at a fresh pair, if the calibration allows. */
+/* (mu) Anchor the line at a fresh pair, if the calibration allows and
+ * the line is due (its span is over). A read comes here too when its
+ * counter lags the line's anchor (read early, out of order, or on another
+ * CPU just after the anchoring): its difference wraps and fails the inline
+ * span check. Anchoring then was a bug: every anchoring starts the new
+ * line SLEW_AHEAD ahead, and two threads reading in a loop re-anchored
+ * each other every few ms, so the line ran further ahead of
+ * CLOCK_MONOTONIC with each one (core_clock's forked children, under
+ * load, found it 20 us ahead). */
 static void anchor(void) {
   struct tdist__clock_line *l = &tdist__clock;
   uint64_t t, width;
   int64_t r;
+  int on = atomic_load_explicit(&l->on, memory_order_relaxed);
+  if (on) {
+    uint64_t now = __rdtsc(), tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
+    if (now < tsc0 || now - tsc0 < atomic_load_explicit(&l->span, memory_order_relaxed)) return;
+  }
   if (pair(&t, &r, &width) != 0) return;
   int64_t o = atomic_load_explicit(&org_ns, memory_order_relaxed);
   if (!o) {
@@ -200,7 +219,7 @@ static void anchor(void) {
    * about a pair's width (tens of ns) at its end, and slewed back. */
   int64_t pns = r - o < PERIOD_NS ? r - o : PERIOD_NS;
   uint64_t period = (uint64_t)(((unsigned __int128)(uint64_t)pns << 32) / rate);
-  if (!atomic_load_explicit(&l->on, memory_order_relaxed)) {
+  if (!on) {
     /* The first line, at a pair read now (the calibration's may be
      * milliseconds old if this thread was preempted since: the rate's
      * error over that time could put the line below a clock_gettime value
@@ -208,14 +227,6 @@ static void anchor(void) {
      * once), a pair's width ahead: no value handed out before is ahead. */
     if (pair(&t, &r, &width) == 0)
       publish(t, r + (int64_t)((width * rate) >> 32) + 1, rate, period);
-    return;
-  }
-  uint64_t tsc0 = atomic_load_explicit(&l->tsc0, memory_order_relaxed);
-  if (t <= tsc0) return; /* anchored meanwhile, past this pair */
-  int64_t f = at(tsc0, atomic_load_explicit(&l->ns0, memory_order_relaxed),
-                 atomic_load_explicit(&l->mult, memory_order_relaxed), t);
-  if (r - f > STEP_NS) { /* behind by more than a step: forward at once */
-    publish(t, r, rate, period);
     return;
   }
   publish_slew(t, r, rate, pns, period);
