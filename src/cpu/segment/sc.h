@@ -538,10 +538,15 @@ int tdist__cpu_sc_post(cpu_op_t *op);
  * every other member's signature and step are in already; any other (an
  * all_reduce, a barrier) signs and writes its step, and is done if the
  * others' are in, else it goes on as an engine op whose post and first
- * pass are done. Nothing before it may be left unchecked, except before a
+ * pass are done. An all_to_all_v of one step, SC_NOW_BYTES given in all,
+ * is such a writer; its length is every member's longest stream, which
+ * their signatures tell: one longer than a step goes on as the slow lane's
+ * own would. Nothing before it may be left unchecked, except before a
  * giver. 1 done (not posted, never completed: the core claims it), 2
- * started (bop->priv is its engine op, on the channel), 0 not taken
- * (nothing changed: post it), or a failure reported for the group. */
+ * started (bop->priv is its engine op, on the channel; also an op whose
+ * group failed in the lane, which that failure fails), 0 not taken
+ * (nothing changed: post it), or TDIST_ERR_NO_MEMORY (reported for the
+ * group too). */
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop);
 /* (engine lock, a waiter's test) An op the now lane started (2 above),
  * alone on its channel: done at once if the others' steps are in (1),

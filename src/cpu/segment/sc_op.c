@@ -714,14 +714,19 @@ int tdist__cpu_sc_post(cpu_op_t *op) {
  * member reads holds op's step: 1, else 0, or -1 where a signature
  * disagrees (left to the slow lane's pass, which reports it). */
 static int all_in(cpu_sc_t *ch, const cpu_op_t *op) {
+  int v = op->type == TDIST_OP_ALL_TO_ALL_V;
   for (int m = 0; m < op->size; m++) {
     if (m == op->rank) continue;
     sc_sig_t g;
     if (!step_sig(ch, op, m, &g) && !sig_read(ch, m, op->cseq, &g)) return 0;
-    if (g.optype != op->type || g.dtype != op->dtype || g.count != op->count ||
+    if (g.optype != op->type || g.dtype != op->dtype || (!v && g.count != op->count) ||
         (tdist_backend_op_is_rooted(op->type) && g.root != op->root) ||
         (tdist_backend_op_is_reducing(op->type) && g.redop != op->redop))
       return -1;
+    /* An all_to_all_v's length is in the signature: a stream longer than
+     * the one step the lane takes is left to a pass (its counts decide how
+     * many steps the op has, on every member alike). */
+    if (v && g.total > ch->F) return -1;
     if (op->sc.nsteps && reads(ch, op, m, 0)) {
       const sc_step_t *h = sc_line(ch, m, op->sc.s0);
       if (atomic_load_explicit(&h->step, memory_order_acquire) != op->sc.s0 + 1 ||
@@ -750,7 +755,10 @@ static int posted_all(const cpu_sc_t *ch, uint64_t cseq, uint64_t st) {
  * (1). Anything else would break all_in's word: the group fails rather
  * than complete the op without its data (0). */
 static int consume_one(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
-  if (!op->sc.nsteps || consume_step(ch, op, 0) == 1) return 1;
+  if (!op->sc.nsteps) return 1;
+  int r = consume_step(ch, op, 0);
+  if (r == 1) return 1;
+  if (r < 0) return 0; /* an all_to_all_v's counts disagree: reported, naming both */
   tdist__cpu_fail(cg, 0, TDIST_ERR_INTERNAL,
                   "cpu: collective #%llu: a step the now lane saw in could not be read",
                   (unsigned long long)op->cseq);
@@ -772,8 +780,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   /* Alone in its group: nothing queued before it on the channel or in the
    * engine (which numbers collectives with it), no engine message parked
    * for a number, its signature entry and its line free. */
+  int v = a->type == TDIST_OP_ALL_TO_ALL_V; /* the one v-op the lane takes */
   if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
-      tdist_backend_op_is_v(a->type) || !tdist__list_empty(&ch->ops) ||
+      (tdist_backend_op_is_v(a->type) && !v) || !tdist__list_empty(&ch->ops) ||
       !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
     return 0;
   /* The fields the segment's steps read, and its part zeroed (zeroing all
@@ -792,7 +801,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   op.rank = cg->rank;
   op.size = cg->size;
   op.cseq = cg->next_cseq;
-  op.p2p = 0; /* and no v-op */
+  op.p2p = 0;
   /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES): one the engine runs
    * takes the slow lane, which posts it there. */
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
@@ -802,6 +811,16 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * slot where the line cannot hold it. */
   uint64_t most = min64(SC_NOW_BYTES, ch->F);
   s->s0 = ch->next_step;
+  if (v) {
+    /* An all_to_all_v's stream is whole slots (a count prefix, then each
+     * destination's chunk at its place): one step, SC_NOW_BYTES given in
+     * all, and none read in place (lending is the large blocks' path). */
+    uint64_t given = 0;
+    for (int q = 0; q < op.size; q++)
+      given += (uint64_t)a->scounts[q] * op.es;
+    if (s->total > ch->F || given > most || tdist__cpu_sc_a2av_lends(&op)) return 0;
+    most = ch->F;
+  }
   if (s->tmp || s->total > most || !room(ch, s->s0, s->total)) return 0;
   /* A giver checks later (its batch first, verify_mode's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
@@ -831,6 +850,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
      * all_reduce's, all_gather's, all_to_all's: total_of); a barrier has
      * none. A writer's ranges (what it reads) come after its write. */
     s->nsteps = s->total ? 1 : 0;
+    /* An all_to_all_v's steps are every member's longest stream's: known
+     * once the signatures are in (all_in), as the slow lane's check_sigs
+     * learns them; until then the clock stays at its first step. */
+    if (v) s->nsteps = UINT64_MAX;
   } else {
     if (!posted_all(ch, op.cseq, s->s0)) return 0; /* a few loads first */
     uint64_t mx = tdist__cpu_sc_ranges(ch, &op);   /* the members' totals, what is read */
@@ -845,7 +868,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   int sig_in_line = s->total && s->total <= SC_SIG_INLINE;
   if (!sig_in_line) sign(ch, &op);
   s->started = 1;
-  ch->next_step = s->s0 + s->nsteps;
+  if (!v) ch->next_step = s->s0 + s->nsteps;
   ch->totals[ch->me] = s->total;
   if (s->total) {
     write_step(ch, &op, 0, s->s0);
@@ -873,33 +896,50 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
       in = all_in(ch, &op);
     }
   }
-  if (in != 1) {
-    cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
-    if (!eop) {
-      tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
-                      "cpu: no memory for collective #%llu, which this rank signed",
-                      (unsigned long long)op.cseq);
-      return -1;
+  if (in == 1) {
+    /* Every piece it reads is in (all_in): the step is consumed (an
+     * all_to_all_v's counts checked against the givers' prefixes), and
+     * the op is checked. */
+    if (v) {
+      s->nsteps = 1;
+      ch->next_step = s->s0 + 1;
     }
-    eop->cseq = op.cseq;
-    eop->posted_at = 0; /* as post_sc (backend.c) */
-    eop->probe_at = UINT64_MAX;
-    eop->sc = *s;
-    eop->sc.on = 1;
-    eop->sc.now = 1;
-    tdist__list_init(&eop->sc.link);
-    tdist__list_push_back(&ch->ops, &eop->sc.link);
-    publish_vseq(cg, ch);
-    tdist__cpu_sc_bells(ch, cg->ctx);
-    return 2;
+    if (consume_one(cg, ch, &op)) {
+      now_done(cg, ch, &op);
+      publish_vseq(cg, ch);
+      tdist__cpu_sc_bells(ch, cg->ctx);
+      return 1;
+    }
+    /* The group failed (reported: counts that disagree, or a step that
+     * could not be read). The op is numbered and signed: it goes on as an
+     * engine op, which the group's failure fails with its cause (a bare
+     * error from the submit would name nothing). */
   }
-  /* Every piece it reads is in (all_in; no v-op, so no count to refuse):
-   * the step is consumed, and the op is checked. */
-  if (!consume_one(cg, ch, &op)) return -1;
-  now_done(cg, ch, &op);
+  cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
+  if (!eop) {
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
+                    "cpu: no memory for collective #%llu, which this rank signed",
+                    (unsigned long long)op.cseq);
+    return TDIST_ERR_NO_MEMORY;
+  }
+  eop->cseq = op.cseq;
+  eop->posted_at = 0; /* as post_sc (backend.c) */
+  eop->probe_at = UINT64_MAX;
+  eop->sc = *s;
+  eop->sc.on = 1;
+  /* An all_to_all_v goes on as the slow lane's own would after its first
+   * write: unchecked, its length unknown (the signatures tell a pass), its
+   * ranges empty until the counts are read (start's; ranges cleared them). */
+  eop->sc.now = !v && in != 1;
+  if (v) {
+    eop->sc.nsteps = UINT64_MAX;
+    ch->next_step = s->s0;
+  }
+  tdist__list_init(&eop->sc.link);
+  tdist__list_push_back(&ch->ops, &eop->sc.link);
   publish_vseq(cg, ch);
   tdist__cpu_sc_bells(ch, cg->ctx);
-  return 1;
+  return 2;
 }
 
 int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop) {
