@@ -362,9 +362,8 @@ static int overlaps(const void *a, size_t al, const void *b, size_t bl) {
          (const uint8_t *)b < (const uint8_t *)a + al;
 }
 
-int tdist__cpu_sc_plan_post(cpu_op_t *op) {
+void tdist__cpu_sc_plan(cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
-  const tdist_backend_args_t *a = op->args;
   int root = op->rank == op->root;
   switch (op->type) {
   case TDIST_OP_BROADCAST: s->role = root ? SC_ROLE_GIVE : SC_ROLE_ROOT; break;
@@ -376,23 +375,36 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op) : total_of(op, op->rank);
   int64_t stream = tdist__param_CpuScStreamBytes();
   s->stream = stream > 0 && out_bytes(op) >= (uint64_t)stream;
-  /* The input an output written step by step could overwrite first. */
+}
+
+size_t tdist__cpu_sc_tmp_bytes(const cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
   size_t L = op->count * op->es, in = 0;
   const uint8_t *out = a->recvbuf, *sb = a->sendbuf;
   int in_place = out == sb;
   switch (op->type) {
   case TDIST_OP_ALL_REDUCE: in = L; break;
-  case TDIST_OP_REDUCE: in = root ? L : 0; break;
+  case TDIST_OP_REDUCE: in = op->rank == op->root ? L : 0; break;
   case TDIST_OP_REDUCE_SCATTER:
     in = (size_t)op->size * L;
     in_place = sb && out == sb + (size_t)op->rank * L;
     break;
   default: break;
   }
-  if (in && !in_place && overlaps(sb, in, out, L)) {
+  return in && !in_place && overlaps(sb, in, out, L) ? in : 0;
+}
+
+void tdist__cpu_sc_plan_local(cpu_op_t *op) { local_part(op); }
+
+int tdist__cpu_sc_plan_post(cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  tdist__cpu_sc_plan(op);
+  /* The input an output written step by step could overwrite first. */
+  size_t in = tdist__cpu_sc_tmp_bytes(op);
+  if (in) {
     s->tmp = tdist__cpu_buf_get(op->cg->ctx, in);
     if (!s->tmp) return TDIST_ERR_NO_MEMORY;
-    tdist__cpu_copy(s->tmp, sb, in);
+    tdist__cpu_copy(s->tmp, op->args->sendbuf, in);
   }
   local_part(op);
   return 0;

@@ -805,7 +805,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   /* The channel's own choice (TDIST_CPU_SC_MAX_BYTES): one the engine runs
    * takes the slow lane, which posts it there. */
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
-  if (tdist__cpu_sc_plan_post(&op) != 0) return 0; /* the slow lane reports it */
+  /* Planned, nothing copied yet (plan_local, once it is taken); an input
+   * to copy aside takes the slow lane. */
+  tdist__cpu_sc_plan(&op);
+  if (tdist__cpu_sc_tmp_bytes(&op)) return 0;
   /* One step (SC_NOW_BYTES is below the two-phase size; a slot is at
    * least as large unless set smaller), and room for it: its line, and its
    * slot where the line cannot hold it. */
@@ -821,7 +824,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     if (s->total > ch->F || given > most || tdist__cpu_sc_a2av_lends(&op)) return 0;
     most = ch->F;
   }
-  if (s->tmp || s->total > most || !room(ch, s->s0, s->total)) return 0;
+  if (s->total > most || !room(ch, s->s0, s->total)) return 0;
   /* A giver checks later (its batch first, verify_mode's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
    * waits for the abort); a member that receives completes only with
@@ -863,7 +866,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   }
   /* post, start, its one step: as the slow lane's post and first pass. A
    * step line that carries the signature (step_sign) is written before
-   * the ring's entry: that line is what the others wait for. */
+   * the ring's entry: that line is what the others wait for. The local
+   * part first, as the slow lane's post copies it. */
+  tdist__cpu_sc_plan_local(&op);
   cg->next_cseq++;
   int sig_in_line = s->total && s->total <= SC_SIG_INLINE;
   if (!sig_in_line) sign(ch, &op);
