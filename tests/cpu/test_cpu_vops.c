@@ -11,6 +11,8 @@
  *   and out of place where the op allows it; every dtype of the original
  *   eight; every reduction of reduce_scatter_v; several v-ops in flight at
  *   once;
+ *   one rank's all_to_all_v block above a slot while the others give a few
+ *   elements (the now lane meets a longer stream, or a block read in place);
  *   local argument errors (INVALID_ARGUMENT, nothing submitted);
  *   counts that disagree between ranks: MISMATCH on every rank, naming both
  *   numbers (in a subgroup, so the world goes on);
@@ -306,6 +308,42 @@ static int mismatch(tdist_group_t *world, int rank, int n, int which) {
   return 0;
 }
 
+/* One member gives a block larger than a slot (400 KiB), the others a few
+ * elements each: the small givers take the now lane and meet a stream
+ * longer than their one step (handed to the slow lane: two ranks), or a
+ * block read in place (lent where the ranks outnumber the CPUs: one step,
+ * read in the lane); the large giver takes the slow lane. The large rank
+ * moves each round; every element is checked. */
+static int lopsided(tdist_group_t *g, int rank, int n) {
+  const size_t big = 100000;
+  for (int round = 0; round < 2 * n; round++) {
+    int L = round % n, dst = (L + 1) % n;
+    size_t sc[8], rc[8], so[9] = {0}, ro[9] = {0};
+    for (int j = 0; j < n; j++) {
+      sc[j] = rank == L && j == dst ? big : (size_t)((rank + j + round) % 3);
+      rc[j] = j == L && rank == dst ? big : (size_t)((j + rank + round) % 3);
+      so[j + 1] = so[j] + sc[j];
+      ro[j + 1] = ro[j] + rc[j];
+    }
+    int32_t *in = malloc((so[n] + 1) * sizeof(int32_t)),
+            *out = malloc((ro[n] + 1) * sizeof(int32_t));
+    MP_CHECK(in && out);
+    for (int j = 0; j < n; j++)
+      for (size_t e = 0; e < sc[j]; e++)
+        in[so[j] + e] = rank * 1000003 + j * 7919 + round * 31 + (int32_t)e;
+    for (size_t e = 0; e < ro[n]; e++)
+      out[e] = -1;
+    MP_CHECK_RC(tdist_all_to_all_v(g, in, sc, NULL, out, rc, NULL, TDIST_INT32, NULL, NULL));
+    for (int j = 0; j < n; j++)
+      for (size_t e = 0; e < rc[j]; e++)
+        if (out[ro[j] + e] != j * 1000003 + rank * 7919 + round * 31 + (int32_t)e)
+          FAIL_AT("lopsided round %d: from %d element %zu is %d", round, j, e, (int)out[ro[j] + e]);
+    free(in);
+    free(out);
+  }
+  return 0;
+}
+
 static int store(tdist_group_t *g, int rank, int n) {
   tdist_store_t *s = tdist_group_store(g);
   MP_CHECK(s != NULL && tdist_group_store(g) == s);
@@ -386,6 +424,7 @@ static int child(int rank, int n, void *arg) {
       MP_CHECK(rout[e] == want);
     }
   }
+  if (n >= 2 && lopsided(g, rank, n)) return 1;
   if (n >= 2 && (mismatch(g, rank, n, 0) || mismatch(g, rank, n, 1))) return 1;
   MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
   MP_CHECK_RC(tdist_group_destroy(g));
