@@ -432,6 +432,9 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op);
 void tdist__cpu_sc_plan(cpu_op_t *op);
 /* Bytes of op's input to copy aside first (its output overlaps it), 0. */
 size_t tdist__cpu_sc_tmp_bytes(const cpu_op_t *op);
+/* (engine lock) The local part of the result: a member's own block copied
+ * now (to its place in the output), or left to copy a slot at a time while
+ * the op waits (a large all_to_all(_v) block: sc.lc_*). */
 void tdist__cpu_sc_plan_local(cpu_op_t *op);
 /* (engine lock, the op at the head) Fill ch->lo/hi: what this member reads
  * of each stream, and for a fixed-size op ch->totals first (a v-op's come

@@ -312,7 +312,7 @@ int tdist__cpu_sc_local_step(cpu_op_t *op, int all) {
   return 1;
 }
 
-static void local_part(cpu_op_t *op) {
+void tdist__cpu_sc_plan_local(cpu_op_t *op) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, L = op->count * es, r = (size_t)op->rank, own = 0, so = 0;
   uint8_t *rb = a->recvbuf;
@@ -394,8 +394,6 @@ size_t tdist__cpu_sc_tmp_bytes(const cpu_op_t *op) {
   return in && !in_place && overlaps(sb, in, out, L) ? in : 0;
 }
 
-void tdist__cpu_sc_plan_local(cpu_op_t *op) { local_part(op); }
-
 int tdist__cpu_sc_plan_post(cpu_op_t *op) {
   struct cpu_sc_opst *s = &op->sc;
   tdist__cpu_sc_plan(op);
@@ -406,7 +404,7 @@ int tdist__cpu_sc_plan_post(cpu_op_t *op) {
     if (!s->tmp) return TDIST_ERR_NO_MEMORY;
     tdist__cpu_copy(s->tmp, op->args->sendbuf, in);
   }
-  local_part(op);
+  tdist__cpu_sc_plan_local(op);
   return 0;
 }
 

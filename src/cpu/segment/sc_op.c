@@ -712,7 +712,8 @@ int tdist__cpu_sc_post(cpu_op_t *op) {
 /* The now lane's look (tdist__cpu_sc_now, _now_test): every other
  * member's signature of op is in and agrees, and each step line this
  * member reads holds op's step: 1, else 0, or -1 where a signature
- * disagrees (left to the slow lane's pass, which reports it). */
+ * disagrees (left to the slow lane's pass, which reports it) or tells an
+ * all_to_all_v stream longer than one step (a pass runs the op). */
 static int all_in(cpu_sc_t *ch, const cpu_op_t *op) {
   int v = op->type == TDIST_OP_ALL_TO_ALL_V;
   for (int m = 0; m < op->size; m++) {
@@ -758,7 +759,7 @@ static int consume_one(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   if (!op->sc.nsteps) return 1;
   int r = consume_step(ch, op, 0);
   if (r == 1) return 1;
-  if (r < 0) return 0; /* an all_to_all_v's counts disagree: reported, naming both */
+  if (r < 0) return 0; /* reported: all_to_all_v counts that disagree, a failed read in place */
   tdist__cpu_fail(cg, 0, TDIST_ERR_INTERNAL,
                   "cpu: collective #%llu: a step the now lane saw in could not be read",
                   (unsigned long long)op->cseq);
@@ -818,9 +819,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     /* An all_to_all_v's stream is whole slots (a count prefix, then each
      * destination's chunk at its place): one step, SC_NOW_BYTES given in
      * all, and none read in place (lending is the large blocks' path). */
-    uint64_t given = 0;
-    for (int q = 0; q < op.size; q++)
-      given += (uint64_t)a->scounts[q] * op.es;
+    uint64_t given = (uint64_t)op.count * op.es; /* count: the send_counts' sum (opcheck.h) */
     if (s->total > ch->F || given > most || tdist__cpu_sc_a2av_lends(&op)) return 0;
     most = ch->F;
   }
@@ -904,12 +903,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   if (in == 1) {
     /* Every piece it reads is in (all_in): the step is consumed (an
      * all_to_all_v's counts checked against the givers' prefixes), and
-     * the op is checked. */
-    if (v) {
-      s->nsteps = 1;
-      ch->next_step = s->s0 + 1;
-    }
+     * the op is checked. An all_to_all_v's length is known now: one step. */
     if (consume_one(cg, ch, &op)) {
+      if (v) ch->next_step = s->s0 + 1;
       now_done(cg, ch, &op);
       publish_vseq(cg, ch);
       tdist__cpu_sc_bells(ch, cg->ctx);
@@ -933,13 +929,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   eop->sc = *s;
   eop->sc.on = 1;
   /* An all_to_all_v goes on as the slow lane's own would after its first
-   * write: unchecked, its length unknown (the signatures tell a pass), its
-   * ranges empty until the counts are read (start's; ranges cleared them). */
+   * write: unchecked, its length unknown (nsteps UINT64_MAX, the clock at
+   * its first step: a pass learns both from the signatures), its ranges
+   * empty until the counts are read (start's; ranges cleared them). */
   eop->sc.now = !v && in != 1;
-  if (v) {
-    eop->sc.nsteps = UINT64_MAX;
-    ch->next_step = s->s0;
-  }
   tdist__list_init(&eop->sc.link);
   tdist__list_push_back(&ch->ops, &eop->sc.link);
   publish_vseq(cg, ch);
