@@ -401,8 +401,6 @@ static int reads(const cpu_sc_t *ch, const cpu_op_t *op, int m, uint64_t j) {
   return lo < hi;
 }
 
-/* Consume step j if every piece it reads is in: 1, 0 (not yet), -1 (a
- * mismatch in the v-op counts, reported). */
 /* This member is done with step st: its slot and line may be rewritten as
  * far as it is concerned (room). */
 static inline void step_done(cpu_sc_t *ch, cpu_ctx_t *ctx, uint64_t st) {
@@ -412,6 +410,8 @@ static inline void step_done(cpu_sc_t *ch, cpu_ctx_t *ctx, uint64_t st) {
   ctx->moves++;
 }
 
+/* Consume step j if every piece it reads is in: 1, 0 (not yet), -1 (a
+ * mismatch in the v-op counts, reported). */
 static int consume_step(cpu_sc_t *ch, cpu_op_t *op, uint64_t j) {
   uint64_t st = op->sc.s0 + j;
   unsigned slot = sc_slot(ch, st);
@@ -816,17 +816,22 @@ static const void *plain_give(const cpu_op_t *op) {
   }
 }
 
-/* The now lane's plainest giver (plain_give: a small broadcast's root, a
- * gather's or reduce's sender): what the lane's plan, write_step and
- * consume_step do for it, without their choices, in the same order (its
- * line, then its ring entry, the step counted, the op left unchecked). The
- * lane's general path was 720 of an 8-byte broadcast root's 1200
- * instructions at n = 2. 1 done; 0 not taken, nothing changed. */
-static int now_give(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *given) {
-  size_t len = op->count * op->es;
-  uint64_t st = ch->next_step;
-  if (!room(ch, st, len) || !give_unchecked(cg, ch)) return 0;
-  op->sc.total = len; /* the one field of op->sc the signatures read */
+/* An all_reduce whose input fits the op's step line beside its signature
+ * and is reduced as it is (now_sum), its output the input or apart from
+ * it: the whole op is its members' lines of one step. */
+static int plain_sum(const cpu_op_t *op) {
+  return op->type == TDIST_OP_ALL_REDUCE && op->count && op->count <= SC_SIG_INLINE / op->es &&
+         !tdist__cpu_sc_scales(op) && !tdist__cpu_sc_tmp_bytes(op);
+}
+
+/* Step st of this member, which holds its whole stream (len bytes of
+ * given, at most SC_SIG_INLINE) and the op's signature, goes out, and the
+ * op is numbered and signed: what the lane's plan, write_step and sign do
+ * for such a stream, without their choices, in the same order (the line
+ * the others wait for first, then the ring's entry, the record). */
+static void line_out(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *given, size_t len,
+                     uint64_t st) {
+  op->sc.total = len; /* the field of op->sc the signatures read */
   cg->next_cseq++;
   ch->next_step = st + 1;
   ch->totals[ch->me] = len;
@@ -836,13 +841,88 @@ static int now_give(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *giv
   h->len = (uint32_t)len;
   step_out(ch, cg->ctx, h, st, op->cseq);
   sign(ch, op);
-  step_done(ch, cg->ctx, st);
-  leave_unchecked(cg, ch, op);
+}
+
+/* An op of the lane done here, its step consumed: as now_done, then what
+ * the lane's end publishes. */
+static int line_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   op_out(ch);
   tdist__cpu_done_note(op);
   publish_vseq(cg, ch);
   tdist__cpu_sc_bells(ch, cg->ctx);
   return 1;
+}
+
+/* The now lane's plainest giver (plain_give: a small broadcast's root, a
+ * gather's or reduce's sender): its line (line_out), its step counted,
+ * the op left unchecked. The lane's general path was 720 of an 8-byte
+ * broadcast root's 1200 instructions at n = 2. 1 done; 0 not taken,
+ * nothing changed. */
+static int now_give(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *given) {
+  size_t len = op->count * op->es;
+  uint64_t st = ch->next_step;
+  if (!room(ch, st, len) || !give_unchecked(cg, ch)) return 0;
+  line_out(cg, ch, op, given, len, st);
+  step_done(ch, cg->ctx, st);
+  leave_unchecked(cg, ch, op);
+  return line_done(cg, ch, op);
+}
+
+/* now_sum's look at the others' lines of step st: 1 each holds op's step
+ * with its signature and it agrees, 0 one is not in yet, -1 one has no
+ * signature there or it disagrees (a pass reads the ring and reports). */
+static int sum_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
+  for (int m = 0; m < op->size; m++) {
+    if (m == op->rank) continue;
+    const sc_step_t *h = sc_line(ch, m, st);
+    if (atomic_load_explicit(&h->step, memory_order_acquire) != st + 1 || h->cseq != op->cseq)
+      return 0;
+    sc_sig_t g;
+    if (!step_sig(ch, op, m, &g) || g.optype != op->type || g.dtype != op->dtype ||
+        g.count != op->count || g.redop != op->redop)
+      return -1;
+  }
+  return 1;
+}
+
+static int now_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
+                        int in);
+
+/* The now lane's plainest all_reduce (plain_sum): its line out
+ * (line_out), then the others' looked at as the lane's writer does, and
+ * reduced from the lines in member order as consume_step would (the same
+ * bits on every member). Not all in: the op is given the state the lane's
+ * general path gives it at that point and handed over alike. The general
+ * path's plan, ranges, look and consume were half of an 8-byte all_reduce's
+ * 1840 instructions at n = 2. */
+static int now_sum(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
+  size_t len = op->count * op->es;
+  uint64_t st = ch->next_step;
+  if (!room(ch, st, len) || ch->nunverified || cg->lagging) return 0;
+  op->sc.s0 = st; /* step_sig's */
+  line_out(cg, ch, op, op->args->sendbuf, len, st);
+  int in = sum_in(ch, op, st);
+  for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
+    tdist__cpu_pause();
+    in = sum_in(ch, op, st);
+  }
+  if (in != 1) {
+    struct cpu_sc_opst *s = &op->sc;
+    memset(s, 0, sizeof(*s));
+    tdist__cpu_sc_plan(op);
+    s->s0 = st;
+    s->nsteps = 1;
+    s->started = 1;
+    s->wstep = 1;
+    tdist__cpu_sc_ranges(ch, op);
+    return now_handover(cg, ch, bop, op, in);
+  }
+  const uint8_t *pcs[SC_MAX_RANKS];
+  for (int m = 0; m < op->size; m++)
+    pcs[m] = sc_line(ch, m, st)->inl;
+  tdist__cpu_sc_reduce(op, op->args->recvbuf, pcs, 0, len);
+  step_done(ch, cg->ctx, st);
+  return line_done(cg, ch, op);
 }
 
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
@@ -877,6 +957,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   const void *plain = plain_give(&op);
   if (plain) return now_give(cg, ch, &op, plain);
+  if (plain_sum(&op)) return now_sum(cg, ch, bop, &op);
   memset(s, 0, sizeof(*s));
   /* Planned, nothing copied yet (plan_local, once it is taken); an input
    * to copy aside takes the slow lane. */
@@ -984,17 +1065,27 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
      * engine op, which the group's failure fails with its cause (a bare
      * error from the submit would name nothing). */
   }
+  return now_handover(cg, ch, bop, &op, in);
+}
+
+/* A lane op whose step is out and whose look found the others not in (0),
+ * or something a pass must decide (-1), goes on in the slow lane as an
+ * engine op whose post and first pass are done: 2. TDIST_ERR_NO_MEMORY
+ * (reported for the group too). */
+static int now_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
+                        int in) {
+  int v = op->type == TDIST_OP_ALL_TO_ALL_V;
   cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
   if (!eop) {
     tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
                     "cpu: no memory for collective #%llu, which this rank signed",
-                    (unsigned long long)op.cseq);
+                    (unsigned long long)op->cseq);
     return TDIST_ERR_NO_MEMORY;
   }
-  eop->cseq = op.cseq;
+  eop->cseq = op->cseq;
   eop->posted_at = 0; /* as post_sc (backend.c) */
   eop->probe_at = UINT64_MAX;
-  eop->sc = *s;
+  eop->sc = op->sc;
   eop->sc.on = 1;
   /* An all_to_all_v goes on as the slow lane's own would after its first
    * write: unchecked, its length unknown (nsteps UINT64_MAX, the clock at
