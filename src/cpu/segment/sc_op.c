@@ -829,8 +829,8 @@ static int plain_sum(const cpu_op_t *op) {
  * op is numbered and signed: what the lane's plan, write_step and sign do
  * for such a stream, without their choices, in the same order (the line
  * the others wait for first, then the ring's entry, the record). */
-static void line_out(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *given, size_t len,
-                     uint64_t st) {
+static inline void line_out(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *given,
+                            size_t len, uint64_t st) {
   op->sc.total = len; /* the field of op->sc the signatures read */
   cg->next_cseq++;
   ch->next_step = st + 1;
@@ -845,7 +845,7 @@ static void line_out(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *gi
 
 /* An op of the lane done here, its step consumed: as now_done, then what
  * the lane's end publishes. */
-static int line_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+static inline int line_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   op_out(ch);
   tdist__cpu_done_note(op);
   publish_vseq(cg, ch);
