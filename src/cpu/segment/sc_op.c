@@ -801,27 +801,33 @@ static inline int give_unchecked(cpu_group_t *cg, cpu_sc_t *ch) {
   return ch->nunverified < SC_LAG;
 }
 
-/* The plainest giver's stream (now_give): one buffer, copied as it is, that
- * fits the op's step line beside its signature (SC_SIG_INLINE). NULL for
- * any other op. */
-static const void *plain_give(const cpu_op_t *op) {
-  const tdist_backend_args_t *a = op->args;
-  if (!op->count || op->count > SC_SIG_INLINE / op->es) return NULL;
-  int root = op->rank == op->root;
-  switch (op->type) {
-  case TDIST_OP_BROADCAST: return root ? a->recvbuf : NULL;
-  case TDIST_OP_GATHER: return root ? NULL : a->sendbuf;
-  case TDIST_OP_REDUCE: return root || tdist__cpu_sc_scales(op) ? NULL : a->sendbuf;
-  default: return NULL;
-  }
+/* Does op's stream, count elements, fit its step line beside the
+ * signature (SC_SIG_INLINE)? No division: the lane asks for every op. */
+static inline int fits_line(const cpu_op_t *op) {
+  return op->count && op->count <= SC_SIG_INLINE && op->count * op->es <= SC_SIG_INLINE;
 }
 
-/* An all_reduce whose input fits the op's step line beside its signature
- * and is reduced as it is (now_sum), its output the input or apart from
- * it: the whole op is its members' lines of one step. */
+/* The plainest giver's stream (now_give): one buffer, copied as it is, that
+ * fits the op's step line (fits_line). NULL for any other op. */
+static const void *plain_give(const cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
+  int root = op->rank == op->root;
+  const void *given;
+  switch (op->type) {
+  case TDIST_OP_BROADCAST: given = root ? a->recvbuf : NULL; break;
+  case TDIST_OP_GATHER: given = root ? NULL : a->sendbuf; break;
+  case TDIST_OP_REDUCE: given = root || tdist__cpu_sc_scales(op) ? NULL : a->sendbuf; break;
+  default: return NULL;
+  }
+  return given && fits_line(op) ? given : NULL;
+}
+
+/* An all_reduce whose input fits the op's step line (fits_line) and is
+ * reduced as it is (now_sum), its output the input or apart from it: the
+ * whole op is its members' lines of one step. */
 static int plain_sum(const cpu_op_t *op) {
-  return op->type == TDIST_OP_ALL_REDUCE && op->count && op->count <= SC_SIG_INLINE / op->es &&
-         !tdist__cpu_sc_scales(op) && !tdist__cpu_sc_tmp_bytes(op);
+  return op->type == TDIST_OP_ALL_REDUCE && fits_line(op) && !tdist__cpu_sc_scales(op) &&
+         !tdist__cpu_sc_tmp_bytes(op);
 }
 
 /* Step st of this member, which holds its whole stream (len bytes of
@@ -936,8 +942,9 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
       (tdist_backend_op_is_v(a->type) && !v) || !tdist__list_empty(&ch->ops) ||
       !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
     return 0;
-  /* The fields the segment's steps read, and its part zeroed (zeroing all
-   * 416 bytes was a seventh of the lane): the engine's part is not used. */
+  /* The fields the segment's steps read, and its part zeroed once the op
+   * is not one of the plainest (zeroing all 416 bytes was a seventh of the
+   * lane; those set the one field they use): the engine's part is not used. */
   cpu_op_t op;
   struct cpu_sc_opst *s = &op.sc;
   op.cg = cg;
