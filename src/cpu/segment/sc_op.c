@@ -782,13 +782,23 @@ static int consume_one(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   return 0;
 }
 
-/* The rest of a now-lane op once its step is consumed: as the slow lane's
- * finish and completion, with no engine op to complete. */
-static void now_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
-  tdist__cpu_sc_local_step(op, 1);
-  if (op->sc.role == SC_ROLE_GIVE) leave_unchecked(cg, ch, op);
+/* The end of a now-lane op whose step is consumed and whose local part
+ * and unchecked record are seen to: as the slow lane's completion, with no
+ * engine op to complete, then what the lane publishes. 1 (done). */
+static inline int line_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
   op_out(ch);
   tdist__cpu_done_note(op);
+  publish_vseq(cg, ch);
+  tdist__cpu_sc_bells(ch, cg->ctx);
+  return 1;
+}
+
+/* The rest of a now-lane op of the general path once its step is
+ * consumed: as the slow lane's finish, then line_done. */
+static int now_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
+  tdist__cpu_sc_local_step(op, 1);
+  if (op->sc.role == SC_ROLE_GIVE) leave_unchecked(cg, ch, op);
+  return line_done(cg, ch, op);
 }
 
 /* May a giver of the now lane complete one more op unchecked? Its batch
@@ -847,16 +857,6 @@ static inline void line_out(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const v
   h->len = (uint32_t)len;
   step_out(ch, cg->ctx, h, st, op->cseq);
   sign(ch, op);
-}
-
-/* An op of the lane done here, its step consumed: as now_done, then what
- * the lane's end publishes. */
-static inline int line_done(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
-  op_out(ch);
-  tdist__cpu_done_note(op);
-  publish_vseq(cg, ch);
-  tdist__cpu_sc_bells(ch, cg->ctx);
-  return 1;
 }
 
 /* The now lane's plainest giver (plain_give: a small broadcast's root, a
@@ -1062,10 +1062,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
      * the op is checked. An all_to_all_v's length is known now: one step. */
     if (consume_one(cg, ch, &op)) {
       if (v) ch->next_step = s->s0 + 1;
-      now_done(cg, ch, &op);
-      publish_vseq(cg, ch);
-      tdist__cpu_sc_bells(ch, cg->ctx);
-      return 1;
+      return now_done(cg, ch, &op);
     }
     /* The group failed (reported: counts that disagree, or a step that
      * could not be read). The op is numbered and signed: it goes on as an
