@@ -54,6 +54,9 @@
  *   small_mismatch_bcast  the same for a small broadcast (2 vs 3 elements),
  *             whose root is done in its submit (the now lane): a rank whose
  *             broadcast succeeded (checked later) fails at its next op.
+ *   small_mismatch_bcast_late  the same, the receivers posting only once
+ *             the root's broadcast returned: each finds the root's step in
+ *             and reads the disagreement in its line (the now lane's taker).
  *   lanes_mismatch{,_bcast}  the last rank disagrees on the count of an
  *             all_reduce (a broadcast from rank 0) across
  *             TDIST_CPU_SC_MAX_BYTES (1 KiB here): its op runs on the
@@ -824,8 +827,8 @@ static int small_mismatch(int rank, int n, void *arg) {
   int32_t v[260] = {rank, 1, 2, 3};
   MP_CHECK_RC(tdist_all_reduce(g, v, v, 2, TDIST_INT32, TDIST_SUM, NULL, NULL)); /* agreed */
   MP_CHECK(v[0] == n * (n - 1) / 2 && v[1] == n);
-  int odd = rank == n - 1, rc;
-  const char *mine, *theirs; /* what the message must name */
+  int odd = rank == n - 1, rc, bcast_rc = 1; /* 1: no broadcast posted by this rank */
+  const char *mine, *theirs;                 /* what the message must name */
   switch (sh->variant) {
   case 0:
     rc = tdist_all_reduce(g, v, v, 2, odd ? TDIST_FLOAT32 : TDIST_INT32, TDIST_SUM, NULL, NULL);
@@ -873,16 +876,41 @@ static int small_mismatch(int rank, int n, void *arg) {
     if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 255", theirs = "count 257";
     break;
+  case 8:
+    /* A small broadcast whose receivers post only once the root's returned
+     * (done in its submit: its line is in): each receiver finds the root's
+     * step when it looks and takes the now lane's taker (sc_op.c,
+     * now_take), which must read the disagreement in the line's signature
+     * and leave it to a pass rather than copy 2 elements as 3. */
+    if (rank == 0) {
+      rc = tdist_broadcast(g, v, 2, TDIST_INT32, 0, NULL, NULL);
+      atomic_store(&sh->flag, 1);
+    } else {
+      for (int64_t t0 = tdist__now_ms(); !atomic_load(&sh->flag) && tdist__now_ms() - t0 < 30000;)
+        msleep(1);
+      MP_CHECK(atomic_load(&sh->flag) == 1);
+      rc = bcast_rc = tdist_broadcast(g, v, odd ? 3 : 2, TDIST_INT32, 0, NULL, NULL);
+    }
+    if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
+    mine = "count 2", theirs = "count 3";
+    break;
   default:
     /* A small broadcast: the root's is done in its submit (the now lane,
      * sc_op.c) and checked later, and a receiver that agrees with the root
      * checks the others later too where their signatures are not in yet:
      * such a rank's broadcast may succeed, and its next op that receives
      * must fail with the mismatch. */
-    rc = tdist_broadcast(g, v, odd ? 3 : 2, TDIST_INT32, 0, NULL, NULL);
+    rc = bcast_rc = tdist_broadcast(g, v, odd ? 3 : 2, TDIST_INT32, 0, NULL, NULL);
     if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 2", theirs = "count 3";
     break;
+  }
+  /* A receiver that disagrees with the root checks the root's signature
+   * before it reads a byte: its broadcast itself fails, never a later op. */
+  if (odd && rank != 0 && bcast_rc != 1 && bcast_rc != TDIST_ERR_MISMATCH) {
+    fprintf(stderr, "[rank %d] small_mismatch %d: its broadcast returned %s\n", rank, sh->variant,
+            tdist_err_name(bcast_rc));
+    return 1;
   }
   const char *msg = tdist_last_error();
   if (rc != TDIST_ERR_MISMATCH || !strstr(msg, "mismatch at collective #1") || !strstr(msg, mine) ||
@@ -969,6 +997,8 @@ int main(int argc, char **argv) {
   for (sh->variant = 6; sh->variant < 8; sh->variant++)
     RUN(kLanes[sh->variant - 6], small_mismatch);
   unsetenv("TDIST_CPU_SC_MAX_BYTES");
+  sh->variant = 8;
+  RUN("small_mismatch_bcast_late", small_mismatch);
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN
   return fails != 0;
