@@ -57,6 +57,8 @@
  *   small_mismatch_bcast_late  the same, the receivers posting only once
  *             the root's broadcast returned: each finds the root's step in
  *             and reads the disagreement in its line (the now lane's taker).
+ *   small_mismatch_gather  the same for a small all_gather (2 vs 3 int32):
+ *             every rank fails at the op itself.
  *   lanes_mismatch{,_bcast}  the last rank disagrees on the count of an
  *             all_reduce (a broadcast from rank 0) across
  *             TDIST_CPU_SC_MAX_BYTES (1 KiB here): its op runs on the
@@ -876,6 +878,14 @@ static int small_mismatch(int rank, int n, void *arg) {
     if (rc == 0) rc = tdist_all_reduce(g, v, v, 1, TDIST_INT32, TDIST_SUM, NULL, NULL);
     mine = "count 255", theirs = "count 257";
     break;
+  case 9: {
+    /* A small all_gather (the now lane's now_gather reads the signature in
+     * each member's line): 2 vs 3 int32, every rank fails at the op. */
+    int32_t out[4 * 64];
+    rc = tdist_all_gather(g, v, out, odd ? 3 : 2, TDIST_INT32, NULL, NULL);
+    mine = "count 2", theirs = "count 3";
+    break;
+  }
   case 8:
     /* A small broadcast whose receivers post only once the root's returned
      * (done in its submit: its line is in): each receiver finds the root's
@@ -999,6 +1009,8 @@ int main(int argc, char **argv) {
   unsetenv("TDIST_CPU_SC_MAX_BYTES");
   sh->variant = 8;
   RUN("small_mismatch_bcast_late", small_mismatch);
+  sh->variant = 9;
+  RUN("small_mismatch_gather", small_mismatch);
   unsetenv("TDIST_TRACE_ON_FAILURE");
 #undef RUN
   return fails != 0;

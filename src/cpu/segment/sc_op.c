@@ -874,10 +874,12 @@ static int now_give(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *giv
   return line_done(cg, ch, op);
 }
 
-/* now_sum's look at the others' lines of step st: 1 each holds op's step
- * with its signature and it agrees, 0 one is not in yet, -1 one has no
- * signature there or it disagrees (a pass reads the ring and reports). */
-static int sum_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
+/* The look of now_sum and now_gather at the others' lines of step st: 1
+ * each holds op's step with its signature and it agrees, 0 one is not in
+ * yet, -1 one has no signature there or it disagrees (a pass reads the
+ * ring and reports). */
+static inline int lines_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
+  int reducing = op->type == TDIST_OP_ALL_REDUCE;
   for (int m = 0; m < op->size; m++) {
     if (m == op->rank) continue;
     const sc_step_t *h = sc_line(ch, m, st);
@@ -885,7 +887,7 @@ static int sum_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
       return 0;
     sc_sig_t g;
     if (!step_sig(ch, op, m, &g) || g.optype != op->type || g.dtype != op->dtype ||
-        g.count != op->count || g.redop != op->redop)
+        g.count != op->count || (reducing && g.redop != op->redop))
       return -1;
   }
   return 1;
@@ -894,39 +896,73 @@ static int sum_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
 static int now_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
                         int in);
 
+/* A plainest op's line is out (line_out) and its look found the others
+ * not in (0) or something a pass must decide (-1): the op is given the
+ * state the lane's general path gives it at that point (one step, written)
+ * and handed over alike. */
+static int line_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
+                         uint64_t st, int in) {
+  struct cpu_sc_opst *s = &op->sc;
+  memset(s, 0, sizeof(*s));
+  tdist__cpu_sc_plan(op);
+  s->s0 = st;
+  s->nsteps = 1;
+  s->started = 1;
+  s->wstep = 1;
+  tdist__cpu_sc_ranges(ch, op);
+  return now_handover(cg, ch, bop, op, in);
+}
+
+/* A plainest op's line is out (line_out): the others' lines of step st
+ * looked at (lines_in) as the lane's writer does, up to
+ * TDIST_CPU_SC_NOW_LOOKS times more. */
+static inline int lines_look(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) {
+  int in = lines_in(ch, op, st);
+  for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
+    tdist__cpu_pause();
+    in = lines_in(ch, op, st);
+  }
+  return in;
+}
+
 /* The now lane's plainest all_reduce (plain_sum): its line out
- * (line_out), then the others' looked at as the lane's writer does, and
- * reduced from the lines in member order as consume_step would (the same
- * bits on every member). Not all in: the op is given the state the lane's
- * general path gives it at that point and handed over alike. The general
- * path's plan, ranges, look and consume were half of an 8-byte all_reduce's
- * 1840 instructions at n = 2. */
+ * (line_out), then the others' looked at (lines_look) and reduced from the
+ * lines in member order as consume_step would (the same bits on every
+ * member); not all in, handed over (line_handover). The general path's
+ * plan, ranges, look and consume were half of an 8-byte all_reduce's 1840
+ * instructions at n = 2. */
 static int now_sum(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
   size_t len = op->count * op->es;
   uint64_t st = ch->next_step;
   if (!room(ch, st, len) || ch->nunverified || cg->lagging) return 0;
   op->sc.s0 = st; /* step_sig's */
   line_out(cg, ch, op, op->args->sendbuf, len, st);
-  int in = sum_in(ch, op, st);
-  for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
-    tdist__cpu_pause();
-    in = sum_in(ch, op, st);
-  }
-  if (in != 1) {
-    struct cpu_sc_opst *s = &op->sc;
-    memset(s, 0, sizeof(*s));
-    tdist__cpu_sc_plan(op);
-    s->s0 = st;
-    s->nsteps = 1;
-    s->started = 1;
-    s->wstep = 1;
-    tdist__cpu_sc_ranges(ch, op);
-    return now_handover(cg, ch, bop, op, in);
-  }
+  int in = lines_look(ch, op, st);
+  if (in != 1) return line_handover(cg, ch, bop, op, st, in);
   const uint8_t *pcs[SC_MAX_RANKS];
   for (int m = 0; m < op->size; m++)
     pcs[m] = sc_line(ch, m, st)->inl;
   tdist__cpu_sc_reduce(op, op->args->recvbuf, pcs, 0, len);
+  step_done(ch, cg->ctx, st);
+  return line_done(cg, ch, op);
+}
+
+/* The now lane's plainest all_gather: an input that fits the op's step
+ * line (fits_line). Its own block first (plan_local, as the general path),
+ * its line out, the others' looked at as now_sum's, and each copied from
+ * its line to its block; not all in, handed over (line_handover). */
+static int now_gather(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
+  size_t len = op->count * op->es;
+  uint64_t st = ch->next_step;
+  if (!room(ch, st, len) || ch->nunverified || cg->lagging) return 0;
+  op->sc.s0 = st; /* step_sig's */
+  tdist__cpu_sc_plan_local(op);
+  line_out(cg, ch, op, op->args->sendbuf, len, st);
+  int in = lines_look(ch, op, st);
+  if (in != 1) return line_handover(cg, ch, bop, op, st, in);
+  uint8_t *out = op->args->recvbuf;
+  for (int m = 0; m < op->size; m++)
+    if (m != op->rank) memcpy(out + (size_t)m * len, sc_line(ch, m, st)->inl, len);
   step_done(ch, cg->ctx, st);
   return line_done(cg, ch, op);
 }
@@ -1023,6 +1059,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   const void *plain = plain_give(&op);
   if (plain) return now_give(cg, ch, &op, plain);
   if (plain_sum(&op)) return now_sum(cg, ch, bop, &op);
+  if (op.type == TDIST_OP_ALL_GATHER && fits_line(&op)) return now_gather(cg, ch, bop, &op);
   if (op.type == TDIST_OP_BROADCAST && op.rank != op.root && fits_line(&op))
     return now_take(cg, ch, &op);
   if (op.type == TDIST_OP_BARRIER) return now_bar(cg, ch, bop, &op);
