@@ -832,11 +832,14 @@ static const void *plain_give(const cpu_op_t *op) {
   return given && fits_line(op) ? given : NULL;
 }
 
-/* An all_reduce whose input fits the op's step line (fits_line) and is
- * reduced as it is (now_sum), its output the input or apart from it: the
- * whole op is its members' lines of one step. */
-static int plain_sum(const cpu_op_t *op) {
-  return op->type == TDIST_OP_ALL_REDUCE && fits_line(op) && !tdist__cpu_sc_scales(op) &&
+/* An op that is its members' lines of one step, each holding a member's
+ * whole input (fits_line), read by every member (now_lines): an
+ * all_gather, or an all_reduce reduced as it is, its output the input or
+ * apart from it. */
+static int plain_lines(const cpu_op_t *op) {
+  if (!fits_line(op)) return 0;
+  if (op->type == TDIST_OP_ALL_GATHER) return 1;
+  return op->type == TDIST_OP_ALL_REDUCE && !tdist__cpu_sc_scales(op) &&
          !tdist__cpu_sc_tmp_bytes(op);
 }
 
@@ -874,7 +877,7 @@ static int now_give(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op, const void *giv
   return line_done(cg, ch, op);
 }
 
-/* The look of now_sum and now_gather at the others' lines of step st: 1
+/* now_lines's look at the others' lines of step st: 1
  * each holds op's step with its signature and it agrees, 0 one is not in
  * yet, -1 one has no signature there or it disagrees (a pass reads the
  * ring and reports). */
@@ -893,24 +896,68 @@ static inline int lines_in(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st) 
   return 1;
 }
 
+/* A lane op whose step is out and whose look found the others not in (0),
+ * or something a pass must decide (-1), goes on in the slow lane as an
+ * engine op whose post and first pass are done: 2. TDIST_ERR_NO_MEMORY
+ * (reported for the group too). */
 static int now_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
-                        int in);
+                        int in) {
+  int v = op->type == TDIST_OP_ALL_TO_ALL_V;
+  cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
+  if (!eop) {
+    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
+                    "cpu: no memory for collective #%llu, which this rank signed",
+                    (unsigned long long)op->cseq);
+    return TDIST_ERR_NO_MEMORY;
+  }
+  eop->cseq = op->cseq;
+  eop->posted_at = 0; /* as post_sc (backend.c) */
+  eop->probe_at = UINT64_MAX;
+  eop->sc = op->sc;
+  eop->sc.on = 1;
+  /* An all_to_all_v goes on as the slow lane's own would after its first
+   * write: unchecked, its length unknown (nsteps UINT64_MAX, the clock at
+   * its first step: a pass learns both from the signatures), its ranges
+   * empty until the counts are read (start's; ranges cleared them). */
+  eop->sc.now = !v && in != 1;
+  tdist__list_init(&eop->sc.link);
+  tdist__list_push_back(&ch->ops, &eop->sc.link);
+  publish_vseq(cg, ch);
+  tdist__cpu_sc_bells(ch, cg->ctx);
+  return 2;
+}
 
-/* A plainest op's line is out (line_out) and its look found the others
- * not in (0) or something a pass must decide (-1): the op is given the
- * state the lane's general path gives it at that point (one step, written)
- * and handed over alike. */
-static int line_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
-                         uint64_t st, int in) {
+/* A plainest op whose look found the others not in (0) or something a
+ * pass must decide (-1), its steps (one, written: line_out; none: a
+ * barrier) out: the op is given the state the lane's general path gives it
+ * at that point and handed over alike. */
+static int plain_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
+                          uint64_t st, uint64_t steps, int in) {
   struct cpu_sc_opst *s = &op->sc;
   memset(s, 0, sizeof(*s));
   tdist__cpu_sc_plan(op);
   s->s0 = st;
-  s->nsteps = 1;
+  s->nsteps = s->wstep = steps;
   s->started = 1;
-  s->wstep = 1;
   tdist__cpu_sc_ranges(ch, op);
   return now_handover(cg, ch, bop, op, in);
+}
+
+/* The lane's look once this member's part is out (its step, a barrier's
+ * signature): all_in, again up to TDIST_CPU_SC_NOW_LOOKS times. The
+ * others write theirs about now, where each has a CPU: a member that wrote
+ * first sees their steps within a line's crossing or two. Looking again
+ * here a few times completes the op in the lane; the slow lane instead
+ * made it an engine op, went back to the core, and took the engine lock
+ * once more per test (at n = 2 the member that wrote first, nearly every
+ * op of an 8-byte all_gather loop, went there). */
+static inline int all_look(cpu_sc_t *ch, const cpu_op_t *op) {
+  int in = all_in(ch, op);
+  for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
+    tdist__cpu_pause();
+    in = all_in(ch, op);
+  }
+  return in;
 }
 
 /* A plainest op's line is out (line_out): the others' lines of step st
@@ -925,44 +972,35 @@ static inline int lines_look(const cpu_sc_t *ch, const cpu_op_t *op, uint64_t st
   return in;
 }
 
-/* The now lane's plainest all_reduce (plain_sum): its line out
- * (line_out), then the others' looked at (lines_look) and reduced from the
- * lines in member order as consume_step would (the same bits on every
- * member); not all in, handed over (line_handover). The general path's
- * plan, ranges, look and consume were half of an 8-byte all_reduce's 1840
- * instructions at n = 2. */
-static int now_sum(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
+/* The now lane's plainest writers that read every member's line
+ * (plain_lines): an all_gather's own block first (plan_local, as the
+ * general path), its line out (line_out), then the others' looked at
+ * (lines_look); all in, an all_reduce reduces from the lines in member
+ * order as consume_step would (the same bits on every member), an
+ * all_gather copies each to its block. Not all in: handed over
+ * (plain_handover). The general path's plan, ranges, look and consume
+ * were half of an 8-byte all_reduce's 1840 instructions at n = 2, and a
+ * third of an all_gather's 1830. */
+static int now_lines(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
   size_t len = op->count * op->es;
   uint64_t st = ch->next_step;
+  int gather = op->type == TDIST_OP_ALL_GATHER;
   if (!room(ch, st, len) || ch->nunverified || cg->lagging) return 0;
   op->sc.s0 = st; /* step_sig's */
+  if (gather) tdist__cpu_sc_plan_local(op);
   line_out(cg, ch, op, op->args->sendbuf, len, st);
   int in = lines_look(ch, op, st);
-  if (in != 1) return line_handover(cg, ch, bop, op, st, in);
-  const uint8_t *pcs[SC_MAX_RANKS];
-  for (int m = 0; m < op->size; m++)
-    pcs[m] = sc_line(ch, m, st)->inl;
-  tdist__cpu_sc_reduce(op, op->args->recvbuf, pcs, 0, len);
-  step_done(ch, cg->ctx, st);
-  return line_done(cg, ch, op);
-}
-
-/* The now lane's plainest all_gather: an input that fits the op's step
- * line (fits_line). Its own block first (plan_local, as the general path),
- * its line out, the others' looked at as now_sum's, and each copied from
- * its line to its block; not all in, handed over (line_handover). */
-static int now_gather(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
-  size_t len = op->count * op->es;
-  uint64_t st = ch->next_step;
-  if (!room(ch, st, len) || ch->nunverified || cg->lagging) return 0;
-  op->sc.s0 = st; /* step_sig's */
-  tdist__cpu_sc_plan_local(op);
-  line_out(cg, ch, op, op->args->sendbuf, len, st);
-  int in = lines_look(ch, op, st);
-  if (in != 1) return line_handover(cg, ch, bop, op, st, in);
+  if (in != 1) return plain_handover(cg, ch, bop, op, st, 1, in);
   uint8_t *out = op->args->recvbuf;
-  for (int m = 0; m < op->size; m++)
-    if (m != op->rank) memcpy(out + (size_t)m * len, sc_line(ch, m, st)->inl, len);
+  if (gather) {
+    for (int m = 0; m < op->size; m++)
+      if (m != op->rank) memcpy(out + (size_t)m * len, sc_line(ch, m, st)->inl, len);
+  } else {
+    const uint8_t *pcs[SC_MAX_RANKS];
+    for (int m = 0; m < op->size; m++)
+      pcs[m] = sc_line(ch, m, st)->inl;
+    tdist__cpu_sc_reduce(op, out, pcs, 0, len);
+  }
   step_done(ch, cg->ctx, st);
   return line_done(cg, ch, op);
 }
@@ -1011,18 +1049,9 @@ static int now_bar(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_o
   s->total = 0;
   cg->next_cseq++;
   sign(ch, op);
-  int in = all_in(ch, op);
-  for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
-    tdist__cpu_pause();
-    in = all_in(ch, op);
-  }
+  int in = all_look(ch, op);
   if (in == 1) return line_done(cg, ch, op);
-  memset(s, 0, sizeof(*s));
-  tdist__cpu_sc_plan(op);
-  s->s0 = st;
-  s->started = 1;
-  tdist__cpu_sc_ranges(ch, op);
-  return now_handover(cg, ch, bop, op, in);
+  return plain_handover(cg, ch, bop, op, st, 0, in);
 }
 
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
@@ -1058,8 +1087,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   if (!tdist__cpu_sc_takes(cg, &op)) return 0;
   const void *plain = plain_give(&op);
   if (plain) return now_give(cg, ch, &op, plain);
-  if (plain_sum(&op)) return now_sum(cg, ch, bop, &op);
-  if (op.type == TDIST_OP_ALL_GATHER && fits_line(&op)) return now_gather(cg, ch, bop, &op);
+  if (plain_lines(&op)) return now_lines(cg, ch, bop, &op);
   if (op.type == TDIST_OP_BROADCAST && op.rank != op.root && fits_line(&op))
     return now_take(cg, ch, &op);
   if (op.type == TDIST_OP_BARRIER) return now_bar(cg, ch, bop, &op);
@@ -1142,17 +1170,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   int in = 1;
   if (commit) {
     tdist__cpu_sc_ranges(ch, &op);
-    in = all_in(ch, &op);
-    /* The others write theirs about now, where each has a CPU: a member
-     * that wrote first sees their steps within a line's crossing or two.
-     * Looking again here a few times completes the op in the lane; the slow
-     * lane instead made it an engine op, went back to the core, and took
-     * the engine lock once more per test (at n = 2 the member that wrote
-     * first, nearly every op of an 8-byte all_gather loop, went there). */
-    for (int k = (int)tdist__param_CpuScNowLooks(); in == 0 && k > 0; k--) {
-      tdist__cpu_pause();
-      in = all_in(ch, &op);
-    }
+    in = all_look(ch, &op);
   }
   if (in == 1) {
     /* Every piece it reads is in (all_in): the step is consumed (an
@@ -1168,37 +1186,6 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
      * error from the submit would name nothing). */
   }
   return now_handover(cg, ch, bop, &op, in);
-}
-
-/* A lane op whose step is out and whose look found the others not in (0),
- * or something a pass must decide (-1), goes on in the slow lane as an
- * engine op whose post and first pass are done: 2. TDIST_ERR_NO_MEMORY
- * (reported for the group too). */
-static int now_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op,
-                        int in) {
-  int v = op->type == TDIST_OP_ALL_TO_ALL_V;
-  cpu_op_t *eop = tdist__cpu_op_new(cg, bop);
-  if (!eop) {
-    tdist__cpu_fail(cg, 0, TDIST_ERR_NO_MEMORY,
-                    "cpu: no memory for collective #%llu, which this rank signed",
-                    (unsigned long long)op->cseq);
-    return TDIST_ERR_NO_MEMORY;
-  }
-  eop->cseq = op->cseq;
-  eop->posted_at = 0; /* as post_sc (backend.c) */
-  eop->probe_at = UINT64_MAX;
-  eop->sc = op->sc;
-  eop->sc.on = 1;
-  /* An all_to_all_v goes on as the slow lane's own would after its first
-   * write: unchecked, its length unknown (nsteps UINT64_MAX, the clock at
-   * its first step: a pass learns both from the signatures), its ranges
-   * empty until the counts are read (start's; ranges cleared them). */
-  eop->sc.now = !v && in != 1;
-  tdist__list_init(&eop->sc.link);
-  tdist__list_push_back(&ch->ops, &eop->sc.link);
-  publish_vseq(cg, ch);
-  tdist__cpu_sc_bells(ch, cg->ctx);
-  return 2;
 }
 
 int tdist__cpu_sc_now_test(cpu_group_t *cg, tdist_backend_op_t *bop) {
