@@ -70,6 +70,11 @@ static void sign(cpu_sc_t *ch, const cpu_op_t *op) {
   g->redop = (uint8_t)op->redop;
   atomic_store_explicit(&g->seq, op->cseq + 1, memory_order_release);
   ch->wrote = 1;
+  /* The next op's entry was last written SC_H ops ago (a 512 KiB ring per
+   * member, past what L2 keeps with the step lines): asked for now, as
+   * the next step line is (step_out), its store does not hold up the
+   * engine lock's release. */
+  sc_prefetch_w(&ch->rg[ch->me].sig[(op->cseq + 1) % SC_H]);
 }
 
 /* Sign the ops posted while their entries were still read, in order, as
