@@ -323,10 +323,15 @@ static int vops(int rank, int n, void *arg) {
 
 /* Elements rank i sends rank j in trial t: a slot's chunk or less, just
  * under and at the segment's read-in-place threshold (TDIST_CPU_SC_CMA_BYTES,
- * LEND int32), over a piece (4 MiB at n <= 4). */
+ * LEND int32), over a piece (4 MiB at n <= 4). Trial A2AV_SKEW: rank 0
+ * sends one element to each rank, which the now lane takes on its own
+ * (sc_op.c, now_a2av), and is sent a lent block by every other rank:
+ * its one step reads them in place (tdist__cpu_sc_a2av_take). */
 #define LEND (262144u)
+#define A2AV_SKEW 7
 static size_t bcount(int i, int j, int t) {
   static const size_t c[] = {0, 1, 5000, LEND - 1, LEND, 300001, 1100003}; /* 4.4 MiB: 2 pieces */
+  if (t == A2AV_SKEW) return i != 0 && j == 0 ? LEND + 3 : 1;
   return c[(size_t)(i * 3 + j * 5 + t) % 7];
 }
 
@@ -335,7 +340,7 @@ static int a2av_big(int rank, int n, void *arg) {
   tdist_group_t *g = NULL;
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
   size_t sc[8], sd[8], rc[8], rd[8];
-  for (int t = 0; t < (TEST_TSAN ? 2 : 7); t++) {
+  for (int t = 0; t < (TEST_TSAN ? 2 : A2AV_SKEW + 1); t++) {
     size_t st = 0, rt = 0, big = 0;
     for (int j = 0; j < n; j++) {
       sc[j] = bcount(rank, j, t);
@@ -352,6 +357,9 @@ static int a2av_big(int rank, int n, void *arg) {
       for (size_t i = 0; i < sc[j]; i++)
         s[sd[j] + i] = vval(rank, j, i, t);
     uint64_t reads0 = atomic_load(&tdist__cpu_cma_reads);
+    /* The skewed trial's rank 0 comes last: the others' steps are in when
+     * it looks, so the now lane completes its op in its submission. */
+    if (t == A2AV_SKEW && rank == 0) usleep(20000);
     MP_CHECK_RC(tdist_all_to_all_v(g, s, sc, sd, r, rc, rd, TDIST_INT32, NULL, NULL));
     memset(s, 0x5a, (st + 1) * 4); /* the buffer is the caller's again */
     uint64_t reads = atomic_load(&tdist__cpu_cma_reads) - reads0;

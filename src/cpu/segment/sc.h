@@ -450,6 +450,18 @@ size_t tdist__cpu_sc_a2av_piece(const cpu_sc_t *ch, const cpu_op_t *op, int m);
 /* all_to_all_v: this member lends a block to a reader (it is read in
  * place): the op completes only once every member consumed every step. */
 int tdist__cpu_sc_a2av_lends(const cpu_op_t *op);
+/* (engine lock) all_to_all_v: the now lane's plainest (sc_op.c, now_a2av):
+ * one step (each block for another member within its chunk), none lent,
+ * this member's own block within a slot. 1 with op->sc planned as
+ * tdist__cpu_sc_plan would (role, stream length, streaming), else 0. */
+int tdist__cpu_sc_a2av_plain(cpu_op_t *op);
+/* (engine lock) now_a2av's step st, every member's line of it in and its
+ * stream one step (all_in): each other member's count for this member
+ * checked against recv_counts, then its block copied from its slot (or
+ * read in place where it lent it), as tdist__cpu_sc_prefixes and
+ * tdist__cpu_sc_consume would. 0, or -1 (a mismatch or a failed read,
+ * reported). */
+int tdist__cpu_sc_a2av_take(cpu_sc_t *ch, cpu_op_t *op, uint64_t st);
 /* 1 when the op's streams start with each member's count array (v-ops). */
 static inline int tdist__cpu_sc_has_prefix(const cpu_op_t *op) {
   return op->type == TDIST_OP_ALL_TO_ALL_V || op->type == TDIST_OP_REDUCE_SCATTER_V;

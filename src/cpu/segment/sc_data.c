@@ -377,6 +377,26 @@ void tdist__cpu_sc_plan(cpu_op_t *op) {
   s->stream = stream > 0 && out_bytes(op) >= (uint64_t)stream;
 }
 
+int tdist__cpu_sc_a2av_plain(cpu_op_t *op) {
+  const tdist_backend_args_t *a = op->args;
+  const cpu_sc_t *ch = op->cg->sc;
+  size_t es = op->es, c = tdist__cpu_sc_a2av_chunk(op);
+  int lends = ch->cma && ch->lend && op->cg->live;
+  if (a->rcounts[op->rank] * es > ch->F) return 0;
+  for (int q = 0; q < op->size; q++) {
+    uint64_t bl = a->scounts[q] * es;
+    if (q != op->rank && (bl > c || (lends && a2av_lent(op, q, bl)))) return 0;
+  }
+  struct cpu_sc_opst *s = &op->sc;
+  int64_t stream = tdist__param_CpuScStreamBytes();
+  s->role = SC_ROLE_ALL;
+  s->total = ch->F; /* one step: my_v_total's */
+  /* Its output is its own block and one chunk from each other member,
+   * under two slots: summed only where that could reach the size. */
+  s->stream = stream > 0 && 2 * ch->F >= (uint64_t)stream && out_bytes(op) >= (uint64_t)stream;
+  return 1;
+}
+
 size_t tdist__cpu_sc_tmp_bytes(const cpu_op_t *op) {
   const tdist_backend_args_t *a = op->args;
   size_t L = op->count * op->es, in = 0;
@@ -442,10 +462,12 @@ uint64_t tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
 static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, n = (size_t)op->size, c = tdist__cpu_sc_a2av_chunk(op), so = 0;
+  const cpu_sc_t *ch = op->cg->sc;
+  int lends = ch->cma && ch->lend && op->cg->live; /* else no block is lent (a2av_lent) */
   if (j == 0) {
     for (size_t q = 0; q < n; q++) {
       uint64_t v = a->scounts[q], bl = v * es, at = 0;
-      if (a2av_lent(op, (int)q, bl))
+      if (lends && a2av_lent(op, (int)q, bl))
         at = (uint64_t)(uintptr_t)a->sendbuf + displ(a->sdispls, (int)q, so) * es;
       so += a->scounts[q];
       memcpy(dst + 8 * q, &v, 8);
@@ -459,7 +481,7 @@ static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
     uint64_t bl = a->scounts[q] * es, lo = j * c;
     size_t bo = displ(a->sdispls, (int)q, so) * es;
     so += a->scounts[q];
-    if (q == (size_t)op->rank || lo >= bl || a2av_lent(op, (int)q, bl)) continue;
+    if (q == (size_t)op->rank || lo >= bl || (lends && a2av_lent(op, (int)q, bl))) continue;
     tdist__cpu_copy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
                     min64(c, bl - lo));
   }
@@ -509,11 +531,20 @@ static int count_mismatch(cpu_group_t *cg, const cpu_op_t *op, int src, uint64_t
   return -1;
 }
 
+/* all_to_all_v: member m sent this member `sent` elements where its
+ * recv_counts[m] says otherwise. -1. */
+static int a2av_mismatch(const cpu_op_t *op, int m, uint64_t sent) {
+  char t[40], r[40];
+  snprintf(t, sizeof(t), "send_counts[%d]", op->rank);
+  snprintf(r, sizeof(r), "recv_counts[%d]", m);
+  return count_mismatch(op->cg, op, m, sent, op->args->rcounts[m], t, r);
+}
+
 int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs) {
   const tdist_backend_args_t *a = op->args;
   int n = op->size, me = op->rank;
   size_t es = op->es;
-  char t[40], m_[40];
+  char t[40];
   uint64_t pre = 8 * (uint64_t)n;
   if (op->type == TDIST_OP_ALL_TO_ALL_V) {
     /* [lo, hi) is then the part of member m's block for this member, and
@@ -528,11 +559,7 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
       memcpy(live, pcs[m] + 2 * pre, 16);
       ch->desc[m].word = live[0];
       ch->desc[m].token = live[1];
-      if (c[me] != a->rcounts[m]) {
-        snprintf(t, sizeof(t), "send_counts[%d]", me);
-        snprintf(m_, sizeof(m_), "recv_counts[%d]", m);
-        return count_mismatch(op->cg, op, m, c[me], a->rcounts[m], t, m_);
-      }
+      if (c[me] != a->rcounts[m]) return a2av_mismatch(op, m, c[me]);
       ch->hi[m] = c[me] * es;
       ch->desc[m].len = ch->hi[m]; /* addr != 0 only where ch->cma, agreed at setup */
     }
@@ -656,6 +683,38 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
       continue;
     }
     sc_out_copy(op, dest_of(op, m) + (lo - ch->lo[m]), pcs[m] + (lo - s_lo), hi - lo);
+  }
+  return 0;
+}
+
+int tdist__cpu_sc_a2av_take(cpu_sc_t *ch, cpu_op_t *op, uint64_t st) {
+  const tdist_backend_args_t *a = op->args;
+  int n = op->size, me = op->rank;
+  size_t es = op->es, pre = 8 * (size_t)n, ro = 0;
+  unsigned slot = sc_slot(ch, st);
+  for (int m = 0; m < n; m++) {
+    size_t at = displ(a->rdispls, m, ro);
+    ro += a->rcounts[m];
+    if (m == me) continue;
+    const uint8_t *pc = sc_slot_data(ch, m, slot, sc_line(ch, m, st)->len);
+    uint64_t c, live[2];
+    cpu_rma_desc_t d = {0};
+    memcpy(&c, pc + 8 * (size_t)me, 8);
+    if (c != a->rcounts[m]) return a2av_mismatch(op, m, c);
+    if (!c) continue;
+    memcpy(&d.addr, pc + pre + 8 * (size_t)me, 8);
+    if (!d.addr) { /* in m's slot, at its chunk for this member */
+      sc_out_copy(op, elem(a->recvbuf, at, es), pc + a2av_at(op, m, me), c * es);
+      continue;
+    }
+    /* m lent its block (a large one; its stream is one step all the same):
+     * read in place, as tdist__cpu_sc_consume would (addr != 0 only where
+     * ch->cma, agreed at setup). */
+    memcpy(live, pc + 2 * pre, 16);
+    d.len = c * es;
+    d.word = live[0];
+    d.token = live[1];
+    if (read_in_place(ch, op, m, &d, 0, elem(a->recvbuf, at, es), d.len) != 0) return -1;
   }
   return 0;
 }

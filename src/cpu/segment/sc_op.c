@@ -943,6 +943,9 @@ static int plain_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop
   tdist__cpu_sc_plan(op);
   s->s0 = st;
   s->nsteps = s->wstep = steps;
+  /* An all_to_all_v's length is known only from the signatures (a pass's
+   * check_sigs), as the slow lane's start leaves it. */
+  if (op->type == TDIST_OP_ALL_TO_ALL_V) s->nsteps = UINT64_MAX;
   s->started = 1;
   tdist__cpu_sc_ranges(ch, op);
   return now_handover(cg, ch, bop, op, in);
@@ -1059,16 +1062,57 @@ static int now_bar(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_o
   return plain_handover(cg, ch, bop, op, st, 0, in);
 }
 
+/* The now lane's all_to_all_v: one whose stream is one slot (every block
+ * for another member within its chunk, none lent, at most SC_NOW_BYTES
+ * given: tdist__cpu_sc_a2av_plain). Its own block first (plan_local), its
+ * step out with its count prefix (write_step), then the others' steps
+ * looked at (all_look: their signatures, from their lines, tell whether
+ * each stream is one step too); all in, the step is consumed as a pass
+ * would (each member's counts for this member checked against its
+ * recv_counts, its chunk copied). Not all in: handed over with the state
+ * the slow lane's start and first write give it (its length unknown, the
+ * clock at its step). Any other all_to_all_v takes the slow lane. 1 done;
+ * 0 not taken, nothing changed; 2 handed over. */
+static int now_a2av(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_op_t *op) {
+  struct cpu_sc_opst *s = &op->sc;
+  uint64_t st = ch->next_step;
+  /* count: the send_counts' sum (opcheck.h) */
+  if ((uint64_t)op->count * op->es > min64(SC_NOW_BYTES, ch->F) || !room(ch, st, ch->F) ||
+      ch->nunverified || cg->lagging)
+    return 0;
+  memset(s, 0, sizeof(*s));
+  if (!tdist__cpu_sc_a2av_plain(op)) return 0;
+  tdist__cpu_sc_plan_local(op);
+  cg->next_cseq++;
+  sign(ch, op);
+  s->s0 = st;
+  s->nsteps = UINT64_MAX; /* all_in: read at step 0; the clock stays at st until consumed */
+  s->started = 1;
+  ch->totals[ch->me] = s->total;
+  write_step(ch, op, 0, st);
+  s->wstep = 1;
+  int in = all_look(ch, op);
+  if (in == 1 && tdist__cpu_sc_a2av_take(ch, op, st) == 0) {
+    step_done(ch, cg->ctx, st);
+    ch->next_step = st + 1;
+    return now_done(cg, ch, op);
+  }
+  /* Not all in, or something a pass must decide; or the group failed
+   * (counts that disagree, reported): the op is numbered and signed, and
+   * goes on as an engine op, which the failure fails with its cause. */
+  return plain_handover(cg, ch, bop, op, st, 1, in);
+}
+
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   const tdist_backend_args_t *a = bop->args;
   cpu_sc_t *ch = cg->sc;
   /* Alone in its group: nothing queued before it on the channel or in the
    * engine (which numbers collectives with it), no engine message parked
    * for a number, its signature entry and its line free. */
-  int v = a->type == TDIST_OP_ALL_TO_ALL_V; /* the one v-op the lane takes */
   if (!ch || ch->broken || cg->aborted || tdist_backend_op_is_p2p(a->type) ||
-      (tdist_backend_op_is_v(a->type) && !v) || !tdist__list_empty(&ch->ops) ||
-      !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) || !sign_ready(ch, cg->next_cseq))
+      (tdist_backend_op_is_v(a->type) && a->type != TDIST_OP_ALL_TO_ALL_V) ||
+      !tdist__list_empty(&ch->ops) || !tdist__list_empty(&cg->ops) || !tdist__list_empty(&cg->ux) ||
+      !sign_ready(ch, cg->next_cseq))
     return 0;
   /* The fields the segment's steps read, and its part zeroed once the op
    * is not one of the plainest (zeroing all 416 bytes was a seventh of the
@@ -1096,6 +1140,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   if (op.type == TDIST_OP_BROADCAST && op.rank != op.root && fits_line(&op))
     return now_take(cg, ch, &op);
   if (op.type == TDIST_OP_BARRIER) return now_bar(cg, ch, bop, &op);
+  if (op.type == TDIST_OP_ALL_TO_ALL_V) return now_a2av(cg, ch, bop, &op);
   memset(s, 0, sizeof(*s));
   /* Planned, nothing copied yet (plan_local, once it is taken); an input
    * to copy aside takes the slow lane. */
@@ -1106,14 +1151,6 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
    * slot where the line cannot hold it. */
   uint64_t most = min64(SC_NOW_BYTES, ch->F);
   s->s0 = ch->next_step;
-  if (v) {
-    /* An all_to_all_v's stream is whole slots (a count prefix, then each
-     * destination's chunk at its place): one step, SC_NOW_BYTES given in
-     * all, and none read in place (lending is the large blocks' path). */
-    uint64_t given = (uint64_t)op.count * op.es; /* count: the send_counts' sum (opcheck.h) */
-    if (s->total > ch->F || given > most || tdist__cpu_sc_a2av_lends(&op)) return 0;
-    most = ch->F;
-  }
   if (s->total > most || !room(ch, s->s0, s->total)) return 0;
   /* A giver checks later (its batch first, verify_mode's rule: a mismatch
    * found there is reported, and this op takes the slow lane, where it
@@ -1139,10 +1176,6 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
      * all_reduce's, all_gather's, all_to_all's: total_of); a barrier has
      * none. A writer's ranges (what it reads) come after its write. */
     s->nsteps = s->total ? 1 : 0;
-    /* An all_to_all_v's steps are every member's longest stream's: known
-     * once the signatures are in (all_in), as the slow lane's check_sigs
-     * learns them; until then the clock stays at its first step. */
-    if (v) s->nsteps = UINT64_MAX;
   } else {
     if (!posted_all(ch, op.cseq, s->s0)) return 0; /* a few loads first */
     uint64_t mx = tdist__cpu_sc_ranges(ch, &op);   /* the members' totals, what is read */
@@ -1159,7 +1192,7 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
   int sig_in_line = s->total && s->total <= SC_SIG_INLINE;
   if (!sig_in_line) sign(ch, &op);
   s->started = 1;
-  if (!v) ch->next_step = s->s0 + s->nsteps;
+  ch->next_step = s->s0 + s->nsteps;
   ch->totals[ch->me] = s->total;
   if (s->total) {
     write_step(ch, &op, 0, s->s0);
@@ -1178,17 +1211,12 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     in = all_look(ch, &op);
   }
   if (in == 1) {
-    /* Every piece it reads is in (all_in): the step is consumed (an
-     * all_to_all_v's counts checked against the givers' prefixes), and
-     * the op is checked. An all_to_all_v's length is known now: one step. */
-    if (consume_one(cg, ch, &op)) {
-      if (v) ch->next_step = s->s0 + 1;
-      return now_done(cg, ch, &op);
-    }
-    /* The group failed (reported: counts that disagree, or a step that
-     * could not be read). The op is numbered and signed: it goes on as an
-     * engine op, which the group's failure fails with its cause (a bare
-     * error from the submit would name nothing). */
+    /* Every piece it reads is in (all_in): the step is consumed and the
+     * op is checked. */
+    if (consume_one(cg, ch, &op)) return now_done(cg, ch, &op);
+    /* The group failed (reported: a step that could not be read). The op is numbered and signed: it
+     * goes on as an engine op, which the group's failure fails with its cause (a bare error from
+     * the submit would name nothing). */
   }
   return now_handover(cg, ch, bop, &op, in);
 }
