@@ -201,12 +201,41 @@ static void v_arrays(void **state) {
   assert_int_equal(tdist_scatter_v(g, NULL, NULL, NULL, at(0), C, I32, 0, NULL, NULL), 0);
 }
 
+/* An all_to_all_v whose arrays are the same memory as the last valid
+ * one's but hold other counts is checked again (opcheck.c keeps the last
+ * valid one and compares the arrays' contents): a count changed in place to
+ * one too large, or to one whose blocks overlap the receive buffer, fails
+ * as it would on a first call; the valid layout passes again. */
+static void v_memo(void **state) {
+  (void)state;
+  size_t sc[N] = {C, C, C, C}, rc[N] = {C, C, C, C};
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL),
+                     0);
+  sc[2] = BIG;
+  assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL),
+                   BAD);
+  assert_non_null(strstr(tdist_last_error(), "overflows the address space"));
+  sc[2] = C;
+  assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL), 0);
+  sc[3] = C + 5; /* the packed send blocks now reach into recvbuf */
+  assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL),
+                   BAD);
+  assert_non_null(strstr(tdist_last_error(), "overlap"));
+  sc[3] = C;
+  rc[1] = BIG; /* the receive side too */
+  assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL),
+                   BAD);
+  rc[1] = C;
+  assert_int_equal(tdist_all_to_all_v(g, at(0), sc, NULL, at(N * C), rc, NULL, I32, NULL, NULL), 0);
+}
+
 int main(void) {
   tb_register();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(overlap),  cmocka_unit_test(reduction_dtype), cmocka_unit_test(bad_dtype),
       cmocka_unit_test(bad_root), cmocka_unit_test(null_buffers),    cmocka_unit_test(oversized),
-      cmocka_unit_test(v_arrays),
+      cmocka_unit_test(v_arrays), cmocka_unit_test(v_memo),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
