@@ -70,6 +70,7 @@
  *             naming collective #1 within the stream, or at its next
  *             all_reduce where it ran them all before the others signed.
  */
+#include <sched.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -400,13 +401,24 @@ static int allgather_lent(int rank, int n, void *arg) {
   /* variant 1: every other member lends, the others never do (a member's
    * lines say which; each reads each giver as it gave). */
   if (sh->variant == 1) setenv("TDIST_CPU_SC_LEND", rank % 2 ? "0" : "1", 1);
+  /* variant 3: measured as 2, but this process has one CPU while the
+   * group is made, so its members outnumber its CPUs: nothing is lent
+   * (sc_data.c, lend_now), not even in the look. */
+  cpu_set_t cpus, one;
+  if (sh->variant == 3) {
+    MP_CHECK(sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && sched_getcpu() >= 0);
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+  }
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  if (sh->variant == 3) MP_CHECK(sched_setaffinity(0, sizeof(cpus), &cpus) == 0);
   static const size_t counts[] = {8191, 8192, 40000, 600001};
   int many = TEST_TSAN ? 3 : 4;
   /* variant 2: the lane measured (TDIST_CPU_SC_LEND unset): enough ops of
    * each class that its look (after 16 ops, 8 in two lanes) ends and its
    * choice runs. */
-  int reps = sh->variant == 2 ? 16 : 1;
+  int reps = sh->variant >= 2 ? 16 : 1;
   for (int rep = 0; rep < reps; rep++)
     for (int c = 0; c < many; c++) {
       for (int inplace = 0; inplace < 2; inplace++) {
@@ -434,6 +446,12 @@ static int allgather_lent(int rank, int n, void *arg) {
         /* A lent block is read with a system call per piece: at least one
          * from each other member (where single copy works at all). */
         uint64_t want = cnt * 4 >= 32768 && sh->variant == 0 ? (uint64_t)(n - 1) : 0;
+        if (sh->variant == 3 && reads) {
+          fprintf(stderr,
+                  "[rank %d] allgather_lent %zu: %llu single-copy reads in a crowded group\n", rank,
+                  cnt, (unsigned long long)reads);
+          return 1;
+        }
         if (reads < want) {
           fprintf(stderr, "[rank %d] allgather_lent %zu: %llu single-copy reads, want %llu\n", rank,
                   cnt, (unsigned long long)reads, (unsigned long long)want);
@@ -973,6 +991,8 @@ int main(int argc, char **argv) {
   RUN("lent_mixed", allgather_lent);
   sh->variant = 2;
   RUN("lent_tuned", allgather_lent);
+  sh->variant = 3;
+  RUN("lent_crowded", allgather_lent);
   sh->variant = 0;
   unsetenv("TDIST_CPU_SC_LEND_REDUCE_BYTES");
   RUN("ahead", ahead);

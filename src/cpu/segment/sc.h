@@ -303,6 +303,9 @@ typedef struct cpu_sc {
    * reader copy at once, which pays only with a core each). Decided by
    * the giver alone: its count prefix tells the readers. */
   int lend;
+  /* The members outnumber this process's CPUs (setup): an all_gather or
+   * all_reduce does not lend by measure (sc_data.c, lend_now). */
+  int crowded;
   /* Lending by measure (sc_data.c, lend_now), [all_reduce?][size class]:
    * ops seen, the fastest of the current look in each lane (ns, [lent?]),
    * and the lane taken between looks. */

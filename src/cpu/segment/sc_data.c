@@ -136,6 +136,16 @@ static struct sc_tune *tune_of(const cpu_op_t *op, unsigned *c) {
 static int lend_now(cpu_op_t *op) {
   int64_t mode = tdist__param_CpuScLend();
   if (mode >= 0) return mode > 0;
+  /* Members that outnumber the CPUs take turns on them: a lender waits
+   * for every reader's system calls, each under its engine lock, and the
+   * lent lane lost at every size measured (four ranks on two cores,
+   * 2026-12-01: all_gather 64 KiB-16 MiB 1.5-8x the slots' time, all_reduce
+   * 1-16 MiB 1.6-2.8x), so the look's lent ops (and the rare wrong pick
+   * its noise made) were only a cost: the 1 MiB all_gather's mean was
+   * 15-25 % above 7bb5725's, which had no lending. An all_to_all_v lends
+   * there by default instead (its block has one reader: one copy in all
+   * where the slots take two; TDIST_CPU_SC_CMA). */
+  if (op->cg->sc->crowded) return 0;
   unsigned c;
   struct sc_tune *t = tune_of(op, &c);
   /* The first ops of a class go through the slots: they warm its pages
