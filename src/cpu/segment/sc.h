@@ -330,7 +330,6 @@ typedef struct cpu_sc {
    * length, and the range [lo, hi) of it this member reads (lo == hi:
    * nothing; v-ops read the counts at the stream's start first). */
   uint64_t *totals, *lo, *hi;
-  uint64_t *scratch; /* n * n: the members' count arrays of a v-op */
   /* sc_ovf.c: the head op's overflows being read, per member (base NULL:
    * none) */
   struct sc_ovf_map {

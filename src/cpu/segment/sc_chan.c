@@ -277,7 +277,6 @@ static void chan_free(cpu_sc_t *ch) {
   tdist__free(ch->bell);
   tdist__free(ch->bell_len);
   tdist__free(ch->pid);
-  tdist__free(ch->scratch);
   tdist__free(ch->totals);
   tdist__free(ch->lo);
   tdist__free(ch->hi);
@@ -387,7 +386,6 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->rg = tdist__calloc((size_t)n, sizeof(*ch->rg));
   ch->bell = tdist__calloc((size_t)n, sizeof(*ch->bell));
   ch->bell_len = tdist__calloc((size_t)n, sizeof(*ch->bell_len));
-  ch->scratch = tdist__calloc((size_t)n * (size_t)n, sizeof(uint64_t));
   ch->totals = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->lo = tdist__calloc((size_t)n, sizeof(uint64_t));
   ch->hi = tdist__calloc((size_t)n, sizeof(uint64_t));
@@ -396,8 +394,8 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->pid = tdist__calloc((size_t)n, sizeof(*ch->pid));
   ch->desc = tdist__calloc((size_t)n, sizeof(*ch->desc));
   ch->uid = cg->uid;
-  if (!ch->rg || !ch->bell || !ch->bell_len || !ch->scratch || !ch->totals || !ch->lo || !ch->hi ||
-      !ch->warm || !ch->ovf || !ch->pid || !ch->desc)
+  if (!ch->rg || !ch->bell || !ch->bell_len || !ch->totals || !ch->lo || !ch->hi || !ch->warm ||
+      !ch->ovf || !ch->pid || !ch->desc)
     ok = 0;
   /* Single copy for large all_to_all_v blocks: this member can read every
    * other's memory (the mapping above needed less: /proc/<pid>/fd). */

@@ -236,15 +236,23 @@ static size_t cma_piece(const cpu_op_t *op) {
   return p / 4096 * 4096;
 }
 
-/* Is this member's block of `bytes` for member q read in place? */
-static int a2av_lent(const cpu_op_t *op, int q, uint64_t bytes) {
-  return op->cg->sc->cma && op->cg->sc->lend && op->cg->live && q != op->rank && bytes > 0 &&
-         bytes >= (uint64_t)tdist__param_CpuScCmaBytes();
+/* May this member lend any all_to_all_v block (single copy works, it
+ * lends, and its group has a live word)? Asked once per op; a2av_lent
+ * takes the answer. */
+static int a2av_lending(const cpu_op_t *op) {
+  return op->cg->sc->cma && op->cg->sc->lend && op->cg->live;
+}
+
+/* Is this member's block of `bytes` for member q read in place? lending:
+ * a2av_lending(op). */
+static int a2av_lent(const cpu_op_t *op, int lending, int q, uint64_t bytes) {
+  return lending && q != op->rank && bytes > 0 && bytes >= (uint64_t)tdist__param_CpuScCmaBytes();
 }
 
 int tdist__cpu_sc_a2av_lends(const cpu_op_t *op) {
-  for (int q = 0; q < op->size; q++)
-    if (a2av_lent(op, q, op->args->scounts[q] * op->es)) return 1;
+  int lending = a2av_lending(op);
+  for (int q = 0; lending && q < op->size; q++)
+    if (a2av_lent(op, lending, q, op->args->scounts[q] * op->es)) return 1;
   return 0;
 }
 
@@ -259,8 +267,9 @@ static uint64_t my_v_total(const cpu_op_t *op) {
   switch (op->type) {
   case TDIST_OP_ALL_TO_ALL_V: {
     uint64_t c = tdist__cpu_sc_a2av_chunk(op), steps = 1;
+    int lending = a2av_lending(op);
     for (int q = 0; q < op->size; q++) {
-      uint64_t bl = a->scounts[q] * op->es, p = a2av_lent(op, q, bl) ? cma_piece(op) : c;
+      uint64_t bl = a->scounts[q] * op->es, p = a2av_lent(op, lending, q, bl) ? cma_piece(op) : c;
       uint64_t st = (bl + p - 1) / p;
       if (q != op->rank && st > steps) steps = st;
     }
@@ -391,11 +400,11 @@ int tdist__cpu_sc_a2av_plain(cpu_op_t *op) {
   const tdist_backend_args_t *a = op->args;
   const cpu_sc_t *ch = op->cg->sc;
   size_t es = op->es, c = tdist__cpu_sc_a2av_chunk(op);
-  int lends = ch->cma && ch->lend && op->cg->live;
+  int lending = a2av_lending(op);
   if (a->rcounts[op->rank] * es > ch->F) return 0;
   for (int q = 0; q < op->size; q++) {
     uint64_t bl = a->scounts[q] * es;
-    if (q != op->rank && (bl > c || (lends && a2av_lent(op, q, bl)))) return 0;
+    if (q != op->rank && (bl > c || a2av_lent(op, lending, q, bl))) return 0;
   }
   struct cpu_sc_opst *s = &op->sc;
   int64_t stream = tdist__param_CpuScStreamBytes();
@@ -472,12 +481,11 @@ uint64_t tdist__cpu_sc_ranges(cpu_sc_t *ch, const cpu_op_t *op) {
 static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
   const tdist_backend_args_t *a = op->args;
   size_t es = op->es, n = (size_t)op->size, c = tdist__cpu_sc_a2av_chunk(op), so = 0;
-  const cpu_sc_t *ch = op->cg->sc;
-  int lends = ch->cma && ch->lend && op->cg->live; /* else no block is lent (a2av_lent) */
+  int lending = a2av_lending(op);
   if (j == 0) {
     for (size_t q = 0; q < n; q++) {
       uint64_t v = a->scounts[q], bl = v * es, at = 0;
-      if (lends && a2av_lent(op, (int)q, bl))
+      if (a2av_lent(op, lending, (int)q, bl))
         at = (uint64_t)(uintptr_t)a->sendbuf + displ(a->sdispls, (int)q, so) * es;
       so += a->scounts[q];
       memcpy(dst + 8 * q, &v, 8);
@@ -491,7 +499,7 @@ static void a2av_produce(const cpu_op_t *op, uint64_t j, uint8_t *dst) {
     uint64_t bl = a->scounts[q] * es, lo = j * c;
     size_t bo = displ(a->sdispls, (int)q, so) * es;
     so += a->scounts[q];
-    if (q == (size_t)op->rank || lo >= bl || (lends && a2av_lent(op, (int)q, bl))) continue;
+    if (q == (size_t)op->rank || lo >= bl || a2av_lent(op, lending, (int)q, bl)) continue;
     tdist__cpu_copy(dst + a2av_at(op, op->rank, (int)q), (const uint8_t *)a->sendbuf + bo + lo,
                     min64(c, bl - lo));
   }
@@ -550,6 +558,25 @@ static int a2av_mismatch(const cpu_op_t *op, int m, uint64_t sent) {
   return count_mismatch(op->cg, op, m, sent, op->args->rcounts[m], t, r);
 }
 
+/* Member m's all_to_all_v count prefix at pc (the start of its step 0):
+ * its count for this member, checked against recv_counts[m], and where its
+ * block for this member lies (*d: addr 0, in m's slot at its chunk; else
+ * in m's buffer, read in place with m's live word; len its bytes). 0, or
+ * -1 (a mismatch, reported). */
+static int a2av_prefix(const cpu_op_t *op, int m, const uint8_t *pc, cpu_rma_desc_t *d) {
+  size_t pre = 8 * (size_t)op->size, me = (size_t)op->rank;
+  uint64_t c, live[2];
+  memcpy(&c, pc + 8 * me, 8);
+  if (c != op->args->rcounts[m]) return a2av_mismatch(op, m, c);
+  memset(d, 0, sizeof(*d));
+  memcpy(&d->addr, pc + pre + 8 * me, 8); /* != 0 only where ch->cma, agreed at setup */
+  memcpy(live, pc + 2 * pre, 16);
+  d->word = live[0];
+  d->token = live[1];
+  d->len = c * op->es;
+  return 0;
+}
+
 int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs) {
   const tdist_backend_args_t *a = op->args;
   int n = op->size, me = op->rank;
@@ -563,15 +590,8 @@ int tdist__cpu_sc_prefixes(cpu_sc_t *ch, cpu_op_t *op, const uint8_t *const *pcs
       ch->lo[m] = ch->hi[m] = 0;
       memset(&ch->desc[m], 0, sizeof(ch->desc[m]));
       if (m == me) continue;
-      uint64_t *c = ch->scratch + (size_t)m * (size_t)n, live[2];
-      memcpy(c, pcs[m], pre);
-      memcpy(&ch->desc[m].addr, pcs[m] + pre + 8 * (size_t)me, 8);
-      memcpy(live, pcs[m] + 2 * pre, 16);
-      ch->desc[m].word = live[0];
-      ch->desc[m].token = live[1];
-      if (c[me] != a->rcounts[m]) return a2av_mismatch(op, m, c[me]);
-      ch->hi[m] = c[me] * es;
-      ch->desc[m].len = ch->hi[m]; /* addr != 0 only where ch->cma, agreed at setup */
+      if (a2av_prefix(op, m, pcs[m], &ch->desc[m]) != 0) return -1;
+      ch->hi[m] = ch->desc[m].len;
     }
     return 0;
   }
@@ -700,31 +720,23 @@ int tdist__cpu_sc_consume(cpu_sc_t *ch, cpu_op_t *op, uint64_t j, const uint8_t 
 int tdist__cpu_sc_a2av_take(cpu_sc_t *ch, cpu_op_t *op, uint64_t st) {
   const tdist_backend_args_t *a = op->args;
   int n = op->size, me = op->rank;
-  size_t es = op->es, pre = 8 * (size_t)n, ro = 0;
+  size_t es = op->es, ro = 0;
   unsigned slot = sc_slot(ch, st);
   for (int m = 0; m < n; m++) {
     size_t at = displ(a->rdispls, m, ro);
     ro += a->rcounts[m];
     if (m == me) continue;
     const uint8_t *pc = sc_slot_data(ch, m, slot, sc_line(ch, m, st)->len);
-    uint64_t c, live[2];
-    cpu_rma_desc_t d = {0};
-    memcpy(&c, pc + 8 * (size_t)me, 8);
-    if (c != a->rcounts[m]) return a2av_mismatch(op, m, c);
-    if (!c) continue;
-    memcpy(&d.addr, pc + pre + 8 * (size_t)me, 8);
-    if (!d.addr) { /* in m's slot, at its chunk for this member */
-      sc_out_copy(op, elem(a->recvbuf, at, es), pc + a2av_at(op, m, me), c * es);
-      continue;
-    }
-    /* m lent its block (a large one; its stream is one step all the same):
-     * read in place, as tdist__cpu_sc_consume would (addr != 0 only where
-     * ch->cma, agreed at setup). */
-    memcpy(live, pc + 2 * pre, 16);
-    d.len = c * es;
-    d.word = live[0];
-    d.token = live[1];
-    if (read_in_place(ch, op, m, &d, 0, elem(a->recvbuf, at, es), d.len) != 0) return -1;
+    cpu_rma_desc_t d;
+    if (a2av_prefix(op, m, pc, &d) != 0) return -1;
+    if (!d.len) continue;
+    uint8_t *dst = elem(a->recvbuf, at, es);
+    /* In m's slot at its chunk for this member, or lent (a large block:
+     * m's stream is one step all the same) and read in place. */
+    if (!d.addr)
+      sc_out_copy(op, dst, pc + a2av_at(op, m, me), d.len);
+    else if (read_in_place(ch, op, m, &d, 0, dst, d.len) != 0)
+      return -1;
   }
   return 0;
 }

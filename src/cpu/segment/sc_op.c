@@ -943,9 +943,6 @@ static int plain_handover(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop
   tdist__cpu_sc_plan(op);
   s->s0 = st;
   s->nsteps = s->wstep = steps;
-  /* An all_to_all_v's length is known only from the signatures (a pass's
-   * check_sigs), as the slow lane's start leaves it. */
-  if (op->type == TDIST_OP_ALL_TO_ALL_V) s->nsteps = UINT64_MAX;
   s->started = 1;
   tdist__cpu_sc_ranges(ch, op);
   return now_handover(cg, ch, bop, op, in);
@@ -1099,8 +1096,11 @@ static int now_a2av(cpu_group_t *cg, cpu_sc_t *ch, tdist_backend_op_t *bop, cpu_
   }
   /* Not all in, or something a pass must decide; or the group failed
    * (counts that disagree, reported): the op is numbered and signed, and
-   * goes on as an engine op, which the failure fails with its cause. */
-  return plain_handover(cg, ch, bop, op, st, 1, in);
+   * goes on as an engine op, which the failure fails with its cause. Its
+   * state is already the slow lane's after its first write (planned, its
+   * length unknown); only the ranges are cleared, as start's are. */
+  tdist__cpu_sc_ranges(ch, op);
+  return now_handover(cg, ch, bop, op, in);
 }
 
 int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
@@ -1214,9 +1214,10 @@ int tdist__cpu_sc_now(cpu_group_t *cg, tdist_backend_op_t *bop) {
     /* Every piece it reads is in (all_in): the step is consumed and the
      * op is checked. */
     if (consume_one(cg, ch, &op)) return now_done(cg, ch, &op);
-    /* The group failed (reported: a step that could not be read). The op is numbered and signed: it
-     * goes on as an engine op, which the group's failure fails with its cause (a bare error from
-     * the submit would name nothing). */
+    /* The group failed (reported: a step that could not be read). The
+     * op is numbered and signed: it goes on as an engine op, which the
+     * group's failure fails with its cause (a bare error from the submit
+     * would name nothing). */
   }
   return now_handover(cg, ch, bop, &op, in);
 }
