@@ -341,12 +341,24 @@ typedef struct memo {
 } memo_t;
 static _Thread_local memo_t tl_memo;
 
+/* The memo's group is g as it is now (its backend, size and rank). */
+static int memo_group(const memo_t *m, const tdist_group_t *g) {
+  return m->g == g && m->bk == g->bk && m->size == g->size && m->rank == g->rank;
+}
+
+static void memo_keep(memo_t *m, const tdist_group_t *g, const tdist_backend_args_t *a) {
+  m->g = g;
+  m->bk = g->bk;
+  m->size = g->size;
+  m->rank = g->rank;
+  m->a = *a;
+}
+
 static int memo_hit(const tdist_group_t *g, const tdist_backend_args_t *a) {
   /* Field by field: what a fixed op's checks read (memcmp of the whole
    * descriptor was a call that cost more than it saved). */
   const tdist_backend_args_t *m = &tl_memo.a;
-  return tl_memo.g == g && tl_memo.bk == g->bk && tl_memo.size == g->size &&
-         tl_memo.rank == g->rank && m->type == a->type && m->sendbuf == a->sendbuf &&
+  return memo_group(&tl_memo, g) && m->type == a->type && m->sendbuf == a->sendbuf &&
          m->recvbuf == a->recvbuf && m->count == a->count && m->dtype == a->dtype &&
          m->redop == a->redop && m->root == a->root && m->tag == a->tag;
 }
@@ -359,10 +371,7 @@ static int memo_hit(const tdist_group_t *g, const tdist_backend_args_t *a) {
  * all_to_all_v's instructions at n = 2). Groups of up to MEMO_V_RANKS. */
 #define MEMO_V_RANKS 16
 typedef struct memo_v {
-  const tdist_group_t *g;
-  const void *bk;
-  int size, rank;
-  tdist_backend_args_t a; /* as checked: count is the sum of scounts */
+  memo_t m; /* m.a as checked: count is the sum of scounts */
   size_t arr[4][MEMO_V_RANKS];
 } memo_v_t;
 static _Thread_local memo_v_t tl_memo_v;
@@ -375,9 +384,8 @@ static void v_arrays(const tdist_backend_args_t *a, const size_t *out[4]) {
 }
 
 static int memo_v_hit(const tdist_group_t *g, tdist_backend_args_t *a) {
-  const tdist_backend_args_t *m = &tl_memo_v.a;
-  if (tl_memo_v.g != g || tl_memo_v.bk != g->bk || tl_memo_v.size != g->size ||
-      tl_memo_v.rank != g->rank || m->type != a->type || m->sendbuf != a->sendbuf ||
+  const tdist_backend_args_t *m = &tl_memo_v.m.a;
+  if (!memo_group(&tl_memo_v.m, g) || m->type != a->type || m->sendbuf != a->sendbuf ||
       m->recvbuf != a->recvbuf || m->dtype != a->dtype || m->scounts != a->scounts ||
       m->sdispls != a->sdispls || m->rcounts != a->rcounts || m->rdispls != a->rdispls)
     return 0;
@@ -391,16 +399,12 @@ static int memo_v_hit(const tdist_group_t *g, tdist_backend_args_t *a) {
 
 static void memo_v_keep(const tdist_group_t *g, const tdist_backend_args_t *a) {
   const size_t *arr[4];
-  tl_memo_v.g = NULL; /* no entry while it is rewritten */
+  tl_memo_v.m.g = NULL; /* no entry while it is rewritten */
   if (g->size > MEMO_V_RANKS) return;
   v_arrays(a, arr);
   for (int k = 0; k < 4; k++)
     if (arr[k]) memcpy(tl_memo_v.arr[k], arr[k], sizeof(size_t) * (size_t)g->size);
-  tl_memo_v.bk = g->bk;
-  tl_memo_v.size = g->size;
-  tl_memo_v.rank = g->rank;
-  tl_memo_v.a = *a;
-  tl_memo_v.g = g;
+  memo_keep(&tl_memo_v.m, g, a);
 }
 
 static int check_args(tdist_group_t *g, tdist_backend_args_t *a, const char *fn);
@@ -417,15 +421,10 @@ int tdist__op_check(tdist_group_t *g, tdist_backend_args_t *a, const char *fn) {
   int fixed = !tdist_backend_op_is_v(t), a2av = t == TDIST_OP_ALL_TO_ALL_V;
   if (fixed ? memo_hit(g, a) : a2av && memo_v_hit(g, a)) return 0;
   TDIST_CHECK(check_args(g, a, fn));
-  if (fixed) {
-    tl_memo.g = g;
-    tl_memo.bk = g->bk;
-    tl_memo.size = g->size;
-    tl_memo.rank = g->rank;
-    tl_memo.a = *a;
-  } else if (a2av) {
+  if (fixed)
+    memo_keep(&tl_memo, g, a);
+  else if (a2av)
     memo_v_keep(g, a);
-  }
   return 0;
 }
 
