@@ -12,11 +12,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BIN="${TDIST_BENCH_BUILD:-$ROOT/build-cpu}/bench/cpu/tdist_bench_cpu"
 MPI_BENCH="${MPI_BENCH:?MPI_BENCH names the peers build of mpi_bench}"
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo)
-if [ "$(id -u)" -eq 0 ]; then
-  MPIRUN+=(--allow-run-as-root)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+. "$HERE/mpirun.sh"
 stress-ng --cpu "$BUSY" --timeout 600s --quiet &
 SPID=$!
 trap 'kill "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null || true' EXIT

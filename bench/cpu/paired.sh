@@ -28,11 +28,7 @@ B="${TDIST_BENCH_BUILD:-$ROOT/build-cpu}/bench/cpu"
 MPI_BENCH="${MPI_BENCH:?MPI_BENCH names the peers build of mpi_bench}"
 MPI_ALLTOALLV="${MPI_ALLTOALLV:-$(dirname "$MPI_BENCH")/mpi_alltoallv}"
 POINTS="${POINTS:-allreduce:8 broadcast:8 allgather:8 barrier:0 alltoallv:1024}"
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo)
-if [ "$(id -u)" -eq 0 ]; then
-  MPIRUN+=(--allow-run-as-root)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+. "$HERE/mpirun.sh"
 # the mean (us=) of the first peers line matching $1
 mean() { grep -E "$1" | head -1 | sed -n 's/.* us=\([0-9.]*\).*/\1/p'; }
 floor() { "$B/tdist_bench_line_floor" swap | sed -n 's/.*process=0 ns_per_op=\([0-9.]*\).*/\1/p'; }

@@ -15,9 +15,5 @@ BIN="$OUT/mpi_alltoallv"
 if [ ! -x "$BIN" ] || [ "$HERE/mpi_alltoallv.c" -nt "$BIN" ] || [ "$HERE/../zipf_split.h" -nt "$BIN" ]; then
   mpicc ${CFLAGS:--O3 -march=native} -Wall -I"$HERE/.." -o "$BIN" "$HERE/mpi_alltoallv.c" -lm
 fi
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo)
-if [ "$(id -u)" -eq 0 ]; then
-  MPIRUN+=(--allow-run-as-root)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+. "$HERE/../mpirun.sh"
 exec "${MPIRUN[@]}" -np "$N" "$BIN" -t mpi-shm -T "$BUDGET"
