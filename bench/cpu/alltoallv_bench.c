@@ -5,7 +5,7 @@
  * ../shared/peers: this program forks N ranks on 127.0.0.1 (rank 0 hosts
  * the store) and rank 0 reports.
  *
- *   tdist_bench_alltoallv -n N [-T budget_s] [-P] [-t tag] [-b max_bytes]
+ *   tdist_bench_alltoallv -n N [-T budget_s] [-P] [-t tag] [-m min_bytes] [-b max_bytes]
  *
  * bytes = what each rank sends per call (float32), split over the ranks by
  * zipf_split; every rank sends the same split, so rank 0 (the hottest
@@ -33,6 +33,7 @@ static double g_budget = 0.3;
 static int g_peers = 0;
 static char g_tag[32] = "tdist";
 static size_t g_max = 67108864;
+static size_t g_min = 0;
 
 static double now_us(void) {
   struct timespec ts;
@@ -90,7 +91,7 @@ static int rank_main(int rank, int n, void *arg) {
   int failures = 0;
   for (size_t si = 0; si < sizeof(kSizes) / sizeof(kSizes[0]); si++) {
     size_t bytes = kSizes[si], total = bytes / 4, rtotal = 0;
-    if (bytes > g_max) continue;
+    if (bytes > g_max || bytes < g_min) continue;
     zipf_split(total, n, sc);
     for (int i = 0; i < n; i++)
       rtotal += rc[i] = sc[rank];
@@ -144,7 +145,7 @@ static int rank_main(int rank, int n, void *arg) {
 
 int main(int argc, char **argv) {
   int n = 2, c;
-  while ((c = getopt(argc, argv, "n:T:Pb:t:")) != -1) {
+  while ((c = getopt(argc, argv, "n:T:Pb:m:t:")) != -1) {
     if (c == 'n')
       n = atoi(optarg);
     else if (c == 'T')
@@ -153,10 +154,13 @@ int main(int argc, char **argv) {
       g_peers = 1;
     else if (c == 'b')
       g_max = (size_t)atoll(optarg);
+    else if (c == 'm')
+      g_min = (size_t)atoll(optarg);
     else if (c == 't')
       snprintf(g_tag, sizeof(g_tag), "%s", optarg);
     else {
-      fprintf(stderr, "usage: %s -n N [-T budget_s] [-P] [-t tag] [-b max_bytes]\n", argv[0]);
+      fprintf(stderr, "usage: %s -n N [-T budget_s] [-P] [-t tag] [-m min_bytes] [-b max_bytes]\n",
+              argv[0]);
       return 2;
     }
   }
