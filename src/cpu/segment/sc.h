@@ -298,10 +298,18 @@ typedef struct cpu_sc {
    * from its giver's buffer instead of passing through its slots... */
   int cma;
   /* ... when this member lends its blocks so (TDIST_CPU_SC_CMA; by default
-   * when the group's members outnumber this process's CPUs: each reads
-   * its blocks alone, one copy in all, where through the slots giver and
-   * reader copy at once, which pays only with a core each). Decided by
-   * the giver alone: its count prefix tells the readers. */
+   * when the group's members are more than twice this process's CPUs).
+   * Read in place, one copy in all, but the kernel's: on the CI's AMD
+   * guests it ran at about half a vector loop's speed per byte, page
+   * pinning included, and the hottest receiver of a skewed split makes
+   * all of it alone. Through the slots giver and reader copy with vector
+   * loops, at once where each has a CPU or shares one with one other: with
+   * 3 and 4 ranks on 2 cores the slots won (64 MiB Zipf at n = 4: faster
+   * in 26 of 28 alternated pairs, median ratio 0.81). With 3 or 4 ranks a
+   * CPU, every slot's turn waits for the members' turns on the CPUs, and
+   * pieces of 256 KiB and up read in place won (n = 8, 64 MiB: 100-128 ms
+   * against 140-192).
+   * Decided by the giver alone: its count prefix tells the readers. */
   int lend;
   /* The members outnumber this process's CPUs (setup): an all_gather or
    * all_reduce does not lend by measure (sc_data.c, lend_now). */

@@ -49,7 +49,8 @@ TDIST_PARAM(CpuSc, "TDIST_CPU_SC", 1)
 TDIST_PARAM(CpuScSlots, "TDIST_CPU_SC_SLOTS", 16)
 TDIST_PARAM(CpuScSlotBytes, "TDIST_CPU_SC_SLOT_BYTES", 128 << 10)
 /* all_to_all_v blocks read in place (sc.h, lend): -1 when the group's
- * members outnumber this process's CPUs, 0 never, 1 whenever possible. */
+ * members are more than twice this process's CPUs, 0 never, 1 whenever
+ * possible. */
 TDIST_PARAM(CpuScCma, "TDIST_CPU_SC_CMA", -1)
 /* Step lines per member (sc.h): how far a root of small broadcasts runs
  * ahead of its readers (64 bytes each). */
@@ -420,7 +421,7 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   ch->crowded = cpus > 0 && n > cpus;
   int64_t lend = tdist__param_CpuScCma();
-  if (lend < 0) lend = ch->crowded;
+  if (lend < 0) lend = cpus > 0 && n > 2 * cpus;
   ch->lend = lend > 0;
   for (int r = 0; r < n; r++) {
     const sc_mapped_t *o = vals[r];

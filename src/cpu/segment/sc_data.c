@@ -29,9 +29,9 @@
  *                         the giver's buffer (process_vm_readv, cma.c),
  *                         and checks the giver's live word after each
  *                         piece; the giver completes only once every
- *                         member consumed every step (it read all). One
- *                         copy instead of two: with 4 ranks on 2 cores the
- *                         copies are the time of a large all_to_all_v.
+ *                         member consumed every step (it read all). Only
+ *                         where the members are more than twice the CPUs
+ *                         by default (sc.h, lend: why).
  *   all_gather_v          the member's block
  *   reduce_scatter_v      the member's recv counts (n u64), then its input
  * Reductions read every member's piece of a step, in rank order (lower
@@ -143,8 +143,7 @@ static int lend_now(cpu_op_t *op) {
    * 1-16 MiB 1.6-2.8x), so the look's lent ops (and the rare wrong pick
    * its noise made) were only a cost: the 1 MiB all_gather's mean was
    * 15-25 % above 7bb5725's, which had no lending. An all_to_all_v lends
-   * there by default instead (its block has one reader: one copy in all
-   * where the slots take two; TDIST_CPU_SC_CMA). */
+   * by its own rule (sc.h, lend: from more than two members a CPU). */
   if (op->cg->sc->crowded) return 0;
   unsigned c;
   struct sc_tune *t = tune_of(op, &c);
