@@ -339,6 +339,22 @@ static size_t bcount(int i, int j, int t) {
   return c[(size_t)(i * 3 + j * 5 + t) % 7];
 }
 
+/* Join the test's group; one_cpu: with this process held to the CPU it
+ * runs on while the group is made (the segment counts the CPUs then:
+ * sc_chan.c, crowded and lend), its affinity given back after. */
+static int init_on_cpus(struct shared *sh, int rank, int n, int one_cpu, tdist_group_t **g) {
+  cpu_set_t cpus, one;
+  if (one_cpu) {
+    MP_CHECK(sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && sched_getcpu() >= 0);
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+  }
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, g));
+  if (one_cpu) MP_CHECK(sched_setaffinity(0, sizeof(cpus), &cpus) == 0);
+  return 0;
+}
+
 static int a2av_big(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
@@ -346,15 +362,7 @@ static int a2av_big(int rank, int n, void *arg) {
    * one CPU while the group is made: its blocks are read in place only
    * where the members are more than twice that (sc.h, lend), so from
    * n = 3 on, and through the slots at n = 2. */
-  cpu_set_t cpus, one;
-  if (sh->variant == 1) {
-    MP_CHECK(sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && sched_getcpu() >= 0);
-    CPU_ZERO(&one);
-    CPU_SET(sched_getcpu(), &one);
-    MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
-  }
-  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
-  if (sh->variant == 1) MP_CHECK(sched_setaffinity(0, sizeof(cpus), &cpus) == 0);
+  MP_CHECK_RC(init_on_cpus(sh, rank, n, sh->variant == 1, &g));
   size_t sc[8], sd[8], rc[8], rd[8];
   for (int t = 0; t < (TEST_TSAN ? 2 : A2AV_SKEW + 1); t++) {
     size_t st = 0, rt = 0, big = 0;
@@ -422,15 +430,7 @@ static int allgather_lent(int rank, int n, void *arg) {
   /* variant 3: measured as 2, but this process has one CPU while the
    * group is made, so its members outnumber its CPUs: nothing is lent
    * (sc_data.c, lend_now), not even in the look. */
-  cpu_set_t cpus, one;
-  if (sh->variant == 3) {
-    MP_CHECK(sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && sched_getcpu() >= 0);
-    CPU_ZERO(&one);
-    CPU_SET(sched_getcpu(), &one);
-    MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
-  }
-  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
-  if (sh->variant == 3) MP_CHECK(sched_setaffinity(0, sizeof(cpus), &cpus) == 0);
+  MP_CHECK_RC(init_on_cpus(sh, rank, n, sh->variant == 3, &g));
   static const size_t counts[] = {8191, 8192, 40000, 600001};
   int many = TEST_TSAN ? 3 : 4;
   /* variant 2: the lane measured (TDIST_CPU_SC_LEND unset): enough ops of
