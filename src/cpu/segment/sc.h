@@ -142,7 +142,8 @@ TDIST_PARAM(CpuScNowLooks, "TDIST_CPU_SC_NOW_LOOKS", tdist__ranks_exceed_cpus() 
 /* An all_to_all_v block of this many bytes and up is read in place from
  * its giver where blocks are lent (ch->lend, sc_data.c). Above the
  * engine's single-copy threshold (TDIST_CPU_CMA_BYTES, 256 KiB): with 4
- * ranks on 2 cores, 1 MiB Zipf took 240-300 us with blocks from 256 KiB
+ * ranks on 2 cores lending (2026-11-29; TDIST_CPU_SC_CMA=1 there now),
+ * 1 MiB Zipf took 240-300 us with blocks from 256 KiB
  * read in place against 140-240 through the slots, and 16 MiB the same
  * either way (8.6-9.5 ms; 4 MiB here made it 11.5-13.5). */
 TDIST_PARAM(CpuScCmaBytes, "TDIST_CPU_SC_CMA_BYTES", 1 << 20)
