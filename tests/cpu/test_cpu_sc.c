@@ -1002,7 +1002,6 @@ int main(int argc, char **argv) {
   unsetenv("TDIST_CPU_SC_CMA");
   sh->variant = 1;
   RUN("a2av_rule", a2av_big);
-  sh->variant = 0;
   setenv("TDIST_CPU_SC_LEND_REDUCE_BYTES", "32768", 1); /* every all_reduce above 32 KiB */
   setenv("TDIST_CPU_SC_LEND", "1", 1);                  /* lend, not measure which is faster */
   sh->variant = 0;

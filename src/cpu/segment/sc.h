@@ -309,8 +309,8 @@ typedef struct cpu_sc {
    * in 26 of 28 alternated pairs, median ratio 0.81). With 3 or 4 ranks a
    * CPU, every slot's turn waits for the members' turns on the CPUs, and
    * pieces of 256 KiB and up read in place won (n = 8, 64 MiB: 100-128 ms
-   * against 140-192).
-   * Decided by the giver alone: its count prefix tells the readers. */
+   * against 140-192). Decided by the giver alone: its count prefix tells
+   * the readers. */
   int lend;
   /* The members outnumber this process's CPUs (setup): an all_gather or
    * all_reduce does not lend by measure (sc_data.c, lend_now). */
