@@ -1,15 +1,19 @@
 /*
  * copy_bench.c - the CPU backend's payload copies (src/cpu/base/copy.c)
- * against glibc's memcpy in the same run: the plain vector loop
- * (tdist__cpu_copy) and the streaming one (tdist__cpu_copy_stream), which
- * the shared segment uses for outputs of TDIST_CPU_SC_STREAM_BYTES and up.
+ * against glibc's memcpy in the same run: the string move
+ * (tdist__cpu_copy_string), the vector loop (tdist__cpu_copy_loop), the
+ * copy that picks one of them by measure (tdist__cpu_copy) and the
+ * streaming one (tdist__cpu_copy_stream), which the shared segment uses
+ * for outputs of TDIST_CPU_SC_STREAM_BYTES and up. Private buffers only:
+ * where the two ways differ most, the source's lines come from the other
+ * CPU's cache (a slot), which tdist_bench_cpu measures.
  *
  *   tdist_bench_copy MIB [PROCS [ROUNDS]]
  *
  * PROCS processes (default 1; 2: a second one copying beside the first,
  * as two ranks do) each copy MIB MiB between two private buffers ROUNDS
- * times (default 10) with each of the three, in turns, so that the host's
- * state changes hit all three alike. Each process prints one line per
+ * times (default 10) with each of the five, in turns, so that the host's
+ * state changes hit all alike. Each process prints one line per
  * copy: the fastest and the median round in ms.
  */
 #define _GNU_SOURCE
@@ -40,6 +44,8 @@ static int run(int proc, size_t n, int rounds) {
     const char *name;
     void (*fn)(void *, const void *, size_t);
   } copies[] = {{"memcpy (glibc)", glibc},
+                {"tdist__cpu_copy_string", tdist__cpu_copy_string},
+                {"tdist__cpu_copy_loop", tdist__cpu_copy_loop},
                 {"tdist__cpu_copy", tdist__cpu_copy_big},
                 {"tdist__cpu_copy_stream", tdist__cpu_copy_stream}};
   enum { NC = sizeof(copies) / sizeof(copies[0]) };

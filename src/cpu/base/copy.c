@@ -1,22 +1,31 @@
 /*
  * copy.c - the CPU backend's bulk copies: payload bytes moved through the
  * shared segment's slots, between a member's own buffers, and through the
- * rings, without the C library's `rep movsb`.
+ * rings, each large one by whichever of two ways this thread measured
+ * faster for its size.
  *
- * Why: glibc (2.36, Debian 12) copies 2 KiB and up with `rep movsb` where
- * the CPU advertises fast string moves, and on the AMD EPYC guests CI runs
- * on that instruction is several times slower than a vector loop for some
- * placements of source and destination: a 64 KiB all_gather at n = 2 took
- * 95 us where its buffers came from the heap after larger ones had been
- * freed, and 17 us with `GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold`
- * set past it; broadcast 64 MiB 41 -> 12.6 ms, all_reduce 1 MiB 598 -> 274 us
- * (bench/cpu/RESULTS.md, 2026-12-01). A library cannot set the tunable (it
- * is read at process start), so the copies that carry payload call this
- * instead: four 32-byte (AVX2) or 16-byte (SSE2) loads and stores a turn,
- * unaligned, picked once by the CPU's features; below 256 bytes, and on
- * other architectures, memcpy. A copy into a destination larger than the
- * cache may stream instead (tdist__cpu_copy_stream). Any thread; no state
- * but the pick.
+ * Why two ways, and a measure: on the 2-core AMD EPYC (family 26) guests
+ * the project runs on, neither the CPU's string move (`rep movsb`, what
+ * glibc 2.36 uses from 8 KiB on such a CPU) nor a plain vector loop wins
+ * on every host. On the 2026-12-01 00:24 machine the string move was
+ * several times slower for some placements of source and destination (a
+ * 64 KiB all_gather at n = 2 took 95 us with it and 17 without; broadcast
+ * 64 MiB 41 -> 12.6 ms), so every payload copy became the vector loop. On
+ * the 2026-12-01 22:00 machine, the vector loop was the slow one: a slot's
+ * lines come from the other CPU's cache, and there the loop moved them at
+ * a third to a quarter of the string move's rate (broadcast 1 MiB at n = 2
+ * 140-160 us against 35-74, 16 MiB 2.2-2.7 ms against 0.63-0.94), while
+ * between private buffers the two were level (bench/cpu/RESULTS.md). A
+ * library cannot know which host it is on, and the host's state changes,
+ * so each thread times the two on its own copies: per size class (a power
+ * of two from 8 KiB) and destination alignment, COPY_LOOK copies of every
+ * COPY_EVERY alternate the two ways, and the faster one's best time picks
+ * the way the class takes until the next look (copy.h,
+ * tdist__cpu_copy_tune_*). Under 8 KiB both glibc and this file use vector
+ * loops (and below 256 bytes memcpy). TDIST_CPU_COPY_LOOP forces either.
+ * A copy into a destination larger than the cache may stream instead
+ * (tdist__cpu_copy_stream). Any thread; each thread's looks are its own
+ * (thread-local), so no state is shared.
  */
 #include <string.h>
 
@@ -24,6 +33,9 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+
+#include "util/clock.h"
+#include "util/param.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -66,11 +78,73 @@ static int has_avx2(void) {
   return v == 2;
 }
 
-void tdist__cpu_copy_big(void *dst, const void *src, size_t n) {
+TDIST_PARAM(CpuCopyLoop, "TDIST_CPU_COPY_LOOP", -1)
+
+/* The string move, the destination first aligned to its line (a
+ * misaligned destination slowed it on Zen 3 and later CPUs: glibc bug
+ * 30994); n >= 64. */
+void tdist__cpu_copy_string(void *dst, const void *src, size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  size_t head = (size_t)(-(uintptr_t)d & 63);
+  if (head) memcpy(d, s, 64); /* covers the head; its tail is copied again below */
+  d += head;
+  s += head;
+  n -= head;
+  __asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+}
+
+void tdist__cpu_copy_loop(void *dst, const void *src, size_t n) {
   uint8_t *d = dst;
   const uint8_t *s = src;
   size_t i = has_avx2() ? turns_avx2(d, s, 0, n) : turns_sse2(d, s, 0, n);
   if (i < n) memcpy(d + i, s + i, n - i); /* under a turn: no string move */
+}
+
+int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
+  uint32_t k = t->seen++ % TDIST_CPU_COPY_EVERY;
+  *timed = k < TDIST_CPU_COPY_LOOK;
+  if (!*timed) return t->loop;
+  if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
+  return (int)(k & 1); /* alternated: both meet the same host state */
+}
+
+void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
+  int64_t per = (int64_t)(((uint64_t)(ns > 0 ? ns : 0) << 16) / n); /* ns per 64 KiB */
+  if (per < t->best[loop]) t->best[loop] = per;
+  if (t->best[0] != INT64_MAX && t->best[1] != INT64_MAX) t->loop = t->best[1] < t->best[0];
+}
+
+/* A thread's looks: [destination off its line][size class]. */
+static _Thread_local tdist__cpu_copy_tune_t tunes[2][TDIST_CPU_COPY_CLASSES];
+
+void tdist__cpu_copy_big(void *dst, const void *src, size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  if (n < TDIST_CPU_COPY_TUNE_MIN) {
+    tdist__cpu_copy_loop(d, s, n);
+    return;
+  }
+  int64_t force = tdist__param_CpuCopyLoop();
+  if (force >= 0) {
+    if (force)
+      tdist__cpu_copy_loop(d, s, n);
+    else
+      tdist__cpu_copy_string(d, s, n);
+    return;
+  }
+  unsigned c = 0;
+  while (c + 1 < TDIST_CPU_COPY_CLASSES && ((size_t)TDIST_CPU_COPY_TUNE_MIN << (c + 1)) <= n)
+    c++;
+  tdist__cpu_copy_tune_t *t = &tunes[((uintptr_t)d & 63) != 0][c];
+  int timed;
+  int loop = tdist__cpu_copy_tune_way(t, &timed);
+  int64_t t0 = timed ? tdist__now_ns() : 0;
+  if (loop)
+    tdist__cpu_copy_loop(d, s, n);
+  else
+    tdist__cpu_copy_string(d, s, n);
+  if (timed) tdist__cpu_copy_tune_took(t, loop, n, tdist__now_ns() - t0);
 }
 
 /* The head up to the destination's alignment and the tail under a turn
@@ -92,6 +166,16 @@ void tdist__cpu_copy_stream(void *dst, const void *src, size_t n) {
   if (i < n) memcpy(d + i, s + i, n - i);
 }
 #else
+int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
+  (void)t;
+  *timed = 0;
+  return 0;
+}
+void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
+  (void)t, (void)loop, (void)n, (void)ns;
+}
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+void tdist__cpu_copy_string(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+void tdist__cpu_copy_loop(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void tdist__cpu_copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif

@@ -1,16 +1,53 @@
 /*
  * copy.h - the CPU backend's payload copies (copy.c): memcpy and memmove
- * without glibc's `rep movsb`, several times slower on the CI's AMD guests
- * for some placements of source and destination. Any thread.
+ * that take, per thread and size, whichever of the CPU's string move and a
+ * vector loop this thread measured faster (each was several times slower
+ * than the other on some of the project's hosts). Any thread.
  */
 #ifndef TDIST_CPU_BASE_COPY_H
 #define TDIST_CPU_BASE_COPY_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
-/* n bytes (256 and up), not overlapping, in vector loads and stores. */
+/* Copies of TDIST_CPU_COPY_TUNE_MIN bytes and up are measured, per size
+ * class (a power of two; the last holds all larger) and destination
+ * alignment: TDIST_CPU_COPY_LOOK of every TDIST_CPU_COPY_EVERY copies of a
+ * class alternate the two ways, timed. */
+#define TDIST_CPU_COPY_TUNE_MIN 8192u
+#define TDIST_CPU_COPY_CLASSES 14 /* 8 KiB .. 64 MiB and up */
+#define TDIST_CPU_COPY_LOOK 8u
+#define TDIST_CPU_COPY_EVERY 1024u
+
+/* One class's looks (a thread's own): copies seen, the way it takes (1:
+ * the vector loop, 0: the string move) and each way's best time in the
+ * current look (ns per 64 KiB; INT64_MAX: none yet). Zeroed: no look yet,
+ * the string move. */
+typedef struct {
+  uint32_t seen;
+  int loop;
+  int64_t best[2];
+} tdist__cpu_copy_tune_t;
+
+/* The way the next copy of t's class takes (1: the vector loop); *timed:
+ * whether it is one of a look's, to be timed and told with _took. */
+int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed);
+
+/* A timed copy of n bytes the given way took ns: keeps the way's best and
+ * picks the faster way once both have one. */
+void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns);
+
+/* n bytes (256 and up), not overlapping: in vector loads and stores, or
+ * from TDIST_CPU_COPY_TUNE_MIN bytes with the string move where this
+ * thread measured it faster for the size. */
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n);
+
+/* The two ways, each alone (n >= 256; the benchmark and tests): the
+ * string move with the destination aligned to its line, and the vector
+ * loop. */
+void tdist__cpu_copy_string(void *dst, const void *src, size_t n);
+void tdist__cpu_copy_loop(void *dst, const void *src, size_t n);
 
 /* n bytes, not overlapping, with streaming stores (the destination's lines
  * are not read first and leave the cache) and a store fence: for an op
