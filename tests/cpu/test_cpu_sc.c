@@ -427,6 +427,7 @@ static int allgather_lent(int rank, int n, void *arg) {
   /* variant 1: every other member lends, the others never do (a member's
    * lines say which; each reads each giver as it gave). */
   if (sh->variant == 1) setenv("TDIST_CPU_SC_LEND", rank % 2 ? "0" : "1", 1);
+  if (sh->variant >= 2) setenv("TDIST_CPU_SC_TUNE_SKIP", "16", 1);
   /* variant 3: measured as 2, but this process has one CPU while the
    * group is made, so its members outnumber its CPUs: nothing is lent
    * (sc_data.c, lend_now), not even in the look. */
@@ -434,8 +435,8 @@ static int allgather_lent(int rank, int n, void *arg) {
   static const size_t counts[] = {8191, 8192, 40000, 600001};
   int many = TEST_TSAN ? 3 : 4;
   /* variant 2: the lane measured (TDIST_CPU_SC_LEND unset): enough ops of
-   * each class that its look (after 16 ops, 8 in two lanes) ends and its
-   * choice runs. */
+   * each class that its look (after 16 ops here, TDIST_CPU_SC_TUNE_SKIP,
+   * then 8 in two lanes) ends and its choice runs. */
   int reps = sh->variant >= 2 ? 16 : 1;
   for (int rep = 0; rep < reps; rep++)
     for (int c = 0; c < many; c++) {

@@ -160,12 +160,19 @@ TDIST_PARAM(CpuScLendBytes, "TDIST_CPU_SC_LEND_BYTES", 32 << 10)
 TDIST_PARAM(CpuScLendReduceBytes, "TDIST_CPU_SC_LEND_REDUCE_BYTES", 512 << 10)
 /* Whether such an op lends is measured (sc_data.c, lend_now): per kind
  * (all_gather, all_reduce) and size class (a power of two), SC_TUNE_LOOK
- * ops of every SC_TUNE_EVERY (after SC_TUNE_SKIP) look: half through the
- * slots, then half lent, the first of each half untimed; the others take
- * the lane whose fastest timed op was faster. 1:
- * always lend where the sizes allow, 0: never. */
+ * ops of every SC_TUNE_EVERY (after TDIST_CPU_SC_TUNE_SKIP) look: half through the
+ * slots, then half lent (cut short where far slower), the first of each half untimed; the others
+ * take the lane whose fastest timed op was faster. 1: always lend where the sizes allow, 0: never.
+ */
 TDIST_PARAM(CpuScLend, "TDIST_CPU_SC_LEND", -1)
-#define SC_TUNE_SKIP 16u
+/* The look waits for a class's 64th op, and a lent half whose first timed
+ * op took more than SC_TUNE_CUT times the slots' best ends there: a look
+ * costs its slower lane's ops, and where that lane was 2-4x slower (the
+ * 2026-12-01 22:00 machine: a 16 MiB all_reduce at n = 2 lent 4.5-5.9 ms,
+ * through the slots 1.7-2.1), four of them in a loop of 20 ops put its
+ * mean 40-70 % above the slots' alone. */
+TDIST_PARAM(CpuScTuneSkip, "TDIST_CPU_SC_TUNE_SKIP", 64)
+#define SC_TUNE_CUT 2
 #define SC_TUNE_LOOK 8u
 #define SC_TUNE_EVERY 512u
 #define SC_TUNE_CLASSES 12 /* 32 KiB (or less) .. 64 MiB (or more) */
@@ -322,6 +329,7 @@ typedef struct cpu_sc {
     uint32_t seen;
     int64_t best[2];
     int lend;
+    int cut; /* this look's lent half ended early (SC_TUNE_CUT) */
   } tune[2][SC_TUNE_CLASSES];
   /* The head all_to_all_v's blocks for this member, per giver (from the
    * givers' count prefixes): where each lies in its giver (addr 0: in the

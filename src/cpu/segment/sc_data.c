@@ -151,15 +151,20 @@ static int lend_now(cpu_op_t *op) {
    * and buffers, and a class of few ops (the largest, often) is not worth
    * a look (at 16 and 64 MiB the slots were within 10 % of lending or
    * ahead of it in every state measured). The look starts after
-   * SC_TUNE_SKIP of them. */
+   * TDIST_CPU_SC_TUNE_SKIP of them (sc.h). */
+  uint32_t skip = (uint32_t)tdist__param_CpuScTuneSkip() % (SC_TUNE_EVERY - SC_TUNE_LOOK);
   uint32_t k = t->seen++ % SC_TUNE_EVERY;
-  if (k < SC_TUNE_SKIP || k >= SC_TUNE_SKIP + SC_TUNE_LOOK) return t->lend;
+  if (k < skip || k >= skip + SC_TUNE_LOOK) return t->lend;
   /* Half the look through the slots, then half lent, each half's first op
    * untimed: a lane's ops in a row, as it would run them (a slot op right
    * after a lent one meets lines the others have not just read). */
-  k -= SC_TUNE_SKIP;
+  k -= skip;
   int lent = k >= SC_TUNE_LOOK / 2;
-  if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
+  if (k == 0) {
+    t->best[0] = t->best[1] = INT64_MAX;
+    t->cut = 0;
+  }
+  if (lent && t->cut) return t->lend; /* the lent half was cut: not timed */
   if (k % (SC_TUNE_LOOK / 2)) {
     op->sc.tune = 1 + lent;
     op->sc.t0 = tdist__now_ns();
@@ -172,6 +177,7 @@ void tdist__cpu_sc_tune_took(cpu_op_t *op, int64_t ns) {
   struct sc_tune *t = tune_of(op, &c);
   int lent = op->sc.tune - 1;
   if (ns < t->best[lent]) t->best[lent] = ns;
+  if (lent && t->best[0] != INT64_MAX && ns / SC_TUNE_CUT > t->best[0]) t->cut = 1;
   int lend = t->best[1] < t->best[0];
   if (lend != t->lend && t->best[0] != INT64_MAX && t->best[1] != INT64_MAX) {
     TDIST_INFO(CPU, "sc: %s of %d..%d KiB now %s (fastest %lld ns lent, %lld through the slots)",
