@@ -19,9 +19,14 @@
  * library cannot know which host it is on, and the host's state changes,
  * so each thread times the two on its own copies: per size class (a power
  * of two from 8 KiB) and destination alignment, COPY_LOOK copies of every
- * COPY_EVERY alternate the two ways, and the faster one's best time picks
- * the way the class takes until the next look (copy.h,
- * tdist__cpu_copy_tune_*). Under 8 KiB both glibc and this file use vector
+ * COPY_EVERY alternate the two ways, and the class takes the string move
+ * until the next look unless the loop's best time was under half the
+ * string move's (copy.h, tdist__cpu_copy_tune_*). Why not simply the
+ * faster: a copy's own time does not show what it costs the other
+ * process, which reads a slot's lines next; measured at the faster, a
+ * 64 KiB all_gather at n = 2 took 10.5-11.4 us against 6.1-6.6 with the
+ * string move forced, three alternated launches each, while the loop was
+ * 2-4x slower where it lost. Under 8 KiB both glibc and this file use vector
  * loops (and below 256 bytes memcpy). TDIST_CPU_COPY_LOOP forces either.
  * A copy into a destination larger than the cache may stream instead
  * (tdist__cpu_copy_stream). Any thread; each thread's looks are its own
@@ -112,7 +117,8 @@ int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
 void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
   int64_t per = (int64_t)(((uint64_t)(ns > 0 ? ns : 0) << 16) / n); /* ns per 64 KiB */
   if (per < t->best[loop]) t->best[loop] = per;
-  if (t->best[0] != INT64_MAX && t->best[1] != INT64_MAX) t->loop = t->best[1] < t->best[0];
+  if (t->best[0] != INT64_MAX && t->best[1] != INT64_MAX)
+    t->loop = t->best[1] < t->best[0] / TDIST_CPU_COPY_LOOP_GAIN;
 }
 
 /* A thread's looks: [destination off its line][size class]. */

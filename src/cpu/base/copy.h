@@ -19,6 +19,9 @@
 #define TDIST_CPU_COPY_CLASSES 14 /* 8 KiB .. 64 MiB and up */
 #define TDIST_CPU_COPY_LOOK 8u
 #define TDIST_CPU_COPY_EVERY 1024u
+/* The loop is taken where its best was under the string move's divided
+ * by this (copy.c: why not simply the faster). */
+#define TDIST_CPU_COPY_LOOP_GAIN 2
 
 /* One class's looks (a thread's own): copies seen, the way it takes (1:
  * the vector loop, 0: the string move) and each way's best time in the
@@ -34,8 +37,9 @@ typedef struct {
  * whether it is one of a look's, to be timed and told with _took. */
 int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed);
 
-/* A timed copy of n bytes the given way took ns: keeps the way's best and
- * picks the faster way once both have one. */
+/* A timed copy of n bytes the given way took ns: keeps the way's best and,
+ * once both have one, picks the loop if it was TDIST_CPU_COPY_LOOP_GAIN
+ * times as fast, else the string move. */
 void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns);
 
 /* n bytes (256 and up), not overlapping: in vector loads and stores, or
