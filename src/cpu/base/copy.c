@@ -1,8 +1,8 @@
 /*
  * copy.c - the CPU backend's bulk copies: payload bytes moved through the
  * shared segment's slots, between a member's own buffers, and through the
- * rings, each large one by whichever of two ways this thread measured
- * faster for its size.
+ * rings, each large one by the CPU's string move unless this thread
+ * measured a vector loop twice as fast for its size.
  *
  * Why two ways, and a measure: on the 2-core AMD EPYC (family 26) guests
  * the project runs on, neither the CPU's string move (`rep movsb`, what
@@ -18,8 +18,8 @@
  * between private buffers the two were level (bench/cpu/RESULTS.md). A
  * library cannot know which host it is on, and the host's state changes,
  * so each thread times the two on its own copies: per size class (a power
- * of two from 8 KiB) and destination alignment, COPY_LOOK copies of every
- * COPY_EVERY alternate the two ways, and the class takes the string move
+ * of two from 8 KiB) and destination alignment, TDIST_CPU_COPY_LOOK copies
+ * of every TDIST_CPU_COPY_EVERY alternate the two ways, and the class takes the string move
  * until the next look unless the loop's best time was under half the
  * string move's (copy.h, tdist__cpu_copy_tune_*). Why not simply the
  * faster: a copy's own time does not show what it costs the other
@@ -85,9 +85,9 @@ static int has_avx2(void) {
 
 TDIST_PARAM(CpuCopyLoop, "TDIST_CPU_COPY_LOOP", -1)
 
-/* The string move, the destination first aligned to its line (a
- * misaligned destination slowed it on Zen 3 and later CPUs: glibc bug
- * 30994); n >= 64. */
+/* The string move, the destination first aligned to its line: with a
+ * misaligned destination it was reported 20x slower on AMD's Zen 3, the
+ * first of its CPUs to advertise fast short string moves; n >= 64. */
 void tdist__cpu_copy_string(void *dst, const void *src, size_t n) {
   uint8_t *d = dst;
   const uint8_t *s = src;
