@@ -19,15 +19,16 @@
  * library cannot know which host it is on, and the host's state changes,
  * so each thread times the two on its own copies: per size class (a power
  * of two from 8 KiB) and destination alignment, TDIST_CPU_COPY_LOOK copies
- * of every TDIST_CPU_COPY_EVERY alternate the two ways, and the class takes the string move
- * until the next look unless the loop's best time was under half the
- * string move's (copy.h, tdist__cpu_copy_tune_*). Why not simply the
- * faster: a copy's own time does not show what it costs the other
- * process, which reads a slot's lines next; measured at the faster, a
- * 64 KiB all_gather at n = 2 took 10.5-11.4 us against 6.1-6.6 with the
- * string move forced, three alternated launches each, while the loop was
- * 2-4x slower where it lost. Under 8 KiB both glibc and this file use vector
- * loops (and below 256 bytes memcpy). TDIST_CPU_COPY_LOOP forces either.
+ * of every TDIST_CPU_COPY_EVERY alternate the two ways, and the class
+ * takes the string move until the next look unless the loop's best time
+ * was under half the string move's (copy.h, tdist__cpu_copy_tune_*). Why
+ * not simply the faster: a copy's own time does not show what it costs
+ * the other process, which reads a slot's lines next; measured at the
+ * faster, a 64 KiB all_gather at n = 2 took 10.5-11.4 us against 6.1-6.6
+ * with the string move forced, three alternated launches each, while the
+ * loop was 2-4x slower where it lost. Under 8 KiB both glibc and this
+ * file use vector loops (and below 256 bytes memcpy). TDIST_CPU_COPY_LOOP
+ * forces either.
  * A copy into a destination larger than the cache may stream instead
  * (tdist__cpu_copy_stream). Any thread; each thread's looks are its own
  * (thread-local), so no state is shared.
@@ -41,6 +42,22 @@
 
 #include "util/clock.h"
 #include "util/param.h"
+
+/* The look (copy.h): plain arithmetic, the same on every architecture. */
+int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
+  uint32_t k = t->seen++ % TDIST_CPU_COPY_EVERY;
+  *timed = k < TDIST_CPU_COPY_LOOK;
+  if (!*timed) return t->loop;
+  if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
+  return (int)(k & 1); /* alternated: both meet the same host state */
+}
+
+void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
+  int64_t per = (int64_t)(((uint64_t)(ns > 0 ? ns : 0) << 16) / n); /* ns per 64 KiB */
+  if (per < t->best[loop]) t->best[loop] = per;
+  if (t->best[0] != INT64_MAX && t->best[1] != INT64_MAX)
+    t->loop = t->best[1] < t->best[0] / TDIST_CPU_COPY_LOOP_GAIN;
+}
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -106,50 +123,30 @@ void tdist__cpu_copy_loop(void *dst, const void *src, size_t n) {
   if (i < n) memcpy(d + i, s + i, n - i); /* under a turn: no string move */
 }
 
-int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
-  uint32_t k = t->seen++ % TDIST_CPU_COPY_EVERY;
-  *timed = k < TDIST_CPU_COPY_LOOK;
-  if (!*timed) return t->loop;
-  if (k == 0) t->best[0] = t->best[1] = INT64_MAX;
-  return (int)(k & 1); /* alternated: both meet the same host state */
-}
-
-void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
-  int64_t per = (int64_t)(((uint64_t)(ns > 0 ? ns : 0) << 16) / n); /* ns per 64 KiB */
-  if (per < t->best[loop]) t->best[loop] = per;
-  if (t->best[0] != INT64_MAX && t->best[1] != INT64_MAX)
-    t->loop = t->best[1] < t->best[0] / TDIST_CPU_COPY_LOOP_GAIN;
-}
-
 /* A thread's looks: [destination off its line][size class]. */
 static _Thread_local tdist__cpu_copy_tune_t tunes[2][TDIST_CPU_COPY_CLASSES];
 
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n) {
-  uint8_t *d = dst;
-  const uint8_t *s = src;
-  if (n < TDIST_CPU_COPY_TUNE_MIN) {
-    tdist__cpu_copy_loop(d, s, n);
-    return;
-  }
-  int64_t force = tdist__param_CpuCopyLoop();
+  /* Under the measured sizes the loop, as glibc's own below 8 KiB. */
+  int64_t force = n < TDIST_CPU_COPY_TUNE_MIN ? 1 : tdist__param_CpuCopyLoop();
   if (force >= 0) {
     if (force)
-      tdist__cpu_copy_loop(d, s, n);
+      tdist__cpu_copy_loop(dst, src, n);
     else
-      tdist__cpu_copy_string(d, s, n);
+      tdist__cpu_copy_string(dst, src, n);
     return;
   }
   unsigned c = 0;
   while (c + 1 < TDIST_CPU_COPY_CLASSES && ((size_t)TDIST_CPU_COPY_TUNE_MIN << (c + 1)) <= n)
     c++;
-  tdist__cpu_copy_tune_t *t = &tunes[((uintptr_t)d & 63) != 0][c];
+  tdist__cpu_copy_tune_t *t = &tunes[((uintptr_t)dst & 63) != 0][c];
   int timed;
   int loop = tdist__cpu_copy_tune_way(t, &timed);
   int64_t t0 = timed ? tdist__now_ns() : 0;
   if (loop)
-    tdist__cpu_copy_loop(d, s, n);
+    tdist__cpu_copy_loop(dst, src, n);
   else
-    tdist__cpu_copy_string(d, s, n);
+    tdist__cpu_copy_string(dst, src, n);
   if (timed) tdist__cpu_copy_tune_took(t, loop, n, tdist__now_ns() - t0);
 }
 
@@ -172,14 +169,6 @@ void tdist__cpu_copy_stream(void *dst, const void *src, size_t n) {
   if (i < n) memcpy(d + i, s + i, n - i);
 }
 #else
-int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed) {
-  (void)t;
-  *timed = 0;
-  return 0;
-}
-void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns) {
-  (void)t, (void)loop, (void)n, (void)ns;
-}
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void tdist__cpu_copy_string(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void tdist__cpu_copy_loop(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }

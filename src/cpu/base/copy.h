@@ -1,8 +1,8 @@
 /*
  * copy.h - the CPU backend's payload copies (copy.c): memcpy and memmove
- * that take, per thread and size, whichever of the CPU's string move and a
- * vector loop this thread measured faster (each was several times slower
- * than the other on some of the project's hosts). Any thread.
+ * that take, per thread and size, the CPU's string move unless this thread
+ * measured a vector loop twice as fast (each was several times slower than
+ * the other on some of the project's hosts). Any thread.
  */
 #ifndef TDIST_CPU_BASE_COPY_H
 #define TDIST_CPU_BASE_COPY_H
@@ -42,9 +42,10 @@ int tdist__cpu_copy_tune_way(tdist__cpu_copy_tune_t *t, int *timed);
  * times as fast, else the string move. */
 void tdist__cpu_copy_tune_took(tdist__cpu_copy_tune_t *t, int loop, size_t n, int64_t ns);
 
-/* n bytes (256 and up), not overlapping: in vector loads and stores, or
- * from TDIST_CPU_COPY_TUNE_MIN bytes with the string move where this
- * thread measured it faster for the size. */
+/* n bytes (256 and up), not overlapping: in vector loads and stores under
+ * TDIST_CPU_COPY_TUNE_MIN bytes; from there the way this thread's looks
+ * picked for the size (tdist__cpu_copy_tune_took), or the one
+ * TDIST_CPU_COPY_LOOP forces. */
 void tdist__cpu_copy_big(void *dst, const void *src, size_t n);
 
 /* The two ways, each alone (n >= 256; the benchmark and tests): the

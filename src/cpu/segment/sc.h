@@ -160,10 +160,10 @@ TDIST_PARAM(CpuScLendBytes, "TDIST_CPU_SC_LEND_BYTES", 32 << 10)
 TDIST_PARAM(CpuScLendReduceBytes, "TDIST_CPU_SC_LEND_REDUCE_BYTES", 512 << 10)
 /* Whether such an op lends is measured (sc_data.c, lend_now): per kind
  * (all_gather, all_reduce) and size class (a power of two), SC_TUNE_LOOK
- * ops of every SC_TUNE_EVERY (after TDIST_CPU_SC_TUNE_SKIP) look: half through the
- * slots, then half lent (cut short where far slower), the first of each half untimed; the others
- * take the lane whose fastest timed op was faster. 1: always lend where the sizes allow, 0: never.
- */
+ * ops of every SC_TUNE_EVERY (after TDIST_CPU_SC_TUNE_SKIP) look: half
+ * through the slots, then half lent (cut short where far slower), the
+ * first of each half untimed; the others take the lane whose fastest
+ * timed op was faster. 1: always lend where the sizes allow, 0: never. */
 TDIST_PARAM(CpuScLend, "TDIST_CPU_SC_LEND", -1)
 /* The look waits for a class's 64th op, and a lent half whose first timed
  * op took more than SC_TUNE_CUT times the slots' best ends there: a look
