@@ -44,6 +44,8 @@ static int64_t sys_ns(void) {
 
 #ifdef TDIST__CLOCK_TSC
 
+#include <cpuid.h>
+
 #define CAL_NS 1000000LL       /* the origin's age before the line is used */
 #define PERIOD_NS 1000000000LL /* between anchorings, at most */
 #define SLEW_AHEAD 256u        /* ticks (about 0.1 us): an out-of-order window and more */
@@ -57,6 +59,19 @@ static _Atomic int64_t org_ns; /* (mu; read by any) 0: none yet */
 
 static void at_fork(void);
 
+/* The CPU says its counter is invariant (CPUID 0x80000007, EDX bit 8:
+ * the same rate in every power state, "nonstop_tsc" in /proc/cpuinfo). A
+ * KVM guest's kvm-clock is that counter scaled by the host's parameters
+ * (pvclock), and its vDSO reads it only when the host marks it stable
+ * across vCPUs; the line re-anchors against it every second all the same
+ * (a migration to a host of another rate is slewed out within a period).
+ * On this project's 2-core KVM guests (2026-12-02) clock_gettime took
+ * 30 ns there against 12 for the counter alone, on every op. */
+static int invariant(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(0x80000007, &a, &b, &c, &d) && (d & (1u << 8));
+}
+
 static void probe(void) {
   char cs[32] = "";
   FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
@@ -64,7 +79,8 @@ static void probe(void) {
     if (!fgets(cs, sizeof(cs), f)) cs[0] = '\0';
     fclose(f);
   }
-  usable = tdist__param_ClockTsc() != 0 && strncmp(cs, "tsc\n", 4) == 0;
+  usable = tdist__param_ClockTsc() != 0 &&
+           (strncmp(cs, "tsc\n", 4) == 0 || (strncmp(cs, "kvm-clock\n", 10) == 0 && invariant()));
   if (usable) pthread_atfork(NULL, NULL, at_fork);
 }
 
