@@ -165,13 +165,18 @@ TDIST_PARAM(CpuScLendReduceBytes, "TDIST_CPU_SC_LEND_REDUCE_BYTES", 512 << 10)
  * first of each half untimed; the others take the lane whose fastest
  * timed op was faster. 1: always lend where the sizes allow, 0: never. */
 TDIST_PARAM(CpuScLend, "TDIST_CPU_SC_LEND", -1)
-/* The look waits for a class's 64th op, and a lent half whose first timed
+/* The look waits for a class's 256th op, and a lent half whose first timed
  * op took more than SC_TUNE_CUT times the slots' best ends there: a look
  * costs its slower lane's ops, and where that lane was 2-4x slower (the
  * 2026-12-01 22:00 machine: a 16 MiB all_reduce at n = 2 lent 4.5-5.9 ms,
  * through the slots 1.7-2.1), four of them in a loop of 20 ops put its
- * mean 40-70 % above the slots' alone. */
-TDIST_PARAM(CpuScTuneSkip, "TDIST_CPU_SC_TUNE_SKIP", 64)
+ * mean 40-70 % above the slots' alone. The first lent op of a buffer
+ * also pays the first read of its pages from another process: on the
+ * 2026-12-02 machine process_vm_readv of 1 MiB took 3.7 ms the first time
+ * and 0.07-0.14 ms after (a 1 MiB all_gather's look op 2.2-2.7 ms against
+ * 80 us), so a look at the 64th op put that class's mean over 200 ops
+ * 10-15 % up; a class of fewer ops is not worth it. */
+TDIST_PARAM(CpuScTuneSkip, "TDIST_CPU_SC_TUNE_SKIP", 256)
 #define SC_TUNE_CUT 2
 #define SC_TUNE_LOOK 8u
 #define SC_TUNE_EVERY 512u
