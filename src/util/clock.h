@@ -4,10 +4,11 @@
  * tdist__now_ns is CLOCK_MONOTONIC's time line, read from the CPU's time
  * stamp counter where the kernel itself keeps time with it (its clocksource
  * is "tsc": invariant and the same on every CPU; or "kvm-clock", a KVM
- * guest's scaling of that counter, on a CPU that says it is invariant). Every op reads the clock
- * twice (its submission, and its end for the flight recorder and the
- * deadline), and on the 2-core KVM this project runs on, clock_gettime took
- * 23 ns against 10 for rdtsc: about 30 ns of an 8 B op's 390.
+ * guest's scaling of that counter, on a CPU that says it is invariant:
+ * clock.c, invariant). A small op reads the clock once (its submission,
+ * also its end when it is done at its first look: work.c), and on the
+ * 2-core KVM this project runs on, clock_gettime took 23 ns against 10 for
+ * rdtsc.
  *
  * The counter is turned into nanoseconds by a line (tsc0, ns0, mult) that
  * clock.c re-anchors against clock_gettime (every second once the process
@@ -17,9 +18,7 @@
  * CLOCK_MONOTONIC: three threads reading for 3 s found every value within
  * 0.7 us of a clock_gettime taken beside it (tests/core/test_clock.c).
  * TDIST_CLOCK_TSC=0, another clocksource, or another architecture:
- * clock_gettime on every read. The kvm-clock guests this project's CI
- * runs on read the line since 2026-12-02 (clock_gettime 30 ns there
- * against 12 for the counter).
+ * clock_gettime on every read.
  *
  * Threads: any, the progress thread too. A read takes no lock; one that
  * lands while the line is rewritten (once a second, a few stores by the
