@@ -397,8 +397,11 @@ void tdist__cpu_sc_plan(cpu_op_t *op) {
   default: s->role = SC_ROLE_ALL; break;
   }
   s->total = tdist_backend_op_is_v(op->type) ? my_v_total(op) : total_of(op, op->rank);
+  /* Not an all_reduce's: its member writes its own share of every step
+   * with plain stores as it reduces, and streaming the others' shares made
+   * a 16 MiB one at n = 2 slower, not faster (sc.h, STREAM_BYTES). */
   int64_t stream = tdist__param_CpuScStreamBytes();
-  s->stream = stream > 0 && out_bytes(op) >= (uint64_t)stream;
+  s->stream = stream > 0 && op->type != TDIST_OP_ALL_REDUCE && out_bytes(op) >= (uint64_t)stream;
 }
 
 int tdist__cpu_sc_a2av_plain(cpu_op_t *op) {
