@@ -978,6 +978,52 @@ static int small_mismatch(int rank, int n, void *arg) {
   return 0;
 }
 
+/* spread: four members on two or three CPUs (crowded), put 3 + 1 by
+ * pinning each caller and putting its mask back; the callers must reach an
+ * even split (at most two on a CPU) within 4000 all_reduces
+ * (segment/sc_spread.c), every one of them right, with the moves made on
+ * real masks. The kernel's balancer may even this split out as well (here
+ * it often did, where the split a bench run fell into stayed): which
+ * member moves where is cpu_spread's, on made-up boards. Other sizes and
+ * hosts: nothing to check. */
+static int spread(int rank, int n, void *arg) {
+  struct shared *sh = arg;
+  cpu_set_t mask, one;
+  MP_CHECK(sched_getaffinity(0, sizeof(mask), &mask) == 0);
+  int cpus = CPU_COUNT(&mask), c[2] = {-1, -1}, k = 0;
+  if (n != 4 || cpus < 2 || cpus >= n) return 0;
+  for (int i = 0; i < CPU_SETSIZE && k < 2; i++)
+    if (CPU_ISSET(i, &mask)) c[k++] = i;
+  tdist_group_t *g = NULL;
+  MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
+  MP_CHECK_RC(tdist_barrier(g, NULL, NULL));
+  CPU_ZERO(&one);
+  CPU_SET(rank < 3 ? c[0] : c[1], &one);
+  MP_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+  MP_CHECK(sched_setaffinity(0, sizeof(mask), &mask) == 0);
+  int even_at = -1;
+  for (int it = 0; it < 4000 && even_at < 0; it++) {
+    int32_t x = rank + it;
+    MP_CHECK_RC(tdist_all_reduce(g, &x, &x, 1, TDIST_INT32, TDIST_SUM, NULL, NULL));
+    MP_CHECK(x == 6 + 4 * it);
+    if (it % 50 != 49) continue;
+    int32_t me = sched_getcpu(), all[4];
+    MP_CHECK_RC(tdist_all_gather(g, &me, all, 1, TDIST_INT32, NULL, NULL));
+    int most = 0;
+    for (int i = 0; i < 4; i++) {
+      int same = 0;
+      for (int j = 0; j < 4; j++)
+        same += all[j] == all[i];
+      most = same > most ? same : most;
+    }
+    if (most <= 2) even_at = it + 1; /* the same gathered CPUs on every rank */
+  }
+  if (rank == 0) printf("cpu_sc spread: at most two callers a CPU after %d all_reduces\n", even_at);
+  MP_CHECK(even_at > 0);
+  tdist_group_destroy(g);
+  return 0;
+}
+
 static int run(const char *name, tdist_mp_fn fn, int n, struct shared *sh) {
   sh->port = tdist_mp_free_port();
   atomic_store(&sh->flag, 0);
@@ -1025,6 +1071,7 @@ int main(int argc, char **argv) {
   RUN("lazy", lazy);
   unsetenv("TDIST_CPU_CONNECT");
   RUN("warm", warm);
+  RUN("spread", spread);
   {
     /* the sizes warm_bcast counts, then the run's own (cpu_sc_tiny's) */
     const char *d0 = getenv("TDIST_CPU_SC_SLOTS"), *f0 = getenv("TDIST_CPU_SC_SLOT_BYTES");

@@ -104,6 +104,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sched.h> /* cpu_set_t (sc_spread.c) */
 
 #include "cpu/base/base.h"
 
@@ -260,7 +261,10 @@ typedef struct sc_ctl {
    * (its oldest op not yet complete and checked): the others may reuse
    * those entries (sc_op.c, sign_ready). */
   _Atomic uint64_t vseq;
-  char pad0[40];
+  /* The CPU this member's caller last waited on, plus one (0: not yet);
+   * written by that caller only (sc_spread.c). */
+  _Atomic int32_t cpu;
+  char pad0[36];
   _Atomic uint32_t want_bell; /* its progress thread sleeps with ops in flight */
   char pad1[60];
 } sc_ctl_t;
@@ -331,6 +335,7 @@ typedef struct cpu_sc {
   /* The members outnumber this process's CPUs (setup): an all_gather or
    * all_reduce does not lend by measure (sc_data.c, lend_now). */
   int crowded;
+  int cpus; /* ... this process's CPUs (setup; sc_spread.c) */
   /* Lending by measure (sc_data.c, lend_now), [all_reduce?][size class]:
    * ops seen, the fastest of the current look in each lane (ns, [lent?]),
    * and the lane taken between looks. */
@@ -446,6 +451,14 @@ void tdist__cpu_sc_bells(cpu_sc_t *ch, cpu_ctx_t *ctx);
  * channel, as its ops need; 1 when setting one showed that work is
  * waiting (the caller passes again before it sleeps). */
 int tdist__cpu_sc_sleep(cpu_ctx_t *ctx);
+/* (caller, no lock) A crowded group's waiting caller spreads the members'
+ * callers over the CPUs (sc_spread.c): called by tdist__cpu_test on each
+ * spin test of a shared-memory op; looks every SC_SPREAD_EVERY calls. */
+void tdist__cpu_sc_spread(cpu_sc_t *ch);
+/* (any thread; pure) Where member me's caller moves, from every member's
+ * CPU (cpu[m], -1: not known), the CPUs of this process (cpus) and the
+ * caller's mask: a CPU of the mask, or -1 to stay (sc_spread.c). */
+int tdist__cpu_sc_spread_pick(const int *cpu, int n, int me, int cpus, const cpu_set_t *mask);
 
 /* ---- sc_data.c: each op's streams ------------------------------------------- */
 /* (engine lock, post) The op's role, this member's stream length, a
