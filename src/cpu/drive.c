@@ -217,7 +217,7 @@ int tdist__cpu_test(void *state, tdist_backend_op_t *bop, unsigned flags) {
     tdist__cpu_shm_mark(ctx, 1);
     tl_polling = polling = ctx;
   }
-  if (spin && b->sc && cg->sc) tdist__cpu_sc_spread(cg->sc);
+  if (spin && b->sc && cg->sc && sc_crowded(cg->sc)) tdist__cpu_sc_spread(cg->sc);
   int r = test_pass(cg, bop, spin, (flags & TDIST_BACKEND_TEST_LAST) != 0);
   if (polling == ctx && (!spin || r == 1)) {
     poll_stop(ctx); /* the run ends: what came without a bell is read */

@@ -332,10 +332,11 @@ typedef struct cpu_sc {
    * against 140-192). Decided by the giver alone: its count prefix tells
    * the readers. */
   int lend;
-  /* The members outnumber this process's CPUs (setup): an all_gather or
-   * all_reduce does not lend by measure (sc_data.c, lend_now). */
-  int crowded;
-  int cpus; /* ... this process's CPUs (setup; sc_spread.c) */
+  /* This process's CPUs (its affinity mask at setup; 0: not known):
+   * where the members outnumber them (sc_crowded) an all_gather or
+   * all_reduce does not lend by measure (sc_data.c, lend_now), and the
+   * waiting callers spread over them (sc_spread.c). */
+  int cpus;
   /* Lending by measure (sc_data.c, lend_now), [all_reduce?][size class]:
    * ops seen, the fastest of the current look in each lane (ns, [lent?]),
    * and the lane taken between looks. */
@@ -451,9 +452,12 @@ void tdist__cpu_sc_bells(cpu_sc_t *ch, cpu_ctx_t *ctx);
  * channel, as its ops need; 1 when setting one showed that work is
  * waiting (the caller passes again before it sleeps). */
 int tdist__cpu_sc_sleep(cpu_ctx_t *ctx);
-/* (caller, no lock) A crowded group's waiting caller spreads the members'
- * callers over the CPUs (sc_spread.c): called by tdist__cpu_test on each
- * spin test of a shared-memory op; looks every SC_SPREAD_EVERY calls. */
+/* (any thread) The group's members outnumber this process's CPUs. */
+static inline int sc_crowded(const cpu_sc_t *ch) { return ch->cpus > 0 && ch->n > ch->cpus; }
+/* (caller, no lock) A crowded group's (sc_crowded) waiting caller spreads
+ * the members' callers over the CPUs (sc_spread.c): called by
+ * tdist__cpu_test on each spin test of a shared-memory op in such a group;
+ * looks every SC_SPREAD_EVERY calls. */
 void tdist__cpu_sc_spread(cpu_sc_t *ch);
 /* (any thread; pure) Where member me's caller moves, from every member's
  * CPU (cpu[m], -1: not known), the CPUs of this process (cpus) and the

@@ -419,7 +419,6 @@ int tdist__cpu_sc_setup(cpu_group_t *cg, const tdist_backend_params_t *p) {
   ch->cma = 1;
   cpu_set_t set;
   int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  ch->crowded = cpus > 0 && n > cpus;
   ch->cpus = cpus;
   int64_t lend = tdist__param_CpuScCma();
   if (lend < 0) lend = cpus > 0 && n > 2 * cpus;

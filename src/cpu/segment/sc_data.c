@@ -144,7 +144,7 @@ static int lend_now(cpu_op_t *op) {
    * its noise made) were only a cost: the 1 MiB all_gather's mean was
    * 15-25 % above 7bb5725's, which had no lending. An all_to_all_v lends
    * by its own rule (sc.h, lend: from more than two members a CPU). */
-  if (op->cg->sc->crowded) return 0;
+  if (sc_crowded(op->cg->sc)) return 0;
   unsigned c;
   struct sc_tune *t = tune_of(op, &c);
   /* The first ops of a class go through the slots: they warm its pages

@@ -1,7 +1,7 @@
 /*
  * sc_spread.c - a crowded group's callers spread over the CPUs.
  *
- * Where a group's members outnumber the CPUs (ch->crowded: four ranks on
+ * Where a group's members outnumber the CPUs (sc_crowded: four ranks on
  * the 2-core CI VM), each op needs every member's caller to run, and
  * waiters yield the CPU to each other (core/work, spin). Split 2 + 2, an
  * 8-byte all_reduce at n = 4 took about 10 us there; split 3 + 1 it took
@@ -49,6 +49,9 @@ static _Thread_local unsigned tl_tests;
 static _Thread_local int64_t tl_moved_ns;
 static _Thread_local int tl_pick = -1; /* the last look's pick */
 
+/* Most members a CPU may host in an even split of n over cpus. */
+static int even_split(int n, int cpus) { return (n + cpus - 1) / cpus; }
+
 int tdist__cpu_sc_spread_pick(const int *cpu, int n, int me, int cpus, const cpu_set_t *mask) {
   int here = 0, mine = cpu[me];
   if (mine < 0 || cpus <= 0) return -1;
@@ -60,7 +63,7 @@ int tdist__cpu_sc_spread_pick(const int *cpu, int n, int me, int cpus, const cpu
       if (m > me) return -1;
     }
   }
-  if (here <= (n + cpus - 1) / cpus) return -1;
+  if (here <= even_split(n, cpus)) return -1;
   int best = -1, fewest = n;
   for (int c = 0, seen = 0, all = CPU_COUNT(mask); c < CPU_SETSIZE && seen < all; c++) {
     if (!CPU_ISSET(c, mask)) continue;
@@ -80,7 +83,7 @@ int tdist__cpu_sc_spread_pick(const int *cpu, int n, int me, int cpus, const cpu
 }
 
 void tdist__cpu_sc_spread(cpu_sc_t *ch) {
-  if (!ch->crowded || !tdist__param_CpuScSpread()) return;
+  if (!tdist__param_CpuScSpread()) return;
   /* Published on every spin test (a getcpu is a read of the thread's rseq
    * area), so a board is at most one test old for every member waiting. */
   int my = sched_getcpu();
@@ -94,8 +97,9 @@ void tdist__cpu_sc_spread(cpu_sc_t *ch) {
     cpu[m] = atomic_load_explicit(&ch->rg[m].ctl->cpu, memory_order_relaxed) - 1;
     here += cpu[m] == my;
   }
-  /* The common case, cheaply: no more members here than an even split. */
-  if (here <= (ch->n + ch->cpus - 1) / ch->cpus) return;
+  /* The common case, before any system call: no more members here than an
+   * even split (the pick checks it again, with the rest). */
+  if (here <= even_split(ch->n, ch->cpus)) return;
   int64_t now = tdist__now_ns();
   if (tl_moved_ns && now - tl_moved_ns < SPREAD_GAP_NS) return;
   cpu_set_t mask, to;
