@@ -71,6 +71,22 @@ static void test_four_cpus(void **state) {
   int d[8] = {4, 4, 5, 5, 6, 6, 7, 7};
   for (int me = 0; me < 8; me++)
     assert_int_equal(tdist__cpu_sc_spread_pick(d, 8, me, 4, &four), -1);
+  /* Six on four, one CPU idle: no CPU holds more than an even split's
+   * two, so nobody moves (the busiest would stay at two). */
+  int e[6] = {4, 4, 5, 5, 6, 6};
+  for (int me = 0; me < 6; me++)
+    assert_int_equal(tdist__cpu_sc_spread_pick(e, 6, me, 4, &four), -1);
+}
+
+/* A caller whose mask lacks the emptiest CPU: five members on three CPUs,
+ * 3 + 2 + 0, the caller confined to the first two. Moving to the CPU with
+ * two would make it three: it stays. With CPU 2 in its mask it goes there. */
+static void test_mask(void **state) {
+  (void)state;
+  cpu_set_t two = cpus_upto(2), three = cpus_upto(3);
+  int b[5] = {0, 0, 0, 1, 1};
+  assert_int_equal(tdist__cpu_sc_spread_pick(b, 5, 2, 3, &two), -1);
+  assert_int_equal(tdist__cpu_sc_spread_pick(b, 5, 2, 3, &three), 2);
 }
 
 int main(void) {
@@ -78,6 +94,7 @@ int main(void) {
       cmocka_unit_test(test_two_cpus),
       cmocka_unit_test(test_odd),
       cmocka_unit_test(test_four_cpus),
+      cmocka_unit_test(test_mask),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
