@@ -132,7 +132,8 @@ _Static_assert(SC_LAG + 256 + 2 < SC_H, "a head op is always signable (sc_op.c, 
  * step (under the engine lock) to about 12 MiB, 2-3 ms here. */
 #define SC_CMA_STEP (12u << 20)
 #define SC_MAX_RANKS 64 /* larger groups keep the engine */
-/* How many steps a member that reads writes ahead of what it consumed. */
+/* How many steps a member that reduces writes ahead of what it consumed
+ * (the others write as far as the slots go: sc_op.c, advance). */
 TDIST_PARAM(CpuScLead, "TDIST_CPU_SC_LEAD", 2)
 /* 0: a small op alone in its group takes the slow lane too (sc_op.c, tdist__cpu_sc_now) */
 TDIST_PARAM(CpuScNow, "TDIST_CPU_SC_NOW", 1)
