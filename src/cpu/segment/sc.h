@@ -79,7 +79,9 @@
  * needs no bell. A member whose ops are left to its progress thread (an
  * async op while the caller computes, a wait that outlasted its spin) has
  * want_bell set while that thread sleeps (tdist__cpu_sc_sleep, a Dekker
- * pair with the writers' check after every pass that wrote).
+ * pair with the writers' check after every pass that wrote). The writer
+ * that rings takes the flag, and the sleeper sets it again before it
+ * sleeps again: one bell per sleep, however many write meanwhile.
  *
  * Failures: a member that dies is named by the monitor or its connection's
  * end (dispatch.c: an sc op needs every member that has not written all it
@@ -356,9 +358,8 @@ typedef struct cpu_sc {
    * SIZE_MAX once the whole region is. Per member: a broadcast receiver
    * maps only its root's slots. */
   size_t *warm;
-  int wrote;       /* a pass wrote something members may wait for: ring who sleeps */
-  int bell_wanted; /* the value of our want_bell */
-  int broken;      /* aborted: no more sc ops */
+  int wrote;  /* a pass wrote something members may wait for: ring who sleeps */
+  int broken; /* aborted: no more sc ops */
   /* The head op's plan (sc_data.c), n entries each: member m's stream
    * length, and the range [lo, hi) of it this member reads (lo == hi:
    * nothing; v-ops read the counts at the stream's start first). */
