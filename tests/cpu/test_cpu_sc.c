@@ -562,6 +562,7 @@ static int ahead(int rank, int n, void *arg) {
 static int async_ops(int rank, int n, void *arg) {
   struct shared *sh = arg;
   tdist_group_t *g = NULL;
+  uint64_t rings0 = atomic_load(&tdist__cpu_sc_rings), arms0 = atomic_load(&tdist__cpu_sc_arms);
   MP_CHECK_RC(cpu_test_init(sh->port, rank, n, 60000, &g));
   enum { W = 8 };
   size_t cnt[W];
@@ -598,6 +599,22 @@ static int async_ops(int rank, int n, void *arg) {
       free(buf[k]);
     }
   }
+  /* Bells (sc_chan.c): a writer takes a sleeper's want_bell flag as it
+   * rings, so the group rang no more bells than its progress threads set
+   * flags, but for a few set or taken while the counts are read. Left set,
+   * every pass that wrote rang every sleeper. And the progress threads
+   * did sleep and were rung: nobody else moved these ops. */
+  uint64_t mine[2] = {atomic_load(&tdist__cpu_sc_rings) - rings0,
+                      atomic_load(&tdist__cpu_sc_arms) - arms0},
+           all[2 * SC_MAX_RANKS];
+  MP_CHECK_RC(tdist_all_gather(g, mine, all, 2, TDIST_UINT64, NULL, NULL));
+  uint64_t rings = 0, arms = 0;
+  for (int r = 0; r < n; r++)
+    rings += all[2 * r], arms += all[2 * r + 1];
+  if (rank == 0)
+    fprintf(stderr, "[rank 0] async: %llu bells, %llu flags set\n", (unsigned long long)rings,
+            (unsigned long long)arms);
+  MP_CHECK(rings > 0 && rings <= arms + 2 * (uint64_t)n);
   MP_CHECK_RC(tdist_group_destroy(g));
   return 0;
 }

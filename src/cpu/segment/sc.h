@@ -450,6 +450,9 @@ void tdist__cpu_sc_ring(cpu_sc_t *ch, cpu_ctx_t *ctx, int m);
 /* (engine lock) Every member that sleeps waiting gets a bell, if a pass
  * wrote anything (ch->wrote). */
 void tdist__cpu_sc_bells(cpu_sc_t *ch, cpu_ctx_t *ctx);
+/* Bells rung for want_bell, and want_bell flags set (tests): over a group,
+ * no more bells than flags set, each taken by one ringer. */
+extern _Atomic uint64_t tdist__cpu_sc_rings, tdist__cpu_sc_arms;
 /* (progress thread, leaving the engine) Set or clear want_bell for every
  * channel, as its ops need; 1 when setting one showed that work is
  * waiting (the caller passes again before it sleeps). */

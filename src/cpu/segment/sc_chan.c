@@ -132,6 +132,8 @@ void tdist__cpu_sc_bell_close(cpu_ctx_t *ctx) {
   uv_close((uv_handle_t *)&ctx->bell_poll, on_bell_closed);
 }
 
+_Atomic uint64_t tdist__cpu_sc_rings, tdist__cpu_sc_arms;
+
 void tdist__cpu_sc_ring(cpu_sc_t *ch, cpu_ctx_t *ctx, int m) {
   if (ctx->bell_tx < 0 || m == ch->me || !ch->bell_len[m]) return;
   char b = 0;
@@ -153,8 +155,10 @@ void tdist__cpu_sc_bells(cpu_sc_t *ch, cpu_ctx_t *ctx) {
   for (int m = 0; m < ch->n; m++) {
     _Atomic uint32_t *w = &ch->rg[m].ctl->want_bell;
     if (m != ch->me && atomic_load_explicit(w, memory_order_relaxed) &&
-        atomic_exchange_explicit(w, 0, memory_order_relaxed))
+        atomic_exchange_explicit(w, 0, memory_order_relaxed)) {
       tdist__cpu_sc_ring(ch, ctx, m);
+      atomic_fetch_add_explicit(&tdist__cpu_sc_rings, 1, memory_order_relaxed);
+    }
   }
 }
 
@@ -170,6 +174,8 @@ int tdist__cpu_sc_sleep(cpu_ctx_t *ctx) {
      * the flag is set again below, with one more pass. */
     _Atomic uint32_t *w = &ch->rg[ch->me].ctl->want_bell;
     if ((uint32_t)want == atomic_load_explicit(w, memory_order_relaxed)) continue;
+    if (want) /* counted before it can be taken */
+      atomic_fetch_add_explicit(&tdist__cpu_sc_arms, 1, memory_order_relaxed);
     atomic_store_explicit(w, (uint32_t)want, memory_order_seq_cst);
     /* The readers' half: what a writer did before it could see the flag
      * is looked at once more before the thread sleeps. */
