@@ -174,15 +174,17 @@ int tdist__cpu_sc_sleep(cpu_ctx_t *ctx) {
      * the flag is set again below, with one more pass. */
     _Atomic uint32_t *w = &ch->rg[ch->me].ctl->want_bell;
     if ((uint32_t)want == atomic_load_explicit(w, memory_order_relaxed)) continue;
-    if (want) /* counted before it can be taken */
-      atomic_fetch_add_explicit(&tdist__cpu_sc_arms, 1, memory_order_relaxed);
-    atomic_store_explicit(w, (uint32_t)want, memory_order_seq_cst);
+    if (!want) {
+      atomic_store_explicit(w, 0, memory_order_seq_cst);
+      continue;
+    }
+    /* Counted before a writer can take it. */
+    atomic_fetch_add_explicit(&tdist__cpu_sc_arms, 1, memory_order_relaxed);
+    atomic_store_explicit(w, 1, memory_order_seq_cst);
     /* The readers' half: what a writer did before it could see the flag
      * is looked at once more before the thread sleeps. */
-    if (want) {
-      atomic_thread_fence(memory_order_seq_cst);
-      again = 1;
-    }
+    atomic_thread_fence(memory_order_seq_cst);
+    again = 1;
   }
   return again;
 }

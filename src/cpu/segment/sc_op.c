@@ -474,17 +474,6 @@ static void start(cpu_sc_t *ch, cpu_op_t *op) {
   s->lent = tdist__cpu_sc_lends(op);
 }
 
-/* Does a member combine what it reads with its own stream? */
-static int reduces(const cpu_op_t *op) {
-  switch (op->type) {
-  case TDIST_OP_ALL_REDUCE:
-  case TDIST_OP_REDUCE:
-  case TDIST_OP_REDUCE_SCATTER:
-  case TDIST_OP_REDUCE_SCATTER_V: return 1;
-  default: return 0;
-  }
-}
-
 /* Move the head op as far as it goes: 1 moved, 0 not, -1 a failure was
  * reported (it waits for the abort). */
 static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
@@ -502,7 +491,7 @@ static int advance(cpu_group_t *cg, cpu_sc_t *ch, cpu_op_t *op) {
    * all_to_all_v at n = 4 on 2 cores waited on the hot receiver's pace at
    * every step, each a turn on a shared CPU (27-34 ms against 19-25 for
    * the slots' reach, Open MPI 27-31 in the same launches). */
-  uint64_t lead = s->role == SC_ROLE_GIVE || s->lent || !reduces(op)
+  uint64_t lead = s->role == SC_ROLE_GIVE || s->lent || !tdist_backend_op_is_reducing(op->type)
                       ? UINT64_MAX
                       : (uint64_t)tdist__param_CpuScLead();
   do {
