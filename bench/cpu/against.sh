@@ -63,7 +63,8 @@ sweep() {
         local o="$3"; [ "$o" = broadcast ] && o=bcast
         "${MPIRUN[@]}" -np "$2" "$MPI_BENCH" -t mpi -T "$BUDGET" -o "$o"
       fi ;;
-  esac 2>/dev/null | grep '^peer=' | sed 's/ op=bcast / op=broadcast /'
+  esac 2>/dev/null | grep '^peer=' | sed 's/ op=bcast / op=broadcast /' ||
+    echo "against.sh: $1's $3 at n=$2 failed or printed nothing; its points miss this rep" >&2
 }
 for rep in $(seq "$REPS"); do
   # this rep's order: WHO turned by rep - 1
