@@ -19,7 +19,9 @@
 # and, for all_to_all_v, MPI_ALLTOALLV (peers.d/mpi-alltoallv.sh builds it
 # as <dir>/build/mpi_alltoallv); this tree's build-cpu (or TDIST_BENCH_BUILD).
 # POINTS: "op:bytes ..." (default the 8-byte ops, the barrier and the 1 KiB
-# all_to_all_v).
+# all_to_all_v). FLOOR_MAX=<ns>: the summary counts only the pairs whose
+# floor was below it before and after (one placement: the fast one's is
+# under about 160 ns); every pair is still printed.
 set -euo pipefail
 REPS="${1:-6}"; N="${2:-2}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -57,11 +59,15 @@ for rep in $(seq "$REPS"); do
       tee -a "$OUT"
   done
 done
-echo "# per point: median ratio (tdist / Open MPI), pairs tdist lost (ratio > 1)"
+echo "# per point: median ratio (tdist / Open MPI), pairs tdist lost (ratio > 1)${FLOOR_MAX:+, floor < $FLOOR_MAX ns}"
 for p in $POINTS; do
   op="${p%%:*}"
-  grep " op=$op " "$OUT" | sed -n 's/.*ratio=\([0-9.]*\).*/\1/p' | sort -n |
+  grep " op=$op " "$OUT" |
+    awk -v fmax="${FLOOR_MAX:-0}" '{ split($5, f, "[=/]") }
+      fmax == 0 || (f[2] < fmax + 0 && f[3] < fmax + 0) { sub(".*=", "", $8); print $8 }' |
+    sort -n |
     awk -v op="$op" -v n="$N" '{ r[NR] = $1; if ($1 > 1) lost++ }
-      END { m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2;
+      END { if (!NR) { printf "median op=%s n=%d no pairs\n", op, n; exit }
+            m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2;
             printf "median op=%s n=%d ratio=%.2f lost=%d/%d\n", op, n, m, lost, NR }'
 done
