@@ -11,7 +11,7 @@
 # whole sweep a minute or more from the others'. Where two sit at the same
 # floor (a large copy, a line's crossing) its comparison then says mostly
 # whose rep caught the host's faster placement of the two vCPUs
-# (bench/cpu/RESULTS.md, 2026-12-02 10:30: 7bb5725 once ran the 64 KiB
+# (bench/cpu/RESULTS.md, 2026-12-02 10:21: 7bb5725 once ran the 64 KiB
 # all_gather at n = 2 in 4.08 us, its other reps and all of this tree's in
 # 6.2-7.6). Here a point's runs are seconds apart, and this tree counts as
 # slower at a point only when it lost so many of its pairs that a fair coin
